@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+# Thin wrapper over meson: dependencies, build, demo, tests, benchmarks. The build is meson's.
+#
+#   make demo        install deps, build, run te-bench on loopback (te-info until it exists)
+#   make test        install deps, build, run the CI suites; last line `N passed, N failed`
+#   make bench       run the baseline comparison scripts bench/*.sh
+#   make bench-core  run the core micro-benchmark (te-bench-core)
+#   make clean       remove the build directories
+#
+# Variables: BUILD (default build), MESON_SETUP_ARGS (used when BUILD is first configured),
+# SUITES (default: unit integration system fuzz), BENCH_ARGS (te-bench arguments of demo).
+
+BUILD ?= build
+MESON ?= meson
+NINJA ?= ninja
+MESON_SETUP_ARGS ?=
+SUITES ?= unit integration system fuzz
+BENCH_ARGS ?= --loopback --sweep
+
+SHELL := /bin/bash
+
+# Transport plugins built in this tree (not the fake test plugins), for tools run by hand.
+BUILT_PLUGIN_PATH = $$(find $(BUILD)/plugins -name '*.so' \
+	-printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+
+.PHONY: all deps install-deps setup build demo test bench bench-core clean
+
+all: build
+
+deps install-deps:
+	@scripts/install-deps.sh
+
+# Configure once; afterwards ninja reconfigures by itself when meson files change.
+$(BUILD)/build.ninja:
+	$(MESON) setup $(BUILD) $(MESON_SETUP_ARGS)
+
+setup: $(BUILD)/build.ninja
+
+build: setup
+	$(NINJA) -C $(BUILD)
+
+demo: deps
+	@$(MAKE) --no-print-directory build
+	@export TE_PLUGIN_PATH="$${TE_PLUGIN_PATH:-$(BUILT_PLUGIN_PATH)}"; \
+	if [ -x $(BUILD)/tools/te-bench ]; then \
+		echo "== te-bench $(BENCH_ARGS)"; \
+		$(BUILD)/tools/te-bench $(BENCH_ARGS); \
+	else \
+		echo "== te-info (te-bench is not built yet)"; \
+		$(BUILD)/tools/te-info || exit 1; \
+		for d in $(BUILD)/tools/te-demo $(BUILD)/tests/integration/demo; do \
+			if [ -x "$$d" ]; then echo "== $$d"; "$$d" || exit 1; break; fi; \
+		done; \
+	fi
+
+# A build failure is one failed test, so the last line is always the count.
+test: deps
+	@$(MAKE) --no-print-directory build || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+	@scripts/run-tests.sh -C $(BUILD) $(SUITES)
+
+bench: build
+	@shopt -s nullglob; n=0; rc=0; \
+	for s in bench/*.sh; do \
+		n=$$((n + 1)); echo "== $$s"; \
+		BUILD=$(BUILD) bash "$$s" || rc=1; \
+	done; \
+	[ $$n -gt 0 ] || echo "no bench/*.sh scripts yet"; \
+	exit $$rc
+
+bench-core: build
+	@if [ -x $(BUILD)/tools/te-bench-core ]; then \
+		$(BUILD)/tools/te-bench-core; \
+	else \
+		echo "$(BUILD)/tools/te-bench-core is not built yet"; exit 1; \
+	fi
+
+clean:
+	rm -rf build build-* $(BUILD)

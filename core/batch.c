@@ -1,0 +1,1149 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* batch.c: batches of tasks split into slices, their states, retries and deadlines. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/batch.h"
+#include "core/engine.h"
+#include "core/mem.h"
+#include "core/segment.h"
+#include "core/transport.h"
+
+#define SLICE_AT(chunk, i) ((struct slice *)((chunk)->data + (size_t)(i) * (chunk)->stride))
+#define SLICE_OF(ps) ((struct slice *)(void *)(ps)) /* ps is the first member */
+#define POST_CHUNK 256
+
+static bool batch_is_terminal(struct batch *b)
+{
+	uint32_t n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
+
+	return atomic_load_explicit(&b->n_terminal, memory_order_acquire) >= n;
+}
+
+static void batch_wake(struct batch *b)
+{
+	if (atomic_load(&b->waiters) > 0) {
+		g_mutex_lock(&b->wait_lock);
+		g_cond_broadcast(&b->wait_cond);
+		g_mutex_unlock(&b->wait_lock);
+	}
+}
+
+/* A task reached its terminal state: account it in the batch. */
+static void task_terminal(struct task *t)
+{
+	struct batch *b = t->batch;
+	uint32_t bad = atomic_load_explicit(&t->bad, memory_order_acquire);
+	uint32_t term;
+
+	if (t->invalid || (bad & TASK_BAD_FAILED))
+		atomic_fetch_add_explicit(&b->n_failed, 1, memory_order_relaxed);
+	else if (bad & TASK_BAD_TIMEOUT)
+		atomic_fetch_add_explicit(&b->n_timeout, 1, memory_order_relaxed);
+	else if (bad & TASK_BAD_CANCELED)
+		atomic_fetch_add_explicit(&b->n_canceled, 1, memory_order_relaxed);
+	else
+		atomic_fetch_add_explicit(&b->n_completed, 1, memory_order_relaxed);
+	/* seq_cst pairs with the waiter's increment of b->waiters (no lost wake-up). */
+	term = atomic_fetch_add(&b->n_terminal, 1) + 1;
+	if (term >= atomic_load_explicit(&b->n_tasks, memory_order_acquire))
+		batch_wake(b);
+}
+
+/* Record a failure's status and detail once per task (first failure wins). */
+static void task_set_failure(struct task *t, enum te_status status, const char *detail)
+{
+	uint32_t expect = 0;
+
+	if (!atomic_compare_exchange_strong(&t->claimed, &expect, 1))
+		return;
+	t->detail = g_strdup(detail ? detail : te_status_str(status));
+	atomic_store_explicit(&t->status, status, memory_order_release);
+}
+
+static uint32_t bad_bit(enum te_status status)
+{
+	if (status == TE_ERR_CANCELED)
+		return TASK_BAD_CANCELED;
+	if (status == TE_ERR_TIMEOUT)
+		return TASK_BAD_TIMEOUT;
+	return TASK_BAD_FAILED;
+}
+
+/* Claim the terminal outcome of @s; false if someone else already did. */
+static bool slice_claim(struct slice *s)
+{
+	uint32_t expect = 0;
+
+	return atomic_compare_exchange_strong_explicit(&s->term, &expect, 1, memory_order_acq_rel,
+						       memory_order_acquire);
+}
+
+static void slice_count_done(struct slice *s)
+{
+	struct task *t = s->task;
+
+	if (atomic_fetch_add_explicit(&t->done, 1, memory_order_acq_rel) + 1 == t->n_slices)
+		task_terminal(t);
+}
+
+/* Finish @s with an error (if it is still live). */
+static void slice_fail(struct slice *s, enum te_status status, const char *detail)
+{
+	if (!slice_claim(s))
+		return;
+	task_set_failure(s->task, status, detail);
+	atomic_fetch_or_explicit(&s->task->bad, bad_bit(status), memory_order_acq_rel);
+	slice_count_done(s);
+}
+
+void batch_release_slice(struct slice *s)
+{
+	batch_unref(s->task->batch);
+}
+
+/* --- posting to plugins ----------------------------------------------------- */
+
+static void backlog_push(struct transport *tp, struct te_plugin_slice **ps, uint32_t n,
+			 bool at_head)
+{
+	struct slice *head = NULL, *tail = NULL;
+
+	if (!n)
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		struct slice *s = SLICE_OF(ps[i]);
+
+		s->next = NULL;
+		if (tail)
+			tail->next = s;
+		else
+			head = s;
+		tail = s;
+	}
+	g_mutex_lock(&tp->backlog_lock);
+	if (at_head) {
+		tail->next = tp->backlog_head;
+		tp->backlog_head = head;
+		if (!tp->backlog_tail)
+			tp->backlog_tail = tail;
+	} else {
+		if (tp->backlog_tail)
+			tp->backlog_tail->next = head;
+		else
+			tp->backlog_head = head;
+		tp->backlog_tail = tail;
+	}
+	atomic_fetch_add(&tp->backlog_len, n);
+	g_mutex_unlock(&tp->backlog_lock);
+}
+
+/*
+ * Hand @n slices to the plugin; returns how many were consumed (accepted, or
+ * failed because submit returned an error). The rest are back-pressure.
+ */
+static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_slice **ps,
+		     uint32_t n)
+{
+	bool manual = tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL;
+	uint32_t acc = 0;
+	enum te_status st;
+
+	for (uint32_t i = 0; i < n; i++)
+		atomic_store_explicit(&SLICE_OF(ps[i])->in_plugin, 1, memory_order_relaxed);
+	if (manual)
+		atomic_fetch_add_explicit(&tp->in_flight, n, memory_order_relaxed);
+	if (tp->serialized)
+		g_mutex_lock(&tp->call_lock);
+	st = tp->plugin->ops.submit(tp->inst, ps, n, &acc);
+	if (tp->serialized)
+		g_mutex_unlock(&tp->call_lock);
+	if (acc > n) {
+		ENGINE_LOG(e, TE_LOG_ERROR, "%s: submit accepted %u of %u slices (plugin bug)",
+			   tp->plugin->name, acc, n);
+		acc = n;
+	}
+	if (acc) {
+		for (uint32_t i = 0; i < acc; i++) {
+			struct task *t = SLICE_OF(ps[i])->task;
+
+			if (!atomic_load_explicit(&t->posted, memory_order_relaxed))
+				atomic_store_explicit(&t->posted, 1, memory_order_relaxed);
+		}
+	}
+	for (uint32_t i = acc; i < n; i++)
+		atomic_store_explicit(&SLICE_OF(ps[i])->in_plugin, 0, memory_order_relaxed);
+	if (manual && acc < n)
+		atomic_fetch_sub_explicit(&tp->in_flight, n - acc, memory_order_relaxed);
+	if (st != TE_OK && acc < n) {
+		char detail[TE_DETAIL_MAX];
+
+		snprintf(detail, sizeof(detail), "%s: submit failed: %s%s%s", tp->plugin->name,
+			 te_status_str(st), tp->last_log[0] ? ": " : "", tp->last_log);
+		for (uint32_t i = acc; i < n; i++) {
+			slice_fail(SLICE_OF(ps[i]), st, detail);
+			batch_release_slice(SLICE_OF(ps[i]));
+		}
+		return n;
+	}
+	return acc;
+}
+
+void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **slices,
+			 uint32_t n)
+{
+	struct te_plugin_slice *ps[POST_CHUNK];
+
+	while (n) {
+		uint32_t k = MIN(n, (uint32_t)POST_CHUNK), acc;
+
+		for (uint32_t i = 0; i < k; i++)
+			ps[i] = &slices[i]->ps;
+		/* Keep order behind an existing backlog: the worker drains it first. */
+		if (atomic_load_explicit(&tp->backlog_len, memory_order_acquire)) {
+			backlog_push(tp, ps, k, false);
+			engine_kick(e);
+		} else {
+			acc = post(e, tp, ps, k);
+			if (acc < k) {
+				backlog_push(tp, ps + acc, k - acc, false);
+				engine_kick(e);
+			} else if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL) {
+				engine_kick(e);
+			}
+		}
+		slices += k;
+		n -= k;
+	}
+}
+
+unsigned batch_drain_backlog(struct engine *e, struct transport *tp)
+{
+	struct te_plugin_slice *ps[POST_CHUNK];
+	uint32_t k = 0, acc;
+	unsigned done = 0;
+
+	if (!atomic_load_explicit(&tp->backlog_len, memory_order_acquire))
+		return 0;
+	g_mutex_lock(&tp->backlog_lock);
+	while (tp->backlog_head && k < POST_CHUNK) {
+		struct slice *s = tp->backlog_head;
+
+		tp->backlog_head = s->next;
+		if (!tp->backlog_head)
+			tp->backlog_tail = NULL;
+		atomic_fetch_sub(&tp->backlog_len, 1);
+		s->next = NULL;
+		if (atomic_load_explicit(&s->term, memory_order_acquire)) {
+			/* Timed out or canceled while waiting: never reaches the plugin. */
+			g_mutex_unlock(&tp->backlog_lock);
+			batch_release_slice(s);
+			done++;
+			g_mutex_lock(&tp->backlog_lock);
+			continue;
+		}
+		ps[k++] = &s->ps;
+	}
+	g_mutex_unlock(&tp->backlog_lock);
+	if (!k)
+		return done;
+	acc = post(e, tp, ps, k);
+	if (acc < k)
+		backlog_push(tp, ps + acc, k - acc, true);
+	return done + acc;
+}
+
+/* --- completion ------------------------------------------------------------- */
+
+static void device_failed(struct engine *e, struct transport *tp, uint32_t dev,
+			  enum te_status status, const char *detail)
+{
+	uint32_t n;
+
+	if (dev >= TRANSPORT_MAX_DEVICES)
+		return;
+	n = atomic_fetch_add_explicit(&tp->dev_failures[dev], 1, memory_order_relaxed) + 1;
+	if (n >= e->cfg->quarantine_after && e->cfg->quarantine_ms) {
+		atomic_store_explicit(&tp->dev_failures[dev], 0, memory_order_relaxed);
+		atomic_store_explicit(&tp->dev_paused_until[dev],
+				      engine_now_ns() + e->cfg->quarantine_ms * 1000000ull,
+				      memory_order_relaxed);
+		ENGINE_LOG(e, TE_LOG_WARN,
+			   "%s: device %u quarantined for %" PRIu64 " ms after %u failure(s): %s",
+			   tp->plugin->name, dev, e->cfg->quarantine_ms, n,
+			   detail ? detail : te_status_str(status));
+	}
+}
+
+/* Devices to avoid for a new attempt: quarantined ones, unless that is all of them. */
+static uint64_t paused_devices(struct transport *tp, uint64_t now)
+{
+	uint64_t mask = 0, all;
+	uint32_t n = tp->n_devices;
+
+	for (uint32_t d = 0; d < n; d++)
+		if (atomic_load_explicit(&tp->dev_paused_until[d], memory_order_relaxed) > now)
+			mask |= 1ull << d;
+	all = n >= 64 ? UINT64_MAX : (1ull << n) - 1;
+	return n && (mask & all) == all ? 0 : mask;
+}
+
+void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,
+		      uint64_t bytes, const char *detail)
+{
+	struct slice *s = SLICE_OF(ps);
+	struct task *t = s->task;
+	struct batch *b = t->batch;
+	struct engine *e = b->engine;
+
+	atomic_store_explicit(&s->in_plugin, 0, memory_order_release);
+	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL)
+		atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
+	if (ps->device < TRANSPORT_MAX_DEVICES)
+		atomic_store_explicit(&t->last_device, ps->device, memory_order_relaxed);
+
+	if (status == TE_OK && bytes == ps->length) {
+		uint32_t d = ps->device;
+
+		if (d < TRANSPORT_MAX_DEVICES &&
+		    atomic_load_explicit(&tp->dev_failures[d], memory_order_relaxed))
+			atomic_store_explicit(&tp->dev_failures[d], 0, memory_order_relaxed);
+		if (slice_claim(s)) {
+			atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
+			slice_count_done(s);
+		}
+		batch_release_slice(s);
+		return;
+	}
+	if (status == TE_OK) {
+		/* A short transfer is a plugin bug; never report it as success. */
+		char why[TE_DETAIL_MAX];
+
+		snprintf(why, sizeof(why),
+			 "%s: slice reported %" PRIu64 " of %" PRIu64 " bytes (plugin bug)",
+			 tp->plugin->name, bytes, ps->length);
+		slice_fail(s, TE_ERR_INTERNAL, why);
+		batch_release_slice(s);
+		return;
+	}
+	if (te_status_is_retryable(status)) {
+		uint64_t now = engine_now_ns();
+		uint64_t backoff_us = e->cfg->retry_backoff_us;
+
+		device_failed(e, tp, ps->device, status, detail);
+		for (uint32_t i = 0; i < ps->attempt && backoff_us < e->cfg->retry_backoff_max_us;
+		     i++)
+			backoff_us *= 2;
+		backoff_us = MIN(backoff_us, e->cfg->retry_backoff_max_us);
+		if (!atomic_load_explicit(&s->term, memory_order_acquire) &&
+		    !atomic_load_explicit(&b->canceled, memory_order_acquire) &&
+		    ps->attempt < e->cfg->retries && now + backoff_us * 1000 < ps->deadline_ns) {
+			ps->attempt++;
+			atomic_fetch_add_explicit(&t->retries, 1, memory_order_relaxed);
+			if (tp->n_devices > 1 && ps->device < 64) {
+				uint64_t all = tp->n_devices >= 64 ? UINT64_MAX
+								   : (1ull << tp->n_devices) - 1;
+
+				ps->excluded_devices |= 1ull << ps->device;
+				if ((ps->excluded_devices & all) == all)
+					ps->excluded_devices = 0; /* every path failed once */
+			}
+			s->retry_at_ns = now + backoff_us * 1000;
+			ENGINE_LOG(e, TE_LOG_DEBUG, "%s: retry %u of slice at 0x%" PRIx64 ": %s",
+				   tp->plugin->name, ps->attempt, ps->remote,
+				   detail ? detail : te_status_str(status));
+			engine_queue_retry(e, s); /* keeps the slice's batch reference */
+			return;
+		}
+	}
+	{
+		char why[TE_DETAIL_MAX];
+
+		if (ps->attempt)
+			snprintf(why, sizeof(why), "%s (after %u attempts)",
+				 detail ? detail : te_status_str(status), ps->attempt + 1);
+		else
+			snprintf(why, sizeof(why), "%s", detail ? detail : te_status_str(status));
+		slice_fail(s, status, why);
+	}
+	batch_release_slice(s);
+}
+
+void batch_retry_slice(struct engine *e, struct slice *s)
+{
+	struct transport *tp = s->tp;
+	enum te_status st;
+
+	if (atomic_load_explicit(&s->term, memory_order_acquire)) {
+		batch_release_slice(s);
+		return;
+	}
+	s->ps.excluded_devices |= paused_devices(tp, engine_now_ns());
+	if (tp->serialized)
+		g_mutex_lock(&tp->call_lock);
+	st = tp->plugin->ops.retry_prepare(tp->inst, &s->ps);
+	if (tp->serialized)
+		g_mutex_unlock(&tp->call_lock);
+	if (st != TE_OK && st != TE_ERR_UNSUPPORTED) {
+		char why[TE_DETAIL_MAX];
+
+		snprintf(why, sizeof(why), "%s: no path left for retry %u: %s", tp->plugin->name,
+			 s->ps.attempt, te_status_str(st));
+		slice_fail(s, st, why);
+		batch_release_slice(s);
+		return;
+	}
+	batch_submit_slices(e, tp, &s, 1);
+}
+
+/* --- public operations ------------------------------------------------------ */
+
+static void batch_destroy(struct batch *b)
+{
+	struct engine *e = b->engine;
+	uint32_t n = atomic_load(&b->n_tasks);
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct task *t = &b->tasks[i];
+
+		if (t->region)
+			atomic_fetch_sub_explicit(&t->region->refs, 1, memory_order_release);
+		if (t->seg)
+			atomic_fetch_sub_explicit(&t->seg->busy, 1, memory_order_release);
+		segview_unref(t->view);
+		g_free(t->detail);
+	}
+	while (b->chunks) {
+		struct slice_chunk *c = b->chunks;
+
+		b->chunks = c->next;
+		g_free(c);
+	}
+	g_mutex_clear(&b->wait_lock);
+	g_cond_clear(&b->wait_cond);
+	g_free(b->tasks);
+	atomic_fetch_sub(&e->live_batches, 1);
+	g_free(b);
+}
+
+void batch_unref(struct batch *b)
+{
+	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1)
+		batch_destroy(b);
+}
+
+enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_out)
+{
+	struct batch *b;
+	uint32_t slot;
+
+	if (!id_out)
+		return log_error(TE_ERR_INVALID_ARG, "te_batch_new: batch_out is NULL");
+	if (capacity == 0)
+		return log_error(TE_ERR_INVALID_ARG, "te_batch_new: capacity is 0");
+	if (capacity > e->cfg->max_batch_size)
+		return log_error(TE_ERR_TOO_LARGE,
+				 "te_batch_new: capacity %u exceeds transfer.max_batch_size %u",
+				 capacity, e->cfg->max_batch_size);
+	b = g_try_new0(struct batch, 1);
+	if (!b)
+		return log_error(TE_ERR_NOMEM, "te_batch_new: out of memory");
+	b->tasks = g_try_new0(struct task, capacity);
+	if (!b->tasks) {
+		g_free(b);
+		return log_error(TE_ERR_NOMEM, "te_batch_new: out of memory for %u tasks",
+				 capacity);
+	}
+	b->engine = e;
+	b->capacity = capacity;
+	atomic_init(&b->refs, 1);
+	atomic_init(&b->min_deadline_ns, UINT64_MAX);
+	g_mutex_init(&b->wait_lock);
+	g_cond_init(&b->wait_cond);
+
+	g_mutex_lock(&e->slot_lock);
+	if (e->free_head == UINT32_MAX) {
+		g_mutex_unlock(&e->slot_lock);
+		g_mutex_clear(&b->wait_lock);
+		g_cond_clear(&b->wait_cond);
+		g_free(b->tasks);
+		g_free(b);
+		return log_error(TE_ERR_BUSY,
+				 "te_batch_new: all %u batch slots are in use "
+				 "(transfer.max_batches)",
+				 e->n_slots);
+	}
+	slot = e->free_head;
+	e->free_head = e->slots[slot].next_free;
+	e->slots[slot].batch = b;
+	b->slot = slot;
+	atomic_fetch_add(&e->live_batches, 1);
+	*id_out = ((uint64_t)e->slots[slot].gen << 32) | slot;
+	g_mutex_unlock(&e->slot_lock);
+	return TE_OK;
+}
+
+/* Pick the transport for one request; on failure writes why into @why. */
+static int select_transport(struct engine *e, struct segview *v, size_t buf_index,
+			    const struct mem_region *region, uint32_t opcode, uint64_t now,
+			    enum te_status *st_out, char *why, size_t why_len)
+{
+	int fallback_to = -1;
+	GString *reasons = g_string_new(NULL);
+	enum te_status st = TE_ERR_NO_TRANSPORT;
+
+	for (unsigned t = 0; t < e->n_tps; t++) {
+		struct transport *tp = e->tps[t];
+		struct segview_tp *vt = &v->tps[t];
+		uint32_t opbit = opcode == TE_OP_READ ? TE_PLUGIN_CAN_READ : TE_PLUGIN_CAN_WRITE;
+		const char *sep = reasons->len ? "; " : "";
+
+		if (!vt->peer) {
+			g_string_append_printf(reasons, "%s%s", sep, vt->why);
+			continue;
+		}
+		if (!(tp->caps.mem_types & region->mem_type) || !region->handles[t]) {
+			g_string_append_printf(reasons, "%s%s: %s memory not supported", sep,
+					       tp->plugin->name, region->location);
+			if (st == TE_ERR_NO_TRANSPORT)
+				st = TE_ERR_MEMORY_TYPE;
+			continue;
+		}
+		if (!(tp->caps.ops & opbit)) {
+			g_string_append_printf(reasons, "%s%s: %s not supported", sep,
+					       tp->plugin->name,
+					       opcode == TE_OP_READ ? "READ" : "WRITE");
+			continue;
+		}
+		if (!v->rkeys[buf_index * e->n_tps + t]) {
+			g_string_append_printf(reasons, "%s%s: remote buffer has no key for it",
+					       sep, tp->plugin->name);
+			continue;
+		}
+		if (atomic_load_explicit(&vt->paused_until_ns, memory_order_relaxed) > now) {
+			g_string_append_printf(reasons, "%s%s: peer quarantined after failures",
+					       sep, tp->plugin->name);
+			if (fallback_to < 0)
+				fallback_to = -2 - (int)t; /* remember: quarantined */
+			st = TE_ERR_PEER_QUARANTINED;
+			if (e->cfg->fallback)
+				continue;
+			break;
+		}
+		g_string_free(reasons, TRUE);
+		return (int)t;
+	}
+	g_snprintf(why, why_len, "%s", reasons->str);
+	g_string_free(reasons, TRUE);
+	*st_out = st;
+	return -1;
+}
+
+/* Slice size for a task of @length on transport @t (caps, YAML, max slices). */
+static uint64_t task_slice_size(struct engine *e, unsigned t, uint64_t length, uint32_t *n_out)
+{
+	uint64_t ss = e->slice_size[t];
+	uint64_t n = (length + ss - 1) / ss;
+
+	if (n > e->cfg->max_slices_per_task) {
+		n = e->cfg->max_slices_per_task;
+		ss = (length + n - 1) / n;
+		n = (length + ss - 1) / ss;
+	}
+	*n_out = (uint32_t)n;
+	return ss;
+}
+
+static void task_reject(struct task *t, enum te_status st, const char *fmt, ...)
+	G_GNUC_PRINTF(3, 4);
+static void task_reject(struct task *t, enum te_status st, const char *fmt, ...)
+{
+	va_list ap;
+
+	t->invalid = true;
+	va_start(ap, fmt);
+	t->detail = g_strdup_vprintf(fmt, ap);
+	va_end(ap);
+	atomic_store_explicit(&t->claimed, 1, memory_order_relaxed);
+	atomic_store_explicit(&t->status, st, memory_order_release);
+}
+
+static void atomic_min_u64(_Atomic uint64_t *p, uint64_t v)
+{
+	uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
+
+	while (v < cur && !atomic_compare_exchange_weak_explicit(p, &cur, v, memory_order_acq_rel,
+								 memory_order_relaxed))
+		;
+}
+
+enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_request *reqs,
+			    size_t n)
+{
+	enum te_status first_err = TE_OK;
+	struct slice_chunk *chunk = NULL;
+	uint32_t base, n_invalid = 0, si = 0;
+	uint64_t total_slices = 0, now, deadline;
+	struct segview *local_view = NULL;
+	struct batch *b;
+	enum te_status st;
+	size_t i;
+
+	st = engine_batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	if (n && !reqs) {
+		batch_unref(b);
+		return log_error(TE_ERR_INVALID_ARG, "te_batch_submit: requests is NULL");
+	}
+	if (atomic_load(&b->canceled)) {
+		batch_unref(b);
+		return log_error(TE_ERR_CANCELED, "te_batch_submit: batch was canceled");
+	}
+	base = atomic_load_explicit(&b->n_tasks, memory_order_relaxed);
+	if (n > b->capacity - base) {
+		batch_unref(b);
+		return log_error(TE_ERR_BATCH_FULL,
+				 "te_batch_submit: %zu requests do not fit (capacity %u, %u used)",
+				 n, b->capacity, base);
+	}
+	if (!n) {
+		batch_unref(b);
+		return TE_OK;
+	}
+	now = engine_now_ns();
+	deadline = now + e->cfg->timeout_ms * 1000000ull;
+
+	/* Pass 1: validate, choose transports, count slices. */
+	g_rw_lock_reader_lock(&e->mem.lock);
+	g_rw_lock_reader_lock(&e->seg_lock);
+	for (i = 0; i < n; i++) {
+		const struct te_request *r = &reqs[i];
+		struct task *t = &b->tasks[base + i];
+		const struct descriptor_buffer *db;
+		struct mem_region *region = NULL;
+		struct segview *v = NULL;
+		struct segment *seg = NULL;
+		char why[TE_DETAIL_MAX - 64];
+		enum te_status sst;
+		int tpi;
+
+		memset(t, 0, sizeof(*t));
+		t->batch = b;
+		t->opcode = r->opcode;
+		t->length = r->length;
+		if (r->opcode != TE_OP_READ && r->opcode != TE_OP_WRITE) {
+			task_reject(t, TE_ERR_INVALID_ARG,
+				    "request %zu: opcode %d is neither READ (0) nor WRITE (1)", i,
+				    (int)r->opcode);
+			goto rejected;
+		}
+		if (r->length == 0 || !r->local) {
+			task_reject(t, TE_ERR_INVALID_ARG, "request %zu: %s", i,
+				    r->length == 0 ? "length is 0" : "local address is NULL");
+			goto rejected;
+		}
+		if ((uintptr_t)r->local + r->length < (uintptr_t)r->local ||
+		    r->remote + r->length < r->remote) {
+			task_reject(t, TE_ERR_OVERFLOW,
+				    "request %zu: %s range of %" PRIu64 " bytes wraps around", i,
+				    (uintptr_t)r->local + r->length < (uintptr_t)r->local ? "local"
+											 : "remote",
+				    r->length);
+			goto rejected;
+		}
+		sst = mem_lookup(e->mem.regions, (uintptr_t)r->local, r->length, &region);
+		if (sst != TE_OK) {
+			task_reject(t, sst,
+				    sst == TE_ERR_NOT_REGISTERED
+					    ? "request %zu: local address %p is not in a registered "
+					      "region (+%" PRIu64 " bytes)"
+					    : "request %zu: local range [%p, +%" PRIu64
+					      ") runs past the end of its registered region",
+				    i, r->local, r->length);
+			goto rejected;
+		}
+		if (r->segment == TE_SEGMENT_LOCAL) {
+			if (!local_view) {
+				g_autofree char *err = NULL;
+
+				sst = segment_local_view(e, &local_view, &err);
+				if (sst != TE_OK) {
+					task_reject(t, sst, "request %zu: local segment: %s", i,
+						    err);
+					goto rejected;
+				}
+			}
+			v = local_view;
+		} else {
+			seg = segment_get_locked(e, r->segment);
+			if (!seg) {
+				task_reject(t, TE_ERR_UNKNOWN_SEGMENT,
+					    "request %zu: segment id %u is not open", i, r->segment);
+				goto rejected;
+			}
+			v = seg->view;
+		}
+		db = descriptor_find_buffer(v->desc, r->remote, r->length);
+		if (!db) {
+			task_reject(t, TE_ERR_REMOTE_ACCESS,
+				    "request %zu: remote range [0x%" PRIx64 ", +%" PRIu64
+				    ") is outside the registered buffers of segment '%s'",
+				    i, r->remote, r->length, v->desc->name);
+			goto rejected;
+		}
+		if (!(db->access & (r->opcode == TE_OP_READ ? TE_MEM_REMOTE_READ
+							    : TE_MEM_REMOTE_WRITE))) {
+			task_reject(t, TE_ERR_REMOTE_ACCESS,
+				    "request %zu: remote buffer [0x%" PRIx64 ", +%" PRIu64
+				    ") of segment '%s' is not registered for remote %s",
+				    i, db->addr, db->length, v->desc->name,
+				    r->opcode == TE_OP_READ ? "read" : "write");
+			goto rejected;
+		}
+		tpi = select_transport(e, v, (size_t)(db - v->desc->buffers), region, r->opcode,
+				       now, &sst, why, sizeof(why));
+		if (tpi < 0) {
+			task_reject(t, sst, "request %zu: no transport for segment '%s': %s", i,
+				    v->desc->name, why);
+			goto rejected;
+		}
+		t->tp = e->tps[tpi];
+		t->region = region;
+		atomic_fetch_add_explicit(&region->refs, 1, memory_order_relaxed);
+		t->view = v;
+		segview_ref(v);
+		t->seg = seg;
+		if (seg)
+			atomic_fetch_add_explicit(&seg->busy, 1, memory_order_relaxed);
+		task_slice_size(e, (unsigned)tpi, r->length, &t->n_slices);
+		/* Remember which buffer: reuse last_device as scratch until posting. */
+		atomic_store_explicit(&t->last_device, (uint32_t)(db - v->desc->buffers),
+				      memory_order_relaxed);
+		total_slices += t->n_slices;
+		continue;
+rejected:
+		if (first_err == TE_OK) {
+			first_err = atomic_load(&t->status);
+			log_error(first_err, "te_batch_submit: %s", t->detail);
+		}
+		n_invalid++;
+	}
+	g_rw_lock_reader_unlock(&e->seg_lock);
+	g_rw_lock_reader_unlock(&e->mem.lock);
+
+	if (total_slices) {
+		size_t bytes = sizeof(struct slice_chunk) + total_slices * e->slice_stride;
+
+		chunk = total_slices <= UINT32_MAX ? g_try_malloc(bytes) : NULL;
+		if (!chunk) {
+			/* Undo pass 1 references; nothing was published yet. */
+			for (i = 0; i < n; i++) {
+				struct task *t = &b->tasks[base + i];
+
+				if (t->region)
+					atomic_fetch_sub(&t->region->refs, 1);
+				if (t->seg)
+					atomic_fetch_sub(&t->seg->busy, 1);
+				segview_unref(t->view);
+				g_free(t->detail);
+				memset(t, 0, sizeof(*t));
+			}
+			segview_unref(local_view);
+			batch_unref(b);
+			return log_error(TE_ERR_NOMEM, "te_batch_submit: no memory for %" PRIu64
+						       " slices",
+					 total_slices);
+		}
+		chunk->n = (uint32_t)total_slices;
+		chunk->stride = e->slice_stride;
+		chunk->next = b->chunks;
+		b->chunks = chunk;
+	}
+
+	/* Pass 2: build slices. */
+	for (i = 0; i < n; i++) {
+		struct task *t = &b->tasks[base + i];
+		const struct te_request *r = &reqs[i];
+		const struct descriptor_buffer *db;
+		struct segview_tp *vt;
+		struct te_plugin_rkey *rkey;
+		uint64_t ss, off = 0, excluded;
+		uint32_t ns, bi, tpi;
+
+		if (t->invalid)
+			continue;
+		tpi = t->tp->index;
+		bi = atomic_load_explicit(&t->last_device, memory_order_relaxed);
+		atomic_store_explicit(&t->last_device, UINT32_MAX, memory_order_relaxed);
+		db = &t->view->desc->buffers[bi];
+		vt = &t->view->tps[tpi];
+		rkey = t->view->rkeys[bi * e->n_tps + tpi];
+		ss = task_slice_size(e, tpi, r->length, &ns);
+		excluded = paused_devices(t->tp, now);
+		for (uint32_t k = 0; k < ns; k++, si++) {
+			struct slice *s = SLICE_AT(chunk, si);
+			uint64_t len = MIN(ss, r->length - off);
+
+			s->ps.size = sizeof(s->ps);
+			s->ps.opcode = r->opcode == TE_OP_READ ? TE_PLUGIN_OP_READ : TE_PLUGIN_OP_WRITE;
+			s->ps.local = (char *)r->local + off;
+			s->ps.remote = r->remote + off;
+			s->ps.length = len;
+			s->ps.local_mem = t->region->handles[tpi];
+			s->ps.peer = vt->peer;
+			s->ps.rkey = rkey;
+			s->ps.remote_base = db->addr;
+			s->ps.deadline_ns = deadline;
+			s->ps.excluded_devices = excluded;
+			s->ps.attempt = 0;
+			s->ps.device = 0;
+			s->ps.priv = t->tp->caps.slice_priv_size ? (char *)s + sizeof(*s) : NULL;
+			s->task = t;
+			s->tp = t->tp;
+			s->next = NULL;
+			s->retry_at_ns = 0;
+			atomic_init(&s->term, 0);
+			atomic_init(&s->in_plugin, 0);
+			s->seg_tp = tpi;
+			off += len;
+		}
+	}
+
+	/* Publish: from here completions may race with the rest of this function. */
+	atomic_fetch_add_explicit(&b->refs, (int64_t)total_slices, memory_order_relaxed);
+	atomic_min_u64(&b->min_deadline_ns, deadline);
+	atomic_min_u64(&e->next_deadline_ns, deadline);
+	atomic_store_explicit(&b->n_tasks, base + (uint32_t)n, memory_order_release);
+	for (i = 0; i < n; i++)
+		if (b->tasks[base + i].invalid)
+			task_terminal(&b->tasks[base + i]);
+
+	/* Pass 3: hand runs of slices with the same transport to their plugin. */
+	for (uint32_t start = 0; start < si;) {
+		struct transport *tp = SLICE_AT(chunk, start)->tp;
+		struct slice *run[POST_CHUNK];
+		uint32_t k = 0;
+
+		while (start + k < si && k < POST_CHUNK && SLICE_AT(chunk, start + k)->tp == tp) {
+			run[k] = SLICE_AT(chunk, start + k);
+			k++;
+		}
+		batch_submit_slices(e, tp, run, k);
+		start += k;
+	}
+	segview_unref(local_view);
+	batch_unref(b);
+	(void)n_invalid;
+	return first_err;
+}
+
+static enum te_state task_state(struct task *t)
+{
+	uint32_t bad;
+
+	if (t->invalid)
+		return TE_STATE_INVALID;
+	if (atomic_load_explicit(&t->done, memory_order_acquire) < t->n_slices)
+		return atomic_load_explicit(&t->posted, memory_order_relaxed) ? TE_STATE_PENDING
+									      : TE_STATE_WAITING;
+	bad = atomic_load_explicit(&t->bad, memory_order_acquire);
+	if (bad & TASK_BAD_FAILED)
+		return TE_STATE_FAILED;
+	if (bad & TASK_BAD_TIMEOUT)
+		return TE_STATE_TIMEOUT;
+	if (bad & TASK_BAD_CANCELED)
+		return TE_STATE_CANCELED;
+	return TE_STATE_COMPLETED;
+}
+
+enum te_status batch_task_status(struct engine *e, te_batch_id id, uint32_t task,
+				 struct te_task_info *info_out)
+{
+	struct batch *b;
+	struct task *t;
+	enum te_status st;
+	uint32_t dev;
+
+	if (!info_out)
+		return log_error(TE_ERR_INVALID_ARG, "te_task_status: info_out is NULL");
+	st = engine_batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	if (task >= atomic_load_explicit(&b->n_tasks, memory_order_acquire)) {
+		uint32_t n = atomic_load(&b->n_tasks);
+
+		batch_unref(b);
+		return log_error(TE_ERR_INVALID_ARG, "te_task_status: task %u of %u submitted",
+				 task, n);
+	}
+	t = &b->tasks[task];
+	memset(info_out, 0, sizeof(*info_out));
+	info_out->state = task_state(t);
+	info_out->status = atomic_load_explicit(&t->status, memory_order_acquire);
+	if (info_out->status != TE_OK && t->detail)
+		g_strlcpy(info_out->detail, t->detail, sizeof(info_out->detail));
+	if (info_out->state == TE_STATE_COMPLETED)
+		info_out->status = TE_OK;
+	info_out->bytes = atomic_load_explicit(&t->bytes, memory_order_relaxed);
+	info_out->length = t->length;
+	info_out->slices = t->n_slices;
+	info_out->retries = atomic_load_explicit(&t->retries, memory_order_relaxed);
+	info_out->transport = t->tp ? t->tp->plugin->name : "";
+	dev = atomic_load_explicit(&t->last_device, memory_order_relaxed);
+	info_out->device = t->tp && dev < t->tp->n_devices ? t->tp->devices[dev].name : "";
+	batch_unref(b);
+	return TE_OK;
+}
+
+enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_info *info_out)
+{
+	struct batch *b;
+	enum te_status st;
+	uint32_t n;
+
+	if (!info_out)
+		return log_error(TE_ERR_INVALID_ARG, "te_batch_status: info_out is NULL");
+	st = engine_batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	memset(info_out, 0, sizeof(*info_out));
+	n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
+	info_out->tasks = n;
+	info_out->completed = atomic_load(&b->n_completed);
+	info_out->failed = atomic_load(&b->n_failed);
+	info_out->timed_out = atomic_load(&b->n_timeout);
+	info_out->canceled = atomic_load(&b->n_canceled);
+	for (uint32_t i = 0; i < n; i++)
+		info_out->bytes += atomic_load_explicit(&b->tasks[i].bytes, memory_order_relaxed);
+	if (!batch_is_terminal(b)) {
+		info_out->state = TE_STATE_WAITING;
+		for (uint32_t i = 0; i < n; i++)
+			if (atomic_load_explicit(&b->tasks[i].posted, memory_order_relaxed)) {
+				info_out->state = TE_STATE_PENDING;
+				break;
+			}
+	} else if (info_out->failed) {
+		info_out->state = TE_STATE_FAILED;
+	} else if (info_out->timed_out) {
+		info_out->state = TE_STATE_TIMEOUT;
+	} else if (info_out->canceled) {
+		info_out->state = TE_STATE_CANCELED;
+	} else {
+		info_out->state = TE_STATE_COMPLETED;
+	}
+	batch_unref(b);
+	return TE_OK;
+}
+
+static enum te_status batch_result(struct batch *b)
+{
+	uint32_t n = atomic_load(&b->n_tasks);
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct task *t = &b->tasks[i];
+		enum te_state s = task_state(t);
+
+		if (s != TE_STATE_COMPLETED) {
+			enum te_status st = atomic_load_explicit(&t->status, memory_order_acquire);
+
+			log_error(st, "task %u: %s", i, t->detail ? t->detail : te_status_str(st));
+			return st != TE_OK ? st : TE_ERR_INTERNAL;
+		}
+	}
+	return TE_OK;
+}
+
+enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
+{
+	uint64_t start = engine_now_ns();
+	uint64_t end = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
+	unsigned idle = 0;
+	struct batch *b;
+	enum te_status st;
+
+	st = engine_batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	while (!batch_is_terminal(b)) {
+		uint64_t now;
+
+		if (e->has_manual) {
+			/* Drive manual-progress transports from the waiting thread. */
+			if (engine_progress_once(e)) {
+				idle = 0;
+				continue;
+			}
+			if (++idle < 64)
+				continue;
+		}
+		now = engine_now_ns();
+		if (now >= end)
+			break;
+		atomic_fetch_add(&b->waiters, 1);
+		g_mutex_lock(&b->wait_lock);
+		if (!batch_is_terminal(b)) {
+			/* With manual transports, wake up soon to drive them again. */
+			uint64_t until = e->has_manual ? MIN(end, now + 200000) : end;
+			gint64 mono = g_get_monotonic_time() +
+				      (gint64)MIN((until - now) / 1000, (uint64_t)G_MAXINT32);
+
+			g_cond_wait_until(&b->wait_cond, &b->wait_lock, mono);
+		}
+		g_mutex_unlock(&b->wait_lock);
+		atomic_fetch_sub(&b->waiters, 1);
+		idle = 0;
+	}
+	if (!batch_is_terminal(b)) {
+		batch_unref(b);
+		return log_error(TE_INPROGRESS, "te_batch_wait: batch not terminal after %" PRId64
+						" ns",
+				 timeout_ns);
+	}
+	st = batch_result(b);
+	batch_unref(b);
+	return st;
+}
+
+/* Finish every live slice of @b with @status and ask plugins to drop them. */
+static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t now,
+			       bool only_expired, uint64_t *next_deadline_out)
+{
+	uint64_t next = UINT64_MAX;
+
+	for (struct slice_chunk *c = b->chunks; c; c = c->next) {
+		for (uint32_t i = 0; i < c->n; i++) {
+			struct slice *s = SLICE_AT(c, i);
+			char why[TE_DETAIL_MAX];
+
+			if (atomic_load_explicit(&s->term, memory_order_acquire))
+				continue;
+			if (only_expired && s->ps.deadline_ns > now) {
+				next = MIN(next, s->ps.deadline_ns);
+				continue;
+			}
+			if (status == TE_ERR_TIMEOUT)
+				snprintf(why, sizeof(why),
+					 "%s: deadline of %" PRIu64 " ms passed (slice at remote "
+					 "0x%" PRIx64 ", %" PRIu64 " bytes, attempt %u)",
+					 s->tp->plugin->name, b->engine->cfg->timeout_ms,
+					 s->ps.remote, s->ps.length, s->ps.attempt + 1);
+			else
+				snprintf(why, sizeof(why), "canceled by te_batch_cancel");
+			slice_fail(s, status, why);
+			if (atomic_load_explicit(&s->in_plugin, memory_order_acquire)) {
+				struct transport *tp = s->tp;
+
+				/* The plugin may have just finished it: cancel tolerates that. */
+				if (tp->serialized)
+					g_mutex_lock(&tp->call_lock);
+				(void)tp->plugin->ops.cancel(tp->inst, &s->ps);
+				if (tp->serialized)
+					g_mutex_unlock(&tp->call_lock);
+			}
+		}
+	}
+	if (next_deadline_out)
+		*next_deadline_out = next;
+}
+
+enum te_status batch_cancel(struct engine *e, te_batch_id id)
+{
+	struct batch *b;
+	enum te_status st;
+
+	st = engine_batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	atomic_store(&b->canceled, 1);
+	batch_abort_slices(b, TE_ERR_CANCELED, 0, false, NULL);
+	batch_unref(b);
+	return TE_OK;
+}
+
+unsigned batch_check_deadlines(struct engine *e, uint64_t now)
+{
+	struct batch **list;
+	uint32_t n = 0;
+	unsigned expired = 0;
+
+	if (atomic_load_explicit(&e->next_deadline_ns, memory_order_acquire) > now)
+		return 0;
+	atomic_store(&e->next_deadline_ns, UINT64_MAX);
+	list = g_new(struct batch *, e->n_slots);
+	g_mutex_lock(&e->slot_lock);
+	for (uint32_t i = 0; i < e->n_slots; i++) {
+		struct batch *b = e->slots[i].batch;
+
+		if (!b || batch_is_terminal(b))
+			continue;
+		atomic_fetch_add(&b->refs, 1);
+		list[n++] = b;
+	}
+	g_mutex_unlock(&e->slot_lock);
+	for (uint32_t i = 0; i < n; i++) {
+		struct batch *b = list[i];
+		uint64_t next = UINT64_MAX;
+
+		if (atomic_load(&b->min_deadline_ns) <= now) {
+			batch_abort_slices(b, TE_ERR_TIMEOUT, now, true, &next);
+			atomic_store(&b->min_deadline_ns, next);
+			expired++;
+		} else {
+			next = atomic_load(&b->min_deadline_ns);
+		}
+		atomic_min_u64(&e->next_deadline_ns, next);
+		batch_unref(b);
+	}
+	g_free(list);
+	return expired;
+}
+
+enum te_status batch_free(struct engine *e, te_batch_id id)
+{
+	uint32_t slot = (uint32_t)id, gen = (uint32_t)(id >> 32);
+	struct batch *b;
+
+	g_mutex_lock(&e->slot_lock);
+	if (slot >= e->n_slots || !e->slots[slot].batch || e->slots[slot].gen != gen) {
+		g_mutex_unlock(&e->slot_lock);
+		return log_error(TE_ERR_INVALID_HANDLE,
+				 "te_batch_free: batch handle 0x%" PRIx64 " is not live", id);
+	}
+	b = e->slots[slot].batch;
+	if (!batch_is_terminal(b)) {
+		g_mutex_unlock(&e->slot_lock);
+		return log_error(TE_ERR_BUSY,
+				 "te_batch_free: batch has %u of %u tasks not terminal "
+				 "(wait or cancel first)",
+				 atomic_load(&b->n_tasks) - atomic_load(&b->n_terminal),
+				 atomic_load(&b->n_tasks));
+	}
+	e->slots[slot].batch = NULL;
+	e->slots[slot].gen = e->slots[slot].gen == UINT32_MAX ? 1 : e->slots[slot].gen + 1;
+	e->slots[slot].next_free = e->free_head;
+	e->free_head = slot;
+	g_mutex_unlock(&e->slot_lock);
+	batch_unref(b);
+	return TE_OK;
+}
+
+void batch_cancel_all(struct engine *e)
+{
+	for (uint32_t i = 0; i < e->n_slots; i++) {
+		struct batch *b;
+
+		g_mutex_lock(&e->slot_lock);
+		b = e->slots[i].batch;
+		if (b)
+			atomic_fetch_add(&b->refs, 1);
+		g_mutex_unlock(&e->slot_lock);
+		if (!b)
+			continue;
+		atomic_store(&b->canceled, 1);
+		batch_abort_slices(b, TE_ERR_CANCELED, 0, false, NULL);
+		batch_unref(b);
+	}
+}

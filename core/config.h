@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* config.h: the engine's YAML configuration, parsed by a pure function. */
+#ifndef TE_CORE_CONFIG_H
+#define TE_CORE_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <te/te_status.h>
+
+#define CONFIG_MAX_TRANSPORTS 16
+#define CONFIG_MAX_OPTIONS 64
+#define CONFIG_MAX_ENDPOINTS 8
+/* Longest configuration text config_parse accepts, in bytes. */
+#define CONFIG_MAX_INPUT (1024 * 1024)
+/* Longest scalar (key or value) in bytes; longer ones are errors, never truncated. */
+#define CONFIG_MAX_STRING 4096
+
+/* One key/value of a transport's options map; values are kept as scalar text. */
+struct config_option {
+	char *key;
+	char *value;
+};
+
+struct config_transport {
+	char *name;	/* plugin name (module file stem) */
+	char *path;	/* explicit module path or NULL */
+	bool required;
+	struct config_option *options;
+	size_t n_options;
+};
+
+enum config_metadata_type {
+	CONFIG_METADATA_P2P = 0,
+	CONFIG_METADATA_ETCD,
+	CONFIG_METADATA_REDIS,
+	CONFIG_METADATA_HTTP,
+};
+
+struct config {
+	/* engine: */
+	char *name;   /* NULL: host:port of the listener */
+	char *listen; /* control-plane address, default "127.0.0.1:0" */
+
+	/* metadata: */
+	enum config_metadata_type metadata_type;
+	char *metadata_endpoints[CONFIG_MAX_ENDPOINTS];
+	size_t n_metadata_endpoints;
+	char *metadata_namespace; /* default "/te" */
+	uint32_t metadata_ttl_s;  /* default 10 */
+
+	/* transfer: */
+	uint64_t slice_size;	       /* 0: from the transport's caps */
+	uint32_t max_slices_per_task;  /* default 4096 */
+	uint32_t retries;	       /* extra attempts per slice, default 3 */
+	uint64_t retry_backoff_us;     /* first backoff, doubles, default 100 */
+	uint64_t retry_backoff_max_us; /* default 100000 */
+	uint64_t timeout_ms;	       /* per task deadline, default 30000 */
+	uint64_t quarantine_ms;	       /* pause after mark_failed, default 1000 */
+	uint32_t quarantine_after;     /* consecutive failures before quarantine, default 3 */
+	uint32_t worker_threads;       /* default 1 */
+	uint32_t max_batches;	       /* live batch slots, default 1024 */
+	uint32_t max_batch_size;       /* requests per batch, default 65536 */
+	bool fallback;		       /* may retry on a lower-priority transport */
+
+	/* transports: (in priority order) */
+	struct config_transport transports[CONFIG_MAX_TRANSPORTS];
+	size_t n_transports;
+
+	/* log: */
+	int log_level; /* enum te_log_level, default TE_LOG_WARN */
+
+	/* auth: */
+	char *auth_secret;	/* NULL: no authentication */
+	char *auth_secret_file; /* auth.secret_file: path the engine reads the secret from */
+};
+
+/*
+ * config_parse - parse and validate YAML @buf of @len bytes (need not be
+ * NUL-terminated). @name is used in error messages ("<file>:line:col: ...").
+ * On success *cfg_out is a new config (config_free). On failure returns
+ * TE_ERR_CONFIG (or TE_ERR_NOMEM) and *err_out is a new string (g_free) naming
+ * file:line:column, the key path and the reason. Pure: no I/O, no globals.
+ */
+enum te_status config_parse(const char *buf, size_t len, const char *name,
+			    struct config **cfg_out, char **err_out);
+
+/* Read @path and parse it; I/O errors are reported in *err_out too. */
+enum te_status config_load_file(const char *path, struct config **cfg_out, char **err_out);
+
+/* The built-in default: p2p metadata, tcp transport on loopback. */
+extern const char config_default_yaml[];
+
+/* Effective configuration (defaults filled in) as YAML text (g_free). */
+char *config_to_yaml(const struct config *cfg);
+
+/* Look up a transport option; NULL if absent. */
+const char *config_transport_option(const struct config_transport *t, const char *key);
+
+void config_free(struct config *cfg);
+
+#endif /* TE_CORE_CONFIG_H */

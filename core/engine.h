@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* engine.h: the engine object shared by the core modules. */
+#ifndef TE_CORE_ENGINE_H
+#define TE_CORE_ENGINE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <glib.h>
+
+#include <te/te.h>
+
+#include "core/config.h"
+#include "core/log.h"
+#include "core/mem.h"
+
+struct transport;
+struct segment;
+struct batch;
+struct slice;
+struct segview;
+
+struct batch_slot {
+	struct batch *batch; /* NULL: free */
+	uint32_t gen;	     /* bumped on every free; part of the handle */
+	uint32_t next_free;
+};
+
+struct engine {
+	struct config *cfg;
+	struct log_sink log;
+	char *name;
+	uint64_t generation;
+	char *host_id;
+
+	/* Transports in priority order. */
+	struct transport **tps;
+	unsigned n_tps;
+	uint32_t slice_stride; /* sizeof(struct slice) + largest priv, aligned */
+
+	struct mem_table mem;
+
+	/* Segments: index == id; 0 unused (local). */
+	GRWLock seg_lock;
+	GPtrArray *segments;
+
+	/* View of our own segment for requests to segment 0. */
+	GMutex local_lock;
+	struct segview *local_view;
+	uint64_t local_view_version;
+
+	/* Per transport: slice size after caps and YAML. */
+	uint64_t *slice_size;
+
+	/* Earliest slice deadline of any live batch (worker scans when passed). */
+	_Atomic uint64_t next_deadline_ns;
+
+	/* Batch slots. */
+	GMutex slot_lock;
+	struct batch_slot *slots;
+	uint32_t n_slots;
+	uint32_t free_head; /* UINT32_MAX: none */
+	_Atomic uint32_t live_batches;
+
+	/* Worker: manual progress, backlog, retries, deadlines. */
+	GThread *worker;
+	_Atomic bool stopping;
+	GMutex work_lock;
+	GCond work_cond;
+	_Atomic uint32_t sleeping; /* worker is (about to be) waiting on work_cond */
+	struct slice *retry_head; /* under work_lock, sorted by retry_at_ns */
+	bool has_manual;
+};
+
+/* Wake the worker (backlog, retry or manual progress needed). */
+void engine_kick(struct engine *e);
+
+/* Queue @s for a retry at s->retry_at_ns. */
+void engine_queue_retry(struct engine *e, struct slice *s);
+
+/* Drive every MANUAL transport and drain backlogs once; returns work done. */
+unsigned engine_progress_once(struct engine *e);
+
+/* Look up a live batch by handle, taking a reference (batch_unref). */
+enum te_status engine_batch_get(struct engine *e, te_batch_id id, struct batch **batch_out);
+
+/* Monotonic clock in ns. */
+uint64_t engine_now_ns(void);
+
+/* Public entry points: the engine from its public type, last error cleared. */
+#define ENGINE_OR_FAIL(eng, fn)                                                                \
+	struct engine *e = (struct engine *)(eng);                                             \
+	log_clear_error();                                                                     \
+	if (!e)                                                                                \
+		return log_error(TE_ERR_INVALID_ARG, fn ": engine is NULL")
+
+#define ENGINE_LOG(e, lvl, ...) log_msg((e) ? &(e)->log : NULL, (lvl), __VA_ARGS__)
+
+#endif /* TE_CORE_ENGINE_H */

@@ -1,0 +1,289 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* mem.c: registration of local memory regions with every installed transport. */
+#include <errno.h>
+#include <string.h>
+
+#include "core/engine.h"
+#include "core/mem.h"
+#include "core/metadata/descriptor.h"
+#include "core/transport.h"
+
+enum te_status mem_parse_location(const char *location, uint32_t *mem_type_out,
+				  int32_t *dev_out)
+{
+	static const struct {
+		const char *prefix;
+		uint32_t type;
+	} kinds[] = {
+		{"cpu", TE_PLUGIN_MEM_CPU},
+		{"cuda", TE_PLUGIN_MEM_CUDA},
+		{"hip", TE_PLUGIN_MEM_HIP},
+		{"cxl", TE_PLUGIN_MEM_CXL},
+	};
+	const char *colon;
+	size_t plen;
+
+	if (!location || strcmp(location, "*") == 0 || strcmp(location, "") == 0) {
+		/* Detection needs a GPU runtime; the core names none, so "*" is host memory. */
+		*mem_type_out = TE_PLUGIN_MEM_CPU;
+		*dev_out = -1;
+		return TE_OK;
+	}
+	colon = strchr(location, ':');
+	plen = colon ? (size_t)(colon - location) : strlen(location);
+	for (size_t i = 0; i < G_N_ELEMENTS(kinds); i++) {
+		guint64 v = 0;
+
+		if (strlen(kinds[i].prefix) != plen || strncmp(location, kinds[i].prefix, plen))
+			continue;
+		if (colon) {
+			if (!g_ascii_string_to_unsigned(colon + 1, 10, 0, 4095, &v, NULL))
+				return TE_ERR_INVALID_ARG;
+		} else if (kinds[i].type != TE_PLUGIN_MEM_CPU) {
+			v = 0;
+		}
+		*mem_type_out = kinds[i].type;
+		*dev_out = colon ? (int32_t)v : (kinds[i].type == TE_PLUGIN_MEM_CPU ? -1 : 0);
+		return TE_OK;
+	}
+	return TE_ERR_INVALID_ARG;
+}
+
+/* Index of the first region whose addr is > @addr (upper bound). */
+static guint mem_upper_bound(GPtrArray *regions, uint64_t addr)
+{
+	guint lo = 0, hi = regions->len;
+
+	while (lo < hi) {
+		guint mid = lo + (hi - lo) / 2;
+		const struct mem_region *r = g_ptr_array_index(regions, mid);
+
+		if (r->addr <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+enum te_status mem_check_insert(GPtrArray *regions, uint64_t addr, uint64_t length,
+				guint *index_out)
+{
+	guint i = mem_upper_bound(regions, addr);
+
+	if (length == 0)
+		return TE_ERR_INVALID_ARG;
+	if (addr + length < addr)
+		return TE_ERR_OVERFLOW;
+	if (i > 0) {
+		const struct mem_region *prev = g_ptr_array_index(regions, i - 1);
+
+		if (prev->addr + prev->length > addr)
+			return TE_ERR_ADDRESS_OVERLAPPED;
+	}
+	if (i < regions->len) {
+		const struct mem_region *next = g_ptr_array_index(regions, i);
+
+		if (next->addr < addr + length)
+			return TE_ERR_ADDRESS_OVERLAPPED;
+	}
+	*index_out = i;
+	return TE_OK;
+}
+
+enum te_status mem_lookup(GPtrArray *regions, uint64_t addr, uint64_t length,
+			  struct mem_region **region_out)
+{
+	guint i = mem_upper_bound(regions, addr);
+	struct mem_region *r;
+
+	if (i == 0)
+		return TE_ERR_NOT_REGISTERED;
+	r = g_ptr_array_index(regions, i - 1);
+	if (addr - r->addr >= r->length)
+		return TE_ERR_NOT_REGISTERED;
+	if (addr + length < addr || addr + length - r->addr > r->length)
+		return TE_ERR_OUT_OF_RANGE;
+	*region_out = r;
+	return TE_OK;
+}
+
+void mem_table_init(struct mem_table *t)
+{
+	g_rw_lock_init(&t->lock);
+	t->regions = g_ptr_array_new();
+	atomic_init(&t->version, 1);
+}
+
+static void mem_region_free(struct engine *e, struct mem_region *r)
+{
+	for (unsigned i = 0; i < e->n_tps; i++) {
+		struct transport *tp = e->tps[i];
+
+		if (r->handles[i] && !atomic_load(&tp->stopped)) {
+			enum te_status st = tp->plugin->ops.dereg_mem(tp->inst, r->handles[i]);
+
+			if (st != TE_OK)
+				ENGINE_LOG(e, TE_LOG_WARN, "%s: dereg_mem(0x%llx) failed: %s",
+					   tp->plugin->name, (unsigned long long)r->addr,
+					   te_status_str(st));
+		}
+		if (r->keys[i])
+			g_bytes_unref(r->keys[i]);
+	}
+	g_free(r->handles);
+	g_free(r->keys);
+	g_free(r->location);
+	g_free(r);
+}
+
+void mem_table_clear(struct mem_table *t)
+{
+	g_ptr_array_free(t->regions, TRUE);
+	g_rw_lock_clear(&t->lock);
+}
+
+enum te_status mem_register(struct engine *e, void *addr, size_t length, const char *location,
+			    uint32_t access)
+{
+	struct mem_region *r;
+	uint32_t mem_type;
+	int32_t dev;
+	unsigned supported = 0;
+	enum te_status st;
+	guint idx;
+
+	if (!addr)
+		return log_error(TE_ERR_INVALID_ARG, "te_mem_register: addr is NULL");
+	if (length == 0)
+		return log_error(TE_ERR_INVALID_ARG, "te_mem_register: length is 0 (addr %p)",
+				 addr);
+	if ((uintptr_t)addr + length < (uintptr_t)addr)
+		return log_error(TE_ERR_OVERFLOW,
+				 "te_mem_register: [%p, +%zu) wraps around the address space",
+				 addr, length);
+	if (access & ~(uint32_t)TE_MEM_REMOTE)
+		return log_error(TE_ERR_INVALID_ARG, "te_mem_register: unknown access bits 0x%x",
+				 access);
+	st = mem_parse_location(location, &mem_type, &dev);
+	if (st != TE_OK)
+		return log_error(st,
+				 "te_mem_register: location '%s' is not one of cpu[:N], cuda:N, "
+				 "hip:N, cxl:N, *",
+				 location);
+
+	r = g_new0(struct mem_region, 1);
+	r->addr = (uintptr_t)addr;
+	r->length = length;
+	r->mem_type = mem_type;
+	r->dev = dev;
+	r->access = access;
+	r->location = location && strcmp(location, "*") && *location
+			      ? g_strdup(location)
+			      : g_strdup("cpu");
+	r->handles = g_new0(struct te_plugin_mem *, e->n_tps ? e->n_tps : 1);
+	r->keys = g_new0(GBytes *, e->n_tps ? e->n_tps : 1);
+
+	g_rw_lock_writer_lock(&e->mem.lock);
+	st = mem_check_insert(e->mem.regions, r->addr, r->length, &idx);
+	if (st != TE_OK) {
+		g_rw_lock_writer_unlock(&e->mem.lock);
+		g_free(r->handles);
+		g_free(r->keys);
+		g_free(r->location);
+		g_free(r);
+		return log_error(st, "te_mem_register: [%p, +%zu) overlaps a registered region",
+				 addr, length);
+	}
+	/* Register with every transport that takes this memory type. */
+	for (unsigned i = 0; i < e->n_tps; i++) {
+		struct transport *tp = e->tps[i];
+		uint8_t keybuf[DESCRIPTOR_MAX_BLOB];
+		size_t klen = 0;
+
+		if (!(tp->caps.mem_types & mem_type))
+			continue;
+		st = tp->plugin->ops.reg_mem(tp->inst, addr, length, mem_type, dev, access,
+					     &r->handles[i]);
+		if (st != TE_OK) {
+			log_error(st, "te_mem_register: %s: reg_mem([%p, +%zu), %s) failed: %s",
+				  tp->plugin->name, addr, length, r->location, te_status_str(st));
+			goto err_unwind;
+		}
+		st = tp->plugin->ops.pack_key(tp->inst, r->handles[i], keybuf, sizeof(keybuf),
+					      &klen);
+		if (st != TE_OK || klen > sizeof(keybuf)) {
+			st = st != TE_OK ? st : TE_ERR_TOO_LARGE;
+			log_error(st, "te_mem_register: %s: pack_key failed: %s", tp->plugin->name,
+				  te_status_str(st));
+			goto err_unwind;
+		}
+		r->keys[i] = g_bytes_new(keybuf, klen);
+		supported++;
+	}
+	if (e->n_tps && !supported) {
+		st = log_error(TE_ERR_MEMORY_TYPE,
+			       "te_mem_register: no installed transport supports %s memory",
+			       r->location);
+		goto err_unwind;
+	}
+	g_ptr_array_insert(e->mem.regions, (gint)idx, r);
+	atomic_fetch_add_explicit(&e->mem.version, 1, memory_order_release);
+	g_rw_lock_writer_unlock(&e->mem.lock);
+	ENGINE_LOG(e, TE_LOG_DEBUG, "registered [%p, +%zu) %s access 0x%x", addr, length,
+		   r->location, access);
+	return TE_OK;
+
+err_unwind:
+	g_rw_lock_writer_unlock(&e->mem.lock);
+	mem_region_free(e, r);
+	return st;
+}
+
+enum te_status mem_unregister(struct engine *e, void *addr)
+{
+	struct mem_region *r = NULL;
+	guint i;
+
+	if (!addr)
+		return log_error(TE_ERR_INVALID_ARG, "te_mem_unregister: addr is NULL");
+	g_rw_lock_writer_lock(&e->mem.lock);
+	for (i = 0; i < e->mem.regions->len; i++) {
+		struct mem_region *c = g_ptr_array_index(e->mem.regions, i);
+
+		if (c->addr == (uintptr_t)addr) {
+			r = c;
+			break;
+		}
+	}
+	if (!r) {
+		g_rw_lock_writer_unlock(&e->mem.lock);
+		return log_error(TE_ERR_NOT_REGISTERED,
+				 "te_mem_unregister: no region starts at %p", addr);
+	}
+	if (atomic_load_explicit(&r->refs, memory_order_acquire) > 0) {
+		int refs = atomic_load(&r->refs);
+
+		g_rw_lock_writer_unlock(&e->mem.lock);
+		return log_error(TE_ERR_BUSY,
+				 "te_mem_unregister: region %p is used by %d live batch task(s)",
+				 addr, refs);
+	}
+	g_ptr_array_remove_index(e->mem.regions, i);
+	atomic_fetch_add_explicit(&e->mem.version, 1, memory_order_release);
+	g_rw_lock_writer_unlock(&e->mem.lock);
+	mem_region_free(e, r);
+	return TE_OK;
+}
+
+void mem_unregister_all(struct engine *e)
+{
+	g_rw_lock_writer_lock(&e->mem.lock);
+	while (e->mem.regions->len) {
+		struct mem_region *r = g_ptr_array_steal_index(e->mem.regions,
+							       e->mem.regions->len - 1);
+
+		mem_region_free(e, r);
+	}
+	g_rw_lock_writer_unlock(&e->mem.lock);
+}

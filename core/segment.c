@@ -1,0 +1,405 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* segment.c: open remote segments from descriptors and build the local descriptor. */
+#include <string.h>
+#include <unistd.h>
+
+#include "core/engine.h"
+#include "core/segment.h"
+#include "core/transport.h"
+
+/* Whether transport @tp may be used towards the segment @d, and why not. */
+static bool segview_reachable(struct engine *e, struct transport *tp,
+			      const struct descriptor *d, char *why, size_t why_len)
+{
+	if ((tp->caps.flags & TE_PLUGIN_CAP_SAME_HOST_ONLY) &&
+	    g_strcmp0(d->host_id, e->host_id) != 0) {
+		g_snprintf(why, why_len, "%s: same-host transport, peer is on another host",
+			   tp->plugin->name);
+		return false;
+	}
+	if ((tp->caps.flags & TE_PLUGIN_CAP_SAME_PROCESS_ONLY) &&
+	    (g_strcmp0(d->host_id, e->host_id) != 0 || d->pid != (uint32_t)getpid())) {
+		g_snprintf(why, why_len, "%s: same-process transport, peer is another process",
+			   tp->plugin->name);
+		return false;
+	}
+	return true;
+}
+
+enum te_status segview_new(struct engine *e, struct descriptor *desc, struct segview **view_out,
+			   char **err_out)
+{
+	struct segview *v = g_new0(struct segview, 1);
+	g_autoptr(GString) reasons = g_string_new(NULL);
+	unsigned usable = 0;
+
+	atomic_init(&v->refs, 1);
+	v->engine = e;
+	v->desc = desc;
+	v->tps = g_new0(struct segview_tp, e->n_tps ? e->n_tps : 1);
+	v->rkeys = g_new0(struct te_plugin_rkey *, (desc->n_buffers ? desc->n_buffers : 1) *
+							   (e->n_tps ? e->n_tps : 1));
+	for (unsigned t = 0; t < e->n_tps; t++) {
+		struct transport *tp = e->tps[t];
+		struct segview_tp *vt = &v->tps[t];
+		GBytes *blob = descriptor_find_blob(desc->transports, desc->n_transports,
+						    tp->plugin->name);
+		enum te_status st;
+		gsize len = 0;
+		const void *data;
+
+		vt->tp = tp;
+		if (!blob) {
+			g_snprintf(vt->why, sizeof(vt->why), "%s: not offered by the peer",
+				   tp->plugin->name);
+			goto skip;
+		}
+		if (!segview_reachable(e, tp, desc, vt->why, sizeof(vt->why)))
+			goto skip;
+		data = g_bytes_get_data(blob, &len);
+		if (tp->serialized)
+			g_mutex_lock(&tp->call_lock);
+		st = tp->plugin->ops.load_peer(tp->inst, desc->name, data, len, &vt->peer);
+		if (tp->serialized)
+			g_mutex_unlock(&tp->call_lock);
+		if (st != TE_OK) {
+			vt->peer = NULL;
+			g_snprintf(vt->why, sizeof(vt->why), "%s: load_peer failed: %s%s%s",
+				   tp->plugin->name, te_status_str(st),
+				   tp->last_log[0] ? ": " : "", tp->last_log);
+			goto skip;
+		}
+		for (size_t b = 0; b < desc->n_buffers; b++) {
+			const struct descriptor_buffer *db = &desc->buffers[b];
+			GBytes *key = descriptor_find_blob(db->keys, db->n_keys, tp->plugin->name);
+			struct te_plugin_rkey *rk = NULL;
+
+			if (!key)
+				continue;
+			data = g_bytes_get_data(key, &len);
+			st = tp->plugin->ops.unpack_remote_key(tp->inst, vt->peer, data, len,
+								db->addr, db->length, &rk);
+			if (st != TE_OK) {
+				ENGINE_LOG(e, TE_LOG_WARN,
+					   "segment %s: %s: key of buffer 0x%llx rejected: %s",
+					   desc->name, tp->plugin->name,
+					   (unsigned long long)db->addr, te_status_str(st));
+				continue;
+			}
+			v->rkeys[b * e->n_tps + t] = rk;
+		}
+		usable++;
+		continue;
+skip:
+		g_string_append_printf(reasons, "%s%s", reasons->len ? "; " : "", vt->why);
+	}
+	if (!usable) {
+		*err_out = g_strdup_printf("segment '%s': no transport can reach it: %s",
+					   desc->name,
+					   e->n_tps ? reasons->str : "no transports installed");
+		v->desc = NULL; /* the caller still owns desc on failure */
+		segview_unref(v);
+		return TE_ERR_NO_TRANSPORT;
+	}
+	*view_out = v;
+	return TE_OK;
+}
+
+void segview_ref(struct segview *v)
+{
+	atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
+}
+
+void segview_unref(struct segview *v)
+{
+	struct engine *e;
+
+	if (!v || atomic_fetch_sub_explicit(&v->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	e = v->engine;
+	for (unsigned t = 0; t < e->n_tps; t++) {
+		struct transport *tp = e->tps[t];
+
+		if (!v->tps[t].peer || atomic_load(&tp->stopped))
+			continue; /* fini released the plugin's peers and keys */
+		for (size_t b = 0; v->desc && b < v->desc->n_buffers; b++)
+			if (v->rkeys[b * e->n_tps + t])
+				tp->plugin->ops.release_remote_key(tp->inst,
+								   v->rkeys[b * e->n_tps + t]);
+		if (tp->serialized)
+			g_mutex_lock(&tp->call_lock);
+		tp->plugin->ops.unload_peer(tp->inst, v->tps[t].peer);
+		if (tp->serialized)
+			g_mutex_unlock(&tp->call_lock);
+	}
+	descriptor_free(v->desc);
+	g_free(v->tps);
+	g_free(v->rkeys);
+	g_free(v);
+}
+
+struct segment *segment_get_locked(struct engine *e, te_segment_id id)
+{
+	if (id == 0 || id >= e->segments->len)
+		return NULL;
+	return g_ptr_array_index(e->segments, id);
+}
+
+void segment_free(struct segment *s)
+{
+	if (!s)
+		return;
+	segview_unref(s->view);
+	g_free(s->name);
+	g_free(s);
+}
+
+static struct segment *segment_find_name_locked(struct engine *e, const char *name)
+{
+	for (guint i = 1; i < e->segments->len; i++) {
+		struct segment *s = g_ptr_array_index(e->segments, i);
+
+		if (s && strcmp(s->name, name) == 0)
+			return s;
+	}
+	return NULL;
+}
+
+enum te_status segment_import_desc(struct engine *e, struct descriptor *desc,
+				   te_segment_id *id_out)
+{
+	struct segview *v = NULL, *old = NULL;
+	g_autofree char *err = NULL;
+	struct segment *s;
+	enum te_status st;
+
+	g_rw_lock_reader_lock(&e->seg_lock);
+	s = segment_find_name_locked(e, desc->name);
+	if (s && s->view->desc->generation == desc->generation) {
+		/* Same incarnation: just another reference. */
+		g_rw_lock_reader_unlock(&e->seg_lock);
+		g_rw_lock_writer_lock(&e->seg_lock);
+		s = segment_find_name_locked(e, desc->name);
+		if (s && s->view->desc->generation == desc->generation) {
+			s->open_count++;
+			*id_out = s->id;
+			g_rw_lock_writer_unlock(&e->seg_lock);
+			descriptor_free(desc);
+			return TE_OK;
+		}
+		g_rw_lock_writer_unlock(&e->seg_lock);
+	} else {
+		g_rw_lock_reader_unlock(&e->seg_lock);
+	}
+
+	/* Peers are loaded outside the segment lock: load_peer may connect. */
+	st = segview_new(e, desc, &v, &err);
+	if (st != TE_OK) {
+		descriptor_free(desc);
+		return log_error(st, "%s", err);
+	}
+	g_rw_lock_writer_lock(&e->seg_lock);
+	s = segment_find_name_locked(e, desc->name);
+	if (s) {
+		if (s->view->desc->generation != desc->generation) {
+			ENGINE_LOG(e, TE_LOG_INFO,
+				   "segment %s: generation %llu replaces %llu (peer restarted)",
+				   s->name, (unsigned long long)desc->generation,
+				   (unsigned long long)s->view->desc->generation);
+			old = s->view;
+			old->stale = true;
+			s->view = v;
+			v = NULL;
+		}
+		s->open_count++;
+	} else {
+		if (e->segments->len >= UINT32_MAX - 1) {
+			g_rw_lock_writer_unlock(&e->seg_lock);
+			segview_unref(v);
+			return log_error(TE_ERR_TOO_LARGE, "too many open segments");
+		}
+		s = g_new0(struct segment, 1);
+		s->name = g_strdup(desc->name);
+		s->open_count = 1;
+		s->view = v;
+		v = NULL;
+		/* Reuse a closed id only after its generation of handles is gone: never. */
+		s->id = e->segments->len;
+		g_ptr_array_add(e->segments, s);
+	}
+	*id_out = s->id;
+	g_rw_lock_writer_unlock(&e->seg_lock);
+	segview_unref(old);
+	segview_unref(v);
+	return TE_OK;
+}
+
+enum te_status te_segment_import(struct te_engine *engine, const char *json, size_t len,
+				 te_segment_id *id_out)
+{
+	ENGINE_OR_FAIL(engine, "te_segment_import");
+	struct descriptor *d = NULL;
+	g_autofree char *err = NULL;
+	enum te_status st;
+
+	if (!json || !id_out)
+		return log_error(TE_ERR_INVALID_ARG, "te_segment_import: NULL argument");
+	st = descriptor_decode(json, len, &d, &err);
+	if (st != TE_OK)
+		return log_error(st, "te_segment_import: %s", err);
+	if (strcmp(d->name, e->name) == 0 && d->generation == e->generation) {
+		descriptor_free(d);
+		return log_error(TE_ERR_INVALID_ARG,
+				 "te_segment_import: '%s' is this engine's own segment (id 0)",
+				 e->name);
+	}
+	return segment_import_desc(e, d, id_out);
+}
+
+enum te_status te_segment_open(struct te_engine *engine, const char *name, te_segment_id *id_out)
+{
+	ENGINE_OR_FAIL(engine, "te_segment_open");
+	struct segment *s;
+
+	if (!name || !*name || !id_out)
+		return log_error(TE_ERR_INVALID_ARG, "te_segment_open: NULL or empty argument");
+	if (strlen(name) >= DESCRIPTOR_MAX_NAME)
+		return log_error(TE_ERR_INVALID_ARG, "te_segment_open: name longer than %u bytes",
+				 DESCRIPTOR_MAX_NAME - 1);
+	g_rw_lock_writer_lock(&e->seg_lock);
+	s = segment_find_name_locked(e, name);
+	if (s) {
+		s->open_count++;
+		*id_out = s->id;
+		g_rw_lock_writer_unlock(&e->seg_lock);
+		return TE_OK;
+	}
+	g_rw_lock_writer_unlock(&e->seg_lock);
+	return log_error(TE_ERR_UNKNOWN_SEGMENT,
+			 "te_segment_open: segment '%s' not found: no metadata backend knows it "
+			 "and no descriptor was imported",
+			 name);
+}
+
+enum te_status te_segment_close(struct te_engine *engine, te_segment_id id)
+{
+	ENGINE_OR_FAIL(engine, "te_segment_close");
+	struct segment *s;
+
+	if (id == TE_SEGMENT_LOCAL)
+		return log_error(TE_ERR_INVALID_ARG,
+				 "te_segment_close: segment 0 is the local segment");
+	g_rw_lock_writer_lock(&e->seg_lock);
+	s = segment_get_locked(e, id);
+	if (!s) {
+		g_rw_lock_writer_unlock(&e->seg_lock);
+		return log_error(TE_ERR_UNKNOWN_SEGMENT, "te_segment_close: no segment id %u", id);
+	}
+	if (s->open_count == 1 && atomic_load_explicit(&s->busy, memory_order_acquire) > 0) {
+		g_rw_lock_writer_unlock(&e->seg_lock);
+		return log_error(TE_ERR_BUSY, "te_segment_close: segment '%s' is used by live "
+					      "batches",
+				 s->name);
+	}
+	if (--s->open_count == 0) {
+		g_ptr_array_index(e->segments, id) = NULL;
+		g_rw_lock_writer_unlock(&e->seg_lock);
+		segment_free(s);
+		return TE_OK;
+	}
+	g_rw_lock_writer_unlock(&e->seg_lock);
+	return TE_OK;
+}
+
+struct descriptor *segment_local_descriptor(struct engine *e)
+{
+	struct descriptor *d = g_new0(struct descriptor, 1);
+	guint n = 0;
+
+	d->name = g_strdup(e->name);
+	d->generation = e->generation;
+	d->rpc = g_strdup("");
+	d->host_id = g_strdup(e->host_id);
+	d->pid = (uint32_t)getpid();
+	d->transports = g_new0(struct descriptor_blob, e->n_tps ? e->n_tps : 1);
+	for (unsigned t = 0; t < e->n_tps; t++) {
+		GBytes *b = transport_blob(e->tps[t]);
+
+		d->transports[d->n_transports].transport = g_strdup(e->tps[t]->plugin->name);
+		d->transports[d->n_transports].blob = b ? b : g_bytes_new(NULL, 0);
+		d->n_transports++;
+	}
+	g_rw_lock_reader_lock(&e->mem.lock);
+	d->buffers = g_new0(struct descriptor_buffer, e->mem.regions->len + 1);
+	for (guint i = 0; i < e->mem.regions->len; i++) {
+		const struct mem_region *r = g_ptr_array_index(e->mem.regions, i);
+		struct descriptor_buffer *db;
+
+		if (!(r->access & TE_MEM_REMOTE))
+			continue;
+		db = &d->buffers[n++];
+		db->addr = r->addr;
+		db->length = r->length;
+		db->location = g_strdup(r->location);
+		db->access = r->access;
+		db->keys = g_new0(struct descriptor_blob, e->n_tps ? e->n_tps : 1);
+		for (unsigned t = 0; t < e->n_tps; t++) {
+			if (!r->keys[t])
+				continue;
+			db->keys[db->n_keys].transport = g_strdup(e->tps[t]->plugin->name);
+			db->keys[db->n_keys].blob = g_bytes_ref(r->keys[t]);
+			db->n_keys++;
+		}
+	}
+	d->n_buffers = n;
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	return d;
+}
+
+enum te_status te_segment_export(struct te_engine *engine, char **json_out, size_t *len_out)
+{
+	ENGINE_OR_FAIL(engine, "te_segment_export");
+	struct descriptor *d;
+	size_t len = 0;
+	char *json;
+
+	if (!json_out)
+		return log_error(TE_ERR_INVALID_ARG, "te_segment_export: NULL argument");
+	d = segment_local_descriptor(e);
+	json = descriptor_encode(d, &len);
+	descriptor_free(d);
+	if (!json)
+		return log_error(TE_ERR_NOMEM, "te_segment_export: encoding failed");
+	*json_out = json;
+	if (len_out)
+		*len_out = len;
+	return TE_OK;
+}
+
+enum te_status segment_local_view(struct engine *e, struct segview **view_out, char **err_out)
+{
+	uint64_t version = atomic_load_explicit(&e->mem.version, memory_order_acquire);
+	struct segview *v = NULL, *old = NULL;
+	enum te_status st;
+
+	g_mutex_lock(&e->local_lock);
+	if (e->local_view && e->local_view_version == version) {
+		segview_ref(e->local_view);
+		*view_out = e->local_view;
+		g_mutex_unlock(&e->local_lock);
+		return TE_OK;
+	}
+	st = segview_new(e, segment_local_descriptor(e), &v, err_out);
+	if (st != TE_OK) {
+		g_mutex_unlock(&e->local_lock);
+		return st;
+	}
+	old = e->local_view;
+	e->local_view = v;
+	e->local_view_version = version;
+	segview_ref(v);
+	*view_out = v;
+	g_mutex_unlock(&e->local_lock);
+	segview_unref(old);
+	return TE_OK;
+}

@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* segment.h: remote segments, their descriptor views and per-transport peer state. */
+#ifndef TE_CORE_SEGMENT_H
+#define TE_CORE_SEGMENT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <glib.h>
+
+#include <te/te.h>
+
+#include "core/metadata/descriptor.h"
+
+struct engine;
+struct transport;
+
+/* What one engine transport knows about one segment view. */
+struct segview_tp {
+	struct transport *tp;
+	struct te_plugin_peer *peer; /* NULL: this transport cannot reach the segment */
+	char why[160];		     /* reason when peer is NULL */
+	_Atomic uint64_t paused_until_ns; /* peer quarantine */
+	_Atomic uint32_t failures;	  /* consecutive retryable failures */
+};
+
+/*
+ * An immutable snapshot of a segment: one descriptor generation with its peers
+ * and remote keys. Tasks hold a reference, so a restart (new generation) can swap
+ * the segment's view while old transfers drain.
+ */
+struct segview {
+	_Atomic int32_t refs;
+	struct engine *engine;
+	struct descriptor *desc;
+	struct segview_tp *tps; /* engine->n_tps entries */
+	/* rkeys[buffer * n_tps + transport], NULL if that buffer has no key for it */
+	struct te_plugin_rkey **rkeys;
+	bool stale; /* a newer generation replaced it */
+};
+
+struct segment {
+	te_segment_id id;
+	char *name;
+	int32_t open_count; /* te_segment_open/import references */
+	struct segview *view; /* current; swap under engine->seg_lock (write) */
+	_Atomic int32_t busy; /* live batches that use it */
+};
+
+/* Build a view from a decoded descriptor (takes ownership of @desc). */
+enum te_status segview_new(struct engine *e, struct descriptor *desc, struct segview **view_out,
+			   char **err_out);
+void segview_ref(struct segview *v);
+void segview_unref(struct segview *v);
+
+/*
+ * segment_import_desc - open or refresh the segment described by @desc (owned).
+ * Same name and generation: the existing id; newer generation: the view is
+ * replaced (old one drains); new name: a new id.
+ */
+enum te_status segment_import_desc(struct engine *e, struct descriptor *desc,
+				   te_segment_id *id_out);
+
+/* Caller holds engine->seg_lock (read). NULL if id unknown. */
+struct segment *segment_get_locked(struct engine *e, te_segment_id id);
+
+void segment_free(struct segment *s);
+
+/* This engine's own descriptor (buffers with remote access only); descriptor_free. */
+struct descriptor *segment_local_descriptor(struct engine *e);
+
+/*
+ * segment_local_view - view of this engine's own segment for requests to id 0,
+ * rebuilt when the registered memory changed. Returns a reference (unref).
+ */
+enum te_status segment_local_view(struct engine *e, struct segview **view_out, char **err_out);
+
+#endif /* TE_CORE_SEGMENT_H */

@@ -1,0 +1,291 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* transport.c: initialise plugin instances and implement the host services table. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/batch.h"
+#include "core/engine.h"
+#include "core/segment.h"
+#include "core/transport.h"
+
+/* The host ctx handed to plugins is the transport itself. */
+static struct transport *ctx_tp(struct te_plugin_host_ctx *ctx)
+{
+	return (struct transport *)ctx;
+}
+
+static void host_log(struct te_plugin_host_ctx *ctx, enum te_plugin_log_level level,
+		     const char *fmt, ...)
+{
+	struct transport *tp = ctx_tp(ctx);
+	const struct log_sink *sink = tp->engine ? &tp->engine->log : NULL;
+	char line[900];
+	va_list ap;
+
+	if (level > TE_PLUGIN_LOG_TRACE)
+		level = TE_PLUGIN_LOG_TRACE;
+	if (level > TE_PLUGIN_LOG_WARN && !log_enabled(sink, (enum te_log_level)level))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (level <= TE_PLUGIN_LOG_WARN)
+		g_strlcpy(tp->last_log, line, sizeof(tp->last_log));
+	if (!log_enabled(sink, (enum te_log_level)level))
+		return;
+	log_msg(sink, (enum te_log_level)level, "%s: %s", tp->plugin->name, line);
+}
+
+static void host_slice_done(struct te_plugin_host_ctx *ctx, struct te_plugin_slice *slice,
+			    enum te_status status, uint64_t bytes, const char *detail)
+{
+	batch_slice_done(ctx_tp(ctx), slice, status, bytes, detail);
+}
+
+static void host_mark_failed(struct te_plugin_host_ctx *ctx, enum te_plugin_fail_scope scope,
+			     uint32_t device, struct te_plugin_peer *peer, const char *why)
+{
+	struct transport *tp = ctx_tp(ctx);
+	struct engine *e = tp->engine;
+	uint64_t pause_ns, until;
+
+	if (!e)
+		return;
+	pause_ns = e->cfg->quarantine_ms * 1000000ull;
+	until = engine_now_ns() + pause_ns;
+	if (scope == TE_PLUGIN_FAIL_DEVICE || scope == TE_PLUGIN_FAIL_PATH) {
+		if (device < TRANSPORT_MAX_DEVICES) {
+			atomic_store_explicit(&tp->dev_paused_until[device], until,
+					      memory_order_relaxed);
+			ENGINE_LOG(e, TE_LOG_WARN, "%s: device %u quarantined for %llu ms: %s",
+				   tp->plugin->name, device,
+				   (unsigned long long)e->cfg->quarantine_ms, why ? why : "");
+		}
+	}
+	if (scope == TE_PLUGIN_FAIL_PEER && peer) {
+		/* Find every open view whose peer handle this is. */
+		g_rw_lock_reader_lock(&e->seg_lock);
+		for (guint i = 1; i < e->segments->len; i++) {
+			struct segment *s = g_ptr_array_index(e->segments, i);
+
+			if (!s || !s->view)
+				continue;
+			if (s->view->tps[tp->index].peer == peer) {
+				atomic_store_explicit(&s->view->tps[tp->index].paused_until_ns,
+						      until, memory_order_relaxed);
+				ENGINE_LOG(e, TE_LOG_WARN,
+					   "%s: peer %s quarantined for %llu ms: %s",
+					   tp->plugin->name, s->name,
+					   (unsigned long long)e->cfg->quarantine_ms,
+					   why ? why : "");
+			}
+		}
+		g_rw_lock_reader_unlock(&e->seg_lock);
+	}
+}
+
+static void host_device_event(struct te_plugin_host_ctx *ctx, uint32_t device,
+			      enum te_plugin_event event, const char *why)
+{
+	struct transport *tp = ctx_tp(ctx);
+
+	if (device >= TRANSPORT_MAX_DEVICES)
+		return;
+	if (event == TE_PLUGIN_EVENT_DOWN) {
+		/* Down until an UP event says otherwise. */
+		atomic_store_explicit(&tp->dev_paused_until[device], UINT64_MAX,
+				      memory_order_relaxed);
+	} else {
+		atomic_store_explicit(&tp->dev_paused_until[device], 0, memory_order_relaxed);
+		atomic_store_explicit(&tp->dev_failures[device], 0, memory_order_relaxed);
+	}
+	ENGINE_LOG(tp->engine, TE_LOG_WARN, "%s: device %u %s: %s", tp->plugin->name, device,
+		   event == TE_PLUGIN_EVENT_DOWN ? "down" : "up", why ? why : "");
+}
+
+static void host_peer_event(struct te_plugin_host_ctx *ctx, struct te_plugin_peer *peer,
+			    enum te_plugin_event event, const char *why)
+{
+	struct transport *tp = ctx_tp(ctx);
+
+	if (event == TE_PLUGIN_EVENT_DOWN)
+		host_mark_failed(ctx, TE_PLUGIN_FAIL_PEER, 0, peer, why);
+	else
+		ENGINE_LOG(tp->engine, TE_LOG_INFO, "%s: peer up: %s", tp->plugin->name,
+			   why ? why : "");
+}
+
+static const char *host_config_get(struct te_plugin_host_ctx *ctx, const char *key)
+{
+	struct transport *tp = ctx_tp(ctx);
+
+	if (!tp->cfg || !key)
+		return NULL;
+	return config_transport_option(tp->cfg, key);
+}
+
+static void host_config_foreach(struct te_plugin_host_ctx *ctx, te_plugin_option_fn fn,
+				void *user)
+{
+	struct transport *tp = ctx_tp(ctx);
+
+	if (!tp->cfg || !fn)
+		return;
+	for (size_t i = 0; i < tp->cfg->n_options; i++)
+		fn(user, tp->cfg->options[i].key, tp->cfg->options[i].value);
+}
+
+static enum te_status host_publish(struct te_plugin_host_ctx *ctx, const void *blob, size_t len)
+{
+	struct transport *tp = ctx_tp(ctx);
+
+	if (len > 4096 || (len && !blob))
+		return TE_ERR_TOO_LARGE;
+	g_mutex_lock(&tp->blob_lock);
+	if (tp->blob)
+		g_bytes_unref(tp->blob);
+	tp->blob = g_bytes_new(blob, len);
+	g_mutex_unlock(&tp->blob_lock);
+	return TE_OK;
+}
+
+static uint64_t host_now_ns(void)
+{
+	return engine_now_ns();
+}
+
+static const char *host_local_name(struct te_plugin_host_ctx *ctx)
+{
+	struct transport *tp = ctx_tp(ctx);
+
+	return tp->engine && tp->engine->name ? tp->engine->name : "";
+}
+
+const struct te_plugin_host transport_host = {
+	.size = sizeof(struct te_plugin_host),
+	.abi_major = TE_PLUGIN_ABI_MAJOR,
+	.abi_minor = TE_PLUGIN_ABI_MINOR,
+	.log = host_log,
+	.slice_done = host_slice_done,
+	.mark_failed = host_mark_failed,
+	.device_event = host_device_event,
+	.peer_event = host_peer_event,
+	.config_get = host_config_get,
+	.config_foreach = host_config_foreach,
+	.publish = host_publish,
+	.now_ns = host_now_ns,
+	.local_name = host_local_name,
+};
+
+enum te_status transport_start(struct engine *engine, struct plugin *plugin,
+			       const struct config_transport *cfg, unsigned index,
+			       struct transport **transport_out, char **err_out)
+{
+	struct transport *tp = g_new0(struct transport, 1);
+	struct te_plugin_device devs[TRANSPORT_MAX_DEVICES];
+	uint32_t n = 0;
+	enum te_status st;
+
+	tp->engine = engine;
+	tp->plugin = plugin;
+	tp->cfg = cfg;
+	tp->index = index;
+	g_mutex_init(&tp->blob_lock);
+	g_mutex_init(&tp->call_lock);
+	g_mutex_init(&tp->backlog_lock);
+
+	st = plugin->ops.init(&transport_host, (struct te_plugin_host_ctx *)tp, &tp->inst);
+	if (st != TE_OK) {
+		*err_out = g_strdup_printf("%s: init failed: %s (%d)%s%s", plugin->path,
+					   te_status_str(st), st, tp->last_log[0] ? ": " : "",
+					   tp->last_log);
+		goto err_free;
+	}
+	tp->caps.size = sizeof(tp->caps);
+	st = plugin->ops.query_caps(tp->inst, &tp->caps);
+	if (st != TE_OK) {
+		*err_out = g_strdup_printf("%s: query_caps failed: %s", plugin->path,
+					   te_status_str(st));
+		st = TE_ERR_PLUGIN_INIT;
+		goto err_fini;
+	}
+	if (tp->caps.slice_priv_size > TRANSPORT_MAX_PRIV ||
+	    tp->caps.progress > TE_PLUGIN_PROGRESS_MANUAL ||
+	    tp->caps.thread_level > TE_PLUGIN_THREAD_MULTI || !tp->caps.ops) {
+		*err_out = g_strdup_printf("%s: invalid caps (priv %u, progress %u, thread level "
+					   "%u, ops 0x%x)",
+					   plugin->path, tp->caps.slice_priv_size,
+					   tp->caps.progress, tp->caps.thread_level, tp->caps.ops);
+		st = TE_ERR_PLUGIN_INVALID;
+		goto err_fini;
+	}
+	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+	    !plugin->desc->ops->progress) {
+		*err_out = g_strdup_printf("%s: required op 'progress' is missing (manual "
+					   "progress plugin)",
+					   plugin->path);
+		st = TE_ERR_PLUGIN_INVALID;
+		goto err_fini;
+	}
+	memset(devs, 0, sizeof(devs));
+	for (unsigned i = 0; i < TRANSPORT_MAX_DEVICES; i++)
+		devs[i].size = sizeof(devs[i]);
+	st = plugin->ops.query_devices(tp->inst, devs, TRANSPORT_MAX_DEVICES, &n);
+	if (st != TE_OK && st != TE_ERR_UNSUPPORTED) {
+		*err_out = g_strdup_printf("%s: query_devices failed: %s", plugin->path,
+					   te_status_str(st));
+		st = TE_ERR_PLUGIN_INIT;
+		goto err_fini;
+	}
+	tp->n_devices = MIN(n, (uint32_t)TRANSPORT_MAX_DEVICES);
+	memcpy(tp->devices, devs, sizeof(devs[0]) * tp->n_devices);
+	for (uint32_t i = 0; i < tp->n_devices; i++)
+		tp->devices[i].name[sizeof(tp->devices[i].name) - 1] = '\0';
+	tp->serialized = tp->caps.thread_level == TE_PLUGIN_THREAD_SERIALIZED;
+	*transport_out = tp;
+	return TE_OK;
+
+err_fini:
+	plugin->ops.fini(tp->inst);
+err_free:
+	g_mutex_clear(&tp->blob_lock);
+	g_mutex_clear(&tp->call_lock);
+	g_mutex_clear(&tp->backlog_lock);
+	g_free(tp);
+	/* The plugin's own status is in the message; the caller learns "init failed". */
+	return st == TE_ERR_PLUGIN_INVALID ? st : TE_ERR_PLUGIN_INIT;
+}
+
+GBytes *transport_blob(struct transport *t)
+{
+	GBytes *b = NULL;
+
+	g_mutex_lock(&t->blob_lock);
+	if (t->blob)
+		b = g_bytes_ref(t->blob);
+	g_mutex_unlock(&t->blob_lock);
+	return b;
+}
+
+void transport_stop(struct transport *tp)
+{
+	if (!tp)
+		return;
+	atomic_store(&tp->stopped, true);
+	tp->plugin->ops.fini(tp->inst);
+	transport_free(tp);
+}
+
+void transport_free(struct transport *tp)
+{
+	if (!tp)
+		return;
+	if (tp->blob)
+		g_bytes_unref(tp->blob);
+	g_mutex_clear(&tp->blob_lock);
+	g_mutex_clear(&tp->call_lock);
+	g_mutex_clear(&tp->backlog_lock);
+	g_free(tp);
+}

@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* te_plugin.h: the transport plugin ABI; the only header a plugin includes. */
+#ifndef TE_PLUGIN_H
+#define TE_PLUGIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <te/te_status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * ABI rules
+ * - A plugin exports exactly one symbol, TE_PLUGIN_ENTRY (te_plugin_entry_v1 for
+ *   major 1), returning a pointer to a static descriptor and doing nothing else.
+ * - Every struct starts with uint32_t size and only grows at its end. Members
+ *   added after 1.0 are marked "since ABI 1.N"; read them only when size covers
+ *   them (TE_PLUGIN_HAS).
+ * - The core accepts a plugin when its major equals the core's and its minor is
+ *   not newer. Ops are copied into a core-owned table whose missing entries
+ *   answer TE_ERR_UNSUPPORTED; a missing required op rejects the plugin.
+ * - Plugins never link libte: everything they need from the core comes through
+ *   struct te_plugin_host.
+ */
+#define TE_PLUGIN_ABI_MAJOR 1
+#define TE_PLUGIN_ABI_MINOR 0
+
+#define TE_PLUGIN_STR2(x) #x
+#define TE_PLUGIN_STR(x) TE_PLUGIN_STR2(x)
+#define TE_PLUGIN_CAT2(a, b) a##b
+#define TE_PLUGIN_CAT(a, b) TE_PLUGIN_CAT2(a, b)
+#define TE_PLUGIN_ENTRY TE_PLUGIN_CAT(te_plugin_entry_v, TE_PLUGIN_ABI_MAJOR)
+#define TE_PLUGIN_ENTRY_NAME "te_plugin_entry_v" TE_PLUGIN_STR(TE_PLUGIN_ABI_MAJOR)
+
+/* True when a struct of reported size @sz contains member @m of type @type. */
+#define TE_PLUGIN_HAS(ptr, type, m)                                                          \
+	((ptr)->size >= offsetof(type, m) + sizeof(((type *)0)->m))
+
+#if defined(__GNUC__)
+#define TE_PLUGIN_EXPORT __attribute__((visibility("default")))
+#define TE_PLUGIN_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define TE_PLUGIN_EXPORT
+#define TE_PLUGIN_PRINTF(a, b)
+#endif
+
+/* Opaque handles. The plugin defines its own instance, mem, peer and rkey types. */
+struct te_plugin_host_ctx; /* core-side context of one plugin instance */
+struct te_plugin_inst;
+struct te_plugin_mem;
+struct te_plugin_peer;
+struct te_plugin_rkey;
+
+enum te_plugin_log_level {
+	TE_PLUGIN_LOG_ERROR = 0,
+	TE_PLUGIN_LOG_WARN = 1,
+	TE_PLUGIN_LOG_INFO = 2,
+	TE_PLUGIN_LOG_DEBUG = 3,
+	TE_PLUGIN_LOG_TRACE = 4,
+};
+
+enum te_plugin_opcode {
+	TE_PLUGIN_OP_READ = 0,	/* remote -> local */
+	TE_PLUGIN_OP_WRITE = 1, /* local -> remote */
+};
+
+/* Memory types (caps.mem_types bit mask). */
+#define TE_PLUGIN_MEM_CPU (1u << 0)
+#define TE_PLUGIN_MEM_CUDA (1u << 1)
+#define TE_PLUGIN_MEM_HIP (1u << 2)
+#define TE_PLUGIN_MEM_CXL (1u << 3)
+
+/* Operations (caps.ops bit mask). */
+#define TE_PLUGIN_CAN_READ (1u << 0)
+#define TE_PLUGIN_CAN_WRITE (1u << 1)
+
+/* Memory access granted to peers (reg_mem). */
+#define TE_PLUGIN_ACCESS_REMOTE_READ (1u << 0)
+#define TE_PLUGIN_ACCESS_REMOTE_WRITE (1u << 1)
+
+enum te_plugin_progress {
+	TE_PLUGIN_PROGRESS_AUTO = 0,   /* the plugin completes slices from its own threads */
+	TE_PLUGIN_PROGRESS_MANUAL = 1, /* completions happen only inside progress() */
+};
+
+enum te_plugin_thread_level {
+	TE_PLUGIN_THREAD_SERIALIZED = 0, /* the core serializes every data-path call */
+	TE_PLUGIN_THREAD_MULTI = 1,	 /* any op may be called from any thread at once */
+};
+
+/* caps.flags */
+#define TE_PLUGIN_CAP_SAME_HOST_ONLY (1u << 0) /* peers must share this host */
+#define TE_PLUGIN_CAP_SAME_PROCESS_ONLY (1u << 1) /* peers must share this process */
+
+/* Capabilities; filled by query_caps after the core zeroes it and sets size. */
+struct te_plugin_caps {
+	uint32_t size;
+	uint32_t mem_types;	    /* TE_PLUGIN_MEM_* */
+	uint32_t ops;		    /* TE_PLUGIN_CAN_* */
+	uint32_t progress;	    /* enum te_plugin_progress */
+	uint32_t thread_level;	    /* enum te_plugin_thread_level */
+	uint32_t flags;		    /* TE_PLUGIN_CAP_* */
+	uint64_t max_slice_size;    /* 0: unlimited */
+	uint64_t default_slice_size; /* 0: let the core choose */
+	uint32_t slice_priv_size;   /* bytes of per-slice plugin scratch (<= 256) */
+	uint32_t max_devices;	    /* devices the plugin may report (<= 64) */
+};
+
+/* One device (NIC, GPU link, window); filled by query_devices. */
+struct te_plugin_device {
+	uint32_t size;
+	char name[64];
+	int32_t numa_node; /* -1 unknown */
+	char pci[32];	   /* "0000:3b:00.0" or "" */
+	uint64_t link_speed_mbps; /* 0 unknown */
+	uint32_t mem_types;	  /* TE_PLUGIN_MEM_* reachable through it */
+};
+
+/*
+ * The unit of transfer. Owned by the core; the plugin owns it from an accepted
+ * submit until it calls host->slice_done exactly once for that attempt.
+ * Fields are read-only for the plugin except device, and priv bytes.
+ */
+struct te_plugin_slice {
+	uint32_t size;
+	uint32_t opcode;	/* enum te_plugin_opcode */
+	void *local;		/* local address */
+	uint64_t remote;	/* peer address (or window offset) */
+	uint64_t length;	/* bytes, > 0 and <= max_slice_size */
+	struct te_plugin_mem *local_mem;   /* reg_mem handle of the local region */
+	struct te_plugin_peer *peer;	   /* load_peer handle */
+	struct te_plugin_rkey *rkey;	   /* unpack_remote_key handle of the remote region */
+	uint64_t remote_base;	/* start of the remote region that rkey describes */
+	uint64_t deadline_ns;	/* absolute, host->now_ns() clock */
+	uint64_t excluded_devices; /* bit d set: do not use device d for this attempt */
+	uint32_t attempt;	/* 0 for the first attempt */
+	uint32_t device;	/* set by the plugin: device index used (for retries) */
+	void *priv;		/* caps.slice_priv_size bytes for the plugin, or NULL */
+};
+
+enum te_plugin_fail_scope {
+	TE_PLUGIN_FAIL_DEVICE = 0, /* a local device (index) */
+	TE_PLUGIN_FAIL_PEER = 1,   /* a peer handle */
+	TE_PLUGIN_FAIL_PATH = 2,   /* one local device towards one peer */
+};
+
+enum te_plugin_event {
+	TE_PLUGIN_EVENT_DOWN = 0,
+	TE_PLUGIN_EVENT_UP = 1,
+};
+
+/* Callback for host->config_foreach. */
+typedef void (*te_plugin_option_fn)(void *user, const char *key, const char *value);
+
+/*
+ * Services the core offers a plugin. Every function is thread-safe and takes the
+ * ctx passed to init. Valid from init until fini returns.
+ */
+struct te_plugin_host {
+	uint32_t size;
+	uint32_t abi_major;
+	uint32_t abi_minor;
+	/* Log one line (no newline needed). */
+	void (*log)(struct te_plugin_host_ctx *ctx, enum te_plugin_log_level level, const char *fmt,
+		    ...) TE_PLUGIN_PRINTF(3, 4);
+	/*
+	 * Report the end of one attempt of @slice: TE_OK with @bytes == slice length,
+	 * or an error with a human-readable @detail (may be NULL). Exactly once per
+	 * accepted slice attempt, from any thread, also after cancel (TE_ERR_CANCELED).
+	 * The slice must not be touched after this call.
+	 */
+	void (*slice_done)(struct te_plugin_host_ctx *ctx, struct te_plugin_slice *slice,
+			   enum te_status status, uint64_t bytes, const char *detail);
+	/* Quarantine a device, peer or path for the configured pause. */
+	void (*mark_failed)(struct te_plugin_host_ctx *ctx, enum te_plugin_fail_scope scope,
+			    uint32_t device, struct te_plugin_peer *peer, const char *why);
+	/* A device went down or came back (async events). */
+	void (*device_event)(struct te_plugin_host_ctx *ctx, uint32_t device,
+			     enum te_plugin_event event, const char *why);
+	/* A peer went away or came back. */
+	void (*peer_event)(struct te_plugin_host_ctx *ctx, struct te_plugin_peer *peer,
+			   enum te_plugin_event event, const char *why);
+	/* The plugin's YAML options: value of @key or NULL; all of them in order. */
+	const char *(*config_get)(struct te_plugin_host_ctx *ctx, const char *key);
+	void (*config_foreach)(struct te_plugin_host_ctx *ctx, te_plugin_option_fn fn,
+			       void *user);
+	/*
+	 * Publish this instance's transport blob (addresses, window id, ...): it goes
+	 * into the segment descriptor and reaches peers' load_peer. Copied.
+	 */
+	enum te_status (*publish)(struct te_plugin_host_ctx *ctx, const void *blob, size_t len);
+	/* Monotonic clock in nanoseconds (same clock as slice deadlines). */
+	uint64_t (*now_ns)(void);
+	/* Name of the local segment (for logs and handshakes). */
+	const char *(*local_name)(struct te_plugin_host_ctx *ctx);
+};
+
+/*
+ * Operations. Required: init, fini, query_caps, reg_mem, dereg_mem, pack_key,
+ * load_peer, unload_peer, unpack_remote_key, submit; progress is required for
+ * MANUAL plugins. Statuses are enum te_status; outputs are written only on TE_OK.
+ */
+struct te_plugin_ops {
+	uint32_t size;
+
+	/* --- install --- */
+	enum te_status (*init)(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
+			       struct te_plugin_inst **inst_out);
+	void (*fini)(struct te_plugin_inst *inst);
+	enum te_status (*query_caps)(struct te_plugin_inst *inst, struct te_plugin_caps *caps);
+	/* Fill up to @max devices (each with size set by the core); *n_out = count. */
+	enum te_status (*query_devices)(struct te_plugin_inst *inst,
+					struct te_plugin_device *devices, uint32_t max,
+					uint32_t *n_out);
+
+	/* --- memory and peers --- */
+	/* @mem_type: one TE_PLUGIN_MEM_* bit; @dev: device number of the location. */
+	enum te_status (*reg_mem)(struct te_plugin_inst *inst, void *addr, uint64_t length,
+				  uint32_t mem_type, int32_t dev, uint32_t access,
+				  struct te_plugin_mem **mem_out);
+	enum te_status (*dereg_mem)(struct te_plugin_inst *inst, struct te_plugin_mem *mem);
+	/* Key blob for the descriptor: writes <= @cap bytes; TE_ERR_TOO_LARGE if short. */
+	enum te_status (*pack_key)(struct te_plugin_inst *inst, struct te_plugin_mem *mem,
+				   void *buf, size_t cap, size_t *len_out);
+	/* Prepare to reach @peer_name whose published blob is @blob (maybe connect). */
+	enum te_status (*load_peer)(struct te_plugin_inst *inst, const char *peer_name,
+				    const void *blob, size_t len,
+				    struct te_plugin_peer **peer_out);
+	void (*unload_peer)(struct te_plugin_inst *inst, struct te_plugin_peer *peer);
+	/* Decode the key blob of the peer's region [addr, addr+length). */
+	enum te_status (*unpack_remote_key)(struct te_plugin_inst *inst,
+					    struct te_plugin_peer *peer, const void *blob,
+					    size_t len, uint64_t addr, uint64_t length,
+					    struct te_plugin_rkey **rkey_out);
+	void (*release_remote_key)(struct te_plugin_inst *inst, struct te_plugin_rkey *rkey);
+
+	/* --- submit --- */
+	/*
+	 * Take up to @n slices; *accepted_out = how many (a prefix of @slices). Fewer
+	 * than @n is back-pressure: the core retries the rest after progress. A status
+	 * other than TE_OK fails the slices not accepted with that status.
+	 */
+	enum te_status (*submit)(struct te_plugin_inst *inst, struct te_plugin_slice **slices,
+				 uint32_t n, uint32_t *accepted_out);
+	/* MANUAL plugins: make progress, at most @budget completions; returns how many. */
+	uint32_t (*progress)(struct te_plugin_inst *inst, uint32_t budget);
+	/* Best effort: finish @slice soon with TE_ERR_CANCELED (or its real outcome). */
+	enum te_status (*cancel)(struct te_plugin_inst *inst, struct te_plugin_slice *slice);
+
+	/* --- retry and failure marking --- */
+	/*
+	 * Before a retry of @slice: choose another path avoiding slice->excluded_devices.
+	 * TE_ERR_NO_DEVICE when no path is left; TE_ERR_UNSUPPORTED (op absent) means
+	 * "retry as is".
+	 */
+	enum te_status (*retry_prepare)(struct te_plugin_inst *inst, struct te_plugin_slice *slice);
+
+	/* --- control plane --- */
+	/*
+	 * A peer's handshake message for this plugin arrived (e.g. QP exchange); write
+	 * the reply into @resp (<= @cap bytes). Optional.
+	 */
+	enum te_status (*handshake)(struct te_plugin_inst *inst, const char *peer_name,
+				    const void *req, size_t req_len, void *resp, size_t cap,
+				    size_t *resp_len_out);
+};
+
+/* What the entry point returns. Static storage; never freed. */
+struct te_plugin_desc {
+	uint32_t size;
+	uint32_t abi_major; /* TE_PLUGIN_ABI_MAJOR the plugin was built with */
+	uint32_t abi_minor; /* TE_PLUGIN_ABI_MINOR the plugin was built with */
+	const char *name;   /* equals the module file stem and the YAML name */
+	const char *version;
+	const char *description;
+	const struct te_plugin_ops *ops;
+};
+
+/* Signature of the entry point. */
+typedef const struct te_plugin_desc *(*te_plugin_entry_fn)(void);
+
+/*
+ * Declare a plugin's entry point:
+ *   TE_PLUGIN_DEFINE(&my_desc)
+ */
+#define TE_PLUGIN_DEFINE(desc_ptr)                                                           \
+	TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void);                  \
+	TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void)                   \
+	{                                                                                     \
+		return (desc_ptr);                                                            \
+	}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TE_PLUGIN_H */
