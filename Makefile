@@ -47,7 +47,12 @@ demo: deps
 		$(BUILD)/tools/te-bench $(BENCH_ARGS); \
 	else \
 		echo "== te-info (te-bench is not built yet)"; \
-		$(BUILD)/tools/te-info || exit 1; \
+		if [ -n "$$TE_PLUGIN_PATH" ]; then \
+			$(BUILD)/tools/te-info || exit 1; \
+		else \
+			echo "(no transport plugin built yet: showing the in-process test transport)"; \
+			$(BUILD)/tools/te-info --plugin-path $(BUILD)/tests/plugins loopback || exit 1; \
+		fi; \
 		for d in $(BUILD)/tools/te-demo $(BUILD)/tests/integration/demo; do \
 			if [ -x "$$d" ]; then echo "== $$d"; "$$d" || exit 1; break; fi; \
 		done; \

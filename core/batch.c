@@ -153,8 +153,8 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 
 	for (uint32_t i = 0; i < n; i++)
 		atomic_store_explicit(&SLICE_OF(ps[i])->in_plugin, 1, memory_order_relaxed);
-	if (manual)
-		atomic_fetch_add_explicit(&tp->in_flight, n, memory_order_relaxed);
+	if (manual) /* seq_cst: pairs with the worker's sleeping store (engine_kick) */
+		atomic_fetch_add(&tp->in_flight, n);
 	if (tp->serialized)
 		g_mutex_lock(&tp->call_lock);
 	st = tp->plugin->ops.submit(tp->inst, ps, n, &acc);
@@ -210,7 +210,8 @@ void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **
 			if (acc < k) {
 				backlog_push(tp, ps + acc, k - acc, false);
 				engine_kick(e);
-			} else if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL) {
+			} else if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+				   !engine_user_driving(e, engine_now_ns())) {
 				engine_kick(e);
 			}
 		}
@@ -267,9 +268,8 @@ static void device_failed(struct engine *e, struct transport *tp, uint32_t dev,
 	n = atomic_fetch_add_explicit(&tp->dev_failures[dev], 1, memory_order_relaxed) + 1;
 	if (n >= e->cfg->quarantine_after && e->cfg->quarantine_ms) {
 		atomic_store_explicit(&tp->dev_failures[dev], 0, memory_order_relaxed);
-		atomic_store_explicit(&tp->dev_paused_until[dev],
-				      engine_now_ns() + e->cfg->quarantine_ms * 1000000ull,
-				      memory_order_relaxed);
+		transport_pause_device(tp, dev,
+				       engine_now_ns() + e->cfg->quarantine_ms * 1000000ull);
 		ENGINE_LOG(e, TE_LOG_WARN,
 			   "%s: device %u quarantined for %" PRIu64 " ms after %u failure(s): %s",
 			   tp->plugin->name, dev, e->cfg->quarantine_ms, n,
@@ -283,6 +283,9 @@ static uint64_t paused_devices(struct transport *tp, uint64_t now)
 	uint64_t mask = 0, all;
 	uint32_t n = tp->n_devices;
 
+	/* Fast path: nothing was quarantined recently. */
+	if (atomic_load_explicit(&tp->any_paused_until, memory_order_relaxed) <= now)
+		return 0;
 	for (uint32_t d = 0; d < n; d++)
 		if (atomic_load_explicit(&tp->dev_paused_until[d], memory_order_relaxed) > now)
 			mask |= 1ull << d;
@@ -485,58 +488,66 @@ enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_ou
 	return TE_OK;
 }
 
-/* Pick the transport for one request; on failure writes why into @why. */
+/* Why transport @t cannot carry this request (NULL: it can). */
+static const char *transport_unfit(struct engine *e, struct segview *v, unsigned t,
+				   size_t buf_index, const struct mem_region *region,
+				   uint32_t opcode, uint64_t now, enum te_status *st_out)
+{
+	struct transport *tp = e->tps[t];
+	struct segview_tp *vt = &v->tps[t];
+	uint32_t opbit = opcode == TE_OP_READ ? TE_PLUGIN_CAN_READ : TE_PLUGIN_CAN_WRITE;
+
+	if (!vt->peer)
+		return vt->why;
+	if (!(tp->caps.mem_types & region->mem_type) || !region->handles[t]) {
+		*st_out = TE_ERR_MEMORY_TYPE;
+		return "memory type not supported";
+	}
+	if (!(tp->caps.ops & opbit))
+		return opcode == TE_OP_READ ? "READ not supported" : "WRITE not supported";
+	if (!v->rkeys[buf_index * e->n_tps + t])
+		return "remote buffer has no key for it";
+	if (atomic_load_explicit(&vt->paused_until_ns, memory_order_relaxed) > now) {
+		*st_out = TE_ERR_PEER_QUARANTINED;
+		return "peer quarantined after failures";
+	}
+	return NULL;
+}
+
+/*
+ * Pick the transport for one request: the first in priority order that fits.
+ * A quarantined peer stops the search unless transfer.fallback allows a lower
+ * priority transport. On failure writes every candidate's reason into @why.
+ */
 static int select_transport(struct engine *e, struct segview *v, size_t buf_index,
 			    const struct mem_region *region, uint32_t opcode, uint64_t now,
 			    enum te_status *st_out, char *why, size_t why_len)
 {
-	int fallback_to = -1;
-	GString *reasons = g_string_new(NULL);
 	enum te_status st = TE_ERR_NO_TRANSPORT;
+	size_t used = 0;
 
 	for (unsigned t = 0; t < e->n_tps; t++) {
-		struct transport *tp = e->tps[t];
-		struct segview_tp *vt = &v->tps[t];
-		uint32_t opbit = opcode == TE_OP_READ ? TE_PLUGIN_CAN_READ : TE_PLUGIN_CAN_WRITE;
-		const char *sep = reasons->len ? "; " : "";
+		enum te_status tst = TE_ERR_NO_TRANSPORT;
+		const char *r = transport_unfit(e, v, t, buf_index, region, opcode, now, &tst);
 
-		if (!vt->peer) {
-			g_string_append_printf(reasons, "%s%s", sep, vt->why);
-			continue;
+		if (!r)
+			return (int)t;
+		if (tst != TE_ERR_NO_TRANSPORT && st == TE_ERR_NO_TRANSPORT)
+			st = tst;
+		if (used < why_len) {
+			/* vt->why already names the transport. */
+			bool named = r == v->tps[t].why;
+
+			used += (size_t)g_snprintf(why + used, why_len - used, "%s%s%s%s",
+						   used ? "; " : "",
+						   named ? "" : e->tps[t]->plugin->name,
+						   named ? "" : ": ", r);
 		}
-		if (!(tp->caps.mem_types & region->mem_type) || !region->handles[t]) {
-			g_string_append_printf(reasons, "%s%s: %s memory not supported", sep,
-					       tp->plugin->name, region->location);
-			if (st == TE_ERR_NO_TRANSPORT)
-				st = TE_ERR_MEMORY_TYPE;
-			continue;
-		}
-		if (!(tp->caps.ops & opbit)) {
-			g_string_append_printf(reasons, "%s%s: %s not supported", sep,
-					       tp->plugin->name,
-					       opcode == TE_OP_READ ? "READ" : "WRITE");
-			continue;
-		}
-		if (!v->rkeys[buf_index * e->n_tps + t]) {
-			g_string_append_printf(reasons, "%s%s: remote buffer has no key for it",
-					       sep, tp->plugin->name);
-			continue;
-		}
-		if (atomic_load_explicit(&vt->paused_until_ns, memory_order_relaxed) > now) {
-			g_string_append_printf(reasons, "%s%s: peer quarantined after failures",
-					       sep, tp->plugin->name);
-			if (fallback_to < 0)
-				fallback_to = -2 - (int)t; /* remember: quarantined */
-			st = TE_ERR_PEER_QUARANTINED;
-			if (e->cfg->fallback)
-				continue;
+		if (tst == TE_ERR_PEER_QUARANTINED && !e->cfg->fallback)
 			break;
-		}
-		g_string_free(reasons, TRUE);
-		return (int)t;
 	}
-	g_snprintf(why, why_len, "%s", reasons->str);
-	g_string_free(reasons, TRUE);
+	if (!e->n_tps)
+		g_snprintf(why, why_len, "no transports installed");
 	*st_out = st;
 	return -1;
 }
@@ -586,7 +597,9 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 	struct slice_chunk *chunk = NULL;
 	uint32_t base, n_invalid = 0, si = 0;
 	uint64_t total_slices = 0, now, deadline;
-	struct segview *local_view = NULL;
+	struct segview *local_view = NULL, *last_view = NULL;
+	const struct descriptor_buffer *last_db = NULL;
+	struct mem_region *last_region = NULL;
 	struct batch *b;
 	enum te_status st;
 	size_t i;
@@ -630,7 +643,7 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 		enum te_status sst;
 		int tpi;
 
-		memset(t, 0, sizeof(*t));
+		/* Zeroed by batch_new, and each task slot is filled exactly once. */
 		t->batch = b;
 		t->opcode = r->opcode;
 		t->length = r->length;
@@ -654,7 +667,14 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 				    r->length);
 			goto rejected;
 		}
-		sst = mem_lookup(e->mem.regions, (uintptr_t)r->local, r->length, &region);
+		/* Consecutive requests usually hit the same region: try it first. */
+		if (last_region && (uintptr_t)r->local >= last_region->addr &&
+		    (uintptr_t)r->local + r->length - last_region->addr <= last_region->length) {
+			region = last_region;
+			sst = TE_OK;
+		} else {
+			sst = mem_lookup(e->mem.regions, (uintptr_t)r->local, r->length, &region);
+		}
 		if (sst != TE_OK) {
 			task_reject(t, sst,
 				    sst == TE_ERR_NOT_REGISTERED
@@ -686,7 +706,11 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 			}
 			v = seg->view;
 		}
-		db = descriptor_find_buffer(v->desc, r->remote, r->length);
+		if (last_db && v == last_view && r->remote >= last_db->addr &&
+		    r->remote + r->length - last_db->addr <= last_db->length)
+			db = last_db;
+		else
+			db = descriptor_find_buffer(v->desc, r->remote, r->length);
 		if (!db) {
 			task_reject(t, TE_ERR_REMOTE_ACCESS,
 				    "request %zu: remote range [0x%" PRIx64 ", +%" PRIu64
@@ -703,6 +727,9 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 				    r->opcode == TE_OP_READ ? "read" : "write");
 			goto rejected;
 		}
+		last_region = region;
+		last_db = db;
+		last_view = v;
 		tpi = select_transport(e, v, (size_t)(db - v->desc->buffers), region, r->opcode,
 				       now, &sst, why, sizeof(why));
 		if (tpi < 0) {
@@ -967,12 +994,14 @@ enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 	st = engine_batch_get(e, id, &b);
 	if (st != TE_OK)
 		return st;
+	if (e->has_manual)
+		atomic_fetch_add(&e->drivers, 1);
 	while (!batch_is_terminal(b)) {
 		uint64_t now;
 
 		if (e->has_manual) {
 			/* Drive manual-progress transports from the waiting thread. */
-			if (engine_progress_once(e)) {
+			if (engine_progress_once(e, false)) {
 				idle = 0;
 				continue;
 			}
@@ -995,6 +1024,10 @@ enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 		g_mutex_unlock(&b->wait_lock);
 		atomic_fetch_sub(&b->waiters, 1);
 		idle = 0;
+	}
+	if (e->has_manual) {
+		atomic_store_explicit(&e->last_drive_ns, engine_now_ns(), memory_order_relaxed);
+		atomic_fetch_sub(&e->drivers, 1);
 	}
 	if (!batch_is_terminal(b)) {
 		batch_unref(b);

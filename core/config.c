@@ -181,8 +181,12 @@ static char *path_index(const char *parent, size_t i)
 	return g_strdup_printf("%s[%zu]", parent, i);
 }
 
-static bool G_GNUC_PRINTF(5, 6)
-fail_at(struct pctx *p, unsigned line, unsigned col, const char *path, const char *fmt, ...)
+static bool fail_at(struct pctx *p, unsigned line, unsigned col, const char *path, const char *fmt,
+		    ...) G_GNUC_PRINTF(5, 6);
+
+/* Record the first error only: later ones are consequences. */
+static bool fail_at(struct pctx *p, unsigned line, unsigned col, const char *path, const char *fmt,
+		    ...)
 {
 	va_list ap;
 	g_autofree char *reason = NULL;
@@ -291,7 +295,8 @@ static void fail_yaml(struct pctx *p, const yaml_parser_t *parser, const char *b
 			(unsigned)parser->context_mark.column + 1);
 	else
 		fail_at(p, (unsigned)parser->problem_mark.line + 1,
-			(unsigned)parser->problem_mark.column + 1, path, "syntax error: %s", problem);
+			(unsigned)parser->problem_mark.column + 1, path, "syntax error: %s",
+			problem);
 }
 
 /* Reject anchors and tags: the schema is plain data, and aliases defeat the bounds. */
@@ -342,8 +347,7 @@ static struct node *node_new(enum node_kind kind, const yaml_event_t *ev)
 	return n;
 }
 
-static bool on_scalar(struct pctx *p, const yaml_event_t *ev, GPtrArray *stack,
-		      struct node **root)
+static bool on_scalar(struct pctx *p, const yaml_event_t *ev, GPtrArray *stack, struct node **root)
 {
 	const char *v = (const char *)ev->data.scalar.value;
 	size_t len = ev->data.scalar.length;
@@ -373,11 +377,11 @@ static bool on_container(struct pctx *p, const yaml_event_t *ev, GPtrArray *stac
 	g_autofree char *path = stack_path(stack);
 	struct node *n;
 
-	if (map && !check_props(p, ev, ev->data.mapping_start.anchor, ev->data.mapping_start.tag,
-				path))
+	if (map &&
+	    !check_props(p, ev, ev->data.mapping_start.anchor, ev->data.mapping_start.tag, path))
 		return false;
-	if (!map && !check_props(p, ev, ev->data.sequence_start.anchor,
-				 ev->data.sequence_start.tag, path))
+	if (!map &&
+	    !check_props(p, ev, ev->data.sequence_start.anchor, ev->data.sequence_start.tag, path))
 		return false;
 	if (stack->len >= MAX_DEPTH)
 		return fail_at(p, (unsigned)ev->start_mark.line + 1,
@@ -390,8 +394,8 @@ static bool on_container(struct pctx *p, const yaml_event_t *ev, GPtrArray *stac
 	return true;
 }
 
-static bool on_event(struct pctx *p, const yaml_event_t *ev, GPtrArray *stack,
-		     struct node **root, unsigned *docs)
+static bool on_event(struct pctx *p, const yaml_event_t *ev, GPtrArray *stack, struct node **root,
+		     unsigned *docs)
 {
 	switch (ev->type) {
 	case YAML_DOCUMENT_START_EVENT:
@@ -503,10 +507,20 @@ static enum num parse_size(const char *s, size_t len, uint64_t *out)
 		const char *suffix;
 		uint64_t mult;
 	} units[] = {
-		{ "", 1 },	   { "b", 1 },	       { "k", SIZE_K },	  { "kb", SIZE_K },
-		{ "kib", SIZE_K }, { "m", SIZE_M },    { "mb", SIZE_M },  { "mib", SIZE_M },
-		{ "g", SIZE_G },   { "gb", SIZE_G },   { "gib", SIZE_G }, { "t", SIZE_G << 10 },
-		{ "tb", SIZE_G << 10 }, { "tib", SIZE_G << 10 },
+		{ "", 1 },
+		{ "b", 1 },
+		{ "k", SIZE_K },
+		{ "kb", SIZE_K },
+		{ "kib", SIZE_K },
+		{ "m", SIZE_M },
+		{ "mb", SIZE_M },
+		{ "mib", SIZE_M },
+		{ "g", SIZE_G },
+		{ "gb", SIZE_G },
+		{ "gib", SIZE_G },
+		{ "t", SIZE_G << 10 },
+		{ "tb", SIZE_G << 10 },
+		{ "tib", SIZE_G << 10 },
 	};
 	size_t d = 0, u;
 	uint64_t v;
@@ -613,8 +627,8 @@ static bool transport_name_valid(const char *s, size_t len)
 	if (len == 0 || len > MAX_TRANSPORT_NAME)
 		return false;
 	for (size_t i = 0; i < len; i++)
-		if (!(s[i] >= 'a' && s[i] <= 'z') && !(s[i] >= '0' && s[i] <= '9') &&
-		    s[i] != '_' && s[i] != '-')
+		if (!(s[i] >= 'a' && s[i] <= 'z') && !(s[i] >= '0' && s[i] <= '9') && s[i] != '_' &&
+		    s[i] != '-')
 			return false;
 	return true;
 }
@@ -663,9 +677,11 @@ static const char *const log_levels[] = {
 /* Designated initializers: every field not named is zero. */
 #define CFG(m) offsetof(struct config, m)
 #define TR(m) offsetof(struct config_transport, m)
+/* clang-format off */
 #define LEAF(k, t, o) { .key = (k), .type = (t), .off = (o) }
 #define RANGED(k, t, o, lo, hi) { .key = (k), .type = (t), .off = (o), .min = (lo), .max = (hi) }
 #define SECTION(k, t) { .key = (k), .type = F_SECTION, .sub = (t), .n_sub = G_N_ELEMENTS(t) }
+/* clang-format on */
 
 static const struct field engine_fields[] = {
 	LEAF("name", F_TOKEN, CFG(name)),
@@ -673,7 +689,9 @@ static const struct field engine_fields[] = {
 };
 
 static const struct field metadata_fields[] = {
-	{ .key = "type", .type = F_METATYPE, .off = CFG(metadata_type),
+	{ .key = "type",
+	  .type = F_METATYPE,
+	  .off = CFG(metadata_type),
 	  .slot = SLOT_METADATA_TYPE },
 	LEAF("endpoints", F_ENDPOINTS, 0),
 	LEAF("namespace", F_TOKEN, CFG(metadata_namespace)),
@@ -684,10 +702,18 @@ static const struct field transfer_fields[] = {
 	RANGED("slice_size", F_SIZE, CFG(slice_size), 0, SLICE_SIZE_MAX),
 	RANGED("max_slices_per_task", F_U32, CFG(max_slices_per_task), 1, 1048576),
 	RANGED("retries", F_U32, CFG(retries), 0, 100),
-	{ .key = "retry_backoff_us", .type = F_U64, .off = CFG(retry_backoff_us), .min = 0,
-	  .max = 10000000, .slot = SLOT_BACKOFF },
-	{ .key = "retry_backoff_max_us", .type = F_U64, .off = CFG(retry_backoff_max_us),
-	  .min = 0, .max = 10000000, .slot = SLOT_BACKOFF_MAX },
+	{ .key = "retry_backoff_us",
+	  .type = F_U64,
+	  .off = CFG(retry_backoff_us),
+	  .min = 0,
+	  .max = 10000000,
+	  .slot = SLOT_BACKOFF },
+	{ .key = "retry_backoff_max_us",
+	  .type = F_U64,
+	  .off = CFG(retry_backoff_max_us),
+	  .min = 0,
+	  .max = 10000000,
+	  .slot = SLOT_BACKOFF_MAX },
 	RANGED("timeout_ms", F_U64, CFG(timeout_ms), 1, 86400000),
 	RANGED("quarantine_ms", F_U64, CFG(quarantine_ms), 0, 3600000),
 	RANGED("quarantine_after", F_U32, CFG(quarantine_after), 1, 1000),
@@ -703,7 +729,9 @@ static const struct field log_fields[] = {
 
 static const struct field auth_fields[] = {
 	{ .key = "secret", .type = F_STRING, .off = CFG(auth_secret), .slot = SLOT_SECRET },
-	{ .key = "secret_file", .type = F_STRING, .off = CFG(auth_secret_file),
+	{ .key = "secret_file",
+	  .type = F_STRING,
+	  .off = CFG(auth_secret_file),
 	  .slot = SLOT_SECRET_FILE },
 };
 
@@ -759,15 +787,14 @@ static bool set_string(struct pctx *p, const struct node *v, const char *path, c
 		g_autoptr(GString) q = g_string_new(NULL);
 
 		append_quoted(q, v->text, v->len);
-		return fail(p, v, path, "%s must not contain blanks or control characters",
-			    q->str);
+		return fail(p, v, path, "%s must not contain blanks or control characters", q->str);
 	}
 	if (t == F_LISTEN && !listen_valid(v->text, v->len)) {
 		g_autoptr(GString) q = g_string_new(NULL);
 
 		append_quoted(q, v->text, v->len);
-		return fail(p, v, path, "invalid address %s (expected host:port, IPv6 as [::1]:port)",
-			    q->str);
+		return fail(p, v, path,
+			    "invalid address %s (expected host:port, IPv6 as [::1]:port)", q->str);
 	}
 	if (t == F_TNAME && !transport_name_valid(v->text, v->len)) {
 		g_autoptr(GString) q = g_string_new(NULL);
@@ -817,8 +844,8 @@ static bool set_number(struct pctx *p, const struct field *f, const struct node 
 	return true;
 }
 
-static bool set_enum(struct pctx *p, const struct field *f, const struct node *v,
-		     const char *path, void *dst)
+static bool set_enum(struct pctx *p, const struct field *f, const struct node *v, const char *path,
+		     void *dst)
 {
 	const char *const *names = f->type == F_METATYPE ? metadata_types : log_levels;
 	size_t n = f->type == F_METATYPE ? G_N_ELEMENTS(metadata_types) : G_N_ELEMENTS(log_levels);
@@ -850,8 +877,7 @@ static bool set_endpoints(struct pctx *p, const struct node *v, const char *path
 	}
 	for (size_t i = 0; i < n; i++) {
 		const struct node *e = items[i];
-		g_autofree char *ipath =
-			v->kind == NODE_SEQ ? path_index(path, i) : g_strdup(path);
+		g_autofree char *ipath = v->kind == NODE_SEQ ? path_index(path, i) : g_strdup(path);
 
 		if (i >= CONFIG_MAX_ENDPOINTS)
 			return fail(p, e, path, "more than %d endpoints", CONFIG_MAX_ENDPOINTS);
@@ -922,11 +948,12 @@ static bool set_transports(struct pctx *p, const struct node *v, const char *pat
 			return fail(p, item, path, "more than %d transports",
 				    CONFIG_MAX_TRANSPORTS);
 		if (item->kind != NODE_MAP)
-			return fail_type(p, item, ipath, "a mapping (name, path, required, options)");
+			return fail_type(p, item, ipath,
+					 "a mapping (name, path, required, options)");
 		t = &cfg->transports[i];
 		cfg->n_transports = i + 1;
-		if (!walk_fields(p, item, ipath, transport_fields, G_N_ELEMENTS(transport_fields), t,
-				 seen))
+		if (!walk_fields(p, item, ipath, transport_fields, G_N_ELEMENTS(transport_fields),
+				 t, seen))
 			return false;
 		if (!t->name)
 			return fail(p, item, ipath, "missing required key: name");
@@ -936,15 +963,16 @@ static bool set_transports(struct pctx *p, const struct node *v, const char *pat
 
 			if (strcmp(cfg->transports[j].name, t->name))
 				continue;
-			return fail(p, names[i], npath, "duplicate transport \"%s\" (first at %u:%u)",
-				    t->name, names[j]->line, names[j]->col);
+			return fail(p, names[i], npath,
+				    "duplicate transport \"%s\" (first at %u:%u)", t->name,
+				    names[j]->line, names[j]->col);
 		}
 	}
 	return true;
 }
 
-static bool set_field(struct pctx *p, const struct field *f, const struct node *v,
-		      const char *path, void *base)
+static bool set_field(struct pctx *p, const struct field *f, const struct node *v, const char *path,
+		      void *base)
 {
 	void *dst = (char *)base + f->off;
 
@@ -1059,7 +1087,8 @@ static bool check_cross(struct pctx *p, struct config *cfg)
 	}
 	if (cfg->metadata_type != CONFIG_METADATA_P2P && cfg->n_metadata_endpoints == 0) {
 		n = p->slot[SLOT_METADATA_TYPE];
-		return fail(p, n, "metadata.endpoints", "metadata type %s needs at least one endpoint",
+		return fail(p, n, "metadata.endpoints",
+			    "metadata type %s needs at least one endpoint",
 			    metadata_types[cfg->metadata_type]);
 	}
 	if (cfg->auth_secret && cfg->auth_secret_file) {
@@ -1093,8 +1122,8 @@ static void config_set_defaults(struct config *cfg)
 	cfg->log_level = TE_LOG_WARN;
 }
 
-enum te_status config_parse(const char *buf, size_t len, const char *name,
-			    struct config **cfg_out, char **err_out)
+enum te_status config_parse(const char *buf, size_t len, const char *name, struct config **cfg_out,
+			    char **err_out)
 {
 	struct pctx p = { .name = name ? name : "<config>" };
 	struct node *root = NULL;
@@ -1212,7 +1241,8 @@ enum te_status config_load_file(const char *path, struct config **cfg_out, char 
  */
 static bool yaml_printable(gunichar c)
 {
-	return (c >= 0x20 && c <= 0x7e) || (c >= 0xa0 && c <= 0xd7ff && c != 0x2028 && c != 0x2029) ||
+	return (c >= 0x20 && c <= 0x7e) ||
+	       (c >= 0xa0 && c <= 0xd7ff && c != 0x2028 && c != 0x2029) ||
 	       (c >= 0xe000 && c <= 0xfffd && c != 0xfeff) || (c >= 0x10000 && c <= 0x10ffff);
 }
 
@@ -1272,9 +1302,9 @@ char *config_to_yaml(const struct config *cfg)
 	g_string_append(o, "  listen: ");
 	emit_string(o, cfg->listen);
 
-	g_string_append_printf(o, "\nmetadata:\n  type: %s\n",
-			       enum_name(metadata_types, G_N_ELEMENTS(metadata_types),
-					 (int)cfg->metadata_type));
+	g_string_append_printf(
+		o, "\nmetadata:\n  type: %s\n",
+		enum_name(metadata_types, G_N_ELEMENTS(metadata_types), (int)cfg->metadata_type));
 	g_string_append(o, "  endpoints:");
 	if (!cfg->n_metadata_endpoints)
 		g_string_append(o, " []");
@@ -1316,8 +1346,8 @@ char *config_to_yaml(const struct config *cfg)
 		emit_string(o, t->name);
 		g_string_append(o, "\n    path: ");
 		emit_string(o, t->path);
-		g_string_append_printf(o, "\n    required: %s\n    options:",
-				       t->required ? "true" : "false");
+		g_string_append_printf(
+			o, "\n    required: %s\n    options:", t->required ? "true" : "false");
 		if (!t->n_options)
 			g_string_append(o, " {}");
 		for (size_t j = 0; j < t->n_options; j++) {

@@ -24,8 +24,8 @@ struct config_option {
 };
 
 struct config_transport {
-	char *name;	/* plugin name (module file stem) */
-	char *path;	/* explicit module path or NULL */
+	char *name; /* plugin name (module file stem) */
+	char *path; /* explicit module path or NULL */
 	bool required;
 	struct config_option *options;
 	size_t n_options;
@@ -72,7 +72,8 @@ struct config {
 	int log_level; /* enum te_log_level, default TE_LOG_WARN */
 
 	/* auth: */
-	char *auth_secret;	/* NULL: no authentication */
+	/* At most one of these is set; both NULL: no authentication. */
+	char *auth_secret;	/* auth.secret: the shared secret itself */
 	char *auth_secret_file; /* auth.secret_file: path the engine reads the secret from */
 };
 
@@ -81,18 +82,26 @@ struct config {
  * NUL-terminated). @name is used in error messages ("<file>:line:col: ...").
  * On success *cfg_out is a new config (config_free). On failure returns
  * TE_ERR_CONFIG (or TE_ERR_NOMEM) and *err_out is a new string (g_free) naming
- * file:line:column, the key path and the reason. Pure: no I/O, no globals.
+ * file:line:column, the key path and the reason (@err_out may be NULL).
+ * Pure: no I/O, no globals. Thread-safe. docs/config.md lists keys and messages.
  */
-enum te_status config_parse(const char *buf, size_t len, const char *name,
-			    struct config **cfg_out, char **err_out);
+enum te_status config_parse(const char *buf, size_t len, const char *name, struct config **cfg_out,
+			    char **err_out);
 
-/* Read @path and parse it; I/O errors are reported in *err_out too. */
+/*
+ * Read @path (at most CONFIG_MAX_INPUT bytes) and parse it with @path as the name.
+ * I/O errors read "<path>: cannot read: <reason>" and return TE_ERR_CONFIG.
+ */
 enum te_status config_load_file(const char *path, struct config **cfg_out, char **err_out);
 
 /* The built-in default: p2p metadata, tcp transport on loopback. */
 extern const char config_default_yaml[];
 
-/* Effective configuration (defaults filled in) as YAML text (g_free). */
+/*
+ * Effective configuration (every key, defaults filled in) as YAML text (g_free) that
+ * config_parse reads back to the same configuration. auth.secret is printed verbatim:
+ * redact it before showing the text to a user. NULL for a NULL @cfg.
+ */
 char *config_to_yaml(const struct config *cfg);
 
 /* Look up a transport option; NULL if absent. */

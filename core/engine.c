@@ -21,8 +21,12 @@ uint64_t engine_now_ns(void)
 
 void engine_kick(struct engine *e)
 {
-	/* seq_cst load pairs with the worker's store of sleeping before its re-check. */
-	if (atomic_load(&e->sleeping)) {
+	/*
+	 * seq_cst load pairs with the worker's store of sleeping before its re-check.
+	 * A worker in a short (polling) sleep wakes by itself within 50 us: only a
+	 * long sleep needs a signal, which keeps futex calls off the submit path.
+	 */
+	if (atomic_load(&e->sleeping) == 2) {
 		g_mutex_lock(&e->work_lock);
 		g_cond_signal(&e->work_cond);
 		g_mutex_unlock(&e->work_lock);
@@ -38,18 +42,33 @@ void engine_queue_retry(struct engine *e, struct slice *s)
 		;
 	s->next = *pp;
 	*pp = s;
+	atomic_store(&e->retry_pending, true);
 	g_cond_signal(&e->work_cond);
 	g_mutex_unlock(&e->work_lock);
 }
 
-unsigned engine_progress_once(struct engine *e)
+/*
+ * Whether application threads drive manual progress (in te_batch_wait now, or
+ * within the last millisecond). Then the worker keeps away from those plugins: two
+ * threads polling one queue only bounce cache lines. Relaxed: a stale view costs
+ * one redundant or one skipped poll.
+ */
+bool engine_user_driving(struct engine *e, uint64_t now)
+{
+	return atomic_load_explicit(&e->drivers, memory_order_relaxed) ||
+	       now - atomic_load_explicit(&e->last_drive_ns, memory_order_relaxed) < 1000000;
+}
+
+unsigned engine_progress_once(struct engine *e, bool from_worker)
 {
 	unsigned work = 0;
+	/* Relaxed: a stale view only costs one redundant or skipped poll. */
+	bool skip_manual = from_worker && engine_user_driving(e, engine_now_ns());
 
 	for (unsigned i = 0; i < e->n_tps; i++) {
 		struct transport *tp = e->tps[i];
 
-		if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+		if (!skip_manual && tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
 		    atomic_load_explicit(&tp->in_flight, memory_order_relaxed) > 0) {
 			if (tp->serialized)
 				g_mutex_lock(&tp->call_lock);
@@ -68,6 +87,11 @@ static unsigned engine_run_retries(struct engine *e, uint64_t now, uint64_t *nex
 	struct slice *due = NULL, **tail = &due;
 	unsigned n = 0;
 
+	/* Racy peek (only the worker pops; a miss is caught on the next round). */
+	if (!atomic_load_explicit(&e->retry_pending, memory_order_acquire)) {
+		*next_out = UINT64_MAX;
+		return 0;
+	}
 	g_mutex_lock(&e->work_lock);
 	while (e->retry_head && e->retry_head->retry_at_ns <= now) {
 		struct slice *s = e->retry_head;
@@ -78,6 +102,7 @@ static unsigned engine_run_retries(struct engine *e, uint64_t now, uint64_t *nex
 		tail = &s->next;
 	}
 	*next_out = e->retry_head ? e->retry_head->retry_at_ns : UINT64_MAX;
+	atomic_store(&e->retry_pending, e->retry_head != NULL);
 	g_mutex_unlock(&e->work_lock);
 	while (due) {
 		struct slice *s = due;
@@ -90,14 +115,18 @@ static unsigned engine_run_retries(struct engine *e, uint64_t now, uint64_t *nex
 	return n;
 }
 
+/* Work the worker must poll for: backlogs, and manual progress nobody else drives. */
 static bool engine_has_pending_io(struct engine *e)
 {
+	bool drivers = engine_user_driving(e, engine_now_ns());
+
 	for (unsigned i = 0; i < e->n_tps; i++) {
 		struct transport *tp = e->tps[i];
 
 		if (atomic_load(&tp->backlog_len))
 			return true;
-		if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL && atomic_load(&tp->in_flight))
+		if (!drivers && tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+		    atomic_load(&tp->in_flight))
 			return true;
 	}
 	return false;
@@ -112,7 +141,7 @@ static gpointer engine_worker(gpointer data)
 		uint64_t now, next_retry, wake;
 		unsigned work;
 
-		work = engine_progress_once(e);
+		work = engine_progress_once(e, true);
 		now = engine_now_ns();
 		work += engine_run_retries(e, now, &next_retry);
 		work += batch_check_deadlines(e, now);
@@ -130,13 +159,10 @@ static gpointer engine_worker(gpointer data)
 			wake = MIN(wake, now + 50000); /* keep manual progress going at 50 us */
 		wake = MIN(wake, now + 100000000ull);
 		g_mutex_lock(&e->work_lock);
-		atomic_store(&e->sleeping, 1);
-		if (!atomic_load(&e->stopping) && !engine_has_pending_io(e) &&
+		atomic_store(&e->sleeping, engine_has_pending_io(e) ? 1 : 2);
+		if (!atomic_load(&e->stopping) &&
+		    (atomic_load(&e->sleeping) == 1 || !engine_has_pending_io(e)) &&
 		    (!e->retry_head || e->retry_head->retry_at_ns > now))
-			g_cond_wait_until(&e->work_cond, &e->work_lock,
-					  g_get_monotonic_time() + (gint64)((wake - now) / 1000) +
-						  1);
-		else if (engine_has_pending_io(e))
 			g_cond_wait_until(&e->work_cond, &e->work_lock,
 					  g_get_monotonic_time() + (gint64)((wake - now) / 1000) +
 						  1);
@@ -267,7 +293,7 @@ static void engine_destroy(struct engine *e)
 	/* Give plugins a moment to hand back canceled slices (bounded). */
 	give_up = engine_now_ns() + 2000000000ull;
 	while (atomic_load(&e->live_batches) && engine_now_ns() < give_up) {
-		if (!engine_progress_once(e))
+		if (!engine_progress_once(e, false))
 			g_usleep(1000);
 	}
 	if (atomic_load(&e->live_batches))

@@ -70,7 +70,11 @@ struct engine {
 	GCond work_cond;
 	_Atomic uint32_t sleeping; /* worker is (about to be) waiting on work_cond */
 	struct slice *retry_head; /* under work_lock, sorted by retry_at_ns */
+	_Atomic bool retry_pending; /* retry_head != NULL, readable without the lock */
 	bool has_manual;
+	/* Threads driving manual progress in te_batch_wait: the worker stays out. */
+	_Atomic uint32_t drivers;
+	_Atomic uint64_t last_drive_ns;
 };
 
 /* Wake the worker (backlog, retry or manual progress needed). */
@@ -79,8 +83,14 @@ void engine_kick(struct engine *e);
 /* Queue @s for a retry at s->retry_at_ns. */
 void engine_queue_retry(struct engine *e, struct slice *s);
 
-/* Drive every MANUAL transport and drain backlogs once; returns work done. */
-unsigned engine_progress_once(struct engine *e);
+/*
+ * Drive every MANUAL transport and drain backlogs once; returns work done. The
+ * worker (@from_worker) leaves manual progress to threads waiting in te_batch_wait.
+ */
+unsigned engine_progress_once(struct engine *e, bool from_worker);
+
+/* Whether application threads drive manual progress now (te_batch_wait). */
+bool engine_user_driving(struct engine *e, uint64_t now);
 
 /* Look up a live batch by handle, taking a reference (batch_unref). */
 enum te_status engine_batch_get(struct engine *e, te_batch_id id, struct batch **batch_out);

@@ -403,3 +403,45 @@ enum te_status segment_local_view(struct engine *e, struct segview **view_out, c
 	segview_unref(old);
 	return TE_OK;
 }
+
+enum te_status te_segment_buffers(struct te_engine *engine, te_segment_id id,
+				  struct te_buffer_info *buffers, size_t max, size_t *n_out)
+{
+	ENGINE_OR_FAIL(engine, "te_segment_buffers");
+	struct segview *v = NULL;
+	struct segment *s;
+	enum te_status st;
+
+	if (!n_out || (max && !buffers))
+		return log_error(TE_ERR_INVALID_ARG, "te_segment_buffers: NULL argument");
+	if (id == TE_SEGMENT_LOCAL) {
+		g_autofree char *err = NULL;
+
+		st = segment_local_view(e, &v, &err);
+		if (st != TE_OK)
+			return log_error(st, "te_segment_buffers: local segment: %s", err);
+	} else {
+		g_rw_lock_reader_lock(&e->seg_lock);
+		s = segment_get_locked(e, id);
+		if (s) {
+			v = s->view;
+			segview_ref(v);
+		}
+		g_rw_lock_reader_unlock(&e->seg_lock);
+		if (!v)
+			return log_error(TE_ERR_UNKNOWN_SEGMENT,
+					 "te_segment_buffers: no segment id %u", id);
+	}
+	for (size_t i = 0; i < v->desc->n_buffers && i < max; i++) {
+		const struct descriptor_buffer *db = &v->desc->buffers[i];
+
+		buffers[i].addr = db->addr;
+		buffers[i].length = db->length;
+		buffers[i].access = db->access;
+		g_strlcpy(buffers[i].location, db->location ? db->location : "",
+			  sizeof(buffers[i].location));
+	}
+	*n_out = v->desc->n_buffers;
+	segview_unref(v);
+	return TE_OK;
+}

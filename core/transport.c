@@ -57,8 +57,7 @@ static void host_mark_failed(struct te_plugin_host_ctx *ctx, enum te_plugin_fail
 	until = engine_now_ns() + pause_ns;
 	if (scope == TE_PLUGIN_FAIL_DEVICE || scope == TE_PLUGIN_FAIL_PATH) {
 		if (device < TRANSPORT_MAX_DEVICES) {
-			atomic_store_explicit(&tp->dev_paused_until[device], until,
-					      memory_order_relaxed);
+			transport_pause_device(tp, device, until);
 			ENGINE_LOG(e, TE_LOG_WARN, "%s: device %u quarantined for %llu ms: %s",
 				   tp->plugin->name, device,
 				   (unsigned long long)e->cfg->quarantine_ms, why ? why : "");
@@ -95,8 +94,7 @@ static void host_device_event(struct te_plugin_host_ctx *ctx, uint32_t device,
 		return;
 	if (event == TE_PLUGIN_EVENT_DOWN) {
 		/* Down until an UP event says otherwise. */
-		atomic_store_explicit(&tp->dev_paused_until[device], UINT64_MAX,
-				      memory_order_relaxed);
+		transport_pause_device(tp, device, UINT64_MAX);
 	} else {
 		atomic_store_explicit(&tp->dev_paused_until[device], 0, memory_order_relaxed);
 		atomic_store_explicit(&tp->dev_failures[device], 0, memory_order_relaxed);
@@ -161,6 +159,20 @@ static const char *host_local_name(struct te_plugin_host_ctx *ctx)
 	struct transport *tp = ctx_tp(ctx);
 
 	return tp->engine && tp->engine->name ? tp->engine->name : "";
+}
+
+void transport_pause_device(struct transport *tp, uint32_t dev, uint64_t until_ns)
+{
+	uint64_t cur;
+
+	if (dev >= TRANSPORT_MAX_DEVICES)
+		return;
+	atomic_store_explicit(&tp->dev_paused_until[dev], until_ns, memory_order_relaxed);
+	cur = atomic_load_explicit(&tp->any_paused_until, memory_order_relaxed);
+	while (cur < until_ns &&
+	       !atomic_compare_exchange_weak_explicit(&tp->any_paused_until, &cur, until_ns,
+						      memory_order_relaxed, memory_order_relaxed))
+		;
 }
 
 const struct te_plugin_host transport_host = {

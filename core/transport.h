@@ -35,6 +35,7 @@ struct transport {
 	/* Quarantine: absolute now_ns until which device d is paused (0: usable). */
 	_Atomic uint64_t dev_paused_until[TRANSPORT_MAX_DEVICES];
 	_Atomic uint32_t dev_failures[TRANSPORT_MAX_DEVICES];
+	_Atomic uint64_t any_paused_until; /* max of dev_paused_until (fast path) */
 	/* Slices refused by back-pressure, resubmitted by the engine worker. */
 	GMutex backlog_lock;
 	struct slice *backlog_head;
@@ -65,6 +66,9 @@ void transport_free(struct transport *t);
 
 /* Copy of the published blob (or NULL); caller g_bytes_unref. */
 GBytes *transport_blob(struct transport *t);
+
+/* Quarantine device @dev until @until_ns (UINT64_MAX: until an UP event). */
+void transport_pause_device(struct transport *tp, uint32_t dev, uint64_t until_ns);
 
 /* The host services table handed to every plugin. */
 extern const struct te_plugin_host transport_host;

@@ -32,6 +32,11 @@ bin="$work/${target}_fuzz"
 	-I include -I . fuzz/"${target}"_fuzz.c $srcs \
 	$(pkg-config --cflags --libs $pkgs) -o "$bin")
 
-# Merge the seeds first so the run starts from every known-interesting input.
+# fuzz/<TARGET>.dict, when present, seeds the mutator with the grammar's words.
+dict=
+[ -f "$root/fuzz/$target.dict" ] && dict="-dict=$root/fuzz/$target.dict"
+
+# New units go to the first directory; the seed corpus is only read.
+# shellcheck disable=SC2086 # $dict is empty or one word
 "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-	-print_final_stats=1 "$@" "$work/corpus" "$root/fuzz/corpus/$target"
+	-print_final_stats=1 $dict "$@" "$work/corpus" "$root/fuzz/corpus/$target"

@@ -209,8 +209,8 @@ static enum te_status descriptor_prescan(const char *json, size_t len, char **er
 		case '}':
 		case ']':
 			if (depth == 0)
-				return descriptor_fail(err_out, "input: unbalanced '%c' at offset %zu",
-						       c, i);
+				return descriptor_fail(
+					err_out, "input: unbalanced '%c' at offset %zu", c, i);
 			depth--;
 			closed = depth == 0;
 			break;
@@ -218,13 +218,14 @@ static enum te_status descriptor_prescan(const char *json, size_t len, char **er
 			/* One ':' per member at the object's own depth. */
 			if (depth > 0 && is_object[depth] &&
 			    ++members[depth] > DESCRIPTOR_MAX_MEMBERS)
-				return descriptor_fail(err_out, "input: object with more than %u members",
+				return descriptor_fail(err_out,
+						       "input: object with more than %u members",
 						       DESCRIPTOR_MAX_MEMBERS);
 			break;
 		default:
 			if (!descriptor_is_json_char(c))
-				return descriptor_fail(err_out,
-						       "input: unexpected character at offset %zu", i);
+				return descriptor_fail(
+					err_out, "input: unexpected character at offset %zu", i);
 			break;
 		}
 	}
@@ -300,6 +301,9 @@ static enum te_status descriptor_get_string(JsonObject *obj, const char *path, c
 	if (strlen(s) > DESCRIPTOR_MAX_NAME)
 		return descriptor_fail(err_out, "%s%s: longer than %u bytes", path, key,
 				       DESCRIPTOR_MAX_NAME);
+	/* json-glib turns a lone surrogate escape ("\ud800x") into invalid UTF-8. */
+	if (!g_utf8_validate(s, -1, NULL))
+		return descriptor_fail(err_out, "%s%s: not valid UTF-8", path, key);
 	*out = g_strdup(s);
 	return TE_OK;
 }
@@ -330,8 +334,9 @@ static enum te_status descriptor_get_u64(JsonObject *obj, const char *path, cons
 				       "%s%s: must be a decimal string or a non-negative integer",
 				       path, key);
 	}
-	if (descriptor_is_string(node) && (descriptor_parse_hex(json_node_get_string(node), out) ||
-					   descriptor_parse_decimal(json_node_get_string(node), out)))
+	if (descriptor_is_string(node) &&
+	    (descriptor_parse_hex(json_node_get_string(node), out) ||
+	     descriptor_parse_decimal(json_node_get_string(node), out)))
 		return TE_OK;
 	return descriptor_fail(err_out, "%s%s: must be a hex (0x...) or decimal string", path, key);
 }
@@ -416,6 +421,12 @@ static enum te_status descriptor_get_blobs(JsonObject *obj, const char *path, co
 					     path, key, DESCRIPTOR_MAX_NAME);
 			break;
 		}
+		/* As in descriptor_get_string(): escapes can produce invalid UTF-8. */
+		if (!g_utf8_validate(name, -1, NULL)) {
+			st = descriptor_fail(err_out, "%s%s: transport name not valid UTF-8", path,
+					     key);
+			break;
+		}
 		/* The name comes from a peer: keep control bytes out of log lines. */
 		shown = g_strescape(name, NULL);
 		if (!descriptor_is_string(value)) {
@@ -426,8 +437,8 @@ static enum te_status descriptor_get_blobs(JsonObject *obj, const char *path, co
 		text = json_node_get_string(value);
 		text_len = strlen(text);
 		if (text_len > DESCRIPTOR_MAX_BASE64) {
-			st = descriptor_fail(err_out, "%s%s.%s: decodes to more than %u bytes", path,
-					     key, shown, DESCRIPTOR_MAX_BLOB);
+			st = descriptor_fail(err_out, "%s%s.%s: decodes to more than %u bytes",
+					     path, key, shown, DESCRIPTOR_MAX_BLOB);
 			break;
 		}
 		if (!descriptor_base64_check(text, text_len, &size)) {
@@ -435,8 +446,8 @@ static enum te_status descriptor_get_blobs(JsonObject *obj, const char *path, co
 			break;
 		}
 		if (size > DESCRIPTOR_MAX_BLOB) {
-			st = descriptor_fail(err_out, "%s%s.%s: decodes to more than %u bytes", path,
-					     key, shown, DESCRIPTOR_MAX_BLOB);
+			st = descriptor_fail(err_out, "%s%s.%s: decodes to more than %u bytes",
+					     path, key, shown, DESCRIPTOR_MAX_BLOB);
 			break;
 		}
 		blobs[n].transport = g_strdup(name);
@@ -472,8 +483,7 @@ static enum te_status descriptor_get_buffer(JsonNode *node, size_t index,
 	st = descriptor_get_u64(obj, path, "addr", DESCRIPTOR_U64_ADDR, &buf->addr, err_out);
 	if (st != TE_OK)
 		return st;
-	st = descriptor_get_u64(obj, path, "length", DESCRIPTOR_U64_DECIMAL, &buf->length,
-				err_out);
+	st = descriptor_get_u64(obj, path, "length", DESCRIPTOR_U64_DECIMAL, &buf->length, err_out);
 	if (st != TE_OK)
 		return st;
 	if (buf->length == 0)
@@ -490,9 +500,8 @@ static enum te_status descriptor_get_buffer(JsonNode *node, size_t index,
 			return descriptor_fail(err_out, "%saccess: must be an integer", path);
 		bits = json_node_get_int(access);
 		if (bits < 0 || (bits & ~(gint64)TE_MEM_REMOTE) != 0)
-			return descriptor_fail(err_out,
-					       "%saccess: bits other than 1 (read) and 2 (write)",
-					       path);
+			return descriptor_fail(
+				err_out, "%saccess: bits other than 1 (read) and 2 (write)", path);
 		buf->access = (uint32_t)bits;
 	}
 
@@ -548,8 +557,7 @@ static enum te_status descriptor_sort_buffers(struct descriptor *d, char **err_o
 	return TE_OK;
 }
 
-static enum te_status descriptor_get_buffers(JsonObject *root, struct descriptor *d,
-					     char **err_out)
+static enum te_status descriptor_get_buffers(JsonObject *root, struct descriptor *d, char **err_out)
 {
 	JsonNode *node = json_object_get_member(root, "buffers");
 	JsonArray *array;
@@ -577,8 +585,7 @@ static enum te_status descriptor_get_buffers(JsonObject *root, struct descriptor
 	return descriptor_sort_buffers(d, err_out);
 }
 
-static enum te_status descriptor_get_fields(JsonObject *root, struct descriptor *d,
-					    char **err_out)
+static enum te_status descriptor_get_fields(JsonObject *root, struct descriptor *d, char **err_out)
 {
 	JsonNode *pid;
 	enum te_status st;
@@ -602,8 +609,8 @@ static enum te_status descriptor_get_fields(JsonObject *root, struct descriptor 
 	if (pid) {
 		if (!descriptor_is_int(pid) || json_node_get_int(pid) < 0 ||
 		    json_node_get_int(pid) > UINT32_MAX)
-			return descriptor_fail(err_out, "pid: must be an integer in [0, %" PRIu32 "]",
-					       UINT32_MAX);
+			return descriptor_fail(
+				err_out, "pid: must be an integer in [0, %" PRIu32 "]", UINT32_MAX);
 		d->pid = (uint32_t)json_node_get_int(pid);
 	}
 	st = descriptor_get_blobs(root, "", "transports", &d->transports, &d->n_transports,

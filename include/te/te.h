@@ -160,6 +160,31 @@ TE_API TE_NODISCARD enum te_status te_segment_export(struct te_engine *engine, c
 TE_API TE_NODISCARD enum te_status te_segment_import(struct te_engine *engine, const char *json,
 						     size_t len, te_segment_id *id_out);
 
+/* One registered buffer of a segment, as its descriptor publishes it. */
+struct te_buffer_info {
+	uint64_t addr;	 /* peer virtual address (cxl: window offset) */
+	uint64_t length;
+	uint32_t access; /* TE_MEM_REMOTE_* */
+	char location[32];
+};
+
+/*
+ * te_segment_buffers - the remote-accessible buffers of segment @id (0: local),
+ * sorted by address. Writes up to @max entries; *n_out is the total count (may be
+ * larger than @max). Thread-safe.
+ */
+TE_API TE_NODISCARD enum te_status te_segment_buffers(struct te_engine *engine, te_segment_id id,
+						      struct te_buffer_info *buffers, size_t max,
+						      size_t *n_out);
+
+/*
+ * te_peer_probe - ask the engine serving segment @name whether it is alive,
+ * waiting at most @timeout_ms. TE_OK: alive; TE_ERR_PEER_UNREACHABLE (detail says
+ * why) or TE_ERR_TIMEOUT otherwise. Thread-safe.
+ */
+TE_API TE_NODISCARD enum te_status te_peer_probe(struct te_engine *engine, const char *name,
+						 uint32_t timeout_ms);
+
 /* Free memory returned by te_* functions. NULL is a no-op. */
 TE_API void te_free(void *ptr);
 
@@ -243,6 +268,36 @@ TE_API TE_NODISCARD enum te_status te_batch_new(struct te_engine *engine, uint32
  */
 TE_API TE_NODISCARD enum te_status te_batch_submit(struct te_engine *engine, te_batch_id batch,
 						   const struct te_request *requests, size_t n);
+
+/* Longest notify message. */
+#define TE_NOTIFY_MAX 4096
+
+/*
+ * te_batch_submit_notify - like te_batch_submit, and once every task of the batch
+ * is COMPLETED, deliver @msg (@len <= TE_NOTIFY_MAX bytes) to the engine serving
+ * the requests' segment (all requests must target one remote segment). The
+ * message is sent exactly once, and never if any task fails, times out or is
+ * canceled. One notify per batch. Serialize per batch.
+ */
+TE_API TE_NODISCARD enum te_status te_batch_submit_notify(struct te_engine *engine,
+							  te_batch_id batch,
+							  const struct te_request *requests,
+							  size_t n, const void *msg, size_t len);
+
+/* A notify message received by this engine. */
+struct te_notify {
+	char sender[256]; /* segment name of the sender */
+	size_t len;
+	uint8_t msg[TE_NOTIFY_MAX];
+};
+
+/*
+ * te_notify_recv - take up to @max received messages, oldest first; *n_out = how
+ * many were written (0 if none). Never blocks. Thread-safe.
+ */
+TE_API TE_NODISCARD enum te_status te_notify_recv(struct te_engine *engine,
+						  struct te_notify *msgs, size_t max,
+						  size_t *n_out);
 
 /*
  * te_task_status - state of task @task (0-based). Statuses: TE_ERR_INVALID_HANDLE,

@@ -196,6 +196,17 @@ struct te_plugin_host {
 	uint64_t (*now_ns)(void);
 	/* Name of the local segment (for logs and handshakes). */
 	const char *(*local_name)(struct te_plugin_host_ctx *ctx);
+	/*
+	 * Send @req to this plugin's handshake op on the engine serving segment
+	 * @peer_name (the name load_peer received) through the control plane and wait
+	 * at most @timeout_ms for its reply (<= @cap bytes into @resp). Blocking: call
+	 * it from load_peer or a plugin thread, never from submit or progress.
+	 * Statuses: the peer's handshake status, TE_ERR_PEER_UNREACHABLE, TE_ERR_TIMEOUT,
+	 * TE_ERR_TOO_LARGE (reply over @cap), TE_ERR_UNKNOWN_SEGMENT.
+	 */
+	enum te_status (*peer_handshake)(struct te_plugin_host_ctx *ctx, const char *peer_name,
+					 const void *req, size_t len, void *resp, size_t cap,
+					 size_t *resp_len_out, uint32_t timeout_ms);
 };
 
 /*

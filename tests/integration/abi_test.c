@@ -98,7 +98,7 @@ static void test_loopback_by_path(void)
 	te_engine_free(e);
 }
 
-static void test_search_path_env(void)
+static void search_path_env_child(void)
 {
 	/* TE_PLUGIN_PATH is what finds test plugins by name: without it they vanish. */
 	g_autofree char *saved = g_strdup(g_getenv("TE_PLUGIN_PATH"));
@@ -108,11 +108,10 @@ static void test_search_path_env(void)
 	enum te_status st;
 
 	g_assert_nonnull(saved);
-	/* Single-threaded here; the engine reads the variable at start. */
+	/* The engine reads the variable at start. */
 	g_setenv("TE_PLUGIN_PATH", "/nonexistent-dir", TRUE);
 	st = te_engine_new_from_string(yaml, strlen(yaml), &e);
 	g_test_message("empty search path: %d %s: %s", st, te_status_str(st), te_last_error());
-	g_setenv("TE_PLUGIN_PATH", saved, TRUE);
 	g_assert_cmpint(st, ==, TE_ERR_PLUGIN_NOT_FOUND);
 	g_assert_true(e == SENTINEL);
 	itest_assert_contains(te_last_error(), "never_complete");
@@ -124,10 +123,23 @@ static void test_search_path_env(void)
 
 		g_setenv("TE_PLUGIN_PATH", multi, TRUE);
 		st = te_engine_new_from_string(yaml, strlen(yaml), &e);
-		g_setenv("TE_PLUGIN_PATH", saved, TRUE);
 		itest_assert_status(st, TE_OK);
 		te_engine_free(e);
 	}
+}
+
+/*
+ * setenv is not thread-safe: run in a fresh child process, where no engine
+ * thread has been started yet.
+ */
+static void test_search_path_env(void)
+{
+	if (g_test_subprocess()) {
+		search_path_env_child();
+		return;
+	}
+	g_test_trap_subprocess(NULL, 0, G_TEST_SUBPROCESS_INHERIT_STDERR);
+	g_test_trap_assert_passed();
 }
 
 static void test_required_failure_after_good_one(void)

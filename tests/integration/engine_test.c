@@ -113,7 +113,7 @@ static void test_opts_invalid(void)
 	g_assert_true(e == SENTINEL);
 }
 
-static void test_te_config_env(void)
+static void te_config_env_child(void)
 {
 	g_autofree char *path = write_tmp("engine: {name: from-env}\n"
 					  "transports:\n"
@@ -122,13 +122,25 @@ static void test_te_config_env(void)
 	struct te_engine_opts o = { .size = sizeof(o), .log_level = -1 };
 	struct te_engine *e = NULL;
 
-	/* Single-threaded at this point: setenv is safe. */
 	g_setenv("TE_CONFIG", path, TRUE);
 	itest_ok(te_engine_new(&o, &e));
-	g_unsetenv("TE_CONFIG");
 	g_assert_cmpstr(te_engine_name(e), ==, "from-env");
 	te_engine_free(e);
 	unlink(path);
+}
+
+/*
+ * setenv is not thread-safe: run in a fresh child process, where no engine
+ * thread has been started yet.
+ */
+static void test_te_config_env(void)
+{
+	if (g_test_subprocess()) {
+		te_config_env_child();
+		return;
+	}
+	g_test_trap_subprocess(NULL, 0, G_TEST_SUBPROCESS_INHERIT_STDERR);
+	g_test_trap_assert_passed();
 }
 
 static void expect_config_error(const char *yaml, const char *name, unsigned line, const char *word)

@@ -313,7 +313,11 @@ static void test_late_completion_after_timeout(void)
 		       te_status_str(ti.status), ti.bytes);
 	g_assert_cmpint(ti.state, ==, TE_STATE_TIMEOUT);
 	g_assert_cmpint(ti.status, ==, TE_ERR_TIMEOUT);
+	/* The late "success" moved nothing that counts. */
+	g_assert_cmpuint(ti.bytes, ==, 0);
 	g_assert_cmpint(itest_batch(f.p.a, bid).state, ==, TE_STATE_TIMEOUT);
+	g_assert_cmpuint(itest_batch(f.p.a, bid).timed_out, ==, 1);
+	g_assert_cmpuint(itest_batch(f.p.a, bid).completed, ==, 0);
 	itest_assert_status(te_batch_wait(f.p.a, bid, 0), TE_ERR_TIMEOUT);
 	itest_ok(te_batch_free(f.p.a, bid));
 	fx_free(&f);

@@ -258,6 +258,11 @@ static uint64_t loopback_get_u64(const uint8_t *p)
 	return v;
 }
 
+/*
+ * The host prefixes every line with the plugin name. A failing op logs its reason at WARN:
+ * ops have no detail out-parameter, and the core quotes the last WARN/ERROR line in the
+ * error it reports for that op.
+ */
 #define loopback_log(li, level, ...) (li)->host->log((li)->ctx, (level), __VA_ARGS__)
 
 /* --- endpoints and the registry ------------------------------------------------------- */
@@ -416,8 +421,7 @@ static enum te_status loopback_opt_u64(struct loopback_inst *li, const char *key
 
 err_invalid:
 	loopback_log(li, TE_PLUGIN_LOG_ERROR,
-		     LOOPBACK_NAME ": option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64
-				   "], got '%s'",
+		     "option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'",
 		     key, size_suffix ? " (optional k/m/g suffix)" : "", min, max, s);
 	return TE_ERR_CONFIG;
 }
@@ -453,7 +457,7 @@ static void loopback_check_key(void *user, const char *key, const char *value)
 		if (strcmp(key, loopback_option_names[i]) == 0)
 			return;
 	}
-	loopback_log(u->li, TE_PLUGIN_LOG_ERROR, LOOPBACK_NAME ": unknown option '%s'", key);
+	loopback_log(u->li, TE_PLUGIN_LOG_ERROR, "unknown option '%s'", key);
 	u->bad = true;
 }
 
@@ -477,8 +481,7 @@ static enum te_status loopback_parse_options(struct loopback_inst *li)
 		li->progress = TE_PLUGIN_PROGRESS_MANUAL;
 	} else {
 		loopback_log(li, TE_PLUGIN_LOG_ERROR,
-			     LOOPBACK_NAME ": option 'progress': expected auto or manual, got '%s'",
-			     progress);
+			     "option 'progress': expected auto or manual, got '%s'", progress);
 		return TE_ERR_CONFIG;
 	}
 
@@ -499,8 +502,8 @@ static enum te_status loopback_parse_options(struct loopback_inst *li)
 		return st;
 	if (li->max_slice_size && li->slice_size > li->max_slice_size) {
 		loopback_log(li, TE_PLUGIN_LOG_ERROR,
-			     LOOPBACK_NAME ": option 'slice_size' (%" PRIu64
-					   ") exceeds option 'max_slice_size' (%" PRIu64 ")",
+			     "option 'slice_size' (%" PRIu64
+			     ") exceeds option 'max_slice_size' (%" PRIu64 ")",
 			     li->slice_size, li->max_slice_size);
 		return TE_ERR_CONFIG;
 	}
@@ -867,7 +870,7 @@ static enum te_status loopback_late_start(struct loopback_inst *li)
 	pthread_cond_init(&li->late_cond, &attr);
 	pthread_condattr_destroy(&attr);
 	if (pthread_create(&li->late_thread, NULL, loopback_late_worker, li) != 0) {
-		loopback_log(li, TE_PLUGIN_LOG_ERROR, LOOPBACK_NAME ": cannot start late thread");
+		loopback_log(li, TE_PLUGIN_LOG_ERROR, "cannot start late thread");
 		pthread_cond_destroy(&li->late_cond);
 		pthread_mutex_destroy(&li->late_lock);
 		return TE_ERR_SYSTEM;
@@ -940,12 +943,15 @@ static void loopback_destroy(struct loopback_inst *li)
 			free(li->ep->regions[i].mem);
 		li->ep->n_regions = 0;
 		pthread_rwlock_unlock(&li->ep->lock);
-		if (peers || rkeys || mems)
+		/* Handles the core never released: a leak there, not here (regions are freed). */
+		if (peers || rkeys)
 			loopback_log(li, TE_PLUGIN_LOG_WARN,
-				     LOOPBACK_NAME ": fini with %" PRIu32 " peers, %" PRIu32
-						   " remote keys and %" PRIu32
-						   " regions still held by the core",
-				     peers, rkeys, mems);
+				     "fini with %" PRIu32 " peers and %" PRIu32
+				     " remote keys still loaded by the core",
+				     peers, rkeys);
+		if (mems)
+			loopback_log(li, TE_PLUGIN_LOG_DEBUG,
+				     "fini released %" PRIu32 " still registered regions", mems);
 		loopback_endpoint_put(li->ep);
 	}
 	pthread_cond_destroy(&li->qcond);
@@ -965,9 +971,8 @@ static enum te_status loopback_start_workers(struct loopback_inst *li)
 		int rc = pthread_create(&li->threads[i], NULL, loopback_worker, li);
 
 		if (rc != 0) {
-			loopback_log(li, TE_PLUGIN_LOG_ERROR,
-				     LOOPBACK_NAME ": cannot start worker %" PRIu32 ": %s", i,
-				     strerror(rc));
+			loopback_log(li, TE_PLUGIN_LOG_ERROR, "cannot start worker %" PRIu32 ": %s",
+				     i, strerror(rc));
 			return TE_ERR_SYSTEM;
 		}
 		li->n_threads++;
@@ -990,7 +995,7 @@ static enum te_status loopback_init(const struct te_plugin_host *host,
 	    !host->log || !host->slice_done || !host->config_get || !host->publish)
 		return TE_ERR_INVALID_ARG;
 #ifdef LOOPBACK_FAULT_INIT_FAIL
-	host->log(ctx, TE_PLUGIN_LOG_ERROR, LOOPBACK_NAME ": no device (injected)");
+	host->log(ctx, TE_PLUGIN_LOG_ERROR, "no device (injected)");
 	return TE_ERR_NO_DEVICE;
 #endif
 
@@ -1027,7 +1032,7 @@ static enum te_status loopback_init(const struct te_plugin_host *host,
 	loopback_put_u64(blob + 24, li->ep->token);
 	st = host->publish(ctx, blob, sizeof(blob));
 	if (st != TE_OK) {
-		loopback_log(li, TE_PLUGIN_LOG_ERROR, LOOPBACK_NAME ": publish failed (%d)", st);
+		loopback_log(li, TE_PLUGIN_LOG_ERROR, "publish failed (%d)", st);
 		goto err_destroy;
 	}
 
@@ -1042,8 +1047,8 @@ static enum te_status loopback_init(const struct te_plugin_host *host,
 			goto err_destroy;
 	}
 	loopback_log(li, TE_PLUGIN_LOG_DEBUG,
-		     LOOPBACK_NAME ": instance %" PRIu64 " up: progress %s, %" PRIu32
-				   " workers, queue depth %" PRIu32,
+		     "instance %" PRIu64 " up: progress %s, %" PRIu32
+		     " workers, queue depth %" PRIu32,
 		     li->ep->token, li->progress == TE_PLUGIN_PROGRESS_AUTO ? "auto" : "manual",
 		     li->n_threads, li->depth);
 	*inst_out = (struct te_plugin_inst *)li;
@@ -1146,9 +1151,8 @@ static enum te_status loopback_reg_mem(struct te_plugin_inst *inst, void *addr, 
 	if (i < ep->n_regions && ep->regions[i].start < start + length) {
 		pthread_rwlock_unlock(&ep->lock);
 		free(m);
-		loopback_log(li, TE_PLUGIN_LOG_DEBUG,
-			     LOOPBACK_NAME ": [%p,+%" PRIu64 ") overlaps a registered region", addr,
-			     length);
+		loopback_log(li, TE_PLUGIN_LOG_WARN,
+			     "[%p,+%" PRIu64 ") overlaps a registered region", addr, length);
 		return TE_ERR_ADDRESS_OVERLAPPED;
 	}
 	if (ep->n_regions == ep->cap_regions) {
@@ -1190,7 +1194,7 @@ static enum te_status loopback_dereg_mem(struct te_plugin_inst *inst, struct te_
 		;
 	if (i == ep->n_regions) {
 		pthread_rwlock_unlock(&ep->lock);
-		loopback_log(li, TE_PLUGIN_LOG_DEBUG, LOOPBACK_NAME ": dereg_mem of an unknown handle");
+		loopback_log(li, TE_PLUGIN_LOG_WARN, "dereg_mem of an unknown handle");
 		return TE_ERR_INVALID_HANDLE;
 	}
 	memmove(&ep->regions[i], &ep->regions[i + 1],
@@ -1233,26 +1237,23 @@ static enum te_status loopback_load_peer(struct te_plugin_inst *inst, const char
 		return TE_ERR_INVALID_ARG;
 	if (len != LOOPBACK_PEER_BLOB_LEN || loopback_get_u32(p) != LOOPBACK_PEER_MAGIC ||
 	    loopback_get_u32(p + 4) != 1) {
-		loopback_log(li, TE_PLUGIN_LOG_INFO,
-			     LOOPBACK_NAME ": peer %s: malformed transport blob (%zu bytes)",
-			     peer_name, len);
+		loopback_log(li, TE_PLUGIN_LOG_WARN,
+			     "peer %s: malformed transport blob (%zu bytes)", peer_name, len);
 		return TE_ERR_METADATA_MALFORMED;
 	}
 	pid = loopback_get_u64(p + 8);
 	nonce = loopback_get_u64(p + 16);
 	token = loopback_get_u64(p + 24);
 	if (pid != (uint64_t)getpid()) {
-		loopback_log(li, TE_PLUGIN_LOG_INFO,
-			     LOOPBACK_NAME ": peer pid %" PRIu64 " is another process (peer %s)",
-			     pid, peer_name);
+		loopback_log(li, TE_PLUGIN_LOG_WARN,
+			     "peer pid %" PRIu64 " is another process (peer %s)", pid, peer_name);
 		return TE_ERR_PEER_UNREACHABLE;
 	}
 	ep = loopback_registry_get(nonce, token);
 	if (!ep) {
-		loopback_log(li, TE_PLUGIN_LOG_INFO,
-			     LOOPBACK_NAME ": peer %s: instance %" PRIu64
-					   " of this process is gone",
-			     peer_name, token);
+		loopback_log(li, TE_PLUGIN_LOG_WARN,
+			     "peer %s: instance %" PRIu64 " of this process is gone", peer_name,
+			     token);
 		return TE_ERR_PEER_UNREACHABLE;
 	}
 	peer = malloc(sizeof(*peer));
@@ -1314,9 +1315,8 @@ static enum te_status loopback_unpack_remote_key(struct te_plugin_inst *inst,
 	return TE_OK;
 
 err_malformed:
-	loopback_log(li, TE_PLUGIN_LOG_INFO,
-		     LOOPBACK_NAME ": peer %s: malformed key (%zu bytes) for buffer [0x%" PRIx64
-				   ",+%" PRIu64 ")",
+	loopback_log(li, TE_PLUGIN_LOG_WARN,
+		     "peer %s: malformed key (%zu bytes) for buffer [0x%" PRIx64 ",+%" PRIu64 ")",
 		     loopback_peer_of(peer)->name, len, addr, length);
 	return TE_ERR_METADATA_MALFORMED;
 }

@@ -103,9 +103,21 @@ static void assert_round_trip(const struct config *c)
 static void test_defaults_empty(void)
 {
 	static const char *const empties[] = {
-		"",	       "\n",	      "# just a comment\n", "---\n",	   "---\n...\n",
-		"~\n",	       "null\n",      "engine:\n",	    "engine: ~\n", "transfer: null\n",
-		"log: {}\n",   "auth:\n",     "transports:\n",	    "{}\n",	   "%YAML 1.1\n---\n",
+		"",
+		"\n",
+		"# just a comment\n",
+		"---\n",
+		"---\n...\n",
+		"~\n",
+		"null\n",
+		"engine:\n",
+		"engine: ~\n",
+		"transfer: null\n",
+		"log: {}\n",
+		"auth:\n",
+		"transports:\n",
+		"{}\n",
+		"%YAML 1.1\n---\n",
 		"\xef\xbb\xbf" /* BOM */,
 	};
 	struct config *c = NULL;
@@ -150,12 +162,12 @@ static void test_null_keeps_default(void)
 static void test_engine(void)
 {
 	static const char *const good[] = {
-		"127.0.0.1:0", "[::1]:0",	"[fe80::1%eth0]:7000", "localhost:65535",
+		"127.0.0.1:0",		 "[::1]:0",   "[fe80::1%eth0]:7000", "localhost:65535",
 		"node-1.example.com:80", "0.0.0.0:1",
 	};
 	static const char *const bad[] = {
-		"", "::1:0", "host", "host:", ":80", "host:65536", "host:123456", "[::1]0", "[]:1",
-		"[::1:0", "ho st:1", "host:+1", "host:-1", "host:8x",
+		"",	  "::1:0", "host",   "host:",	":80",	   "host:65536", "host:123456",
+		"[::1]0", "[]:1",  "[::1:0", "ho st:1", "host:+1", "host:-1",	 "host:8x",
 	};
 	struct config *c = parse_ok("engine:\n  name: node-a\n  listen: \"10.0.0.1:7000\"\n");
 
@@ -182,8 +194,9 @@ static void test_engine(void)
 					    bad[i]);
 		expect_err(y, e);
 	}
-	expect_err("engine:\n  name: \"a b\"\n",
-		   "t.yaml:2:9: engine.name: \"a b\" must not contain blanks or control characters");
+	expect_err(
+		"engine:\n  name: \"a b\"\n",
+		"t.yaml:2:9: engine.name: \"a b\" must not contain blanks or control characters");
 	expect_err("engine:\n  name: ''\n", "t.yaml:2:9: engine.name: must not be empty");
 }
 
@@ -240,8 +253,9 @@ static void test_metadata(void)
 	expect_err("metadata:\n  type: ETCD\n",
 		   "t.yaml:2:9: metadata.type: expected one of: p2p, etcd, redis, http, got "
 		   "\"ETCD\"");
-	expect_err("metadata:\n  type: etcd\n",
-		   "t.yaml:2:9: metadata.endpoints: metadata type etcd needs at least one endpoint");
+	expect_err(
+		"metadata:\n  type: etcd\n",
+		"t.yaml:2:9: metadata.endpoints: metadata type etcd needs at least one endpoint");
 	expect_err("metadata:\n  type: redis\n  endpoints: []\n",
 		   "t.yaml:2:9: metadata.endpoints: metadata type redis needs at least one "
 		   "endpoint");
@@ -271,11 +285,13 @@ static void test_transfer_ranges(void)
 		size_t off;
 		bool is64;
 	} keys[] = {
-		{ "max_slices_per_task", 1, 1048576, offsetof(struct config, max_slices_per_task), false },
+		{ "max_slices_per_task", 1, 1048576, offsetof(struct config, max_slices_per_task),
+		  false },
 		{ "retries", 0, 100, offsetof(struct config, retries), false },
-		{ "retry_backoff_us", 0, 10000000, offsetof(struct config, retry_backoff_us), true },
-		{ "retry_backoff_max_us", 0, 10000000, offsetof(struct config, retry_backoff_max_us),
+		{ "retry_backoff_us", 0, 10000000, offsetof(struct config, retry_backoff_us),
 		  true },
+		{ "retry_backoff_max_us", 0, 10000000,
+		  offsetof(struct config, retry_backoff_max_us), true },
 		{ "timeout_ms", 1, 86400000, offsetof(struct config, timeout_ms), true },
 		{ "quarantine_ms", 0, 3600000, offsetof(struct config, quarantine_ms), true },
 		{ "quarantine_after", 1, 1000, offsetof(struct config, quarantine_after), false },
@@ -324,9 +340,10 @@ static void test_transfer_ranges(void)
 
 			if (keys[i].min == 0) {
 				y = g_strdup_printf("transfer:\n  %s: -1\n", keys[i].key);
-				e = g_strdup_printf("t.yaml:2:%u: transfer.%s: value -1 out of range "
-						    "0..%" PRIu64,
-						    col, keys[i].key, keys[i].max);
+				e = g_strdup_printf(
+					"t.yaml:2:%u: transfer.%s: value -1 out of range "
+					"0..%" PRIu64,
+					col, keys[i].key, keys[i].max);
 			} else {
 				y = g_strdup_printf("transfer:\n  %s: %" PRIu64 "\n", keys[i].key,
 						    keys[i].min - 1);
@@ -338,7 +355,8 @@ static void test_transfer_ranges(void)
 			expect_err(y, e);
 		}
 		{
-			g_autofree char *y = g_strdup_printf("transfer:\n  %s: 12abc\n", keys[i].key);
+			g_autofree char *y =
+				g_strdup_printf("transfer:\n  %s: 12abc\n", keys[i].key);
 			g_autofree char *e = g_strdup_printf(
 				"t.yaml:2:%u: transfer.%s: expected an integer, got \"12abc\"", col,
 				keys[i].key);
@@ -486,9 +504,9 @@ static void test_bools(void)
 		const char *text;
 		bool v;
 	} ok[] = {
-		{ "true", true },   { "false", false }, { "yes", true }, { "no", false },
-		{ "True", true },   { "FALSE", false }, { "Yes", true }, { "NO", false },
-		{ "\"yes\"", true },
+		{ "true", true }, { "false", false }, { "yes", true },
+		{ "no", false },  { "True", true },   { "FALSE", false },
+		{ "Yes", true },  { "NO", false },    { "\"yes\"", true },
 	};
 	static const char *const bad[] = { "maybe", "on", "off", "1", "0", "y", "n", "\"\"" };
 
@@ -638,16 +656,18 @@ static void test_transport_errors(void)
 	expect_err("transports:\n  - name: ../evil\n",
 		   "t.yaml:2:11: transports[0].name: invalid transport name \"../evil\" (1..64 "
 		   "characters of a-z, 0-9, '_', '-')");
-	expect_err("transports:\n  - name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
-		   "t.yaml:2:11: transports[0].name: invalid transport name "
-		   "\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...\" (1..64 "
-		   "characters of a-z, 0-9, '_', '-')");
+	expect_err(
+		"transports:\n  - name: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+		"t.yaml:2:11: transports[0].name: invalid transport name "
+		"\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...\" (1..64 "
+		"characters of a-z, 0-9, '_', '-')");
 	expect_err("transports:\n  - name: tcp\n    nmae: x\n",
 		   "t.yaml:3:5: transports[0].nmae: unknown key (expected one of: name, path, "
 		   "required, options)");
-	expect_err("transports:\n  - name: tcp\n    required: sometimes\n",
-		   "t.yaml:3:15: transports[0].required: expected a boolean (true, false, yes, no), "
-		   "got \"sometimes\"");
+	expect_err(
+		"transports:\n  - name: tcp\n    required: sometimes\n",
+		"t.yaml:3:15: transports[0].required: expected a boolean (true, false, yes, no), "
+		"got \"sometimes\"");
 	expect_err("transports:\n  - name: rdma\n    options:\n      nested: {a: 1}\n",
 		   "t.yaml:4:15: transports[0].options.nested: option values must be scalars, got "
 		   "a mapping (nested mappings and sequences are not allowed in options)");
@@ -721,7 +741,8 @@ static void test_wrong_types(void)
 {
 	expect_err("engine: [a, b]\n",
 		   "t.yaml:1:9: engine: expected a mapping (name, listen), got a sequence");
-	expect_err("engine: 5\n", "t.yaml:1:9: engine: expected a mapping (name, listen), got \"5\"");
+	expect_err("engine: 5\n",
+		   "t.yaml:1:9: engine: expected a mapping (name, listen), got \"5\"");
 	expect_err("engine:\n  name: {a: 1}\n",
 		   "t.yaml:2:9: engine.name: expected a string, got a mapping");
 	expect_err("engine:\n  listen: [a]\n",
@@ -736,19 +757,23 @@ static void test_wrong_types(void)
 		   "t.yaml:2:12: transfer.retries: expected an integer, got a sequence");
 	expect_err("transfer:\n  retries: \"\"\n",
 		   "t.yaml:2:12: transfer.retries: expected an integer, got \"\"");
-	expect_err("transfer:\n  fallback: {}\n",
-		   "t.yaml:2:13: transfer.fallback: expected a boolean (true, false, yes, no), got a "
-		   "mapping");
-	expect_err("- engine\n",
-		   "t.yaml:1:1: (root): expected a mapping (engine, metadata, transfer, transports, "
-		   "log, auth), got a sequence");
-	expect_err("hello\n",
-		   "t.yaml:1:1: (root): expected a mapping (engine, metadata, transfer, transports, "
-		   "log, auth), got \"hello\"");
+	expect_err(
+		"transfer:\n  fallback: {}\n",
+		"t.yaml:2:13: transfer.fallback: expected a boolean (true, false, yes, no), got a "
+		"mapping");
+	expect_err(
+		"- engine\n",
+		"t.yaml:1:1: (root): expected a mapping (engine, metadata, transfer, transports, "
+		"log, auth), got a sequence");
+	expect_err(
+		"hello\n",
+		"t.yaml:1:1: (root): expected a mapping (engine, metadata, transfer, transports, "
+		"log, auth), got \"hello\"");
 	/* Huge numbers are out of range, not wrapped. */
-	expect_err("transfer:\n  timeout_ms: 99999999999999999999999999\n",
-		   "t.yaml:2:15: transfer.timeout_ms: value 99999999999999999999999999 out of range "
-		   "1..86400000");
+	expect_err(
+		"transfer:\n  timeout_ms: 99999999999999999999999999\n",
+		"t.yaml:2:15: transfer.timeout_ms: value 99999999999999999999999999 out of range "
+		"1..86400000");
 	expect_err("transfer:\n  timeout_ms: 18446744073709551616\n",
 		   "t.yaml:2:15: transfer.timeout_ms: value 18446744073709551616 out of range "
 		   "1..86400000");
@@ -767,8 +792,9 @@ static void test_syntax_errors(void)
 	expect_err("engine:\n  name: \"unterminated\n",
 		   "t.yaml:3:1: engine.name: syntax error: found unexpected end of stream (while "
 		   "scanning a quoted scalar at 2:9)");
-	expect_err("a: b: c\n",
-		   "t.yaml:1:5: (root): syntax error: mapping values are not allowed in this context");
+	expect_err(
+		"a: b: c\n",
+		"t.yaml:1:5: (root): syntax error: mapping values are not allowed in this context");
 	expect_err("engine:\n\tname: x\n",
 		   "t.yaml:2:1: engine: syntax error: found character that cannot start any token "
 		   "(while scanning for the next token at 2:1)");
@@ -805,8 +831,7 @@ static void test_documents_anchors_tags(void)
 		   "t.yaml:2:9: engine.name: tag \"tag:yaml.org,2002:str\" is not supported");
 	expect_err("engine: !custom\n  name: x\n",
 		   "t.yaml:1:9: engine: tag \"!custom\" is not supported");
-	expect_err("engine:\n  ! name: x\n",
-		   "t.yaml:2:3: engine: tag \"!\" is not supported");
+	expect_err("engine:\n  ! name: x\n", "t.yaml:2:3: engine: tag \"!\" is not supported");
 }
 
 static void test_string_limits(void)
@@ -821,7 +846,8 @@ static void test_string_limits(void)
 	g_assert_cmpuint(strlen(c->auth_secret), ==, CONFIG_MAX_STRING);
 	assert_round_trip(c);
 	config_free(c);
-	expect_err(y2, "t.yaml:2:11: auth.secret: string of 4097 bytes is over the 4096-byte limit");
+	expect_err(y2,
+		   "t.yaml:2:11: auth.secret: string of 4097 bytes is over the 4096-byte limit");
 	/* Implicit keys are bounded by libyaml at 1024 characters; explicit ones by us. */
 	expect_err(y3, "t.yaml:1:3: (root): string of 4097 bytes is over the 4096-byte limit");
 	expect_err("engine:\n  name: \"a\\0b\"\n",
@@ -840,8 +866,9 @@ static void test_nesting_and_nodes(void)
 		g_string_append_c(deep, ']');
 	g_string_append_c(deep, '\n');
 	e = g_strdup_printf("t.yaml:4:%d: transports[0].options.o%s: nesting deeper than 32 levels",
-			    10 + 28, "[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]"
-				     "[0][0][0][0][0][0][0][0]");
+			    10 + 28,
+			    "[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]"
+			    "[0][0][0][0][0][0][0][0]");
 	expect_err(deep->str, e);
 
 	for (int i = 0; i < 70000; i++)
@@ -901,39 +928,40 @@ static void test_not_nul_terminated(void)
 	config_free(c);
 }
 
-static const char full_yaml[] = "engine:\n"
-				"  name: node-a\n"
-				"  listen: \"[::1]:7000\"\n"
-				"metadata:\n"
-				"  type: etcd\n"
-				"  endpoints: [\"http://10.0.0.10:2379\", \"http://10.0.0.11:2379\"]\n"
-				"  namespace: /te/prod\n"
-				"  ttl_s: 30\n"
-				"transfer:\n"
-				"  slice_size: 64KiB\n"
-				"  max_slices_per_task: 8192\n"
-				"  retries: 5\n"
-				"  retry_backoff_us: 200\n"
-				"  retry_backoff_max_us: 200000\n"
-				"  timeout_ms: 60000\n"
-				"  quarantine_ms: 5000\n"
-				"  quarantine_after: 2\n"
-				"  worker_threads: 4\n"
-				"  max_batches: 2048\n"
-				"  max_batch_size: 131072\n"
-				"  fallback: yes\n"
-				"transports:\n"
-				"  - name: rdma\n"
-				"    required: true\n"
-				"    options:\n"
-				"      devices: \"mlx5_0,mlx5_1\"\n"
-				"      gid_index: 3\n"
-				"  - name: tcp\n"
-				"    path: /opt/te/plugins/libte-tcp.so\n"
-				"log:\n"
-				"  level: debug\n"
-				"auth:\n"
-				"  secret_file: /etc/te/secret\n";
+static const char full_yaml[] =
+	"engine:\n"
+	"  name: node-a\n"
+	"  listen: \"[::1]:7000\"\n"
+	"metadata:\n"
+	"  type: etcd\n"
+	"  endpoints: [\"http://10.0.0.10:2379\", \"http://10.0.0.11:2379\"]\n"
+	"  namespace: /te/prod\n"
+	"  ttl_s: 30\n"
+	"transfer:\n"
+	"  slice_size: 64KiB\n"
+	"  max_slices_per_task: 8192\n"
+	"  retries: 5\n"
+	"  retry_backoff_us: 200\n"
+	"  retry_backoff_max_us: 200000\n"
+	"  timeout_ms: 60000\n"
+	"  quarantine_ms: 5000\n"
+	"  quarantine_after: 2\n"
+	"  worker_threads: 4\n"
+	"  max_batches: 2048\n"
+	"  max_batch_size: 131072\n"
+	"  fallback: yes\n"
+	"transports:\n"
+	"  - name: rdma\n"
+	"    required: true\n"
+	"    options:\n"
+	"      devices: \"mlx5_0,mlx5_1\"\n"
+	"      gid_index: 3\n"
+	"  - name: tcp\n"
+	"    path: /opt/te/plugins/libte-tcp.so\n"
+	"log:\n"
+	"  level: debug\n"
+	"auth:\n"
+	"  secret_file: /etc/te/secret\n";
 
 /* Every prefix of a valid file parses or fails cleanly with a well-formed message. */
 static void test_truncated(void)
@@ -955,8 +983,8 @@ static void test_truncated(void)
 		} else {
 			g_assert_cmpint(st, ==, TE_ERR_CONFIG);
 			g_assert_nonnull(err);
-			g_assert_true(g_regex_match_simple("^t\\.yaml:[1-9][0-9]*:[1-9][0-9]*: [^ ]+: .+$",
-							   err, 0, 0));
+			g_assert_true(g_regex_match_simple(
+				"^t\\.yaml:[1-9][0-9]*:[1-9][0-9]*: [^ ]+: .+$", err, 0, 0));
 			failed++;
 		}
 	}
@@ -1044,10 +1072,38 @@ static void test_round_trip_full(void)
 static void test_round_trip_strings(void)
 {
 	static const char *const values[] = {
-		"yes", "null", "~", "123", "-1", "0x10", "a: b", "- x", "#c", "  lead", "trail  ",
-		"\"q\"", "back\\slash", "tab\there", "line\nbreak", "cr\rx", "\x01\x1f\x7f",
-		"caf\xc3\xa9", "\xe2\x80\xa8 ls", "\xc2\x85 nel", "\xef\xbb\xbf bom",
-		"\xf0\x9f\x98\x80", "[x]", "{y}", "&a", "*b", "!t", "%", "@", "`", "'", "",
+		"yes",
+		"null",
+		"~",
+		"123",
+		"-1",
+		"0x10",
+		"a: b",
+		"- x",
+		"#c",
+		"  lead",
+		"trail  ",
+		"\"q\"",
+		"back\\slash",
+		"tab\there",
+		"line\nbreak",
+		"cr\rx",
+		"\x01\x1f\x7f",
+		"caf\xc3\xa9",
+		"\xe2\x80\xa8 ls",
+		"\xc2\x85 nel",
+		"\xef\xbb\xbf bom",
+		"\xf0\x9f\x98\x80",
+		"[x]",
+		"{y}",
+		"&a",
+		"*b",
+		"!t",
+		"%",
+		"@",
+		"`",
+		"'",
+		"",
 	};
 	GString *y = g_string_new("transports:\n  - name: t\n    options:\n");
 	GString *k = g_string_new(NULL);

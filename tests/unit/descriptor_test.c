@@ -26,8 +26,8 @@ static bool blob_equal(GBytes *a, GBytes *b)
 	return na == 0 || memcmp(g_bytes_get_data(a, NULL), g_bytes_get_data(b, NULL), na) == 0;
 }
 
-static bool blobs_equal(const struct descriptor_blob *a, size_t na,
-			const struct descriptor_blob *b, size_t nb)
+static bool blobs_equal(const struct descriptor_blob *a, size_t na, const struct descriptor_blob *b,
+			size_t nb)
 {
 	if (na != nb)
 		return false;
@@ -359,11 +359,11 @@ static void test_decode_defaults(void)
 
 static void test_decode_number_forms(void)
 {
-	struct descriptor *d = decode_ok(
-		"{\"name\":\"n\",\"generation\":9223372036854775807,\"pid\":4294967295,"
-		"\"buffers\":[{\"addr\":\"4096\",\"length\":4096},"
-		"{\"addr\":\"0x00000000000000000000ABCDEF000\",\"length\":\"00010\"},"
-		"{\"addr\":\"0xffffffffffffffff\",\"length\":\"1\"}]}");
+	struct descriptor *d =
+		decode_ok("{\"name\":\"n\",\"generation\":9223372036854775807,\"pid\":4294967295,"
+			  "\"buffers\":[{\"addr\":\"4096\",\"length\":4096},"
+			  "{\"addr\":\"0x00000000000000000000ABCDEF000\",\"length\":\"00010\"},"
+			  "{\"addr\":\"0xffffffffffffffff\",\"length\":\"1\"}]}");
 
 	g_assert_cmpuint(d->generation, ==, INT64_MAX);
 	g_assert_cmpuint(d->pid, ==, UINT32_MAX);
@@ -434,8 +434,8 @@ static void test_decode_not_nul_terminated(void)
 
 struct reject_case {
 	char *json;
-	size_t len;	 /* 0: strlen(json) */
-	char *error;	 /* exact text; NULL for json-glib's own parse errors */
+	size_t len;  /* 0: strlen(json) */
+	char *error; /* exact text; NULL for json-glib's own parse errors */
 };
 
 static void test_reject(gconstpointer data)
@@ -467,19 +467,20 @@ static void add_reject_len(const char *id, char *json, size_t len, const char *e
 /* A descriptor whose root members are @root (with a leading comma if any). */
 static void add_reject_root(const char *id, const char *root, const char *error)
 {
-	add_reject_len(id, g_strdup_printf("{\"name\":\"n\",\"generation\":\"1\",\"buffers\":[]%s}",
-					   root),
-		       0, error);
+	add_reject_len(
+		id, g_strdup_printf("{\"name\":\"n\",\"generation\":\"1\",\"buffers\":[]%s}", root),
+		0, error);
 }
 
 /* A descriptor with one extra buffer at index 1 whose members are @members. */
 static void add_reject_buffer(const char *id, const char *members, const char *error)
 {
 	add_reject_len(id,
-		       g_strdup_printf("{\"name\":\"n\",\"generation\":\"1\",\"buffers\":["
-				       "{\"addr\":\"0x100000\",\"length\":\"1\",\"keys\":{\"a\":\"AA==\"}},"
-				       "{%s}]}",
-				       members),
+		       g_strdup_printf(
+			       "{\"name\":\"n\",\"generation\":\"1\",\"buffers\":["
+			       "{\"addr\":\"0x100000\",\"length\":\"1\",\"keys\":{\"a\":\"AA==\"}},"
+			       "{%s}]}",
+			       members),
 		       0, error);
 }
 
@@ -513,7 +514,8 @@ static void add_reject_cases(void)
 {
 	const char *gen_err =
 		"descriptor: generation: must be a decimal string or a non-negative integer";
-	const char *addr_err = "descriptor: buffers[1].addr: must be a hex (0x...) or decimal string";
+	const char *addr_err =
+		"descriptor: buffers[1].addr: must be a hex (0x...) or decimal string";
 	const char *len_err =
 		"descriptor: buffers[1].length: must be a decimal string or a non-negative integer";
 	const char *pid_err = "descriptor: pid: must be an integer in [0, 4294967295]";
@@ -530,8 +532,10 @@ static void add_reject_cases(void)
 	add_reject("trailing", "{} {}", "descriptor: input: trailing data at offset 3");
 	add_reject("unbalanced", "]", "descriptor: input: unbalanced ']' at offset 0");
 	add_reject("comment", "/**/{}", "descriptor: input: unexpected character at offset 0");
-	add_reject("single-quote", "{'a':1}", "descriptor: input: unexpected character at offset 1");
-	add_reject("bare-hex", "{\"a\":0x10}", "descriptor: input: unexpected character at offset 6");
+	add_reject("single-quote", "{'a':1}",
+		   "descriptor: input: unexpected character at offset 1");
+	add_reject("bare-hex", "{\"a\":0x10}",
+		   "descriptor: input: unexpected character at offset 6");
 	add_reject("invalid-utf8", "{\"name\":\"\xff\"}", "descriptor: input: not valid UTF-8");
 	add_reject_len("embedded-nul", g_memdup2("{\"name\":\"a\0b\"}", 14), 14,
 		       "descriptor: input: not valid UTF-8");
@@ -539,8 +543,7 @@ static void add_reject_cases(void)
 	add_reject_len("deep-nesting", s, 0, "descriptor: input: nested deeper than 32");
 	add_reject_len("depth-33", g_strconcat(s + 100000 - 33, NULL), 0,
 		       "descriptor: input: nested deeper than 32");
-	add_reject_len("member-flood",
-		       json_repeat("{", "\"k\":", "", MAX_MEMBERS + 1, "}"), 0,
+	add_reject_len("member-flood", json_repeat("{", "\"k\":", "", MAX_MEMBERS + 1, "}"), 0,
 		       "descriptor: input: object with more than 64 members");
 	s = g_malloc(DESCRIPTOR_MAX_JSON + 1);
 	memset(s, ' ', DESCRIPTOR_MAX_JSON + 1);
@@ -554,6 +557,17 @@ static void add_reject_cases(void)
 		   "descriptor: name: must be a string");
 	add_reject("name-null", "{\"name\":null,\"generation\":\"1\",\"buffers\":[]}",
 		   "descriptor: name: must be a string");
+	/* Found by libFuzzer: json-glib decodes a lone surrogate to invalid UTF-8. */
+	add_reject("name-lone-surrogate",
+		   "{\"name\":\"a\\ud82d\\]ude80\",\"generation\":\"1\",\"buffers\":[]}",
+		   "descriptor: name: not valid UTF-8");
+	add_reject_root("host-lone-surrogate", ",\"host\":\"\\udc00x\"",
+			"descriptor: host: not valid UTF-8");
+	add_reject_buffer("location-lone-surrogate",
+			  "\"addr\":\"0x1000\",\"length\":\"1\",\"location\":\"\\ud800x\"",
+			  "descriptor: buffers[1].location: not valid UTF-8");
+	add_reject_root("transport-name-lone-surrogate", ",\"transports\":{\"\\ud800x\":\"\"}",
+			"descriptor: transports: transport name not valid UTF-8");
 	add_reject("name-empty", "{\"name\":\"\",\"generation\":\"1\",\"buffers\":[]}",
 		   "descriptor: name: must not be empty");
 	s = g_strnfill(DESCRIPTOR_MAX_NAME + 1, 'x');
@@ -668,14 +682,15 @@ static void add_reject_cases(void)
 		   "descriptor: buffers: must be an array");
 	add_reject_len("buffers-too-many",
 		       json_repeat("{\"name\":\"n\",\"generation\":\"1\",\"buffers\":[",
-				   "{\"addr\":\"", "\",\"length\":\"1\"}", DESCRIPTOR_MAX_BUFFERS + 1,
-				   "]}"),
+				   "{\"addr\":\"", "\",\"length\":\"1\"}",
+				   DESCRIPTOR_MAX_BUFFERS + 1, "]}"),
 		       0, "descriptor: buffers: more than 65536 entries");
 	add_reject("buffer-number",
 		   "{\"name\":\"n\",\"generation\":\"1\",\"buffers\":[{\"addr\":\"1\","
 		   "\"length\":\"1\"},5]}",
 		   "descriptor: buffers[1]: must be an object");
-	add_reject_buffer("addr-missing", "\"length\":\"1\"", "descriptor: buffers[1].addr: missing");
+	add_reject_buffer("addr-missing", "\"length\":\"1\"",
+			  "descriptor: buffers[1].addr: missing");
 	add_reject_buffer("addr-int", "\"addr\":4096,\"length\":\"1\"", addr_err);
 	add_reject_buffer("addr-0x", "\"addr\":\"0x\",\"length\":\"1\"", addr_err);
 	add_reject_buffer("addr-0X", "\"addr\":\"0X10\",\"length\":\"1\"", addr_err);
@@ -706,8 +721,7 @@ static void add_reject_cases(void)
 			  "descriptor: buffers[1].access: bits other than 1 (read) and 2 (write)");
 	add_reject_buffer("access-negative", "\"addr\":\"0x1000\",\"length\":\"1\",\"access\":-1",
 			  "descriptor: buffers[1].access: bits other than 1 (read) and 2 (write)");
-	add_reject_buffer("location-number",
-			  "\"addr\":\"0x1000\",\"length\":\"1\",\"location\":0",
+	add_reject_buffer("location-number", "\"addr\":\"0x1000\",\"length\":\"1\",\"location\":0",
 			  "descriptor: buffers[1].location: must be a string");
 	add_reject_buffer("keys-array", "\"addr\":\"0x1000\",\"length\":\"1\",\"keys\":[]",
 			  "descriptor: buffers[1].keys: must be an object");
@@ -715,11 +729,12 @@ static void add_reject_cases(void)
 			  "\"addr\":\"0x1000\",\"length\":\"1\",\"keys\":{\"x\":\"AAAA\","
 			  "\"rdma\":\"!!!!\"}",
 			  "descriptor: buffers[1].keys.rdma: invalid base64");
-	add_reject_len("keys-too-many",
-		       json_repeat("{\"name\":\"n\",\"generation\":\"1\",\"buffers\":[{\"addr\":\"0\","
-				   "\"length\":\"1\",\"keys\":{",
-				   "\"k", "\":\"\"", DESCRIPTOR_MAX_TRANSPORTS + 1, "}}]}"),
-		       0, "descriptor: buffers[0].keys: more than 32 entries");
+	add_reject_len(
+		"keys-too-many",
+		json_repeat("{\"name\":\"n\",\"generation\":\"1\",\"buffers\":[{\"addr\":\"0\","
+			    "\"length\":\"1\",\"keys\":{",
+			    "\"k", "\":\"\"", DESCRIPTOR_MAX_TRANSPORTS + 1, "}}]}"),
+		0, "descriptor: buffers[0].keys: more than 32 entries");
 
 	/* Overlaps name the JSON indices, whatever the sorted order. */
 	add_reject_buffer("overlap-after", "\"addr\":\"0x100000\",\"length\":\"2\"",
@@ -728,13 +743,15 @@ static void add_reject_cases(void)
 			  "descriptor: buffers[0]: overlaps buffers[1]");
 	add_reject("overlap-before-sorted",
 		   "{\"name\":\"n\",\"generation\":\"1\",\"buffers\":["
-		   "{\"addr\":\"0x1800\",\"length\":\"1\"},{\"addr\":\"0x1000\",\"length\":\"2049\"}]}",
+		   "{\"addr\":\"0x1800\",\"length\":\"1\"},"
+		   "{\"addr\":\"0x1000\",\"length\":\"2049\"}]}",
 		   "descriptor: buffers[0]: overlaps buffers[1]");
-	add_reject("overlap-contained",
-		   "{\"name\":\"n\",\"generation\":\"1\",\"buffers\":["
-		   "{\"addr\":\"0x9000\",\"length\":\"1\"},{\"addr\":\"0x1000\",\"length\":\"4096\"},"
-		   "{\"addr\":\"0x1800\",\"length\":\"1\",\"keys\":{\"a\":\"AA==\"}}]}",
-		   "descriptor: buffers[2]: overlaps buffers[1]");
+	add_reject(
+		"overlap-contained",
+		"{\"name\":\"n\",\"generation\":\"1\",\"buffers\":["
+		"{\"addr\":\"0x9000\",\"length\":\"1\"},{\"addr\":\"0x1000\",\"length\":\"4096\"},"
+		"{\"addr\":\"0x1800\",\"length\":\"1\",\"keys\":{\"a\":\"AA==\"}}]}",
+		"descriptor: buffers[2]: overlaps buffers[1]");
 	add_reject("overlap-at-top",
 		   "{\"name\":\"n\",\"generation\":\"1\",\"buffers\":["
 		   "{\"addr\":\"0xffffffffffffffff\",\"length\":\"1\"},"
@@ -746,45 +763,49 @@ static void add_reject_cases(void)
 
 static void test_find_buffer(void)
 {
-	struct descriptor *d =
-		decode_ok("{\"name\":\"n\",\"generation\":\"1\",\"buffers\":["
-			  "{\"addr\":\"0x2000\",\"length\":\"4096\",\"location\":\"b\"},"
-			  "{\"addr\":\"0x1000\",\"length\":\"4096\",\"location\":\"a\"},"
-			  "{\"addr\":\"0x10000\",\"length\":\"256\",\"location\":\"c\"},"
-			  "{\"addr\":\"0xfffffffffffff000\",\"length\":\"4096\",\"location\":\"top\"}]}");
+	struct descriptor *d = decode_ok(
+		"{\"name\":\"n\",\"generation\":\"1\",\"buffers\":["
+		"{\"addr\":\"0x2000\",\"length\":\"4096\",\"location\":\"b\"},"
+		"{\"addr\":\"0x1000\",\"length\":\"4096\",\"location\":\"a\"},"
+		"{\"addr\":\"0x10000\",\"length\":\"256\",\"location\":\"c\"},"
+		"{\"addr\":\"0xfffffffffffff000\",\"length\":\"4096\",\"location\":\"top\"}]}");
 	const struct descriptor_buffer *a = &d->buffers[0], *b = &d->buffers[1];
 	const struct descriptor_buffer *c = &d->buffers[2], *top = &d->buffers[3];
 
 	g_assert_cmpstr(a->location, ==, "a");
-	g_assert_true(descriptor_find_buffer(d, 0x1000, 1) == a);	   /* start */
-	g_assert_true(descriptor_find_buffer(d, 0x1000, 4096) == a);	   /* whole */
-	g_assert_true(descriptor_find_buffer(d, 0x1fff, 1) == a);	   /* end - 1 */
-	g_assert_true(descriptor_find_buffer(d, 0x2000, 1) == b);	   /* next start */
+	/* First byte, whole buffer, last byte, and the next buffer's first and last. */
+	g_assert_true(descriptor_find_buffer(d, 0x1000, 1) == a);
+	g_assert_true(descriptor_find_buffer(d, 0x1000, 4096) == a);
+	g_assert_true(descriptor_find_buffer(d, 0x1fff, 1) == a);
+	g_assert_true(descriptor_find_buffer(d, 0x2000, 1) == b);
 	g_assert_true(descriptor_find_buffer(d, 0x2fff, 1) == b);
-	g_assert_null(descriptor_find_buffer(d, 0x1fff, 2));		   /* spans a and b */
-	g_assert_null(descriptor_find_buffer(d, 0x1000, 8192));		   /* covers a and b */
-	g_assert_null(descriptor_find_buffer(d, 0x1000, 4097));		   /* one past a */
-	g_assert_null(descriptor_find_buffer(d, 0xfff, 1));		   /* below the first */
-	g_assert_null(descriptor_find_buffer(d, 0, 1));
-	g_assert_null(descriptor_find_buffer(d, 0x3000, 1));		   /* gap */
-	g_assert_null(descriptor_find_buffer(d, 0xffff, 2));		   /* gap into c */
 	g_assert_true(descriptor_find_buffer(d, 0x100ff, 1) == c);
-	g_assert_null(descriptor_find_buffer(d, 0x10100, 1));		   /* just past c */
-	g_assert_null(descriptor_find_buffer(d, 0x1000, 0));		   /* empty range */
-	g_assert_true(descriptor_find_buffer(d, UINT64_MAX, 1) == top);	   /* last byte */
-	g_assert_true(descriptor_find_buffer(d, UINT64_MAX - 4095, 4096) == top); /* to 2^64 */
-	g_assert_null(descriptor_find_buffer(d, UINT64_MAX, 2));	   /* wraps */
-	g_assert_null(descriptor_find_buffer(d, 0x1000, UINT64_MAX));	   /* wraps */
-	g_assert_null(descriptor_find_buffer(d, UINT64_MAX - 4095, 4097)); /* wraps */
+	/* Adjacent buffers are still two: a range spanning both is not found. */
+	g_assert_null(descriptor_find_buffer(d, 0x1fff, 2));
+	g_assert_null(descriptor_find_buffer(d, 0x1000, 8192));
+	g_assert_null(descriptor_find_buffer(d, 0x1000, 4097));
+	/* Below the first buffer, in gaps, and just past a buffer. */
+	g_assert_null(descriptor_find_buffer(d, 0xfff, 1));
+	g_assert_null(descriptor_find_buffer(d, 0, 1));
+	g_assert_null(descriptor_find_buffer(d, 0x3000, 1));
+	g_assert_null(descriptor_find_buffer(d, 0xffff, 2));
+	g_assert_null(descriptor_find_buffer(d, 0x10100, 1));
+	g_assert_null(descriptor_find_buffer(d, 0x1000, 0));
+	/* The top buffer ends exactly at 2^64; ranges that wrap are refused. */
+	g_assert_true(descriptor_find_buffer(d, UINT64_MAX, 1) == top);
+	g_assert_true(descriptor_find_buffer(d, UINT64_MAX - 4095, 4096) == top);
+	g_assert_null(descriptor_find_buffer(d, UINT64_MAX, 2));
+	g_assert_null(descriptor_find_buffer(d, 0x1000, UINT64_MAX));
+	g_assert_null(descriptor_find_buffer(d, UINT64_MAX - 4095, 4097));
 	g_assert_null(descriptor_find_buffer(NULL, 0x1000, 1));
 	descriptor_free(d);
 }
 
 static void test_find_blob(void)
 {
-	struct descriptor *d = decode_ok(
-		"{\"name\":\"n\",\"generation\":\"1\",\"buffers\":[],"
-		"\"transports\":{\"tcp\":\"dGNw\",\"rdma\":\"\",\"shm\":\"AQID\"}}");
+	struct descriptor *d =
+		decode_ok("{\"name\":\"n\",\"generation\":\"1\",\"buffers\":[],"
+			  "\"transports\":{\"tcp\":\"dGNw\",\"rdma\":\"\",\"shm\":\"AQID\"}}");
 	GBytes *b;
 
 	b = descriptor_find_blob(d->transports, d->n_transports, "tcp");
