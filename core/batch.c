@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/batch.h"
+#include "core/control.h"
 #include "core/engine.h"
 #include "core/mem.h"
 #include "core/segment.h"
@@ -31,6 +32,23 @@ static void batch_wake(struct batch *b)
 	}
 }
 
+/* Fire an armed notify once the batch is terminal: sent only if all COMPLETED. */
+static void batch_maybe_notify(struct batch *b)
+{
+	uint32_t armed = 1;
+
+	if (atomic_load_explicit(&b->notify_state, memory_order_acquire) != 1 ||
+	    !batch_is_terminal(b))
+		return;
+	if (!atomic_compare_exchange_strong(&b->notify_state, &armed, 2))
+		return;
+	if (atomic_load(&b->n_completed) == atomic_load(&b->n_tasks))
+		control_queue_notify(b->engine, b->notify_addr, b->notify_msg);
+	else
+		ENGINE_LOG(b->engine, TE_LOG_DEBUG, "notify to %s not sent: batch did not complete",
+			   b->notify_addr);
+}
+
 /* A task reached its terminal state: account it in the batch. */
 static void task_terminal(struct task *t)
 {
@@ -48,8 +66,10 @@ static void task_terminal(struct task *t)
 		atomic_fetch_add_explicit(&b->n_completed, 1, memory_order_relaxed);
 	/* seq_cst pairs with the waiter's increment of b->waiters (no lost wake-up). */
 	term = atomic_fetch_add(&b->n_terminal, 1) + 1;
-	if (term >= atomic_load_explicit(&b->n_tasks, memory_order_acquire))
+	if (term >= atomic_load_explicit(&b->n_tasks, memory_order_acquire)) {
+		batch_maybe_notify(b);
 		batch_wake(b);
+	}
 }
 
 /* Record a failure's status and detail once per task (first failure wins). */
@@ -250,9 +270,24 @@ unsigned batch_drain_backlog(struct engine *e, struct transport *tp)
 	g_mutex_unlock(&tp->backlog_lock);
 	if (!k)
 		return done;
-	acc = post(e, tp, ps, k);
-	if (acc < k)
-		backlog_push(tp, ps + acc, k - acc, true);
+	/*
+	 * Nobody else holds these batches: an accepted slice may complete and free its
+	 * batch while post() still looks at it. Hold each batch across the call.
+	 */
+	for (uint32_t i = 0; i < k; i++)
+		atomic_fetch_add_explicit(&SLICE_OF(ps[i])->task->batch->refs, 1,
+					  memory_order_relaxed);
+	{
+		struct batch *held[POST_CHUNK];
+
+		for (uint32_t i = 0; i < k; i++)
+			held[i] = SLICE_OF(ps[i])->task->batch;
+		acc = post(e, tp, ps, k);
+		if (acc < k)
+			backlog_push(tp, ps + acc, k - acc, true);
+		for (uint32_t i = 0; i < k; i++)
+			batch_unref(held[i]);
+	}
 	return done + acc;
 }
 
@@ -331,6 +366,9 @@ void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_
 		batch_release_slice(s);
 		return;
 	}
+	if (status == TE_ERR_CONN_RESET || status == TE_ERR_PEER_UNREACHABLE ||
+	    status == TE_ERR_PEER_RESTARTED || status == TE_ERR_LINK_DOWN)
+		segment_mark_stale(e, t->seg); /* the peer may have restarted elsewhere */
 	if (te_status_is_retryable(status)) {
 		uint64_t now = engine_now_ns();
 		uint64_t backoff_us = e->cfg->retry_backoff_us;
@@ -398,7 +436,14 @@ void batch_retry_slice(struct engine *e, struct slice *s)
 		batch_release_slice(s);
 		return;
 	}
-	batch_submit_slices(e, tp, &s, 1);
+	{
+		/* Same reason as in batch_drain_backlog: hold the batch across posting. */
+		struct batch *b = s->task->batch;
+
+		atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+		batch_submit_slices(e, tp, &s, 1);
+		batch_unref(b);
+	}
 }
 
 /* --- public operations ------------------------------------------------------ */
@@ -426,6 +471,9 @@ static void batch_destroy(struct batch *b)
 	}
 	g_mutex_clear(&b->wait_lock);
 	g_cond_clear(&b->wait_cond);
+	if (b->notify_msg)
+		g_bytes_unref(b->notify_msg);
+	g_free(b->notify_addr);
 	g_free(b->tasks);
 	atomic_fetch_sub(&e->live_batches, 1);
 	g_free(b);
@@ -604,6 +652,7 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 	enum te_status st;
 	size_t i;
 
+	segment_refresh_stale(e);
 	st = engine_batch_get(e, id, &b);
 	if (st != TE_OK)
 		return st;
@@ -1179,4 +1228,67 @@ void batch_cancel_all(struct engine *e)
 		batch_abort_slices(b, TE_ERR_CANCELED, 0, false, NULL);
 		batch_unref(b);
 	}
+}
+
+enum te_status batch_submit_notify(struct engine *e, te_batch_id id,
+				   const struct te_request *reqs, size_t n, const void *msg,
+				   size_t len)
+{
+	g_autofree char *addr = NULL;
+	te_segment_id seg = TE_SEGMENT_LOCAL;
+	struct batch *b;
+	enum te_status st;
+
+	if (len > TE_NOTIFY_MAX || (len && !msg) || (n && !reqs))
+		return log_error(TE_ERR_INVALID_ARG,
+				 "te_batch_submit_notify: message of %zu bytes (max %u) or NULL "
+				 "argument",
+				 len, TE_NOTIFY_MAX);
+	for (size_t i = 0; i < n; i++) {
+		if (i == 0)
+			seg = reqs[i].segment;
+		if (reqs[i].segment != seg || seg == TE_SEGMENT_LOCAL)
+			return log_error(TE_ERR_INVALID_ARG,
+					 "te_batch_submit_notify: request %zu: all requests must "
+					 "target one remote segment",
+					 i);
+	}
+	if (n == 0)
+		return log_error(TE_ERR_INVALID_ARG, "te_batch_submit_notify: no requests");
+	g_rw_lock_reader_lock(&e->seg_lock);
+	{
+		struct segment *s = segment_get_locked(e, seg);
+
+		if (s && s->view->desc->rpc && *s->view->desc->rpc)
+			addr = g_strdup(s->view->desc->rpc);
+	}
+	g_rw_lock_reader_unlock(&e->seg_lock);
+	if (!addr)
+		return log_error(TE_ERR_UNKNOWN_SEGMENT,
+				 "te_batch_submit_notify: segment %u is not open or has no "
+				 "control-plane address",
+				 seg);
+	st = engine_batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	if (b->notify_msg) {
+		batch_unref(b);
+		return log_error(TE_ERR_EXISTS, "te_batch_submit_notify: batch already has a "
+						"notify");
+	}
+	b->notify_msg = g_bytes_new(msg, len);
+	b->notify_addr = g_steal_pointer(&addr);
+	st = batch_submit(e, id, reqs, n);
+	if (st == TE_ERR_BATCH_FULL || st == TE_ERR_CANCELED) {
+		/* Nothing was appended: disarm so a later call may try again. */
+		g_bytes_unref(b->notify_msg);
+		b->notify_msg = NULL;
+		batch_unref(b);
+		return st;
+	}
+	/* Armed after the tasks exist, so a completion in between cannot fire early. */
+	atomic_store_explicit(&b->notify_state, 1, memory_order_release);
+	batch_maybe_notify(b);
+	batch_unref(b);
+	return st;
 }

@@ -77,6 +77,10 @@ struct batch {
 	/* 1 for the user handle + 1 per slice not yet released + temporary users. */
 	_Atomic int64_t refs;
 	struct slice_chunk *chunks;
+	/* Notify armed by te_batch_submit_notify: 0 none, 1 armed, 2 fired or dropped. */
+	_Atomic uint32_t notify_state;
+	GBytes *notify_msg;
+	char *notify_addr;
 	GMutex wait_lock;
 	GCond wait_cond;
 	_Atomic int32_t waiters;
@@ -92,6 +96,9 @@ enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_in
 enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns);
 enum te_status batch_cancel(struct engine *e, te_batch_id id);
 enum te_status batch_free(struct engine *e, te_batch_id id);
+enum te_status batch_submit_notify(struct engine *e, te_batch_id id,
+				   const struct te_request *reqs, size_t n, const void *msg,
+				   size_t len);
 
 /* Host service: a plugin finished one slice attempt. */
 void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,

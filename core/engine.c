@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include "core/batch.h"
+#include "core/control.h"
 #include "core/engine.h"
 #include "core/segment.h"
+#include "core/rpc.h"
 #include "core/transport.h"
 
 uint64_t engine_now_ns(void)
@@ -31,6 +33,13 @@ void engine_kick(struct engine *e)
 		g_cond_signal(&e->work_cond);
 		g_mutex_unlock(&e->work_lock);
 	}
+}
+
+void engine_kick_hard(struct engine *e)
+{
+	g_mutex_lock(&e->work_lock);
+	g_cond_signal(&e->work_cond);
+	g_mutex_unlock(&e->work_lock);
 }
 
 void engine_queue_retry(struct engine *e, struct slice *s)
@@ -145,6 +154,7 @@ static gpointer engine_worker(gpointer data)
 		now = engine_now_ns();
 		work += engine_run_retries(e, now, &next_retry);
 		work += batch_check_deadlines(e, now);
+		work += control_send_notifies(e);
 		if (work) {
 			idle = 0;
 			continue;
@@ -262,6 +272,9 @@ static void engine_destroy(struct engine *e)
 		g_mutex_unlock(&e->work_lock);
 		g_thread_join(e->worker);
 	}
+	/* No peer request may reach the engine while it comes apart. */
+	rpc_server_stop(e->rpc);
+	e->rpc = NULL;
 	if (e->slots)
 		batch_cancel_all(e);
 	/* Retries and backlog never to be run: release their batch references. */
@@ -325,6 +338,7 @@ static void engine_destroy(struct engine *e)
 		transport_free(e->tps[i]);
 		plugin_close(p);
 	}
+	control_stop(e);
 	g_free(e->slots);
 	g_free(e->tps);
 	g_free(e->slice_size);
@@ -384,8 +398,13 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 	atomic_init(&e->next_deadline_ns, UINT64_MAX);
 	e->generation = engine_new_generation();
 	e->host_id = engine_read_host_id();
-	e->name = cfg->name ? g_strdup(cfg->name)
-			    : g_strdup_printf("%s:%d", g_get_host_name(), (int)getpid());
+	st = control_start(e, &err);
+	if (st != TE_OK) {
+		engine_destroy(e);
+		return log_error(st, "control plane: %s", err ? err : te_status_str(st));
+	}
+	/* A segment is named by where peers reach it unless the YAML names it. */
+	e->name = cfg->name ? g_strdup(cfg->name) : g_strdup(control_address(e));
 	e->log.prefix = g_strdup(e->name);
 
 	e->n_slots = cfg->max_batches;
@@ -499,6 +518,14 @@ enum te_status te_batch_submit(struct te_engine *engine, te_batch_id batch,
 {
 	ENGINE_OR_FAIL(engine, "te_batch_submit");
 	return batch_submit(e, batch, requests, n);
+}
+
+enum te_status te_batch_submit_notify(struct te_engine *engine, te_batch_id batch,
+				      const struct te_request *requests, size_t n, const void *msg,
+				      size_t len)
+{
+	ENGINE_OR_FAIL(engine, "te_batch_submit_notify");
+	return batch_submit_notify(e, batch, requests, n, msg, len);
 }
 
 enum te_status te_task_status(struct te_engine *engine, te_batch_id batch, uint32_t task,

@@ -17,6 +17,9 @@
 
 struct transport;
 struct segment;
+struct metadata;
+struct rpc_server;
+struct rpc_client;
 struct batch;
 struct slice;
 struct segview;
@@ -56,6 +59,19 @@ struct engine {
 	/* Earliest slice deadline of any live batch (worker scans when passed). */
 	_Atomic uint64_t next_deadline_ns;
 
+	/* Control plane, metadata and notifies (core/control.c). */
+	char *secret; /* auth shared secret or NULL */
+	struct rpc_server *rpc;
+	struct rpc_client *rpc_client;
+	struct metadata *md;
+	_Atomic uint32_t refresh_pending; /* segments flagged stale */
+	GMutex notify_lock;
+	GQueue *inbox;	       /* struct te_notify * received */
+	GHashTable *inbox_seen; /* dedup keys "sender/gen/seq" */
+	GQueue *inbox_seen_order;
+	GQueue *outbox;	       /* notifies to send */
+	_Atomic uint64_t notify_seq;
+
 	/* Batch slots. */
 	GMutex slot_lock;
 	struct batch_slot *slots;
@@ -79,6 +95,9 @@ struct engine {
 
 /* Wake the worker (backlog, retry or manual progress needed). */
 void engine_kick(struct engine *e);
+
+/* Wake the worker even from a short sleep (notifies to send). */
+void engine_kick_hard(struct engine *e);
 
 /* Queue @s for a retry at s->retry_at_ns. */
 void engine_queue_retry(struct engine *e, struct slice *s);

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/control.h"
 #include "core/engine.h"
 #include "core/segment.h"
 #include "core/transport.h"
@@ -57,11 +58,13 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 		if (!segview_reachable(e, tp, desc, vt->why, sizeof(vt->why)))
 			goto skip;
 		data = g_bytes_get_data(blob, &len);
+		control_set_loading(desc); /* lets load_peer handshake with this peer */
 		if (tp->serialized)
 			g_mutex_lock(&tp->call_lock);
 		st = tp->plugin->ops.load_peer(tp->inst, desc->name, data, len, &vt->peer);
 		if (tp->serialized)
 			g_mutex_unlock(&tp->call_lock);
+		control_set_loading(NULL);
 		if (st != TE_OK) {
 			vt->peer = NULL;
 			g_snprintf(vt->why, sizeof(vt->why), "%s: load_peer failed: %s%s%s",
@@ -165,23 +168,25 @@ static struct segment *segment_find_name_locked(struct engine *e, const char *na
 	return NULL;
 }
 
-enum te_status segment_import_desc(struct engine *e, struct descriptor *desc,
-				   te_segment_id *id_out)
+enum te_status segment_import_desc(struct engine *e, const char *key, struct descriptor *desc,
+				   bool refresh, te_segment_id *id_out)
 {
 	struct segview *v = NULL, *old = NULL;
 	g_autofree char *err = NULL;
+	g_autofree char *name = g_strdup(key ? key : desc->name);
 	struct segment *s;
 	enum te_status st;
 
 	g_rw_lock_reader_lock(&e->seg_lock);
-	s = segment_find_name_locked(e, desc->name);
+	s = segment_find_name_locked(e, name);
 	if (s && s->view->desc->generation == desc->generation) {
 		/* Same incarnation: just another reference. */
 		g_rw_lock_reader_unlock(&e->seg_lock);
 		g_rw_lock_writer_lock(&e->seg_lock);
-		s = segment_find_name_locked(e, desc->name);
+		s = segment_find_name_locked(e, name);
 		if (s && s->view->desc->generation == desc->generation) {
-			s->open_count++;
+			if (!refresh)
+				s->open_count++;
 			*id_out = s->id;
 			g_rw_lock_writer_unlock(&e->seg_lock);
 			descriptor_free(desc);
@@ -199,19 +204,25 @@ enum te_status segment_import_desc(struct engine *e, struct descriptor *desc,
 		return log_error(st, "%s", err);
 	}
 	g_rw_lock_writer_lock(&e->seg_lock);
-	s = segment_find_name_locked(e, desc->name);
+	s = segment_find_name_locked(e, name);
 	if (s) {
-		if (s->view->desc->generation != desc->generation) {
+		if (s->view->desc->generation != v->desc->generation) {
 			ENGINE_LOG(e, TE_LOG_INFO,
 				   "segment %s: generation %llu replaces %llu (peer restarted)",
-				   s->name, (unsigned long long)desc->generation,
+				   s->name, (unsigned long long)v->desc->generation,
 				   (unsigned long long)s->view->desc->generation);
 			old = s->view;
 			old->stale = true;
 			s->view = v;
 			v = NULL;
 		}
-		s->open_count++;
+		if (!refresh)
+			s->open_count++;
+	} else if (refresh) {
+		/* Closed while we fetched: nothing to refresh. */
+		g_rw_lock_writer_unlock(&e->seg_lock);
+		segview_unref(v);
+		return log_error(TE_ERR_UNKNOWN_SEGMENT, "segment '%s' was closed", name);
 	} else {
 		if (e->segments->len >= UINT32_MAX - 1) {
 			g_rw_lock_writer_unlock(&e->seg_lock);
@@ -219,7 +230,7 @@ enum te_status segment_import_desc(struct engine *e, struct descriptor *desc,
 			return log_error(TE_ERR_TOO_LARGE, "too many open segments");
 		}
 		s = g_new0(struct segment, 1);
-		s->name = g_strdup(desc->name);
+		s->name = g_strdup(name);
 		s->open_count = 1;
 		s->view = v;
 		v = NULL;
@@ -253,7 +264,7 @@ enum te_status te_segment_import(struct te_engine *engine, const char *json, siz
 				 "te_segment_import: '%s' is this engine's own segment (id 0)",
 				 e->name);
 	}
-	return segment_import_desc(e, d, id_out);
+	return segment_import_desc(e, NULL, d, false, id_out);
 }
 
 enum te_status te_segment_open(struct te_engine *engine, const char *name, te_segment_id *id_out)
@@ -275,10 +286,63 @@ enum te_status te_segment_open(struct te_engine *engine, const char *name, te_se
 		return TE_OK;
 	}
 	g_rw_lock_writer_unlock(&e->seg_lock);
-	return log_error(TE_ERR_UNKNOWN_SEGMENT,
-			 "te_segment_open: segment '%s' not found: no metadata backend knows it "
-			 "and no descriptor was imported",
-			 name);
+	{
+		g_autofree char *err = NULL;
+		struct descriptor *d = NULL;
+		enum te_status st = control_fetch_descriptor(e, name, 0, &d, &err);
+
+		if (st != TE_OK)
+			return log_error(st, "te_segment_open: %s", err);
+		return segment_import_desc(e, name, d, false, id_out);
+	}
+}
+
+void segment_refresh_stale(struct engine *e)
+{
+	g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
+	uint64_t now = engine_now_ns();
+
+	if (!atomic_load_explicit(&e->refresh_pending, memory_order_acquire))
+		return;
+	g_rw_lock_writer_lock(&e->seg_lock);
+	for (guint i = 1; i < e->segments->len; i++) {
+		struct segment *s = g_ptr_array_index(e->segments, i);
+		uint32_t one = 1;
+
+		if (!s || !atomic_load(&s->stale))
+			continue;
+		/* At most one fetch per second per segment: a dead peer costs little. */
+		if (now - s->last_refresh_ns < 1000000000ull && s->last_refresh_ns)
+			continue;
+		if (atomic_compare_exchange_strong(&s->stale, &one, 0)) {
+			atomic_fetch_sub(&e->refresh_pending, 1);
+			s->last_refresh_ns = now;
+			g_ptr_array_add(names, g_strdup(s->name));
+		}
+	}
+	g_rw_lock_writer_unlock(&e->seg_lock);
+	for (guint i = 0; i < names->len; i++) {
+		const char *name = g_ptr_array_index(names, i);
+		g_autofree char *err = NULL;
+		struct descriptor *d = NULL;
+		te_segment_id id;
+
+		if (control_fetch_descriptor(e, name, 0, &d, &err) != TE_OK) {
+			ENGINE_LOG(e, TE_LOG_INFO, "segment %s: refresh failed: %s", name, err);
+			continue;
+		}
+		if (segment_import_desc(e, name, d, true, &id) != TE_OK)
+			ENGINE_LOG(e, TE_LOG_INFO, "segment %s: refresh failed: %s", name,
+				   te_last_error());
+	}
+}
+
+void segment_mark_stale(struct engine *e, struct segment *s)
+{
+	uint32_t zero = 0;
+
+	if (s && atomic_compare_exchange_strong(&s->stale, &zero, 1))
+		atomic_fetch_add(&e->refresh_pending, 1);
 }
 
 enum te_status te_segment_close(struct te_engine *engine, te_segment_id id)
@@ -318,7 +382,7 @@ struct descriptor *segment_local_descriptor(struct engine *e)
 
 	d->name = g_strdup(e->name);
 	d->generation = e->generation;
-	d->rpc = g_strdup("");
+	d->rpc = g_strdup(control_address(e));
 	d->host_id = g_strdup(e->host_id);
 	d->pid = (uint32_t)getpid();
 	d->transports = g_new0(struct descriptor_blob, e->n_tps ? e->n_tps : 1);

@@ -46,6 +46,8 @@ struct segment {
 	int32_t open_count; /* te_segment_open/import references */
 	struct segview *view; /* current; swap under engine->seg_lock (write) */
 	_Atomic int32_t busy; /* live batches that use it */
+	_Atomic uint32_t stale;	 /* a path failure asks for a descriptor refresh */
+	uint64_t last_refresh_ns; /* under engine->seg_lock (write) */
 };
 
 /* Build a view from a decoded descriptor (takes ownership of @desc). */
@@ -55,12 +57,24 @@ void segview_ref(struct segview *v);
 void segview_unref(struct segview *v);
 
 /*
- * segment_import_desc - open or refresh the segment described by @desc (owned).
- * Same name and generation: the existing id; newer generation: the view is
- * replaced (old one drains); new name: a new id.
+ * segment_import_desc - open or refresh the segment described by @desc (owned),
+ * registered under @key (the name it was opened by; NULL: desc->name).
+ * Same key and generation: the existing id; another generation: the view is
+ * replaced (old one drains: its transfers keep their peers until they end); new
+ * key: a new id. @refresh: do not take an open reference (a cache refresh).
  */
-enum te_status segment_import_desc(struct engine *e, struct descriptor *desc,
-				   te_segment_id *id_out);
+enum te_status segment_import_desc(struct engine *e, const char *key, struct descriptor *desc,
+				   bool refresh, te_segment_id *id_out);
+
+/*
+ * segment_refresh_stale - re-fetch through the metadata backend every segment a
+ * path failure flagged (at most once per second each). Called by submit; cheap
+ * when nothing is flagged.
+ */
+void segment_refresh_stale(struct engine *e);
+
+/* A path towards @s failed: refresh its descriptor before the next submit uses it. */
+void segment_mark_stale(struct engine *e, struct segment *s);
 
 /* Caller holds engine->seg_lock (read). NULL if id unknown. */
 struct segment *segment_get_locked(struct engine *e, te_segment_id id);

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "core/batch.h"
+#include "core/control.h"
 #include "core/engine.h"
 #include "core/segment.h"
 #include "core/transport.h"
@@ -149,6 +150,18 @@ static enum te_status host_publish(struct te_plugin_host_ctx *ctx, const void *b
 	return TE_OK;
 }
 
+static enum te_status host_peer_handshake(struct te_plugin_host_ctx *ctx, const char *peer_name,
+					  const void *req, size_t len, void *resp, size_t cap,
+					  size_t *resp_len_out, uint32_t timeout_ms)
+{
+	struct transport *tp = ctx_tp(ctx);
+
+	if (!tp->engine)
+		return TE_ERR_UNSUPPORTED;
+	return control_peer_handshake(tp->engine, tp->plugin->name, peer_name, req, len, resp,
+				      cap, resp_len_out, timeout_ms);
+}
+
 static uint64_t host_now_ns(void)
 {
 	return engine_now_ns();
@@ -189,6 +202,7 @@ const struct te_plugin_host transport_host = {
 	.publish = host_publish,
 	.now_ns = host_now_ns,
 	.local_name = host_local_name,
+	.peer_handshake = host_peer_handshake,
 };
 
 enum te_status transport_start(struct engine *engine, struct plugin *plugin,

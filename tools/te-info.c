@@ -63,7 +63,7 @@ static void probe_run(struct probe *p)
 		p->error = err ? err : g_strdup(te_status_str(p->load));
 		return;
 	}
-	p->name = g_strdup(plugin->desc->name);
+	p->name = g_strdup(plugin->desc->name ? plugin->desc->name : "");
 	p->version = g_strdup(plugin->desc->version ? plugin->desc->version : "");
 	p->description = g_strdup(plugin->desc->description ? plugin->desc->description : "");
 	p->abi_major = plugin->desc->abi_major;
@@ -407,8 +407,14 @@ static int show_config(const char *path, bool json)
 	enum te_status st;
 
 	st = config_load_file(path, &cfg, &err);
-	if (st == TE_OK)
+	if (st == TE_OK) {
+		/* Never print a shared secret: operators paste this output into tickets. */
+		if (cfg->auth_secret) {
+			g_free(cfg->auth_secret);
+			cfg->auth_secret = g_strdup("<redacted>");
+		}
 		yaml = config_to_yaml(cfg);
+	}
 
 	if (json) {
 		g_autoptr(JsonBuilder) b = json_builder_new();

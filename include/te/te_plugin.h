@@ -297,9 +297,14 @@ typedef const struct te_plugin_desc *(*te_plugin_entry_fn)(void);
  * Declare a plugin's entry point:
  *   TE_PLUGIN_DEFINE(&my_desc)
  */
+#ifdef __cplusplus
+#define TE_PLUGIN_EXTERN_C extern "C"
+#else
+#define TE_PLUGIN_EXTERN_C
+#endif
 #define TE_PLUGIN_DEFINE(desc_ptr)                                                           \
-	TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void);                  \
-	TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void)                   \
+	TE_PLUGIN_EXTERN_C TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void); \
+	TE_PLUGIN_EXTERN_C TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void)  \
 	{                                                                                     \
 		return (desc_ptr);                                                            \
 	}

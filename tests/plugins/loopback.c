@@ -452,6 +452,7 @@ static void loopback_check_key(void *user, const char *key, const char *value)
 {
 	struct loopback_unknown *u = user;
 
+	(void)value;
 	for (size_t i = 0; i < sizeof(loopback_option_names) / sizeof(loopback_option_names[0]);
 	     i++) {
 		if (strcmp(key, loopback_option_names[i]) == 0)
@@ -656,8 +657,7 @@ static void loopback_complete(struct loopback_inst *li, struct te_plugin_slice *
  * target endpoint's read lock, taken once per run of slices to the same target;
  * completions run with no lock held, since slice_done may call back into submit.
  */
-static LOOPBACK_UNUSED void loopback_run(struct loopback_inst *li, struct te_plugin_slice **v,
-					 uint32_t n)
+static void loopback_run(struct loopback_inst *li, struct te_plugin_slice **v, uint32_t n)
 {
 	uint8_t why[LOOPBACK_BATCH];
 	uint64_t aux[LOOPBACK_BATCH];
@@ -743,7 +743,7 @@ static bool loopback_unqueue_locked(struct loopback_inst *li, const struct te_pl
 }
 
 /* Poll for work a little before blocking: a busy submitter then never pays a futex wake. */
-static LOOPBACK_UNUSED void loopback_spin(struct loopback_inst *li)
+static void loopback_spin(struct loopback_inst *li)
 {
 	uint64_t until = 0;
 
@@ -764,7 +764,7 @@ static LOOPBACK_UNUSED void loopback_spin(struct loopback_inst *li)
 	}
 }
 
-static LOOPBACK_UNUSED void *loopback_worker(void *arg)
+static void *loopback_worker(void *arg)
 {
 	struct loopback_inst *li = arg;
 	struct te_plugin_slice *batch[LOOPBACK_BATCH];
@@ -1131,6 +1131,7 @@ static enum te_status loopback_reg_mem(struct te_plugin_inst *inst, void *addr, 
 	struct loopback_mem *m;
 	uint32_t i;
 
+	(void)dev; /* CPU memory only: no device to pin */
 	if (!li || !addr || length == 0 || !mem_out || (access & ~LOOPBACK_ACCESS_ALL))
 		return TE_ERR_INVALID_ARG;
 	if (mem_type != TE_PLUGIN_MEM_CPU)
@@ -1364,9 +1365,9 @@ static uint32_t loopback_progress(struct te_plugin_inst *inst, uint32_t budget)
 	struct loopback_inst *li = loopback_inst_of(inst);
 	uint32_t done = 0;
 
+	/* never_complete and late_cancel: slices wait for cancel or fini. */
 	if (!li || li->progress != TE_PLUGIN_PROGRESS_MANUAL || LOOPBACK_NEVER_RUNS)
 		return 0;
-#if !LOOPBACK_NEVER_RUNS
 	while (done < budget) {
 		struct te_plugin_slice *batch[LOOPBACK_BATCH];
 		uint32_t want = budget - done < LOOPBACK_BATCH ? budget - done : LOOPBACK_BATCH;
@@ -1383,7 +1384,6 @@ static uint32_t loopback_progress(struct te_plugin_inst *inst, uint32_t budget)
 		loopback_run(li, batch, n);
 		done += n;
 	}
-#endif
 	return done;
 }
 

@@ -1,0 +1,522 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* control.c: serve descriptors, handshakes, notifies and probes; call peers for them. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "core/batch.h"
+#include "core/control.h"
+#include "core/engine.h"
+#include "core/metadata/descriptor.h"
+#include "core/metadata/metadata.h"
+#include "core/rpc.h"
+#include "core/segment.h"
+#include "core/transport.h"
+
+#define CONTROL_TIMEOUT_MS 5000u
+#define CONTROL_INBOX_MAX 65536u
+#define CONTROL_SEEN_MAX 8192u
+#define NOTIFY_HDR 16u /* generation u64 + sequence u64 ahead of the message */
+
+/* A queued outgoing notify. */
+struct outgoing {
+	char *addr;
+	GBytes *body; /* packed: sender name, NUL, header, message */
+	char *key;    /* for logs */
+};
+
+static _Thread_local const struct descriptor *loading_desc;
+
+void control_set_loading(const struct descriptor *d)
+{
+	loading_desc = d;
+}
+
+const char *control_address(const struct engine *e)
+{
+	return e->rpc ? rpc_server_address(e->rpc) : "";
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < 8; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+/* --- serving ------------------------------------------------------------------ */
+
+static enum te_status control_serve_desc(struct engine *e, GByteArray *reply)
+{
+	struct descriptor *d = segment_local_descriptor(e);
+	size_t len = 0;
+	char *json;
+
+	json = descriptor_encode(d, &len);
+	descriptor_free(d);
+	if (!json)
+		return TE_ERR_NOMEM;
+	g_byte_array_append(reply, (const guint8 *)json, (guint)len);
+	g_free(json);
+	return TE_OK;
+}
+
+static enum te_status control_serve_handshake(struct engine *e, const struct rpc_request *req,
+					      GByteArray *reply)
+{
+	struct transport *tp = NULL;
+	const uint8_t *p = req->payload;
+	size_t n = req->payload_len, name_len, resp_len = 0;
+	char peer[DESCRIPTOR_MAX_NAME];
+	uint8_t *resp;
+	enum te_status st;
+
+	for (unsigned i = 0; i < e->n_tps; i++)
+		if (strcmp(e->tps[i]->plugin->name, req->name) == 0)
+			tp = e->tps[i];
+	if (!tp)
+		return TE_ERR_UNSUPPORTED;
+	/* payload: u16 sender name length, sender name, request bytes */
+	if (n < 2)
+		return TE_ERR_PROTOCOL;
+	name_len = (size_t)p[0] | (size_t)p[1] << 8;
+	if (name_len == 0 || name_len >= sizeof(peer) || name_len > n - 2)
+		return TE_ERR_PROTOCOL;
+	memcpy(peer, p + 2, name_len);
+	peer[name_len] = '\0';
+	resp = g_malloc(RPC_DEFAULT_MAX_BODY / 16);
+	if (tp->serialized)
+		g_mutex_lock(&tp->call_lock);
+	st = tp->plugin->ops.handshake(tp->inst, peer, p + 2 + name_len, n - 2 - name_len, resp,
+				       RPC_DEFAULT_MAX_BODY / 16, &resp_len);
+	if (tp->serialized)
+		g_mutex_unlock(&tp->call_lock);
+	if (st == TE_OK && resp_len <= RPC_DEFAULT_MAX_BODY / 16)
+		g_byte_array_append(reply, resp, (guint)resp_len);
+	g_free(resp);
+	return st;
+}
+
+static enum te_status control_serve_notify(struct engine *e, const struct rpc_request *req)
+{
+	struct te_notify *msg;
+	g_autofree char *key = NULL;
+	enum te_status st = TE_OK;
+	size_t len;
+
+	if (req->payload_len < NOTIFY_HDR || req->payload_len - NOTIFY_HDR > TE_NOTIFY_MAX)
+		return TE_ERR_PROTOCOL;
+	len = req->payload_len - NOTIFY_HDR;
+	key = g_strdup_printf("%s/%016" PRIx64 "/%" PRIu64, req->name, get_u64(req->payload),
+			      get_u64(req->payload + 8));
+	g_mutex_lock(&e->notify_lock);
+	if (g_hash_table_contains(e->inbox_seen, key)) {
+		/* A resend whose first copy arrived: exactly once. */
+		goto out;
+	}
+	if (g_queue_get_length(e->inbox) >= CONTROL_INBOX_MAX) {
+		st = TE_ERR_BUSY;
+		goto out;
+	}
+	msg = g_new0(struct te_notify, 1);
+	g_strlcpy(msg->sender, req->name, sizeof(msg->sender));
+	msg->len = len;
+	memcpy(msg->msg, req->payload + NOTIFY_HDR, len);
+	g_queue_push_tail(e->inbox, msg);
+	g_hash_table_add(e->inbox_seen, g_strdup(key));
+	g_queue_push_tail(e->inbox_seen_order, g_strdup(key));
+	while (g_queue_get_length(e->inbox_seen_order) > CONTROL_SEEN_MAX) {
+		char *old = g_queue_pop_head(e->inbox_seen_order);
+
+		g_hash_table_remove(e->inbox_seen, old);
+		g_free(old);
+	}
+out:
+	g_mutex_unlock(&e->notify_lock);
+	if (st != TE_OK)
+		ENGINE_LOG(e, TE_LOG_WARN, "notify from %s dropped: inbox full (%u messages)",
+			   req->name, CONTROL_INBOX_MAX);
+	return st;
+}
+
+static enum te_status control_handle(void *user, const struct rpc_request *req,
+				     GByteArray *reply)
+{
+	struct engine *e = user;
+
+	switch (req->type) {
+	case RPC_DESC_FETCH:
+		return control_serve_desc(e, reply);
+	case RPC_HANDSHAKE:
+		return control_serve_handshake(e, req, reply);
+	case RPC_NOTIFY:
+		return control_serve_notify(e, req);
+	case RPC_PROBE: {
+		g_autofree char *s = g_strdup_printf("%s %016" PRIx64, e->name, e->generation);
+
+		g_byte_array_append(reply, (const guint8 *)s, (guint)strlen(s));
+		return TE_OK;
+	}
+	default:
+		return TE_ERR_PROTOCOL;
+	}
+}
+
+/* --- p2p metadata backend: descriptors come from the peer's own listener ----- */
+
+static enum te_status p2p_open(struct engine *e, void **state_out, char **err_out)
+{
+	*state_out = e;
+	return TE_OK;
+}
+
+static enum te_status p2p_get(void *state, const char *name, GBytes **json_out, char **err_out)
+{
+	struct engine *e = state;
+	g_autofree char *err = NULL;
+	GBytes *reply = NULL;
+	int32_t status = 0;
+	enum te_status st;
+
+	if (!strchr(name, ':')) {
+		*err_out = g_strdup_printf("p2p metadata: segment name '%s' is not a host:port "
+					   "address of a peer's control plane",
+					   name);
+		return TE_ERR_UNKNOWN_SEGMENT;
+	}
+	st = rpc_client_call(e->rpc_client, name, RPC_DESC_FETCH, NULL, 0, CONTROL_TIMEOUT_MS,
+			     &reply, &status, &err);
+	if (st != TE_OK) {
+		*err_out = g_strdup_printf("p2p metadata: fetching segment '%s': %s", name,
+					   err ? err : te_status_str(st));
+		return st == TE_ERR_PEER_UNREACHABLE ? TE_ERR_UNKNOWN_SEGMENT : st;
+	}
+	if (status != TE_OK) {
+		*err_out = g_strdup_printf("p2p metadata: peer %s refused the descriptor: %s", name,
+					   te_status_str(status));
+		g_bytes_unref(reply);
+		return TE_ERR_METADATA;
+	}
+	*json_out = reply;
+	return TE_OK;
+}
+
+static enum te_status p2p_put(void *state, const char *name, const char *json, size_t len,
+			      char **err_out)
+{
+	return TE_OK; /* served on demand by our listener */
+}
+
+static enum te_status p2p_del(void *state, const char *name, char **err_out)
+{
+	return TE_OK;
+}
+
+static void p2p_close(void *state)
+{
+}
+
+const struct metadata_ops metadata_p2p_ops = {
+	.name = "p2p",
+	.open = p2p_open,
+	.get = p2p_get,
+	.put = p2p_put,
+	.del = p2p_del,
+	.close = p2p_close,
+};
+
+/* --- lifetime ------------------------------------------------------------------ */
+
+enum te_status control_start(struct engine *e, char **err_out)
+{
+	struct rpc_server_config rc = {0};
+	enum te_status st;
+
+	g_mutex_init(&e->notify_lock);
+	e->inbox = g_queue_new();
+	e->outbox = g_queue_new();
+	e->inbox_seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+	e->inbox_seen_order = g_queue_new();
+
+	if (e->cfg->auth_secret) {
+		e->secret = g_strdup(e->cfg->auth_secret);
+	} else if (e->cfg->auth_secret_file) {
+		g_autoptr(GError) gerr = NULL;
+		char *s = NULL;
+
+		if (!g_file_get_contents(e->cfg->auth_secret_file, &s, NULL, &gerr)) {
+			*err_out = g_strdup_printf("auth.secret_file: %s", gerr->message);
+			return TE_ERR_CONFIG;
+		}
+		e->secret = g_strstrip(s);
+		if (!*e->secret) {
+			*err_out = g_strdup_printf("auth.secret_file: %s is empty",
+						   e->cfg->auth_secret_file);
+			return TE_ERR_CONFIG;
+		}
+	}
+	st = rpc_client_new(e->secret, &e->log, &e->rpc_client);
+	if (st != TE_OK) {
+		*err_out = g_strdup("control plane: cannot create the client");
+		return st;
+	}
+	rc.listen_addr = e->cfg->listen;
+	rc.secret = e->secret;
+	rc.handle = control_handle;
+	rc.user = e;
+	rc.log = &e->log;
+	st = rpc_server_start(&rc, &e->rpc, err_out);
+	if (st != TE_OK)
+		return st;
+	st = metadata_open(e, &e->md, err_out);
+	return st;
+}
+
+void control_stop(struct engine *e)
+{
+	rpc_server_stop(e->rpc);
+	e->rpc = NULL;
+	metadata_close(e->md);
+	e->md = NULL;
+	rpc_client_free(e->rpc_client);
+	e->rpc_client = NULL;
+	if (e->inbox) {
+		g_queue_free_full(e->inbox, g_free);
+		while (!g_queue_is_empty(e->outbox)) {
+			struct outgoing *o = g_queue_pop_head(e->outbox);
+
+			g_free(o->addr);
+			g_free(o->key);
+			g_bytes_unref(o->body);
+			g_free(o);
+		}
+		g_queue_free(e->outbox);
+		g_hash_table_destroy(e->inbox_seen);
+		g_queue_free_full(e->inbox_seen_order, g_free);
+		g_mutex_clear(&e->notify_lock);
+		e->inbox = NULL;
+	}
+	g_free(e->secret);
+}
+
+/* --- calling peers ------------------------------------------------------------- */
+
+enum te_status control_fetch_descriptor(struct engine *e, const char *name, uint32_t timeout_ms,
+					struct descriptor **desc_out, char **err_out)
+{
+	g_autoptr(GBytes) json = NULL;
+	g_autofree char *err = NULL;
+	enum te_status st;
+	gsize len = 0;
+	const char *data;
+
+	if (!e->md) {
+		*err_out = g_strdup_printf("segment '%s' not found: no metadata backend", name);
+		return TE_ERR_UNKNOWN_SEGMENT;
+	}
+	st = metadata_get(e->md, name, &json, &err);
+	if (st != TE_OK) {
+		*err_out = g_steal_pointer(&err);
+		return st;
+	}
+	data = g_bytes_get_data(json, &len);
+	st = descriptor_decode(data, len, desc_out, &err);
+	if (st != TE_OK) {
+		*err_out = g_strdup_printf("segment '%s': %s", name, err);
+		return st;
+	}
+	return TE_OK;
+}
+
+/* The control-plane address of segment @name: its descriptor's rpc, else the name. */
+static char *control_resolve(struct engine *e, const char *name)
+{
+	if (loading_desc && strcmp(loading_desc->name, name) == 0 && loading_desc->rpc &&
+	    *loading_desc->rpc)
+		return g_strdup(loading_desc->rpc);
+	g_rw_lock_reader_lock(&e->seg_lock);
+	for (guint i = 1; i < e->segments->len; i++) {
+		struct segment *s = g_ptr_array_index(e->segments, i);
+
+		if (s && (strcmp(s->name, name) == 0 || strcmp(s->view->desc->name, name) == 0) &&
+		    s->view->desc->rpc && *s->view->desc->rpc) {
+			char *a = g_strdup(s->view->desc->rpc);
+
+			g_rw_lock_reader_unlock(&e->seg_lock);
+			return a;
+		}
+	}
+	g_rw_lock_reader_unlock(&e->seg_lock);
+	return g_strdup(name);
+}
+
+enum te_status control_peer_handshake(struct engine *e, const char *plugin, const char *peer_name,
+				      const void *req, size_t len, void *resp, size_t cap,
+				      size_t *resp_len_out, uint32_t timeout_ms)
+{
+	g_autoptr(GByteArray) body = g_byte_array_new();
+	g_autofree char *addr = NULL;
+	g_autofree char *err = NULL;
+	g_autoptr(GBytes) reply = NULL;
+	size_t nlen = strlen(e->name);
+	uint8_t hdr[2] = {(uint8_t)nlen, (uint8_t)(nlen >> 8)};
+	g_autoptr(GByteArray) payload = g_byte_array_new();
+	int32_t status = 0;
+	enum te_status st;
+	const void *data;
+	gsize rlen = 0;
+
+	if (!peer_name || (len && !req) || !resp_len_out)
+		return TE_ERR_INVALID_ARG;
+	g_byte_array_append(payload, hdr, 2);
+	g_byte_array_append(payload, (const guint8 *)e->name, (guint)nlen);
+	if (len)
+		g_byte_array_append(payload, req, (guint)len);
+	st = rpc_body_pack(body, plugin, payload->data, payload->len);
+	if (st != TE_OK)
+		return st;
+	addr = control_resolve(e, peer_name);
+	st = rpc_client_call(e->rpc_client, addr, RPC_HANDSHAKE, body->data, body->len,
+			     timeout_ms ? timeout_ms : CONTROL_TIMEOUT_MS, &reply, &status, &err);
+	if (st != TE_OK) {
+		ENGINE_LOG(e, TE_LOG_WARN, "%s: handshake with %s failed: %s", plugin, peer_name,
+			   err ? err : te_status_str(st));
+		return st;
+	}
+	if (status != TE_OK)
+		return status;
+	data = g_bytes_get_data(reply, &rlen);
+	if (rlen > cap)
+		return TE_ERR_TOO_LARGE;
+	if (rlen)
+		memcpy(resp, data, rlen);
+	*resp_len_out = rlen;
+	return TE_OK;
+}
+
+void control_queue_notify(struct engine *e, const char *addr, GBytes *msg)
+{
+	struct outgoing *o = g_new0(struct outgoing, 1);
+	g_autoptr(GByteArray) body = g_byte_array_new();
+	g_autoptr(GByteArray) payload = g_byte_array_new();
+	uint64_t seq = atomic_fetch_add(&e->notify_seq, 1);
+	uint8_t hdr[NOTIFY_HDR];
+	gsize len = 0;
+	const void *data = g_bytes_get_data(msg, &len);
+
+	put_u64(hdr, e->generation);
+	put_u64(hdr + 8, seq);
+	g_byte_array_append(payload, hdr, sizeof(hdr));
+	if (len)
+		g_byte_array_append(payload, data, (guint)len);
+	if (rpc_body_pack(body, e->name, payload->data, payload->len) != TE_OK) {
+		ENGINE_LOG(e, TE_LOG_ERROR, "notify to %s dropped: engine name not sendable", addr);
+		g_free(o);
+		return;
+	}
+	o->addr = g_strdup(addr);
+	o->body = g_byte_array_free_to_bytes(g_steal_pointer(&body));
+	o->key = g_strdup_printf("#%" PRIu64, seq);
+	g_mutex_lock(&e->notify_lock);
+	g_queue_push_tail(e->outbox, o);
+	g_mutex_unlock(&e->notify_lock);
+	engine_kick_hard(e);
+}
+
+unsigned control_send_notifies(struct engine *e)
+{
+	unsigned n = 0;
+
+	for (;;) {
+		struct outgoing *o;
+		enum te_status st = TE_ERR_INTERNAL;
+		int32_t status = 0;
+
+		g_mutex_lock(&e->notify_lock);
+		o = e->outbox ? g_queue_pop_head(e->outbox) : NULL;
+		g_mutex_unlock(&e->notify_lock);
+		if (!o)
+			break;
+		/* Resends are safe: the receiver drops duplicates by (sender, gen, seq). */
+		for (int attempt = 0; attempt < 3; attempt++) {
+			g_autofree char *err = NULL;
+			GBytes *reply = NULL;
+			gsize len = 0;
+			const void *data = g_bytes_get_data(o->body, &len);
+
+			st = rpc_client_call(e->rpc_client, o->addr, RPC_NOTIFY, data, len,
+					     CONTROL_TIMEOUT_MS, &reply, &status, &err);
+			if (reply)
+				g_bytes_unref(reply);
+			if (st == TE_OK)
+				break;
+			ENGINE_LOG(e, TE_LOG_WARN, "notify %s to %s: attempt %d failed: %s", o->key,
+				   o->addr, attempt + 1, err ? err : te_status_str(st));
+			if (st != TE_ERR_TIMEOUT && st != TE_ERR_CONN_RESET)
+				break;
+		}
+		if (st == TE_OK && status != TE_OK)
+			ENGINE_LOG(e, TE_LOG_WARN, "notify %s to %s refused: %s", o->key, o->addr,
+				   te_status_str(status));
+		g_free(o->addr);
+		g_free(o->key);
+		g_bytes_unref(o->body);
+		g_free(o);
+		n++;
+	}
+	return n;
+}
+
+/* --- public API ------------------------------------------------------------------ */
+
+enum te_status te_notify_recv(struct te_engine *engine, struct te_notify *msgs, size_t max,
+			      size_t *n_out)
+{
+	ENGINE_OR_FAIL(engine, "te_notify_recv");
+	size_t n = 0;
+
+	if (!n_out || (max && !msgs))
+		return log_error(TE_ERR_INVALID_ARG, "te_notify_recv: NULL argument");
+	g_mutex_lock(&e->notify_lock);
+	while (n < max && !g_queue_is_empty(e->inbox)) {
+		struct te_notify *m = g_queue_pop_head(e->inbox);
+
+		memcpy(&msgs[n++], m, sizeof(*m));
+		g_free(m);
+	}
+	g_mutex_unlock(&e->notify_lock);
+	*n_out = n;
+	return TE_OK;
+}
+
+enum te_status te_peer_probe(struct te_engine *engine, const char *name, uint32_t timeout_ms)
+{
+	ENGINE_OR_FAIL(engine, "te_peer_probe");
+	g_autofree char *addr = NULL;
+	g_autofree char *err = NULL;
+	GBytes *reply = NULL;
+	int32_t status = 0;
+	enum te_status st;
+
+	if (!name || !*name)
+		return log_error(TE_ERR_INVALID_ARG, "te_peer_probe: name is NULL or empty");
+	addr = control_resolve(e, name);
+	st = rpc_client_call(e->rpc_client, addr, RPC_PROBE, NULL, 0,
+			     timeout_ms ? timeout_ms : 1, &reply, &status, &err);
+	if (reply)
+		g_bytes_unref(reply);
+	if (st == TE_OK && status == TE_OK)
+		return TE_OK;
+	if (st == TE_ERR_TIMEOUT)
+		return log_error(TE_ERR_TIMEOUT, "te_peer_probe: %s (%s): no answer within %u ms",
+				 name, addr, timeout_ms);
+	return log_error(TE_ERR_PEER_UNREACHABLE, "te_peer_probe: %s (%s) unreachable: %s", name,
+			 addr, err ? err : te_status_str(st != TE_OK ? st : status));
+}

@@ -1,0 +1,2041 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* te-bench: measure te transfers (throughput, latency percentiles) and the core's per-slice cost. */
+
+/*
+ * Modes (exactly one):
+ *   --target             serve a pattern-filled buffer until SIGINT/SIGTERM or EOF on stdin
+ *   --initiator SEGMENT  move blocks to/from SEGMENT's largest remote buffer, one row per run
+ *   --loopback           start this binary as a --target child, then act as its initiator
+ *   --core               two engines in this process over the loopback test transport with
+ *                        manual progress: slices per second through new -> submit -> wait -> free
+ *
+ * Layout of the target buffer: the first half is only ever read, so it keeps the target's
+ * pattern and READ can be verified by any run; WRITEs land in the second half. Thread t uses
+ * [t * batch * block, +batch * block) of each half, request k the k-th block of that range.
+ * The initiator's buffer holds, per thread, a data area and a read-back area of that size.
+ *
+ * Pattern: byte o (offset from the start of the target buffer) is byte o % 8 of
+ * mix(o / 8 ^ salt) in little-endian order; the target's own pattern has salt 0, the data a
+ * verified WRITE sends in iteration i has the salt of i (never 0), so a stale or misplaced
+ * block never matches.
+ *
+ * Latency is per batch: from te_batch_new to te_batch_wait returning. Every request of the
+ * batch is counted with that latency (what an application waiting for its batch sees).
+ * Percentiles come from a bounded reservoir sample of the batch latencies; avg and max are
+ * exact. GB/s is 10^9 bytes per second; ops/s counts requests. With --verify the checking
+ * and WRITE's read-back are inside the timed loop, so rates drop: verify for correctness,
+ * measure without it.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+
+#include <te/te.h>
+
+#define BENCH_EXIT_OK	   0
+#define BENCH_EXIT_FAIL	   1
+#define BENCH_EXIT_USAGE   2
+#define BENCH_EXIT_SIGNAL  130
+
+#define BENCH_KIB (UINT64_C(1) << 10)
+#define BENCH_MIB (UINT64_C(1) << 20)
+#define BENCH_GIB (UINT64_C(1) << 30)
+
+/* Limits on what a user may ask for; sizes bounded so products cannot overflow. */
+#define BENCH_MAX_BLOCK	    (UINT64_C(1) << 32)
+#define BENCH_MAX_BATCH	    65536
+#define BENCH_MAX_THREADS   256
+#define BENCH_MAX_BUFFER    (UINT64_C(1) << 40)
+#define BENCH_MIN_BUFFER    (8 * BENCH_KIB)
+#define BENCH_MAX_DURATION  (7.0 * 86400.0)
+#define BENCH_MAX_ITERATIONS (INT64_C(1) << 48)
+
+/* Defaults. */
+#define BENCH_DEF_BLOCK	       (64 * BENCH_KIB)
+#define BENCH_DEF_BATCH	       128
+#define BENCH_DEF_DURATION     5.0
+#define BENCH_DEF_SWEEP_DURATION 2.0
+#define BENCH_DEF_TARGET_BUFFER BENCH_GIB
+/* --loopback sizes its target to the runs, within these bounds (first touch is ~4 s/GiB). */
+#define BENCH_LOOPBACK_MIN_BUFFER (64 * BENCH_MIB)
+#define BENCH_LOOPBACK_MAX_BUFFER (256 * BENCH_MIB)
+#define BENCH_DEF_TIMEOUT      120.0
+#define BENCH_CORE_BLOCK       64
+#define BENCH_CORE_BATCH       64
+#define BENCH_CORE_DURATION    3.0
+
+/* Latency samples kept per run, over all threads (8 bytes each). */
+#define BENCH_MAX_SAMPLES (1u << 20)
+/* A run this long (ns) or longer prints a progress line on stderr, once a second. */
+#define BENCH_PROGRESS_AFTER_NS (2 * UINT64_C(1000000000))
+/* How long --loopback waits for the target to announce itself, and to exit. */
+#define BENCH_STARTUP_TIMEOUT_NS (120 * UINT64_C(1000000000))
+#define BENCH_REAP_TIMEOUT_NS	 (10 * UINT64_C(1000000000))
+/* Written into areas a READ is about to fill, so a READ that moves nothing fails verify. */
+#define BENCH_POISON 0xa5
+#define BENCH_NAME_MAX 64
+
+static const uint64_t bench_sweep_sizes[] = {
+	4 * BENCH_KIB,	 16 * BENCH_KIB, 64 * BENCH_KIB, 256 * BENCH_KIB,
+	1 * BENCH_MIB,	 4 * BENCH_MIB,	 16 * BENCH_MIB, 64 * BENCH_MIB,
+};
+
+enum bench_mode {
+	BENCH_MODE_TARGET,
+	BENCH_MODE_INITIATOR,
+	BENCH_MODE_LOOPBACK,
+	BENCH_MODE_CORE,
+};
+
+enum bench_op {
+	BENCH_OP_READ,
+	BENCH_OP_WRITE,
+	BENCH_OP_MIX, /* even batches READ, odd batches WRITE */
+};
+
+struct bench_opts {
+	enum bench_mode mode;
+	const char *segment; /* --initiator */
+	const char *config;  /* NULL: $TE_CONFIG, else the embedded default */
+	enum bench_op op;
+	uint64_t block;
+	bool block_set;
+	uint32_t batch;
+	uint32_t threads;
+	double duration_s; /* <= 0: no time limit (--iterations given alone) */
+	int64_t iterations; /* batches per thread; < 0: not given */
+	uint64_t buffer_size; /* 0: the mode's default */
+	double timeout_s;
+	bool sweep;
+	bool verify;
+	bool json;
+	bool quiet;
+};
+
+/* Set by the SIGINT/SIGTERM handler; polled by every loop. */
+static volatile sig_atomic_t bench_signalled;
+
+static void bench_on_signal(int sig)
+{
+	bench_signalled = sig;
+}
+
+static void bench_signals_install(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	/* No SA_RESTART: a blocked poll() must return so the loop sees the flag. */
+	sa.sa_handler = bench_on_signal;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	/* A parent that closed our stdout must not kill us before we clean up. */
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
+}
+
+/* --- messages ------------------------------------------------------------------------------ */
+
+static void bench_vmsg(const char *prefix, const char *fmt, va_list ap) G_GNUC_PRINTF(2, 0);
+
+static void bench_vmsg(const char *prefix, const char *fmt, va_list ap)
+{
+	g_autofree char *msg = g_strdup_vprintf(fmt, ap);
+
+	fprintf(stderr, "te-bench: %s%s\n", prefix, msg);
+}
+
+static void bench_err(const char *fmt, ...) G_GNUC_PRINTF(1, 2);
+
+static void bench_err(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	bench_vmsg("", fmt, ap);
+	va_end(ap);
+}
+
+static void bench_note(const struct bench_opts *o, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+static void bench_note(const struct bench_opts *o, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (o->quiet)
+		return;
+	va_start(ap, fmt);
+	bench_vmsg("note: ", fmt, ap);
+	va_end(ap);
+}
+
+/* Failure of a te_* call: what was attempted, the status and the library's detail. */
+static void bench_te_err(const char *what, enum te_status st)
+{
+	const char *detail = te_last_error();
+
+	bench_err("%s: %s (%d)%s%s", what, te_status_str(st), st, detail[0] ? ": " : "", detail);
+}
+
+/* --- sizes and time ------------------------------------------------------------------------ */
+
+/* "4096", "64K", "64k", "64KiB", "64KB", "1M", "1G": a byte count, K/M/G being powers of 2. */
+static bool bench_parse_size(const char *s, uint64_t *out)
+{
+	uint64_t v, mult = 1;
+	char *end;
+
+	if (!s || !g_ascii_isdigit(s[0]))
+		return false;
+	errno = 0;
+	v = g_ascii_strtoull(s, &end, 10);
+	if (errno)
+		return false;
+	switch (*end) {
+	case 'k':
+	case 'K':
+		mult = BENCH_KIB;
+		break;
+	case 'm':
+	case 'M':
+		mult = BENCH_MIB;
+		break;
+	case 'g':
+	case 'G':
+		mult = BENCH_GIB;
+		break;
+	default:
+		break;
+	}
+	if (mult > 1) {
+		end++;
+		if (*end == 'i' || *end == 'I')
+			end++;
+	}
+	if (*end == 'b' || *end == 'B')
+		end++;
+	if (*end != '\0' || (v && mult > UINT64_MAX / v))
+		return false;
+	*out = v * mult;
+	return true;
+}
+
+/* Shortest exact spelling: 64, 4K, 1M, 1G, 1536. */
+static const char *bench_size_str(uint64_t v, char *buf, size_t len)
+{
+	if (v && v % BENCH_GIB == 0)
+		snprintf(buf, len, "%" PRIu64 "G", v / BENCH_GIB);
+	else if (v && v % BENCH_MIB == 0)
+		snprintf(buf, len, "%" PRIu64 "M", v / BENCH_MIB);
+	else if (v && v % BENCH_KIB == 0)
+		snprintf(buf, len, "%" PRIu64 "K", v / BENCH_KIB);
+	else
+		snprintf(buf, len, "%" PRIu64, v);
+	return buf;
+}
+
+static uint64_t bench_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* CPU time (user + system) of this thread or of the whole process, in seconds. */
+static double bench_cpu_s(int who)
+{
+	struct rusage ru;
+
+	if (getrusage(who, &ru) != 0)
+		return 0.0;
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+	       (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+static const char *bench_op_str(enum bench_op op)
+{
+	switch (op) {
+	case BENCH_OP_READ:
+		return "read";
+	case BENCH_OP_WRITE:
+		return "write";
+	default:
+		return "mix";
+	}
+}
+
+/* --- pattern and memory -------------------------------------------------------------------- */
+
+static uint64_t bench_salt(uint64_t iteration)
+{
+	/* Odd multiplier: distinct iterations give distinct salts; iteration 0 gives 0. */
+	return iteration * UINT64_C(0xd6e8feb86659fd93);
+}
+
+static inline uint64_t bench_word(uint64_t word_index, uint64_t salt)
+{
+	uint64_t x = (word_index ^ salt) * UINT64_C(0x9e3779b97f4a7c15);
+
+	return GUINT64_TO_LE(x ^ (x >> 29));
+}
+
+static inline uint8_t bench_byte(uint64_t off, uint64_t salt)
+{
+	uint64_t w = GUINT64_FROM_LE(bench_word(off >> 3, salt));
+
+	return (uint8_t)(w >> (8 * (off & 7)));
+}
+
+/* Write the pattern of offsets [off, off + len) into p. */
+static void bench_fill(uint8_t *p, uint64_t off, uint64_t len, uint64_t salt)
+{
+	uint64_t i = 0;
+
+	for (; i < len && ((off + i) & 7); i++)
+		p[i] = bench_byte(off + i, salt);
+	for (; i + 8 <= len; i += 8) {
+		uint64_t w = bench_word((off + i) >> 3, salt);
+
+		memcpy(p + i, &w, 8);
+	}
+	for (; i < len; i++)
+		p[i] = bench_byte(off + i, salt);
+}
+
+/* Index of the first byte of p that differs from the pattern of [off, off + len), or len. */
+static uint64_t bench_check(const uint8_t *p, uint64_t off, uint64_t len, uint64_t salt)
+{
+	uint64_t i = 0;
+
+	for (; i < len && ((off + i) & 7); i++)
+		if (p[i] != bench_byte(off + i, salt))
+			return i;
+	for (; i + 8 <= len; i += 8) {
+		uint64_t w = bench_word((off + i) >> 3, salt), got;
+
+		memcpy(&got, p + i, 8);
+		if (got != w)
+			break;
+	}
+	for (; i < len; i++)
+		if (p[i] != bench_byte(off + i, salt))
+			return i;
+	return len;
+}
+
+/* Anonymous memory, not yet touched (the caller touches it before timing). */
+static uint8_t *bench_map(uint64_t len)
+{
+	char sz[32];
+	void *p;
+
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		bench_err("cannot allocate %s bytes: %s", bench_size_str(len, sz, sizeof(sz)),
+			  g_strerror(errno));
+		return NULL;
+	}
+	return p;
+}
+
+static void bench_unmap(uint8_t *p, uint64_t len)
+{
+	if (p)
+		munmap(p, len);
+}
+
+/* --- latency statistics -------------------------------------------------------------------- */
+
+struct bench_lat {
+	uint64_t *v; /* reservoir of batch latencies (ns) */
+	uint32_t cap;
+	uint32_t n;
+	uint64_t seen;
+	uint64_t sum_ns;
+	uint64_t max_ns;
+	uint64_t rng;
+};
+
+static uint64_t bench_rand(uint64_t *s)
+{
+	/* xorshift64*: plenty for picking reservoir slots. */
+	uint64_t x = *s;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*s = x;
+	return x * UINT64_C(0x2545f4914f6cdd1d);
+}
+
+static void bench_lat_add(struct bench_lat *l, uint64_t ns)
+{
+	uint64_t j;
+
+	l->sum_ns += ns;
+	if (ns > l->max_ns)
+		l->max_ns = ns;
+	l->seen++;
+	if (l->n < l->cap) {
+		l->v[l->n++] = ns;
+		return;
+	}
+	j = bench_rand(&l->rng) % l->seen;
+	if (j < l->cap)
+		l->v[j] = ns;
+}
+
+static int bench_cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of a sorted array, in microseconds. */
+static double bench_pct_us(const uint64_t *sorted, size_t n, double p)
+{
+	size_t rank;
+
+	if (!n)
+		return 0.0;
+	rank = (size_t)(p * (double)n + 0.999999);
+	if (rank < 1)
+		rank = 1;
+	if (rank > n)
+		rank = n;
+	return (double)sorted[rank - 1] / 1000.0;
+}
+
+/* --- output -------------------------------------------------------------------------------- */
+
+/* One result row of --initiator / --loopback. */
+struct bench_row {
+	const char *mode;
+	const char *segment;
+	const char *opened; /* "name" or "descriptor" */
+	enum bench_op op;
+	uint64_t block;
+	uint32_t batch;
+	uint32_t threads;
+	uint64_t bytes;
+	uint64_t requests;
+	uint64_t batches;
+	double seconds;
+	double lat_avg_us, lat_p50_us, lat_p99_us, lat_p999_us, lat_max_us;
+	char transport[BENCH_NAME_MAX];
+	char device[BENCH_NAME_MAX];
+	bool verify;
+	bool verified;
+	bool failed;
+	bool interrupted;
+};
+
+static double bench_rate(double n, double seconds)
+{
+	return seconds > 0.0 ? n / seconds : 0.0;
+}
+
+static void bench_json_print(JsonBuilder *b)
+{
+	g_autoptr(JsonGenerator) gen = json_generator_new();
+	g_autoptr(JsonNode) root = json_builder_get_root(b);
+	g_autofree char *text = NULL;
+
+	json_generator_set_root(gen, root);
+	text = json_generator_to_data(gen, NULL);
+	printf("%s\n", text);
+	fflush(stdout);
+}
+
+static void bench_json_str(JsonBuilder *b, const char *key, const char *v)
+{
+	json_builder_set_member_name(b, key);
+	json_builder_add_string_value(b, v);
+}
+
+static void bench_json_int(JsonBuilder *b, const char *key, int64_t v)
+{
+	json_builder_set_member_name(b, key);
+	json_builder_add_int_value(b, v);
+}
+
+static void bench_json_dbl(JsonBuilder *b, const char *key, double v)
+{
+	json_builder_set_member_name(b, key);
+	json_builder_add_double_value(b, v);
+}
+
+static void bench_json_bool(JsonBuilder *b, const char *key, bool v)
+{
+	json_builder_set_member_name(b, key);
+	json_builder_add_boolean_value(b, v);
+}
+
+static void bench_print_header(void)
+{
+	printf("%-5s %6s %5s %3s %8s %10s %9s %9s %9s %9s  %-10s %-14s %s\n", "op", "block",
+	       "batch", "thr", "GB/s", "ops/s", "avg_us", "p50_us", "p99_us", "p999_us",
+	       "transport", "device", "verified");
+	fflush(stdout);
+}
+
+static void bench_print_row(const struct bench_opts *o, const struct bench_row *r)
+{
+	double gbps = bench_rate((double)r->bytes, r->seconds) / 1e9;
+	double ops = bench_rate((double)r->requests, r->seconds);
+	char sz[32];
+
+	if (o->json) {
+		g_autoptr(JsonBuilder) b = json_builder_new();
+
+		json_builder_begin_object(b);
+		bench_json_str(b, "mode", r->mode);
+		bench_json_str(b, "segment", r->segment);
+		bench_json_str(b, "opened", r->opened);
+		bench_json_str(b, "op", bench_op_str(r->op));
+		bench_json_int(b, "block_size", (int64_t)r->block);
+		bench_json_int(b, "batch", r->batch);
+		bench_json_int(b, "threads", r->threads);
+		bench_json_str(b, "transport", r->transport);
+		bench_json_str(b, "device", r->device);
+		bench_json_int(b, "bytes", (int64_t)r->bytes);
+		bench_json_int(b, "requests", (int64_t)r->requests);
+		bench_json_int(b, "batches", (int64_t)r->batches);
+		bench_json_dbl(b, "seconds", r->seconds);
+		bench_json_dbl(b, "gbps", gbps);
+		bench_json_dbl(b, "ops_per_s", ops);
+		bench_json_dbl(b, "lat_us_avg", r->lat_avg_us);
+		bench_json_dbl(b, "lat_us_p50", r->lat_p50_us);
+		bench_json_dbl(b, "lat_us_p99", r->lat_p99_us);
+		bench_json_dbl(b, "lat_us_p999", r->lat_p999_us);
+		bench_json_dbl(b, "lat_us_max", r->lat_max_us);
+		bench_json_bool(b, "verify", r->verify);
+		bench_json_bool(b, "verified", r->verified);
+		bench_json_bool(b, "failed", r->failed);
+		bench_json_bool(b, "interrupted", r->interrupted);
+		json_builder_end_object(b);
+		bench_json_print(b);
+		return;
+	}
+	printf("%-5s %6s %5" PRIu32 " %3" PRIu32 " %8.3f %10.0f %9.1f %9.1f %9.1f %9.1f  %-10s "
+	       "%-14s %s\n",
+	       bench_op_str(r->op), bench_size_str(r->block, sz, sizeof(sz)), r->batch, r->threads,
+	       gbps, ops, r->lat_avg_us, r->lat_p50_us, r->lat_p99_us, r->lat_p999_us,
+	       r->transport[0] ? r->transport : "-", r->device[0] ? r->device : "-",
+	       !r->verify ? "-" : r->verified ? "yes" : "NO");
+	fflush(stdout);
+}
+
+/* A "\r"-rewritten line on a terminal, one line per second elsewhere. */
+struct bench_progress {
+	bool enabled;
+	bool tty;
+	bool shown;
+	uint64_t start_ns;
+	uint64_t last_ns;
+};
+
+static void bench_progress_init(struct bench_progress *p, const struct bench_opts *o)
+{
+	memset(p, 0, sizeof(*p));
+	p->enabled = !o->quiet;
+	p->tty = isatty(STDERR_FILENO) == 1;
+	p->start_ns = bench_now_ns();
+}
+
+static void bench_progress_show(struct bench_progress *p, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+static void bench_progress_show(struct bench_progress *p, const char *fmt, ...)
+{
+	uint64_t now = bench_now_ns();
+	g_autofree char *line = NULL;
+	va_list ap;
+
+	if (!p->enabled || now - p->start_ns < BENCH_PROGRESS_AFTER_NS ||
+	    now - p->last_ns < 1000000000u)
+		return;
+	p->last_ns = now;
+	va_start(ap, fmt);
+	line = g_strdup_vprintf(fmt, ap);
+	va_end(ap);
+	if (p->tty)
+		fprintf(stderr, "\r\033[K%s", line);
+	else
+		fprintf(stderr, "%s\n", line);
+	p->shown = true;
+}
+
+static void bench_progress_done(struct bench_progress *p)
+{
+	if (p->shown && p->tty)
+		fprintf(stderr, "\r\033[K");
+	p->shown = false;
+}
+
+/* --- engine and segment -------------------------------------------------------------------- */
+
+static enum te_status bench_engine_new(const char *config, const char *yaml,
+				       struct te_engine **engine_out)
+{
+	struct te_engine_opts opts;
+
+	memset(&opts, 0, sizeof(opts));
+	opts.size = sizeof(opts);
+	opts.config_path = config;
+	if (!config && yaml) {
+		opts.config_yaml = yaml;
+		opts.config_yaml_len = strlen(yaml);
+		opts.config_name = "<te-bench --core>";
+	}
+	opts.log_level = -1;
+	return te_engine_new(&opts, engine_out);
+}
+
+/* The largest buffer of @seg that peers may both read and write. */
+static bool bench_pick_buffer(struct te_engine *e, te_segment_id seg, const char *name,
+			      struct te_buffer_info *out)
+{
+	g_autofree struct te_buffer_info *bufs = NULL;
+	size_t n = 0, total = 0;
+	enum te_status st;
+	bool found = false;
+
+	st = te_segment_buffers(e, seg, NULL, 0, &total);
+	if (st != TE_OK) {
+		bench_te_err("te_segment_buffers", st);
+		return false;
+	}
+	bufs = g_new0(struct te_buffer_info, total ? total : 1);
+	st = te_segment_buffers(e, seg, bufs, total, &n);
+	if (st != TE_OK) {
+		bench_te_err("te_segment_buffers", st);
+		return false;
+	}
+	for (size_t i = 0; i < MIN(n, total); i++) {
+		if ((bufs[i].access & TE_MEM_REMOTE) != TE_MEM_REMOTE)
+			continue;
+		if (!found || bufs[i].length > out->length)
+			*out = bufs[i];
+		found = true;
+	}
+	if (!found)
+		bench_err("segment '%s' publishes no buffer that peers may read and write "
+			  "(%zu buffers); start it with te-bench --target",
+			  name, n);
+	return found;
+}
+
+/* --- initiator ----------------------------------------------------------------------------- */
+
+/* State shared by the threads of one initiator. */
+struct bench_init {
+	const struct bench_opts *o;
+	struct te_engine *e;
+	te_segment_id seg;
+	uint64_t raddr; /* target buffer */
+	uint64_t rlen;
+	uint64_t rhalf; /* start of the write zone, relative to raddr */
+	uint8_t *local;
+	uint64_t llen;
+	int64_t timeout_ns;
+
+	/* The current run. */
+	enum bench_op op;
+	uint64_t block;
+	uint32_t batch;
+	uint32_t threads;
+	uint64_t duration_ns; /* 0: none */
+
+	/* Start gate: 0 closed, 1 go, 2 abort. */
+	GMutex gate_lock;
+	GCond gate_cond;
+	int gate;
+	atomic_bool stop;
+	atomic_uint finished;
+};
+
+struct bench_worker {
+	struct bench_init *c;
+	uint32_t idx;
+	GThread *thread;
+	struct te_request *rd;	/* READ of this thread's read-zone range into the data area */
+	struct te_request *wr;	/* WRITE of the data area to the write-zone range */
+	struct te_request *chk; /* READ of the write-zone range into the read-back area */
+	uint8_t *data;
+	uint8_t *back;
+	uint64_t roff; /* this thread's range in the read zone, relative to raddr */
+	uint64_t woff; /* ... and in the write zone */
+	struct bench_lat lat;
+	atomic_uint_fast64_t progress_bytes; /* read by the progress line; relaxed */
+	uint64_t bytes;
+	uint64_t requests;
+	uint64_t batches;
+	uint64_t t_start;
+	uint64_t t_end;
+	bool failed;
+	bool have_info;
+	char transport[BENCH_NAME_MAX];
+	char device[BENCH_NAME_MAX];
+};
+
+static const char *bench_te_op_str(enum te_opcode op)
+{
+	return op == TE_OP_READ ? "READ" : "WRITE";
+}
+
+/* Explain a failed batch: the status, and the first tasks that did not complete. */
+static void bench_report_batch(struct bench_worker *w, te_batch_id b, const struct te_request *reqs,
+			       uint32_t n, enum te_status st, const char *detail)
+{
+	struct te_engine *e = w->c->e;
+	struct te_task_info ti;
+	uint32_t bad = 0;
+	char sz[32];
+
+	bench_err("thread %" PRIu32 ": batch of %" PRIu32 " %s requests failed: %s (%d)%s%s", w->idx,
+		  n, bench_te_op_str(reqs[0].opcode), te_status_str(st), st, detail[0] ? ": " : "",
+		  detail);
+	for (uint32_t k = 0; k < n; k++) {
+		if (te_task_status(e, b, k, &ti) != TE_OK || ti.state == TE_STATE_COMPLETED)
+			continue;
+		if (bad++ >= 3)
+			continue;
+		ti.detail[sizeof(ti.detail) - 1] = '\0';
+		bench_err("  task %" PRIu32 ": %s %s at remote 0x%" PRIx64 ": %s, %s (%d)%s%s "
+			  "[transport %s, device %s, %" PRIu64 "/%" PRIu64 " bytes, %" PRIu32
+			  " slices, %" PRIu32 " retries]",
+			  k, bench_te_op_str(reqs[k].opcode),
+			  bench_size_str(reqs[k].length, sz, sizeof(sz)), reqs[k].remote,
+			  te_state_str(ti.state), te_status_str(ti.status), ti.status,
+			  ti.detail[0] ? ": " : "", ti.detail,
+			  ti.transport && ti.transport[0] ? ti.transport : "-",
+			  ti.device && ti.device[0] ? ti.device : "-", ti.bytes, ti.length, ti.slices,
+			  ti.retries);
+	}
+	if (bad > 3)
+		bench_err("  ... and %" PRIu32 " more tasks that did not complete", bad - 3);
+}
+
+/* One batch: new, submit, wait (cancel past the timeout), free. TE_OK iff all completed. */
+static enum te_status bench_batch(struct bench_worker *w, const struct te_request *reqs,
+				  uint32_t n)
+{
+	struct bench_init *c = w->c;
+	g_autofree char *detail = NULL;
+	struct te_task_info ti;
+	enum te_status st, wst, fst;
+	te_batch_id b;
+
+	st = te_batch_new(c->e, n, &b);
+	if (st != TE_OK) {
+		bench_te_err("te_batch_new", st);
+		return st;
+	}
+	st = te_batch_submit(c->e, b, reqs, n);
+	if (st != TE_OK)
+		detail = g_strdup(te_last_error());
+	/* Rejected requests became INVALID tasks; the others run and must end first. */
+	wst = te_batch_wait(c->e, b, c->timeout_ns);
+	if (wst == TE_INPROGRESS) {
+		bench_err("thread %" PRIu32 ": batch not finished after %.0f s; canceling it", w->idx,
+			  (double)c->timeout_ns / 1e9);
+		wst = te_batch_cancel(c->e, b);
+		if (wst != TE_OK)
+			bench_te_err("te_batch_cancel", wst);
+		wst = te_batch_wait(c->e, b, c->timeout_ns);
+		if (wst == TE_OK || wst == TE_INPROGRESS)
+			wst = TE_ERR_TIMEOUT;
+	}
+	if (st == TE_OK && wst != TE_OK) {
+		st = wst;
+		detail = g_strdup(te_last_error());
+	}
+	if (!w->have_info && te_task_status(c->e, b, 0, &ti) == TE_OK && ti.transport &&
+	    ti.transport[0]) {
+		/* Copied now: te.h does not promise how long the device text lives. */
+		g_strlcpy(w->transport, ti.transport, sizeof(w->transport));
+		g_strlcpy(w->device, ti.device ? ti.device : "", sizeof(w->device));
+		w->have_info = true;
+	}
+	if (st != TE_OK)
+		bench_report_batch(w, b, reqs, n, st, detail ? detail : "");
+	fst = te_batch_free(c->e, b);
+	if (fst != TE_OK) {
+		bench_te_err("te_batch_free", fst);
+		if (st == TE_OK)
+			st = fst;
+	}
+	return st;
+}
+
+static void bench_verify_failed(struct bench_worker *w, const char *what, const uint8_t *p,
+				uint64_t zone_off, uint64_t at, uint64_t salt)
+{
+	uint64_t block = w->c->block;
+
+	bench_err("thread %" PRIu32 ": verify failed after %s: remote offset 0x%" PRIx64
+		  " (request %" PRIu64 ", byte %" PRIu64 "): got 0x%02x, want 0x%02x",
+		  w->idx, what, zone_off + at, at / block, at % block, p[at],
+		  bench_byte(zone_off + at, salt));
+}
+
+/* Check the data a batch of iteration @i moved; for WRITE, read it back first. */
+static bool bench_worker_verify(struct bench_worker *w, bool wr, uint64_t i)
+{
+	struct bench_init *c = w->c;
+	uint64_t bb = c->block * c->batch;
+	uint64_t at;
+
+	if (!wr) {
+		at = bench_check(w->data, w->roff, bb, 0);
+		if (at == bb)
+			return true;
+		bench_verify_failed(w, "READ", w->data, w->roff, at, 0);
+		return false;
+	}
+	memset(w->back, BENCH_POISON, bb);
+	if (bench_batch(w, w->chk, c->batch) != TE_OK)
+		return false;
+	at = bench_check(w->back, w->woff, bb, bench_salt(i + 1));
+	if (at == bb)
+		return true;
+	bench_verify_failed(w, "WRITE and read-back", w->back, w->woff, at, bench_salt(i + 1));
+	return false;
+}
+
+static bool bench_gate_wait(struct bench_init *c)
+{
+	int g;
+
+	g_mutex_lock(&c->gate_lock);
+	while (c->gate == 0)
+		g_cond_wait(&c->gate_cond, &c->gate_lock);
+	g = c->gate;
+	g_mutex_unlock(&c->gate_lock);
+	return g == 1;
+}
+
+static void bench_gate_open(struct bench_init *c, int value)
+{
+	g_mutex_lock(&c->gate_lock);
+	c->gate = value;
+	g_cond_broadcast(&c->gate_cond);
+	g_mutex_unlock(&c->gate_lock);
+}
+
+static gpointer bench_worker_main(gpointer data)
+{
+	struct bench_worker *w = data;
+	struct bench_init *c = w->c;
+	const struct bench_opts *o = c->o;
+	uint64_t bb = c->block * c->batch;
+	uint64_t now, deadline;
+
+	if (!bench_gate_wait(c))
+		goto out;
+	w->t_start = now = bench_now_ns();
+	deadline = c->duration_ns ? w->t_start + c->duration_ns : UINT64_MAX;
+	for (uint64_t i = 0;; i++) {
+		bool wr = c->op == BENCH_OP_WRITE || (c->op == BENCH_OP_MIX && (i & 1));
+		uint64_t t0;
+
+		/* Relaxed: the flag only asks the loop to end soon; no data rides on it. */
+		if (atomic_load_explicit(&c->stop, memory_order_relaxed) || bench_signalled)
+			break;
+		if (o->iterations >= 0 && i >= (uint64_t)o->iterations)
+			break;
+		if (now >= deadline)
+			break;
+		if (o->verify) {
+			if (wr)
+				bench_fill(w->data, w->woff, bb, bench_salt(i + 1));
+			else
+				memset(w->data, BENCH_POISON, bb);
+		}
+		t0 = bench_now_ns();
+		if (bench_batch(w, wr ? w->wr : w->rd, c->batch) != TE_OK) {
+			w->failed = true;
+			break;
+		}
+		now = bench_now_ns();
+		bench_lat_add(&w->lat, now - t0);
+		w->batches++;
+		w->requests += c->batch;
+		w->bytes += bb;
+		atomic_fetch_add_explicit(&w->progress_bytes, bb, memory_order_relaxed);
+		if (o->verify && !bench_worker_verify(w, wr, i)) {
+			w->failed = true;
+			break;
+		}
+		now = bench_now_ns();
+	}
+	w->t_end = bench_now_ns();
+	if (w->failed)
+		atomic_store_explicit(&c->stop, true, memory_order_relaxed);
+out:
+	atomic_fetch_add_explicit(&c->finished, 1, memory_order_release);
+	return NULL;
+}
+
+static void bench_worker_setup(struct bench_worker *w, struct bench_init *c, uint32_t t)
+{
+	uint64_t bb = c->block * c->batch;
+	uint32_t cap = MAX(BENCH_MAX_SAMPLES / c->threads, 1024u);
+
+	w->c = c;
+	w->idx = t;
+	w->data = c->local + 2 * bb * t;
+	w->back = w->data + bb;
+	w->roff = bb * t;
+	w->woff = c->rhalf + bb * t;
+	w->rd = g_new0(struct te_request, c->batch);
+	w->wr = g_new0(struct te_request, c->batch);
+	w->chk = g_new0(struct te_request, c->batch);
+	for (uint32_t k = 0; k < c->batch; k++) {
+		uint64_t d = (uint64_t)k * c->block;
+
+		w->rd[k] = (struct te_request){ .opcode = TE_OP_READ, .segment = c->seg,
+						.local = w->data + d, .remote = c->raddr + w->roff + d,
+						.length = c->block };
+		w->wr[k] = (struct te_request){ .opcode = TE_OP_WRITE, .segment = c->seg,
+						.local = w->data + d, .remote = c->raddr + w->woff + d,
+						.length = c->block };
+		w->chk[k] = (struct te_request){ .opcode = TE_OP_READ, .segment = c->seg,
+						 .local = w->back + d,
+						 .remote = c->raddr + w->woff + d, .length = c->block };
+	}
+	w->lat.cap = cap;
+	w->lat.v = g_new(uint64_t, cap);
+	w->lat.rng = UINT64_C(0x9e3779b97f4a7c15) * (t + 1);
+	atomic_init(&w->progress_bytes, 0);
+}
+
+static void bench_worker_clear(struct bench_worker *w)
+{
+	g_free(w->rd);
+	g_free(w->wr);
+	g_free(w->chk);
+	g_free(w->lat.v);
+}
+
+/* Sum the threads' counters and percentiles into @r. */
+static void bench_row_collect(struct bench_row *r, struct bench_worker *ws, uint32_t n)
+{
+	uint64_t t0 = UINT64_MAX, t1 = 0, seen = 0, sum = 0, max = 0;
+	g_autofree uint64_t *all = NULL;
+	size_t total = 0, at = 0;
+
+	for (uint32_t t = 0; t < n; t++)
+		total += ws[t].lat.n;
+	all = g_new(uint64_t, total ? total : 1);
+	for (uint32_t t = 0; t < n; t++) {
+		struct bench_worker *w = &ws[t];
+
+		r->bytes += w->bytes;
+		r->requests += w->requests;
+		r->batches += w->batches;
+		r->failed |= w->failed;
+		if (w->t_start) {
+			t0 = MIN(t0, w->t_start);
+			t1 = MAX(t1, w->t_end);
+		}
+		seen += w->lat.seen;
+		sum += w->lat.sum_ns;
+		max = MAX(max, w->lat.max_ns);
+		memcpy(all + at, w->lat.v, w->lat.n * sizeof(*all));
+		at += w->lat.n;
+		if (!r->transport[0] && w->have_info) {
+			g_strlcpy(r->transport, w->transport, sizeof(r->transport));
+			g_strlcpy(r->device, w->device, sizeof(r->device));
+		}
+	}
+	r->seconds = t1 > t0 ? (double)(t1 - t0) / 1e9 : 0.0;
+	qsort(all, total, sizeof(*all), bench_cmp_u64);
+	r->lat_avg_us = seen ? (double)sum / (double)seen / 1000.0 : 0.0;
+	r->lat_p50_us = bench_pct_us(all, total, 0.50);
+	r->lat_p99_us = bench_pct_us(all, total, 0.99);
+	r->lat_p999_us = bench_pct_us(all, total, 0.999);
+	r->lat_max_us = (double)max / 1000.0;
+}
+
+/* One run: c->op/block/batch/threads set. Fills @r; false on a failure or interruption. */
+static bool bench_run(struct bench_init *c, struct bench_row *r)
+{
+	const struct bench_opts *o = c->o;
+	g_autofree struct bench_worker *ws = g_new0(struct bench_worker, c->threads);
+	struct bench_progress prog;
+	uint32_t started = 0;
+	char sz[32];
+
+	c->gate = 0;
+	atomic_store(&c->stop, false);
+	atomic_store(&c->finished, 0);
+	for (uint32_t t = 0; t < c->threads; t++)
+		bench_worker_setup(&ws[t], c, t);
+	for (uint32_t t = 0; t < c->threads; t++, started++) {
+		g_autoptr(GError) err = NULL;
+		char name[16];
+
+		snprintf(name, sizeof(name), "bench-%" PRIu32, t);
+		ws[t].thread = g_thread_try_new(name, bench_worker_main, &ws[t], &err);
+		if (!ws[t].thread) {
+			bench_err("cannot start thread %" PRIu32 ": %s", t, err->message);
+			break;
+		}
+	}
+	bench_gate_open(c, started == c->threads ? 1 : 2);
+	bench_progress_init(&prog, o);
+	while (atomic_load_explicit(&c->finished, memory_order_acquire) < started) {
+		uint64_t bytes = 0;
+		double el;
+
+		g_usleep(50000);
+		if (bench_signalled)
+			atomic_store_explicit(&c->stop, true, memory_order_relaxed);
+		for (uint32_t t = 0; t < started; t++)
+			bytes += atomic_load_explicit(&ws[t].progress_bytes,
+						      memory_order_relaxed);
+		el = (double)(bench_now_ns() - prog.start_ns) / 1e9;
+		bench_progress_show(&prog, "te-bench: %s %s x%" PRIu32 " thr %" PRIu32
+				    ": %.0f s (of %.0f), %.3f GB/s",
+				    bench_op_str(c->op), bench_size_str(c->block, sz, sizeof(sz)),
+				    c->batch, c->threads, el, (double)c->duration_ns / 1e9,
+				    bench_rate((double)bytes, el) / 1e9);
+	}
+	bench_progress_done(&prog);
+	for (uint32_t t = 0; t < started; t++)
+		g_thread_join(ws[t].thread);
+
+	r->op = c->op;
+	r->block = c->block;
+	r->batch = c->batch;
+	r->threads = c->threads;
+	r->verify = o->verify;
+	bench_row_collect(r, ws, started);
+	r->failed |= started != c->threads;
+	r->interrupted = bench_signalled != 0;
+	r->verified = o->verify && !r->failed && !r->interrupted && r->batches > 0;
+	for (uint32_t t = 0; t < c->threads; t++)
+		bench_worker_clear(&ws[t]);
+	return !r->failed && !r->interrupted;
+}
+
+/* Requests per batch that fit: threads x batch x block must fit in half the target buffer. */
+static uint32_t bench_fit_batch(uint64_t half, uint32_t threads, uint64_t block, uint32_t batch)
+{
+	uint64_t fit = half / ((uint64_t)threads * block);
+
+	return (uint32_t)MIN(fit, (uint64_t)batch);
+}
+
+static uint64_t bench_zone_half(uint64_t len)
+{
+	uint64_t half = len / 2;
+
+	/* Page-align the write zone when the buffer is big enough to care. */
+	return half >= 8192 ? half & ~UINT64_C(4095) : half;
+}
+
+static size_t bench_sizes(const struct bench_opts *o, const uint64_t **sizes)
+{
+	if (o->sweep) {
+		*sizes = bench_sweep_sizes;
+		return G_N_ELEMENTS(bench_sweep_sizes);
+	}
+	*sizes = &o->block;
+	return 1;
+}
+
+/*
+ * Open @segment by name; when that fails and the target's descriptor is at hand (--loopback),
+ * import the descriptor instead, so a run works without a metadata backend.
+ */
+static bool bench_open_segment(struct bench_init *c, const char *segment, const char *descriptor,
+			       const char **opened)
+{
+	enum te_status st, ist;
+	g_autofree char *why = NULL;
+
+	st = te_segment_open(c->e, segment, &c->seg);
+	if (st == TE_OK) {
+		*opened = "name";
+		return true;
+	}
+	why = g_strdup(te_last_error());
+	if (!descriptor) {
+		bench_err("cannot open segment '%s': %s (%d)%s%s", segment, te_status_str(st), st,
+			  why[0] ? ": " : "", why);
+		return false;
+	}
+	ist = te_segment_import(c->e, descriptor, strlen(descriptor), &c->seg);
+	if (ist != TE_OK) {
+		bench_err("cannot open segment '%s': %s (%d)%s%s", segment, te_status_str(st), st,
+			  why[0] ? ": " : "", why);
+		bench_te_err("nor import its descriptor: te_segment_import", ist);
+		return false;
+	}
+	bench_note(c->o, "te_segment_open('%s') failed (%s: %s); imported the target's descriptor",
+		   segment, te_status_str(st), why);
+	*opened = "descriptor";
+	return true;
+}
+
+static int bench_initiator(const struct bench_opts *o, const char *mode, const char *segment,
+			   const char *descriptor)
+{
+	struct bench_init c;
+	struct te_buffer_info rb;
+	const uint64_t *sizes;
+	size_t n_sizes = bench_sizes(o, &sizes);
+	const char *opened = "name";
+	uint64_t need = 0;
+	bool header = false, opened_seg = false, registered = false;
+	int rc = BENCH_EXIT_FAIL;
+	enum te_status st;
+	char sz[32], sz2[32];
+
+	memset(&c, 0, sizeof(c));
+	c.o = o;
+	c.threads = o->threads;
+	c.timeout_ns = (int64_t)(o->timeout_s * 1e9);
+	g_mutex_init(&c.gate_lock);
+	g_cond_init(&c.gate_cond);
+
+	st = bench_engine_new(o->config, NULL, &c.e);
+	if (st != TE_OK) {
+		bench_te_err("cannot create the engine", st);
+		goto out;
+	}
+	if (!bench_open_segment(&c, segment, descriptor, &opened))
+		goto out_engine;
+	opened_seg = true;
+	memset(&rb, 0, sizeof(rb));
+	if (!bench_pick_buffer(c.e, c.seg, segment, &rb))
+		goto out_segment;
+	c.raddr = rb.addr;
+	c.rlen = rb.length;
+	c.rhalf = bench_zone_half(rb.length);
+
+	for (size_t i = 0; i < n_sizes; i++) {
+		uint32_t b = bench_fit_batch(c.rhalf, o->threads, sizes[i], o->batch);
+
+		need = MAX(need, 2 * (uint64_t)o->threads * b * sizes[i]);
+	}
+	if (!need) {
+		bench_err("%s-byte blocks do not fit: each thread needs 2 x batch x block bytes of "
+			  "the target buffer (%s bytes at 0x%" PRIx64 "); use a smaller "
+			  "--block-size or --threads, or a larger target --buffer-size",
+			  bench_size_str(sizes[0], sz, sizeof(sz)),
+			  bench_size_str(rb.length, sz2, sizeof(sz2)), rb.addr);
+		goto out_segment;
+	}
+	c.llen = need;
+	c.local = bench_map(c.llen);
+	if (!c.local)
+		goto out_segment;
+	/* Touch every page now: first touch is slow here and must not land in a timed run. */
+	memset(c.local, 0, c.llen);
+	st = te_mem_register(c.e, c.local, c.llen, "cpu", TE_MEM_LOCAL);
+	if (st != TE_OK) {
+		bench_te_err("te_mem_register (local buffer)", st);
+		goto out_local;
+	}
+	registered = true;
+
+	rc = BENCH_EXIT_OK;
+	for (size_t i = 0; i < n_sizes && !bench_signalled; i++) {
+		struct bench_row r;
+		uint32_t b = bench_fit_batch(c.rhalf, o->threads, sizes[i], o->batch);
+
+		if (b == 0) {
+			bench_note(o, "skipping %s: %" PRIu32 " thread(s) x 2 x block do not fit the "
+				      "target buffer (%s bytes)",
+				   bench_size_str(sizes[i], sz, sizeof(sz)), o->threads,
+				   bench_size_str(rb.length, sz2, sizeof(sz2)));
+			continue;
+		}
+		if (b < o->batch)
+			bench_note(o, "%s: batch reduced from %" PRIu32 " to %" PRIu32
+				      " to fit the target buffer (%s bytes)",
+				   bench_size_str(sizes[i], sz, sizeof(sz)), o->batch, b,
+				   bench_size_str(rb.length, sz2, sizeof(sz2)));
+		c.op = o->op;
+		c.block = sizes[i];
+		c.batch = b;
+		c.duration_ns = o->duration_s > 0 ? (uint64_t)(o->duration_s * 1e9) : 0;
+		memset(&r, 0, sizeof(r));
+		r.mode = mode;
+		r.segment = segment;
+		r.opened = opened;
+		if (!header && !o->json) {
+			bench_print_header();
+			header = true;
+		}
+		if (!bench_run(&c, &r))
+			rc = r.interrupted && !r.failed ? BENCH_EXIT_SIGNAL : BENCH_EXIT_FAIL;
+		bench_print_row(o, &r);
+		if (rc != BENCH_EXIT_OK)
+			break;
+	}
+	if (bench_signalled && rc == BENCH_EXIT_OK)
+		rc = BENCH_EXIT_SIGNAL;
+
+	if (registered) {
+		st = te_mem_unregister(c.e, c.local);
+		if (st != TE_OK)
+			bench_te_err("te_mem_unregister (local buffer)", st);
+	}
+out_local:
+	bench_unmap(c.local, c.llen);
+out_segment:
+	if (opened_seg) {
+		st = te_segment_close(c.e, c.seg);
+		if (st != TE_OK)
+			bench_te_err("te_segment_close", st);
+	}
+out_engine:
+	te_engine_free(c.e);
+out:
+	g_mutex_clear(&c.gate_lock);
+	g_cond_clear(&c.gate_cond);
+	return rc;
+}
+
+/* --- target -------------------------------------------------------------------------------- */
+
+/* Serve until a signal, or EOF on stdin when stdin is a pipe or socket (a parent's handle). */
+static void bench_serve(void)
+{
+	struct stat sb;
+	bool watch = fstat(STDIN_FILENO, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode));
+	char buf[256];
+
+	while (!bench_signalled) {
+		struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
+		int n = poll(watch ? &pfd : NULL, watch ? 1 : 0, 250);
+
+		if (n <= 0 || !watch)
+			continue;
+		if (pfd.revents & (POLLIN | POLLHUP | POLLERR)) {
+			ssize_t got = read(STDIN_FILENO, buf, sizeof(buf));
+
+			if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN))
+				return;
+		}
+	}
+}
+
+static int bench_target(const struct bench_opts *o)
+{
+	uint64_t len = o->buffer_size ? o->buffer_size : BENCH_DEF_TARGET_BUFFER;
+	g_autofree char *json = NULL, *b64 = NULL;
+	struct te_engine *e = NULL;
+	size_t json_len = 0;
+	uint8_t *buf = NULL;
+	int rc = BENCH_EXIT_FAIL;
+	enum te_status st;
+	uint64_t t0;
+	char *raw = NULL;
+	char sz[32];
+
+	st = bench_engine_new(o->config, NULL, &e);
+	if (st != TE_OK) {
+		bench_te_err("cannot create the engine", st);
+		return BENCH_EXIT_FAIL;
+	}
+	buf = bench_map(len);
+	if (!buf)
+		goto out_engine;
+	t0 = bench_now_ns();
+	/* Touches every page (first touch is slow here) and lays down the target's pattern. */
+	bench_fill(buf, 0, len, 0);
+	bench_note(o, "target: filled %s bytes in %.2f s", bench_size_str(len, sz, sizeof(sz)),
+		   (double)(bench_now_ns() - t0) / 1e9);
+	st = te_mem_register(e, buf, len, "cpu", TE_MEM_REMOTE);
+	if (st != TE_OK) {
+		bench_te_err("te_mem_register (target buffer)", st);
+		goto out_buf;
+	}
+	st = te_segment_export(e, &raw, &json_len);
+	if (st != TE_OK) {
+		bench_te_err("te_segment_export", st);
+		goto out_unregister;
+	}
+	json = g_strndup(raw, json_len);
+	te_free(raw);
+	b64 = g_base64_encode((const guchar *)json, json_len);
+
+	printf("segment: %s\n", te_engine_name(e));
+	printf("descriptor: %s\n", b64);
+	if (fflush(stdout) != 0) {
+		bench_err("cannot write to stdout: %s", g_strerror(errno));
+		goto out_unregister;
+	}
+	bench_note(o, "target %s serving %s bytes at %p; stop with Ctrl-C, SIGTERM or EOF on stdin",
+		   te_engine_name(e), bench_size_str(len, sz, sizeof(sz)), (void *)buf);
+	bench_serve();
+	rc = BENCH_EXIT_OK;
+
+out_unregister:
+	st = te_mem_unregister(e, buf);
+	if (st != TE_OK)
+		bench_te_err("te_mem_unregister (target buffer)", st);
+out_buf:
+	bench_unmap(buf, len);
+out_engine:
+	te_engine_free(e);
+	return rc;
+}
+
+/* --- loopback: a target child process ------------------------------------------------------ */
+
+/* Read one line (without '\n') from @fd into *line_out, buffering in @acc; false on EOF/timeout. */
+static bool bench_read_line(int fd, GString *acc, char **line_out, uint64_t deadline_ns)
+{
+	for (;;) {
+		char *nl = memchr(acc->str, '\n', acc->len);
+		struct pollfd pfd = { .fd = fd, .events = POLLIN };
+		uint64_t now = bench_now_ns();
+		char buf[4096];
+		ssize_t got;
+		int n;
+
+		if (nl) {
+			*line_out = g_strndup(acc->str, (gsize)(nl - acc->str));
+			g_string_erase(acc, 0, nl - acc->str + 1);
+			return true;
+		}
+		if (now >= deadline_ns || bench_signalled)
+			return false;
+		n = poll(&pfd, 1, (int)MIN((deadline_ns - now) / 1000000 + 1, (uint64_t)250));
+		if (n < 0 && errno != EINTR)
+			return false;
+		if (n <= 0)
+			continue;
+		got = read(fd, buf, sizeof(buf));
+		if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN))
+			return false;
+		if (got > 0)
+			g_string_append_len(acc, buf, got);
+		/* A target prints two short lines; anything this long is not one. */
+		if (acc->len > (64u << 20))
+			return false;
+	}
+}
+
+/* Wait for @pid to exit; after @timeout_ns, SIGTERM and then SIGKILL it. Its exit code or -1. */
+static int bench_reap(GPid pid, uint64_t timeout_ns)
+{
+	uint64_t deadline = bench_now_ns() + timeout_ns;
+	int status = 0, sig = 0;
+	pid_t r;
+
+	for (;;) {
+		r = waitpid(pid, &status, WNOHANG);
+		if (r == pid)
+			break;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		if (bench_now_ns() >= deadline) {
+			sig = sig == 0 ? SIGTERM : SIGKILL;
+			bench_err("the target process %d did not exit; sending %s", (int)pid,
+				  sig == SIGTERM ? "SIGTERM" : "SIGKILL");
+			kill(pid, sig);
+			deadline = bench_now_ns() + 2 * UINT64_C(1000000000);
+		}
+		g_usleep(10000);
+	}
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	if (WIFSIGNALED(status))
+		bench_err("the target process %d was killed by signal %d", (int)pid,
+			  WTERMSIG(status));
+	return -1;
+}
+
+/* Target buffer for --loopback: room for the largest run, within bounds. */
+static uint64_t bench_loopback_buffer(const struct bench_opts *o)
+{
+	const uint64_t *sizes;
+	size_t n = bench_sizes(o, &sizes);
+	uint64_t need = 0;
+
+	if (o->buffer_size)
+		return o->buffer_size;
+	for (size_t i = 0; i < n; i++)
+		need = MAX(need, 2 * (uint64_t)o->threads * o->batch * sizes[i] + 2 * 4096);
+	need = CLAMP(need, BENCH_LOOPBACK_MIN_BUFFER, BENCH_LOOPBACK_MAX_BUFFER);
+	return (need + BENCH_MIB - 1) & ~(BENCH_MIB - 1);
+}
+
+static int bench_loopback(const struct bench_opts *o)
+{
+	g_autofree char *exe = g_file_read_link("/proc/self/exe", NULL);
+	g_autofree char *bufsz = NULL, *name = NULL, *descriptor = NULL;
+	g_autoptr(GString) acc = g_string_new(NULL);
+	g_autoptr(GPtrArray) argv = g_ptr_array_new();
+	g_autoptr(GError) err = NULL;
+	uint64_t deadline = bench_now_ns() + BENCH_STARTUP_TIMEOUT_NS;
+	int in_fd = -1, out_fd = -1, rc, child;
+	char *line = NULL;
+	GPid pid;
+
+	bufsz = g_strdup_printf("%" PRIu64, bench_loopback_buffer(o));
+	g_ptr_array_add(argv, exe ? exe : (char *)"/proc/self/exe");
+	g_ptr_array_add(argv, (char *)"--target");
+	g_ptr_array_add(argv, (char *)"--quiet");
+	g_ptr_array_add(argv, (char *)"--buffer-size");
+	g_ptr_array_add(argv, bufsz);
+	if (o->config) {
+		g_ptr_array_add(argv, (char *)"--config");
+		g_ptr_array_add(argv, (char *)o->config);
+	}
+	g_ptr_array_add(argv, NULL);
+	if (!g_spawn_async_with_pipes(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD,
+				      NULL, NULL, &pid, &in_fd, &out_fd, NULL, &err)) {
+		bench_err("cannot start the target process: %s", err->message);
+		return BENCH_EXIT_FAIL;
+	}
+	while ((!name || !descriptor) && bench_read_line(out_fd, acc, &line, deadline)) {
+		if (g_str_has_prefix(line, "segment: ") && !name) {
+			name = g_strdup(line + strlen("segment: "));
+		} else if (g_str_has_prefix(line, "descriptor: ") && !descriptor) {
+			gsize n = 0;
+			g_autofree guchar *raw = g_base64_decode(line + strlen("descriptor: "), &n);
+
+			descriptor = g_strndup((const char *)raw, n);
+		}
+		g_free(line);
+		line = NULL;
+	}
+	if (!name || !descriptor) {
+		bench_err("the target process did not announce its segment%s",
+			  bench_signalled		   ? " (interrupted)"
+			  : bench_now_ns() >= deadline ? " in time"
+						       : " (it exited; see its messages above)");
+		rc = BENCH_EXIT_FAIL;
+	} else {
+		rc = bench_initiator(o, "loopback", name, descriptor);
+	}
+	/* EOF on its stdin tells the target to finish. */
+	close(in_fd);
+	child = bench_reap(pid, BENCH_REAP_TIMEOUT_NS);
+	close(out_fd);
+	g_spawn_close_pid(pid);
+	if (child != 0) {
+		bench_err("the target process exited with status %d", child);
+		if (rc == BENCH_EXIT_OK)
+			rc = BENCH_EXIT_FAIL;
+	}
+	return rc;
+}
+
+/* --- core overhead --------------------------------------------------------------------------- */
+
+/* Both engines of --core: the in-process loopback test transport, driven by the waiter. */
+static const char bench_core_yaml_fmt[] = "engine:\n"
+					  "  name: \"%s\"\n"
+					  "transports:\n"
+					  "  - name: loopback\n"
+					  "    required: true\n"
+					  "    options: {progress: manual}\n";
+
+struct bench_core;
+
+struct bench_core_worker {
+	struct bench_core *c;
+	uint32_t idx;
+	GThread *thread;
+	struct te_request *rd;
+	struct te_request *wr;
+	atomic_uint_fast64_t progress_batches; /* read by the progress line; relaxed */
+	uint64_t batches;
+	uint64_t t_start;
+	uint64_t t_end;
+	double cpu_s;
+	bool failed;
+};
+
+struct bench_core {
+	const struct bench_opts *o;
+	struct te_engine *a; /* initiator */
+	struct te_engine *b; /* target */
+	te_segment_id seg;
+	uint8_t *abuf;
+	uint8_t *bbuf;
+	uint64_t len;
+	GMutex gate_lock;
+	GCond gate_cond;
+	int gate;
+	atomic_bool stop;
+	atomic_uint finished;
+};
+
+static bool bench_core_gate_wait(struct bench_core *c)
+{
+	int g;
+
+	g_mutex_lock(&c->gate_lock);
+	while (c->gate == 0)
+		g_cond_wait(&c->gate_cond, &c->gate_lock);
+	g = c->gate;
+	g_mutex_unlock(&c->gate_lock);
+	return g == 1;
+}
+
+/* The loop under test: nothing but te calls and their checks. */
+static gpointer bench_core_main(gpointer data)
+{
+	struct bench_core_worker *w = data;
+	struct bench_core *c = w->c;
+	const struct bench_opts *o = c->o;
+	uint64_t deadline = 0, iterations = UINT64_MAX;
+	double cpu0;
+
+	if (!bench_core_gate_wait(c))
+		goto out;
+	if (o->iterations >= 0)
+		iterations = (uint64_t)o->iterations;
+	cpu0 = bench_cpu_s(RUSAGE_THREAD);
+	w->t_start = bench_now_ns();
+	if (o->duration_s > 0)
+		deadline = w->t_start + (uint64_t)(o->duration_s * 1e9);
+	for (uint64_t i = 0; i < iterations; i++) {
+		bool wr = o->op == BENCH_OP_WRITE || (o->op == BENCH_OP_MIX && (i & 1));
+		enum te_status st;
+		te_batch_id b;
+
+		/* Clock and flags every 16 batches: their cost stays out of the per-slice figure. */
+		if ((i & 15) == 0) {
+			if (atomic_load_explicit(&c->stop, memory_order_relaxed) || bench_signalled)
+				break;
+			if (deadline && bench_now_ns() >= deadline)
+				break;
+		}
+		st = te_batch_new(c->a, o->batch, &b);
+		if (st != TE_OK) {
+			bench_te_err("te_batch_new", st);
+			w->failed = true;
+			break;
+		}
+		st = te_batch_submit(c->a, b, wr ? w->wr : w->rd, o->batch);
+		if (st != TE_OK) {
+			bench_te_err("te_batch_submit", st);
+			w->failed = true;
+		}
+		/* Even after a rejected submit: the accepted tasks run and must end first. */
+		st = te_batch_wait(c->a, b, -1);
+		if (st != TE_OK && !w->failed) {
+			bench_te_err("te_batch_wait", st);
+			w->failed = true;
+		}
+		st = te_batch_free(c->a, b);
+		if (st != TE_OK) {
+			bench_te_err("te_batch_free", st);
+			w->failed = true;
+		}
+		if (w->failed)
+			break;
+		w->batches++;
+		atomic_store_explicit(&w->progress_batches, w->batches, memory_order_relaxed);
+	}
+	w->t_end = bench_now_ns();
+	w->cpu_s = bench_cpu_s(RUSAGE_THREAD) - cpu0;
+	if (w->failed)
+		atomic_store_explicit(&c->stop, true, memory_order_relaxed);
+out:
+	atomic_fetch_add_explicit(&c->finished, 1, memory_order_release);
+	return NULL;
+}
+
+/* One batch before the timed loop: learn slices per request, transport and device. */
+static bool bench_core_probe(struct bench_core *c, const struct te_request *reqs,
+			     struct te_task_info *ti)
+{
+	enum te_status st, fst;
+	te_batch_id b;
+
+	st = te_batch_new(c->a, c->o->batch, &b);
+	if (st != TE_OK) {
+		bench_te_err("te_batch_new", st);
+		return false;
+	}
+	st = te_batch_submit(c->a, b, reqs, c->o->batch);
+	if (st == TE_OK)
+		st = te_batch_wait(c->a, b, -1);
+	if (st != TE_OK)
+		bench_te_err("first batch", st);
+	if (te_task_status(c->a, b, 0, ti) != TE_OK)
+		memset(ti, 0, sizeof(*ti));
+	if (st != TE_OK && ti->detail[0])
+		bench_err("task 0: %s", ti->detail);
+	fst = te_batch_free(c->a, b);
+	if (fst != TE_OK) {
+		bench_te_err("te_batch_free", fst);
+		return false;
+	}
+	return st == TE_OK;
+}
+
+/* After the run: the bytes of the last direction moved must match the pattern. */
+static bool bench_core_verify(struct bench_core *c)
+{
+	const struct bench_opts *o = c->o;
+	/* WRITE moved A's data (salt 1) into B; READ and MIX leave B's pattern in both. */
+	const uint8_t *p = o->op == BENCH_OP_WRITE ? c->bbuf : c->abuf;
+	uint64_t salt = o->op == BENCH_OP_WRITE ? bench_salt(1) : 0;
+	uint64_t at = bench_check(p, 0, c->len, salt);
+
+	if (at == c->len)
+		return true;
+	bench_err("core: verify failed at offset 0x%" PRIx64 ": got 0x%02x, want 0x%02x", at, p[at],
+		  bench_byte(at, salt));
+	return false;
+}
+
+static void bench_core_report(const struct bench_opts *o, const struct te_task_info *ti,
+			      uint64_t batches, double seconds, double cpu_s, double proc_cpu_s,
+			      bool verified)
+{
+	uint64_t requests = batches * o->batch;
+	uint64_t slices = requests * (ti->slices ? ti->slices : 1);
+	double sps = bench_rate((double)slices, seconds);
+	double ns = slices ? seconds * 1e9 / (double)slices : 0.0;
+	double spc = bench_rate((double)slices, cpu_s);
+	const char *tp = ti->transport && ti->transport[0] ? ti->transport : "loopback";
+	const char *dev = ti->device ? ti->device : "";
+	char sz[32];
+
+	if (o->json) {
+		g_autoptr(JsonBuilder) b = json_builder_new();
+
+		json_builder_begin_object(b);
+		bench_json_str(b, "mode", "core");
+		bench_json_str(b, "op", bench_op_str(o->op));
+		bench_json_int(b, "block_size", (int64_t)o->block);
+		bench_json_int(b, "batch", o->batch);
+		bench_json_int(b, "threads", o->threads);
+		bench_json_str(b, "transport", tp);
+		bench_json_str(b, "device", dev);
+		bench_json_str(b, "progress", "manual");
+		bench_json_int(b, "iterations", (int64_t)batches);
+		bench_json_int(b, "requests", (int64_t)requests);
+		bench_json_int(b, "slices_per_request", ti->slices ? ti->slices : 1);
+		bench_json_int(b, "slices", (int64_t)slices);
+		bench_json_int(b, "bytes", (int64_t)(requests * o->block));
+		bench_json_dbl(b, "seconds", seconds);
+		bench_json_dbl(b, "cpu_seconds", cpu_s);
+		bench_json_dbl(b, "process_cpu_seconds", proc_cpu_s);
+		bench_json_dbl(b, "slices_per_s", sps);
+		bench_json_dbl(b, "ns_per_slice", ns);
+		bench_json_dbl(b, "slices_per_cpu_s", spc);
+		bench_json_dbl(b, "gbps", bench_rate((double)(requests * o->block), seconds) / 1e9);
+		bench_json_dbl(b, "ops_per_s", bench_rate((double)requests, seconds));
+		bench_json_bool(b, "verify", o->verify);
+		bench_json_bool(b, "verified", verified);
+		json_builder_end_object(b);
+		bench_json_print(b);
+		return;
+	}
+	printf("core: %s %s-byte requests x%" PRIu32 ", %" PRIu32 " thread(s), %s (manual "
+	       "progress)%s%s\n",
+	       bench_op_str(o->op), bench_size_str(o->block, sz, sizeof(sz)), o->batch, o->threads,
+	       tp, dev[0] ? ", device " : "", dev);
+	printf("  %" PRIu64 " slices (%" PRIu64 " batches) in %.3f s: %.3f M slices/s, %.1f ns/slice"
+	       "\n",
+	       slices, batches, seconds, sps / 1e6, ns);
+	printf("  submitting threads' CPU %.3f s: %.3f M slices per CPU-second (process CPU "
+	       "%.3f s)%s\n",
+	       cpu_s, spc / 1e6, proc_cpu_s,
+	       !o->verify ? "" : verified ? "; verified" : "; VERIFY FAILED");
+	fflush(stdout);
+}
+
+static bool bench_core_setup(struct bench_core *c)
+{
+	const struct bench_opts *o = c->o;
+	g_autofree char *ya = g_strdup_printf(bench_core_yaml_fmt, "te-bench-core-a");
+	g_autofree char *yb = g_strdup_printf(bench_core_yaml_fmt, "te-bench-core-b");
+	char *json = NULL;
+	size_t json_len = 0;
+	enum te_status st;
+
+	st = bench_engine_new(o->config, ya, &c->a);
+	if (st != TE_OK) {
+		bench_te_err("cannot create engine A", st);
+		return false;
+	}
+	st = bench_engine_new(o->config, yb, &c->b);
+	if (st != TE_OK) {
+		bench_te_err("cannot create engine B", st);
+		return false;
+	}
+	c->len = (uint64_t)o->threads * o->batch * o->block;
+	c->abuf = bench_map(c->len);
+	c->bbuf = bench_map(c->len);
+	if (!c->abuf || !c->bbuf)
+		return false;
+	bench_fill(c->bbuf, 0, c->len, 0);
+	bench_fill(c->abuf, 0, c->len, bench_salt(1));
+	st = te_mem_register(c->b, c->bbuf, c->len, "cpu", TE_MEM_REMOTE);
+	if (st != TE_OK) {
+		bench_te_err("te_mem_register (engine B)", st);
+		return false;
+	}
+	st = te_mem_register(c->a, c->abuf, c->len, "cpu", TE_MEM_LOCAL);
+	if (st != TE_OK) {
+		bench_te_err("te_mem_register (engine A)", st);
+		return false;
+	}
+	st = te_segment_export(c->b, &json, &json_len);
+	if (st != TE_OK) {
+		bench_te_err("te_segment_export (engine B)", st);
+		return false;
+	}
+	st = te_segment_import(c->a, json, json_len, &c->seg);
+	te_free(json);
+	if (st != TE_OK) {
+		bench_te_err("te_segment_import (into engine A)", st);
+		return false;
+	}
+	return true;
+}
+
+static int bench_core_run(const struct bench_opts *o)
+{
+	g_autofree struct bench_core_worker *ws = g_new0(struct bench_core_worker, o->threads);
+	uint64_t bb = (uint64_t)o->batch * o->block, batches = 0, t0 = UINT64_MAX, t1 = 0;
+	struct bench_progress prog;
+	struct bench_core c;
+	struct te_task_info ti;
+	uint32_t started = 0;
+	double cpu = 0.0, pcpu0, pcpu;
+	bool failed = false, verified = false;
+	int rc = BENCH_EXIT_FAIL;
+
+	memset(&c, 0, sizeof(c));
+	memset(&ti, 0, sizeof(ti));
+	c.o = o;
+	g_mutex_init(&c.gate_lock);
+	g_cond_init(&c.gate_cond);
+	if (!bench_core_setup(&c))
+		goto out;
+	for (uint32_t t = 0; t < o->threads; t++) {
+		struct bench_core_worker *w = &ws[t];
+
+		w->c = &c;
+		w->idx = t;
+		w->rd = g_new0(struct te_request, o->batch);
+		w->wr = g_new0(struct te_request, o->batch);
+		for (uint32_t k = 0; k < o->batch; k++) {
+			uint64_t off = bb * t + (uint64_t)k * o->block;
+
+			w->rd[k] = (struct te_request){ .opcode = TE_OP_READ, .segment = c.seg,
+							.local = c.abuf + off,
+							.remote = (uint64_t)(uintptr_t)c.bbuf + off,
+							.length = o->block };
+			w->wr[k] = w->rd[k];
+			w->wr[k].opcode = TE_OP_WRITE;
+		}
+		atomic_init(&w->progress_batches, 0);
+	}
+	if (!bench_core_probe(&c, o->op == BENCH_OP_WRITE ? ws[0].wr : ws[0].rd, &ti))
+		goto out;
+	if (o->op == BENCH_OP_WRITE)
+		bench_fill(c.bbuf, 0, c.len, 0); /* undo the probe, so verify sees the loop's work */
+
+	for (uint32_t t = 0; t < o->threads; t++, started++) {
+		g_autoptr(GError) err = NULL;
+
+		ws[t].thread = g_thread_try_new("bench-core", bench_core_main, &ws[t], &err);
+		if (!ws[t].thread) {
+			bench_err("cannot start thread %" PRIu32 ": %s", t, err->message);
+			failed = true;
+			break;
+		}
+	}
+	pcpu0 = bench_cpu_s(RUSAGE_SELF);
+	g_mutex_lock(&c.gate_lock);
+	c.gate = failed ? 2 : 1;
+	g_cond_broadcast(&c.gate_cond);
+	g_mutex_unlock(&c.gate_lock);
+	if (o->duration_s > 0) {
+		/* Only timed runs watch; a fixed --iterations run stays quiet for callgrind. */
+		bench_progress_init(&prog, o);
+		while (atomic_load_explicit(&c.finished, memory_order_acquire) < started) {
+			uint64_t n = 0;
+			double el;
+
+			g_usleep(50000);
+			for (uint32_t t = 0; t < started; t++)
+				n += atomic_load_explicit(&ws[t].progress_batches,
+							  memory_order_relaxed);
+			el = (double)(bench_now_ns() - prog.start_ns) / 1e9;
+			bench_progress_show(&prog, "te-bench: core: %.0f s of %.0f, %.3f M slices/s",
+					    el, o->duration_s,
+					    bench_rate((double)n * o->batch *
+							       (ti.slices ? ti.slices : 1),
+						       el) / 1e6);
+		}
+		bench_progress_done(&prog);
+	}
+	for (uint32_t t = 0; t < started; t++) {
+		g_thread_join(ws[t].thread);
+		failed |= ws[t].failed;
+		batches += ws[t].batches;
+		cpu += ws[t].cpu_s;
+		t0 = MIN(t0, ws[t].t_start);
+		t1 = MAX(t1, ws[t].t_end);
+	}
+	pcpu = bench_cpu_s(RUSAGE_SELF) - pcpu0;
+	if (!failed && o->verify)
+		verified = batches > 0 && bench_core_verify(&c);
+	bench_core_report(o, &ti, batches, t1 > t0 ? (double)(t1 - t0) / 1e9 : 0.0, cpu, pcpu,
+			  verified);
+	if (failed || (o->verify && !verified))
+		rc = BENCH_EXIT_FAIL;
+	else
+		rc = bench_signalled ? BENCH_EXIT_SIGNAL : BENCH_EXIT_OK;
+out:
+	for (uint32_t t = 0; t < o->threads; t++) {
+		g_free(ws[t].rd);
+		g_free(ws[t].wr);
+	}
+	/* Engines first: they may still reference the buffers. */
+	te_engine_free(c.a);
+	te_engine_free(c.b);
+	bench_unmap(c.abuf, c.len);
+	bench_unmap(c.bbuf, c.len);
+	g_mutex_clear(&c.gate_lock);
+	g_cond_clear(&c.gate_cond);
+	return rc;
+}
+
+/* --- command line -------------------------------------------------------------------------- */
+
+static int bench_usage(const char *fmt, ...) G_GNUC_PRINTF(1, 2);
+
+static int bench_usage(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	bench_vmsg("", fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "te-bench: try --help\n");
+	return BENCH_EXIT_USAGE;
+}
+
+/* Parse and validate the command line into @o; BENCH_EXIT_OK or BENCH_EXIT_USAGE. */
+static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **strs)
+{
+	gboolean target = FALSE, loopback = FALSE, core = FALSE, sweep = FALSE, verify = FALSE;
+	gboolean json = FALSE, quiet = FALSE;
+	gint batch = -1, threads = 1;
+	gint64 iterations = -1;
+	gdouble duration = -1.0, timeout = BENCH_DEF_TIMEOUT;
+	char *initiator = NULL, *config = NULL, *op = NULL, *block = NULL, *buffer = NULL;
+	g_autoptr(GOptionContext) octx = NULL;
+	g_autoptr(GError) error = NULL;
+	int modes;
+	const GOptionEntry entries[] = {
+		{ "target", 0, 0, G_OPTION_ARG_NONE, &target,
+		  "Serve a pattern-filled buffer; print 'segment: NAME' and wait for "
+		  "SIGINT/SIGTERM or EOF on stdin",
+		  NULL },
+		{ "initiator", 0, 0, G_OPTION_ARG_STRING, &initiator,
+		  "Transfer to and from the target segment SEGMENT", "SEGMENT" },
+		{ "loopback", 0, 0, G_OPTION_ARG_NONE, &loopback,
+		  "Start a --target child process and run as its initiator", NULL },
+		{ "core", 0, 0, G_OPTION_ARG_NONE, &core,
+		  "Core overhead: slices/s through the loopback test transport, in-process", NULL },
+		{ "config", 'c', 0, G_OPTION_ARG_FILENAME, &config,
+		  "Engine configuration (default: $TE_CONFIG, else p2p metadata and tcp on "
+		  "loopback; --core: the loopback test transport)",
+		  "FILE" },
+		{ "op", 'o', 0, G_OPTION_ARG_STRING, &op,
+		  "read, write or mix (batches alternate) [read]", "OP" },
+		{ "block-size", 'b', 0, G_OPTION_ARG_STRING, &block,
+		  "Bytes per request, K/M/G suffixes are powers of 2 [64K; --core: 64]", "SIZE" },
+		{ "batch", 'B', 0, G_OPTION_ARG_INT, &batch, "Requests per batch [128; --core: 64]",
+		  "N" },
+		{ "threads", 't', 0, G_OPTION_ARG_INT, &threads, "Submitting threads [1]", "N" },
+		{ "duration", 'd', 0, G_OPTION_ARG_DOUBLE, &duration,
+		  "Seconds per run [5; --sweep: 2; --core: 3]", "SECONDS" },
+		{ "iterations", 'n', 0, G_OPTION_ARG_INT64, &iterations,
+		  "Batches per thread instead of a duration (--core: 0 measures the setup alone)",
+		  "N" },
+		{ "sweep", 's', 0, G_OPTION_ARG_NONE, &sweep,
+		  "Run block sizes 4K 16K 64K 256K 1M 4M 16M 64M", NULL },
+		{ "verify", 'v', 0, G_OPTION_ARG_NONE, &verify,
+		  "Check every byte moved against the pattern of its offset", NULL },
+		{ "buffer-size", 0, 0, G_OPTION_ARG_STRING, &buffer,
+		  "Target buffer [1G; --loopback: what the runs need, 64M to 256M]", "SIZE" },
+		{ "timeout", 0, 0, G_OPTION_ARG_DOUBLE, &timeout,
+		  "Seconds a batch may take before it is canceled and counted as failed [120]",
+		  "SECONDS" },
+		{ "json", 'j', 0, G_OPTION_ARG_NONE, &json,
+		  "One JSON object per result row on stdout", NULL },
+		{ "quiet", 'q', 0, G_OPTION_ARG_NONE, &quiet, "No progress line and no notes",
+		  NULL },
+		{ NULL, 0, 0, 0, NULL, NULL, NULL },
+	};
+
+	octx = g_option_context_new("- te transfer benchmark");
+	g_option_context_set_summary(
+		octx,
+		"Throughput and latency of te transfers between two processes, and the core's\n"
+		"per-slice overhead. Rows: GB/s (10^9 bytes/s), requests/s, batch latency\n"
+		"avg/p50/p99/p99.9 in microseconds (every request of a batch counts with its\n"
+		"batch's completion time), transport and device of the first task.\n"
+		"\n"
+		"  te-bench --target [--buffer-size 1G]       prints 'segment: NAME', serves\n"
+		"  te-bench --initiator NAME [--sweep] [--verify]\n"
+		"  te-bench --loopback [--sweep] [--verify]   both in one command\n"
+		"  te-bench --core [--duration 3 | --iterations N]\n"
+		"\n"
+		"Exit status: 0 ok, 1 a transfer or verification failed, 2 usage error.");
+	g_option_context_add_main_entries(octx, entries, NULL);
+	if (!g_option_context_parse(octx, &argc, &argv, &error))
+		return bench_usage("%s", error->message);
+	strs[0] = initiator;
+	strs[1] = config;
+	strs[2] = op;
+	strs[3] = block;
+	strs[4] = buffer;
+	if (argc > 1)
+		return bench_usage("unexpected argument '%s'", argv[1]);
+
+	modes = !!target + !!initiator + !!loopback + !!core;
+	if (modes != 1)
+		return bench_usage("choose one of --target, --initiator SEGMENT, --loopback, --core");
+	o->mode = target ? BENCH_MODE_TARGET
+		  : initiator ? BENCH_MODE_INITIATOR
+		  : loopback ? BENCH_MODE_LOOPBACK
+			     : BENCH_MODE_CORE;
+	if (initiator && !initiator[0])
+		return bench_usage("--initiator needs a segment name");
+	o->segment = initiator;
+	o->config = config;
+	o->sweep = sweep;
+	o->verify = verify;
+	o->json = json;
+	o->quiet = quiet;
+
+	if (!op || strcmp(op, "read") == 0)
+		o->op = BENCH_OP_READ;
+	else if (strcmp(op, "write") == 0)
+		o->op = BENCH_OP_WRITE;
+	else if (strcmp(op, "mix") == 0)
+		o->op = BENCH_OP_MIX;
+	else
+		return bench_usage("--op: '%s' is not one of read, write, mix", op);
+
+	o->block = core ? BENCH_CORE_BLOCK : BENCH_DEF_BLOCK;
+	if (block) {
+		if (!bench_parse_size(block, &o->block) || o->block == 0 ||
+		    o->block > BENCH_MAX_BLOCK)
+			return bench_usage("--block-size: invalid size '%s' (expected 1 to 4G bytes, "
+					   "e.g. 4096, 64K, 1M)",
+					   block);
+		o->block_set = true;
+	}
+	if (sweep && (core || target))
+		return bench_usage("--sweep works with --initiator and --loopback");
+	if (sweep && block)
+		return bench_usage("--sweep picks the block sizes; drop --block-size");
+
+	if (batch == -1)
+		batch = core ? BENCH_CORE_BATCH : BENCH_DEF_BATCH;
+	if (batch < 1 || batch > BENCH_MAX_BATCH)
+		return bench_usage("--batch: %d is not in [1, %d]", batch, BENCH_MAX_BATCH);
+	o->batch = (uint32_t)batch;
+	if (threads < 1 || threads > BENCH_MAX_THREADS)
+		return bench_usage("--threads: %d is not in [1, %d]", threads, BENCH_MAX_THREADS);
+	o->threads = (uint32_t)threads;
+	/* The --core buffers hold every request of every thread at once. */
+	if (core && (uint64_t)o->threads * o->batch * o->block > 64 * BENCH_GIB)
+		return bench_usage("--core: threads x batch x block-size exceeds 64G");
+
+	if (iterations != -1 && (iterations < 0 || iterations > BENCH_MAX_ITERATIONS ||
+				 (iterations == 0 && !core)))
+		return bench_usage("--iterations: %" G_GINT64_FORMAT " is not in [%d, 2^48]",
+				   (gint64)iterations, core ? 0 : 1);
+	o->iterations = iterations;
+	if (duration != -1.0 && !(duration > 0.0 && duration <= BENCH_MAX_DURATION))
+		return bench_usage("--duration: %g is not in (0, %.0f] seconds", duration,
+				   BENCH_MAX_DURATION);
+	if (duration > 0.0)
+		o->duration_s = duration;
+	else if (iterations >= 0)
+		o->duration_s = 0.0; /* --iterations alone: no time limit */
+	else
+		o->duration_s = core ? BENCH_CORE_DURATION
+				: sweep ? BENCH_DEF_SWEEP_DURATION
+					: BENCH_DEF_DURATION;
+	if (!(timeout > 0.0 && timeout <= BENCH_MAX_DURATION))
+		return bench_usage("--timeout: %g is not in (0, %.0f] seconds", timeout,
+				   BENCH_MAX_DURATION);
+	o->timeout_s = timeout;
+
+	if (buffer) {
+		if (!bench_parse_size(buffer, &o->buffer_size) || o->buffer_size < BENCH_MIN_BUFFER ||
+		    o->buffer_size > BENCH_MAX_BUFFER)
+			return bench_usage("--buffer-size: invalid size '%s' (expected 8K to 1T "
+					   "bytes, e.g. 256M, 1G)",
+					   buffer);
+		if (core || initiator)
+			return bench_usage("--buffer-size sizes the target (--target, --loopback)");
+	}
+	return BENCH_EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+	struct bench_opts o;
+	char *strs[5] = { NULL };
+	int rc;
+
+	memset(&o, 0, sizeof(o));
+	rc = bench_parse_args(argc, argv, &o, strs);
+	if (rc == BENCH_EXIT_OK) {
+		bench_signals_install();
+		switch (o.mode) {
+		case BENCH_MODE_TARGET:
+			rc = bench_target(&o);
+			break;
+		case BENCH_MODE_INITIATOR:
+			rc = bench_initiator(&o, "initiator", o.segment, NULL);
+			break;
+		case BENCH_MODE_LOOPBACK:
+			rc = bench_loopback(&o);
+			break;
+		case BENCH_MODE_CORE:
+			rc = bench_core_run(&o);
+			break;
+		}
+	}
+	for (size_t i = 0; i < G_N_ELEMENTS(strs); i++)
+		g_free(strs[i]);
+	return rc;
+}
