@@ -161,20 +161,40 @@ static void backlog_push(struct transport *tp, struct te_plugin_slice **ps, uint
 }
 
 /*
- * Hand @n slices to the plugin; returns how many were consumed (accepted, or
- * failed because submit returned an error). The rest are back-pressure.
+ * Hand the *@n_io slices of @ps to the plugin. Slices already settled are dropped
+ * first (order kept; *@n_io shrinks). Returns how many of the rest were consumed
+ * (accepted, or failed because submit returned an error): ps[0..ret) are gone,
+ * ps[ret..*n_io) are back-pressure for the caller to queue.
  */
 static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_slice **ps,
-		     uint32_t n)
+		     uint32_t *n_io)
 {
 	bool manual = tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL;
-	uint32_t acc = 0;
+	uint32_t acc = 0, n = 0;
 	enum te_status st;
 
-	for (uint32_t i = 0; i < n; i++)
-		atomic_store_explicit(&SLICE_OF(ps[i])->in_plugin, 1, memory_order_relaxed);
+	/*
+	 * seq_cst store then load of term pairs with batch_free's scan of in_plugin:
+	 * a slice whose outcome is already settled (timed out, canceled) is never
+	 * handed to a plugin once its batch may have released its memory.
+	 */
+	for (uint32_t i = 0; i < *n_io; i++) {
+		struct slice *s = SLICE_OF(ps[i]);
+
+		atomic_store(&s->in_plugin, 1);
+		if (atomic_load(&s->term)) {
+			atomic_store(&s->in_plugin, 0);
+			batch_release_slice(s);
+			continue;
+		}
+		ps[n++] = ps[i];
+	}
+	*n_io = n;
+	if (!n)
+		return 0;
 	if (manual) /* seq_cst: pairs with the worker's sleeping store (engine_kick) */
 		atomic_fetch_add(&tp->in_flight, n);
+	transport_clear_error();
 	if (tp->serialized)
 		g_mutex_lock(&tp->call_lock);
 	st = tp->plugin->ops.submit(tp->inst, ps, n, &acc);
@@ -201,7 +221,7 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 		char detail[TE_DETAIL_MAX];
 
 		snprintf(detail, sizeof(detail), "%s: submit failed: %s%s%s", tp->plugin->name,
-			 te_status_str(st), tp->last_log[0] ? ": " : "", tp->last_log);
+			 te_status_str(st), *transport_error(tp) ? ": " : "", transport_error(tp));
 		for (uint32_t i = acc; i < n; i++) {
 			slice_fail(SLICE_OF(ps[i]), st, detail);
 			batch_release_slice(SLICE_OF(ps[i]));
@@ -217,7 +237,7 @@ void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **
 	struct te_plugin_slice *ps[POST_CHUNK];
 
 	while (n) {
-		uint32_t k = MIN(n, (uint32_t)POST_CHUNK), acc;
+		uint32_t k = MIN(n, (uint32_t)POST_CHUNK), acc, total = k;
 
 		for (uint32_t i = 0; i < k; i++)
 			ps[i] = &slices[i]->ps;
@@ -226,7 +246,7 @@ void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **
 			backlog_push(tp, ps, k, false);
 			engine_kick(e);
 		} else {
-			acc = post(e, tp, ps, k);
+			acc = post(e, tp, ps, &k);
 			if (acc < k) {
 				backlog_push(tp, ps + acc, k - acc, false);
 				engine_kick(e);
@@ -235,8 +255,8 @@ void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **
 				engine_kick(e);
 			}
 		}
-		slices += k;
-		n -= k;
+		slices += total;
+		n -= total;
 	}
 }
 
@@ -280,12 +300,14 @@ unsigned batch_drain_backlog(struct engine *e, struct transport *tp)
 	{
 		struct batch *held[POST_CHUNK];
 
+		uint32_t held_n = k;
+
 		for (uint32_t i = 0; i < k; i++)
 			held[i] = SLICE_OF(ps[i])->task->batch;
-		acc = post(e, tp, ps, k);
+		acc = post(e, tp, ps, &k);
 		if (acc < k)
 			backlog_push(tp, ps + acc, k - acc, true);
-		for (uint32_t i = 0; i < k; i++)
+		for (uint32_t i = 0; i < held_n; i++)
 			batch_unref(held[i]);
 	}
 	return done + acc;
@@ -422,6 +444,10 @@ void batch_retry_slice(struct engine *e, struct slice *s)
 		return;
 	}
 	s->ps.excluded_devices |= paused_devices(tp, engine_now_ns());
+	if (tp->n_devices && tp->n_devices < 64 &&
+	    (s->ps.excluded_devices & ((1ull << tp->n_devices) - 1)) ==
+		    (1ull << tp->n_devices) - 1)
+		s->ps.excluded_devices = 0; /* never exclude every device */
 	if (tp->serialized)
 		g_mutex_lock(&tp->call_lock);
 	st = tp->plugin->ops.retry_prepare(tp->inst, &s->ps);
@@ -448,11 +474,17 @@ void batch_retry_slice(struct engine *e, struct slice *s)
 
 /* --- public operations ------------------------------------------------------ */
 
-static void batch_destroy(struct batch *b)
+/*
+ * Release what the tasks pin (local regions, segments, views): once per batch,
+ * either at te_batch_free when no plugin holds a slice any more, or at the last
+ * reference otherwise (a transport still owns a timed-out slice).
+ */
+static void batch_release_tasks(struct batch *b)
 {
-	struct engine *e = b->engine;
 	uint32_t n = atomic_load(&b->n_tasks);
 
+	if (atomic_exchange(&b->tasks_released, 1))
+		return;
 	for (uint32_t i = 0; i < n; i++) {
 		struct task *t = &b->tasks[i];
 
@@ -461,8 +493,27 @@ static void batch_destroy(struct batch *b)
 		if (t->seg)
 			atomic_fetch_sub_explicit(&t->seg->busy, 1, memory_order_release);
 		segview_unref(t->view);
-		g_free(t->detail);
+		t->view = NULL;
 	}
+}
+
+static bool batch_plugin_holds_slices(struct batch *b)
+{
+	for (struct slice_chunk *c = b->chunks; c; c = c->next)
+		for (uint32_t i = 0; i < c->n; i++)
+			if (atomic_load(&SLICE_AT(c, i)->in_plugin))
+				return true;
+	return false;
+}
+
+static void batch_destroy(struct batch *b)
+{
+	struct engine *e = b->engine;
+	uint32_t n = atomic_load(&b->n_tasks);
+
+	batch_release_tasks(b);
+	for (uint32_t i = 0; i < n; i++)
+		g_free(b->tasks[i].detail);
 	while (b->chunks) {
 		struct slice_chunk *c = b->chunks;
 
@@ -1208,6 +1259,14 @@ enum te_status batch_free(struct engine *e, te_batch_id id)
 	e->slots[slot].next_free = e->free_head;
 	e->free_head = slot;
 	g_mutex_unlock(&e->slot_lock);
+	/*
+	 * Terminal, and no plugin holds a slice: memory and segments are free to go
+	 * now, even if a plugin thread is still returning from slice_done (it touches
+	 * only counters). post() re-checks term after setting in_plugin, so no slice
+	 * can reach a plugin after this scan saw none there.
+	 */
+	if (!batch_plugin_holds_slices(b))
+		batch_release_tasks(b);
 	batch_unref(b);
 	return TE_OK;
 }

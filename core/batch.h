@@ -74,6 +74,7 @@ struct batch {
 	_Atomic uint32_t n_completed, n_failed, n_timeout, n_canceled;
 	_Atomic uint64_t min_deadline_ns;
 	_Atomic uint32_t canceled;
+	_Atomic uint32_t tasks_released; /* regions/segments/views let go (once) */
 	/* 1 for the user handle + 1 per slice not yet released + temporary users. */
 	_Atomic int64_t refs;
 	struct slice_chunk *chunks;

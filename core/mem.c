@@ -203,11 +203,13 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 
 		if (!(tp->caps.mem_types & mem_type))
 			continue;
+		transport_clear_error();
 		st = tp->plugin->ops.reg_mem(tp->inst, addr, length, mem_type, dev, access,
 					     &r->handles[i]);
 		if (st != TE_OK) {
-			log_error(st, "te_mem_register: %s: reg_mem([%p, +%zu), %s) failed: %s",
-				  tp->plugin->name, addr, length, r->location, te_status_str(st));
+			log_error(st, "te_mem_register: %s: reg_mem([%p, +%zu), %s) failed: %s%s%s",
+				  tp->plugin->name, addr, length, r->location, te_status_str(st),
+				  *transport_error(tp) ? ": " : "", transport_error(tp));
 			goto err_unwind;
 		}
 		st = tp->plugin->ops.pack_key(tp->inst, r->handles[i], keybuf, sizeof(keybuf),

@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* rpc.c: control-plane framing, the epoll listener with its handler pool, and the client. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* accept4, POLLRDHUP; meson sets it, fuzz/run-libfuzzer.sh does not */
+#endif
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -98,18 +101,30 @@ static void rpc_put_le64(uint8_t *p, uint64_t v)
 const char *rpc_type_str(unsigned int type)
 {
 	switch (type) {
-	case RPC_HELLO: return "HELLO";
-	case RPC_AUTH: return "AUTH";
-	case RPC_AUTH_OK: return "AUTH_OK";
-	case RPC_ERROR: return "ERROR";
-	case RPC_DESC_FETCH: return "DESC_FETCH";
-	case RPC_DESC_REPLY: return "DESC_REPLY";
-	case RPC_HANDSHAKE: return "HANDSHAKE";
-	case RPC_HANDSHAKE_REPLY: return "HANDSHAKE_REPLY";
-	case RPC_NOTIFY: return "NOTIFY";
-	case RPC_NOTIFY_ACK: return "NOTIFY_ACK";
-	case RPC_PROBE: return "PROBE";
-	case RPC_PROBE_REPLY: return "PROBE_REPLY";
+	case RPC_HELLO:
+		return "HELLO";
+	case RPC_AUTH:
+		return "AUTH";
+	case RPC_AUTH_OK:
+		return "AUTH_OK";
+	case RPC_ERROR:
+		return "ERROR";
+	case RPC_DESC_FETCH:
+		return "DESC_FETCH";
+	case RPC_DESC_REPLY:
+		return "DESC_REPLY";
+	case RPC_HANDSHAKE:
+		return "HANDSHAKE";
+	case RPC_HANDSHAKE_REPLY:
+		return "HANDSHAKE_REPLY";
+	case RPC_NOTIFY:
+		return "NOTIFY";
+	case RPC_NOTIFY_ACK:
+		return "NOTIFY_ACK";
+	case RPC_PROBE:
+		return "PROBE";
+	case RPC_PROBE_REPLY:
+		return "PROBE_REPLY";
 	}
 	return "unknown";
 }
@@ -246,8 +261,7 @@ enum te_status rpc_body_pack(GByteArray *out, const char *name, const void *payl
 }
 
 enum te_status rpc_body_unpack(const uint8_t *body, size_t len, const char **name_out,
-			       const uint8_t **payload_out, size_t *payload_len_out,
-			       char **err_out)
+			       const uint8_t **payload_out, size_t *payload_len_out, char **err_out)
 {
 	const uint8_t *nul;
 	size_t n;
@@ -654,8 +668,8 @@ static void rpc_conn_submit(struct rpc_server *srv, struct rpc_conn *conn,
 	req->payload = job->body;
 	req->payload_len = hdr->body_len;
 	if ((hdr->type == RPC_HANDSHAKE || hdr->type == RPC_NOTIFY) &&
-	    rpc_body_unpack(job->body, hdr->body_len, &req->name, &req->payload,
-			    &req->payload_len, &why) != TE_OK) {
+	    rpc_body_unpack(job->body, hdr->body_len, &req->name, &req->payload, &req->payload_len,
+			    &why) != TE_OK) {
 		rpc_job_free(job);
 		rpc_conn_fail(srv, conn, TE_ERR_PROTOCOL, "%s body: %s", rpc_type_str(hdr->type),
 			      why);
@@ -953,7 +967,8 @@ static void rpc_server_sweep(struct rpc_server *srv)
 			rpc_conn_close(srv, conn, TE_LOG_DEBUG, "closed after an error");
 		else if (conn->woff < conn->wbuf->len)
 			rpc_conn_close(srv, conn, TE_LOG_WARN,
-				       "not reading its reply (%zu bytes unsent) for %" PRIu32 " ms",
+				       "not reading its reply (%zu bytes unsent) for %" PRIu32
+				       " ms",
 				       conn->wbuf->len - conn->woff, ms);
 		else if (!conn->authed)
 			rpc_conn_close(srv, conn, TE_LOG_WARN,
@@ -1015,7 +1030,8 @@ static gpointer rpc_server_loop(gpointer data)
 
 static enum te_status rpc_server_bind(struct rpc_server *srv, const char *addr, char **err_out)
 {
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+	struct addrinfo hints = { .ai_family = AF_UNSPEC,
+				  .ai_socktype = SOCK_STREAM,
 				  .ai_flags = AI_PASSIVE | AI_NUMERICSERV };
 	g_autofree char *host = NULL, *port = NULL;
 	struct sockaddr_storage ss;
@@ -1099,8 +1115,7 @@ enum te_status rpc_server_start(const struct rpc_server_config *cfg, struct rpc_
 	if (!cfg || !cfg->handle || !srv_out || (cfg->secret && !cfg->secret[0]))
 		return rpc_fail(TE_ERR_INVALID_ARG, err_out,
 				"rpc: server needs a handler (and a non-empty secret or none)");
-	if (cfg->max_body > RPC_MAX_BODY_LIMIT ||
-	    cfg->handler_threads > RPC_MAX_HANDLER_THREADS)
+	if (cfg->max_body > RPC_MAX_BODY_LIMIT || cfg->handler_threads > RPC_MAX_HANDLER_THREADS)
 		return rpc_fail(TE_ERR_CONFIG, err_out,
 				"rpc: max_body over %u or handler_threads over %u",
 				RPC_MAX_BODY_LIMIT, RPC_MAX_HANDLER_THREADS);
@@ -1112,10 +1127,10 @@ enum te_status rpc_server_start(const struct rpc_server_config *cfg, struct rpc_
 	srv->user = cfg->user;
 	srv->log = cfg->log;
 	srv->max_body = cfg->max_body ? cfg->max_body : RPC_DEFAULT_MAX_BODY;
-	srv->idle_timeout_ms = cfg->idle_timeout_ms ? cfg->idle_timeout_ms
-						    : RPC_DEFAULT_IDLE_TIMEOUT_MS;
-	srv->max_connections = cfg->max_connections ? cfg->max_connections
-						    : RPC_DEFAULT_MAX_CONNECTIONS;
+	srv->idle_timeout_ms =
+		cfg->idle_timeout_ms ? cfg->idle_timeout_ms : RPC_DEFAULT_IDLE_TIMEOUT_MS;
+	srv->max_connections =
+		cfg->max_connections ? cfg->max_connections : RPC_DEFAULT_MAX_CONNECTIONS;
 	srv->next_sweep_us = INT64_MAX;
 	/* conns owns its elements until burying moves one to the graveyard. */
 	srv->conns = g_ptr_array_new();
@@ -1360,8 +1375,7 @@ static enum te_status rpc_call_send(struct rpc_call *call, const uint8_t *buf, s
 	return TE_OK;
 }
 
-static enum te_status rpc_call_recv(struct rpc_call *call, uint8_t *buf, size_t len,
-				    char **err_out)
+static enum te_status rpc_call_recv(struct rpc_call *call, uint8_t *buf, size_t len, char **err_out)
 {
 	size_t done = 0;
 
@@ -1430,8 +1444,8 @@ static enum te_status rpc_call_peer_error(struct rpc_call *call, const struct rp
 	quoted[n] = '\0';
 	if (hdr->status >= 0 || strcmp(te_status_str(hdr->status), "unknown status") == 0)
 		st = TE_ERR_PROTOCOL;
-	return rpc_call_fail(call, st, err_out, "peer refused (%s): %s",
-			     te_status_str(hdr->status), quoted);
+	return rpc_call_fail(call, st, err_out, "peer refused (%s): %s", te_status_str(hdr->status),
+			     quoted);
 }
 
 /* Read HELLO and, when either side has a secret, authenticate both ways. */
@@ -1494,7 +1508,8 @@ static enum te_status rpc_call_greet(struct rpc_call *call, char **err_out)
 /* Connect within the deadline, trying each resolved address, then greet. */
 static enum te_status rpc_call_connect(struct rpc_call *call, char **err_out)
 {
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+	struct addrinfo hints = { .ai_family = AF_UNSPEC,
+				  .ai_socktype = SOCK_STREAM,
 				  .ai_flags = AI_NUMERICSERV };
 	g_autofree char *host = NULL, *port = NULL;
 	struct addrinfo *res, *ai;
@@ -1572,21 +1587,22 @@ static enum te_status rpc_call_exchange(struct rpc_call *call, const GByteArray 
 	if (hdr.type == RPC_ERROR)
 		return rpc_call_peer_error(call, &hdr, body, err_out);
 	if (hdr.type != type + 1 || hdr.request_id != id)
-		return rpc_call_fail(call, TE_ERR_PROTOCOL, err_out,
-				     "%s reply (request id %" PRIu64 ") to %s (request id %" PRIu64
-				     ")",
-				     rpc_type_str(hdr.type), hdr.request_id, rpc_type_str(type), id);
+		return rpc_call_fail(
+			call, TE_ERR_PROTOCOL, err_out,
+			"%s reply (request id %" PRIu64 ") to %s (request id %" PRIu64 ")",
+			rpc_type_str(hdr.type), hdr.request_id, rpc_type_str(type), id);
 	*hdr_out = hdr;
 	*body_out = g_steal_pointer(&body);
 	return TE_OK;
 }
 
 enum te_status rpc_client_call(struct rpc_client *client, const char *addr, uint8_t type,
-			       const void *body, size_t len, uint32_t timeout_ms, GBytes **reply_out,
-			       int32_t *status_out, char **err_out)
+			       const void *body, size_t len, uint32_t timeout_ms,
+			       GBytes **reply_out, int32_t *status_out, char **err_out)
 {
-	struct rpc_call call = { .client = client, .addr = addr, .timeout_ms = timeout_ms,
-				 .fd = -1 };
+	struct rpc_call call = {
+		.client = client, .addr = addr, .timeout_ms = timeout_ms, .fd = -1
+	};
 	g_autoptr(GByteArray) frame = NULL;
 	struct rpc_frame_header hdr = { 0 };
 	GBytes *reply = NULL;

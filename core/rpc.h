@@ -73,6 +73,7 @@ struct rpc_frame_header {
 };
 
 /* --- codec: pure functions over (buffer, length), fuzzed by fuzz/rpc_fuzz.c ------------- */
+/* Every codec function is pure (no I/O, no globals) and thread-safe. */
 
 /* Short name of a frame type ("DESC_FETCH"), or "unknown". Thread-safe. */
 const char *rpc_type_str(unsigned int type);
@@ -155,10 +156,14 @@ struct rpc_server_config {
 	rpc_handle_fn handle; /* required */
 	void *user;
 	struct log_sink *log; /* NULL: stderr; must outlive the server */
-	uint32_t max_body;	  /* both directions; RPC_DEFAULT_MAX_BODY */
-	uint32_t idle_timeout_ms; /* no progress for this long closes; RPC_DEFAULT_IDLE_TIMEOUT_MS */
-	uint32_t max_connections; /* further clients are closed at once; RPC_DEFAULT_MAX_CONNECTIONS */
-	uint32_t handler_threads; /* <= RPC_MAX_HANDLER_THREADS; RPC_DEFAULT_HANDLER_THREADS */
+	/* Largest body received or sent, at most 1 GiB; 0: RPC_DEFAULT_MAX_BODY. */
+	uint32_t max_body;
+	/* A connection without progress for this long is closed; 0: the default. */
+	uint32_t idle_timeout_ms;
+	/* Clients beyond this get RPC_ERROR TE_ERR_AGAIN and are closed; 0: the default. */
+	uint32_t max_connections;
+	/* Handlers running at once, <= RPC_MAX_HANDLER_THREADS; 0: the default. */
+	uint32_t handler_threads;
 };
 
 struct rpc_server;
@@ -168,8 +173,9 @@ struct rpc_server;
  * thread does all socket I/O (so a slow or stalled client delays nobody) and a
  * pool of handler_threads runs @cfg->handle. @cfg and its strings are copied.
  * Without a secret on a non-loopback address it logs a warning. Buffered input is
- * bounded by max_connections * max_body; before authentication by RPC_MAC_SIZE +
- * RPC_NONCE_SIZE per connection.
+ * bounded by max_connections * max_body, and before authentication by one AUTH
+ * frame per connection. Every refused or timed-out connection is logged with the
+ * reason (warn for faults, debug for ordinary closes).
  * Returns TE_ERR_INVALID_ARG or TE_ERR_CONFIG (bad address or limits),
  * TE_ERR_SYSTEM (socket, bind, thread), with *err_out (g_free; may be NULL).
  * Thread-safe.
@@ -218,7 +224,8 @@ void rpc_client_free(struct rpc_client *client);
  *   TE_ERR_PEER_UNREACHABLE (resolve or connect failed or timed out; errno text),
  *   TE_ERR_TIMEOUT (connected, but no reply in time), TE_ERR_CONN_RESET (closed
  *   mid-call), TE_ERR_AUTH (either side failed authentication), TE_ERR_PROTOCOL
- *   (malformed or unexpected reply), or the status of an RPC_ERROR the server sent.
+ *   (malformed or unexpected reply), TE_ERR_SYSTEM (no randomness), or the status
+ *   of an RPC_ERROR the server sent (TE_ERR_AGAIN: its connection limit).
  * Thread-safe; calls may run concurrently on one client.
  */
 TE_NODISCARD enum te_status rpc_client_call(struct rpc_client *client, const char *addr,

@@ -59,6 +59,7 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 			goto skip;
 		data = g_bytes_get_data(blob, &len);
 		control_set_loading(desc); /* lets load_peer handshake with this peer */
+		transport_clear_error();
 		if (tp->serialized)
 			g_mutex_lock(&tp->call_lock);
 		st = tp->plugin->ops.load_peer(tp->inst, desc->name, data, len, &vt->peer);
@@ -69,7 +70,7 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 			vt->peer = NULL;
 			g_snprintf(vt->why, sizeof(vt->why), "%s: load_peer failed: %s%s%s",
 				   tp->plugin->name, te_status_str(st),
-				   tp->last_log[0] ? ": " : "", tp->last_log);
+				   *transport_error(tp) ? ": " : "", transport_error(tp));
 			goto skip;
 		}
 		for (size_t b = 0; b < desc->n_buffers; b++) {

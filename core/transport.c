@@ -162,6 +162,28 @@ static enum te_status host_peer_handshake(struct te_plugin_host_ctx *ctx, const 
 				      cap, resp_len_out, timeout_ms);
 }
 
+static _Thread_local char op_error[256];
+
+static void host_set_error(struct te_plugin_host_ctx *ctx, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(op_error, sizeof(op_error), fmt, ap);
+	va_end(ap);
+}
+
+void transport_clear_error(void)
+{
+	op_error[0] = '\0';
+}
+
+const char *transport_error(struct transport *tp)
+{
+	/* The op's own words if it gave them, else its last warning (best effort). */
+	return op_error[0] ? op_error : tp->last_log;
+}
+
 static uint64_t host_now_ns(void)
 {
 	return engine_now_ns();
@@ -203,6 +225,7 @@ const struct te_plugin_host transport_host = {
 	.now_ns = host_now_ns,
 	.local_name = host_local_name,
 	.peer_handshake = host_peer_handshake,
+	.set_error = host_set_error,
 };
 
 enum te_status transport_start(struct engine *engine, struct plugin *plugin,
@@ -222,11 +245,12 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 	g_mutex_init(&tp->call_lock);
 	g_mutex_init(&tp->backlog_lock);
 
+	transport_clear_error();
 	st = plugin->ops.init(&transport_host, (struct te_plugin_host_ctx *)tp, &tp->inst);
 	if (st != TE_OK) {
 		*err_out = g_strdup_printf("%s: init failed: %s (%d)%s%s", plugin->path,
-					   te_status_str(st), st, tp->last_log[0] ? ": " : "",
-					   tp->last_log);
+					   te_status_str(st), st, *transport_error(tp) ? ": " : "",
+					   transport_error(tp));
 		goto err_free;
 	}
 	tp->caps.size = sizeof(tp->caps);

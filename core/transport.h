@@ -70,6 +70,10 @@ GBytes *transport_blob(struct transport *t);
 /* Quarantine device @dev until @until_ns (UINT64_MAX: until an UP event). */
 void transport_pause_device(struct transport *tp, uint32_t dev, uint64_t until_ns);
 
+/* Per-thread "why the last op failed" that plugins give through host->set_error. */
+void transport_clear_error(void);
+const char *transport_error(struct transport *tp);
+
 /* The host services table handed to every plugin. */
 extern const struct te_plugin_host transport_host;
 

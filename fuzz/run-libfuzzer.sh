@@ -21,6 +21,7 @@ cc=${CLANG:-clang}
 # Core sources each target needs besides its own file. Add a line per new target.
 case $target in
 config) srcs="core/config.c"; pkgs="glib-2.0 yaml-0.1" ;;
+descriptor) srcs="core/metadata/descriptor.c"; pkgs="glib-2.0 json-glib-1.0" ;;
 *) echo "run-libfuzzer.sh: unknown target '$target' (add it to the case table)" >&2; exit 2 ;;
 esac
 

@@ -33,7 +33,8 @@ for mod in "$@"; do
 		esac
 		continue
 	fi
-	syms=$(echo "$syms" | awk 'NF >= 3 && $2 != "A" { print $3 } NF == 2 && $1 != "A" { print $2 }' |
+	syms=$(echo "$syms" |
+	       awk 'NF >= 3 && $2 != "A" { print $3 } NF == 2 && $1 != "A" { print $2 }' |
 	       sed 's/@.*//' | sort -u)
 	got=$(echo "$syms" | tr '\n' ' ' | sed 's/ *$//')
 	case $stem in

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* te-bench: measure te transfers (throughput, latency percentiles) and the core's per-slice cost. */
+/* te-bench: throughput, latency percentiles and per-slice core cost of te transfers. */
 
 /*
  * Modes (exactly one):
@@ -15,12 +15,13 @@
  * The initiator's buffer holds, per thread, a data area and a read-back area of that size.
  *
  * Pattern: byte o (offset from the start of the target buffer) is byte o % 8 of
- * mix(o / 8 ^ salt) in little-endian order; the target's own pattern has salt 0, the data a
- * verified WRITE sends in iteration i has the salt of i (never 0), so a stale or misplaced
- * block never matches.
+ * mix((o / 8) XOR salt) in little-endian order; the target's own pattern has salt 0, the data a
+ * verified WRITE sends in iteration i has a salt derived from i and a random per-run value,
+ * so a stale (earlier iteration or run) or misplaced block does not match.
  *
- * Latency is per batch: from te_batch_new to te_batch_wait returning. Every request of the
- * batch is counted with that latency (what an application waiting for its batch sees).
+ * Latency is per batch: from te_batch_new until te_batch_wait has returned and the batch is
+ * freed. Every request of the batch is counted with that latency (what an application
+ * waiting for its batch sees).
  * Percentiles come from a bounded reservoir sample of the batch latencies; avg and max are
  * exact. GB/s is 10^9 bytes per second; ops/s counts requests. With --verify the checking
  * and WRITE's read-back are inside the timed loop, so rates drop: verify for correctness,
@@ -49,37 +50,37 @@
 
 #include <te/te.h>
 
-#define BENCH_EXIT_OK	   0
-#define BENCH_EXIT_FAIL	   1
-#define BENCH_EXIT_USAGE   2
-#define BENCH_EXIT_SIGNAL  130
+#define BENCH_EXIT_OK 0
+#define BENCH_EXIT_FAIL 1
+#define BENCH_EXIT_USAGE 2
+#define BENCH_EXIT_SIGNAL 130
 
 #define BENCH_KIB (UINT64_C(1) << 10)
 #define BENCH_MIB (UINT64_C(1) << 20)
 #define BENCH_GIB (UINT64_C(1) << 30)
 
 /* Limits on what a user may ask for; sizes bounded so products cannot overflow. */
-#define BENCH_MAX_BLOCK	    (UINT64_C(1) << 32)
-#define BENCH_MAX_BATCH	    65536
-#define BENCH_MAX_THREADS   256
-#define BENCH_MAX_BUFFER    (UINT64_C(1) << 40)
-#define BENCH_MIN_BUFFER    (8 * BENCH_KIB)
-#define BENCH_MAX_DURATION  (7.0 * 86400.0)
+#define BENCH_MAX_BLOCK (UINT64_C(1) << 32)
+#define BENCH_MAX_BATCH 65536
+#define BENCH_MAX_THREADS 256
+#define BENCH_MAX_BUFFER (UINT64_C(1) << 40)
+#define BENCH_MIN_BUFFER (8 * BENCH_KIB)
+#define BENCH_MAX_DURATION (7.0 * 86400.0)
 #define BENCH_MAX_ITERATIONS (INT64_C(1) << 48)
 
 /* Defaults. */
-#define BENCH_DEF_BLOCK	       (64 * BENCH_KIB)
-#define BENCH_DEF_BATCH	       128
-#define BENCH_DEF_DURATION     5.0
+#define BENCH_DEF_BLOCK (64 * BENCH_KIB)
+#define BENCH_DEF_BATCH 128
+#define BENCH_DEF_DURATION 5.0
 #define BENCH_DEF_SWEEP_DURATION 2.0
 #define BENCH_DEF_TARGET_BUFFER BENCH_GIB
 /* --loopback sizes its target to the runs, within these bounds (first touch is ~4 s/GiB). */
 #define BENCH_LOOPBACK_MIN_BUFFER (64 * BENCH_MIB)
 #define BENCH_LOOPBACK_MAX_BUFFER (256 * BENCH_MIB)
-#define BENCH_DEF_TIMEOUT      120.0
-#define BENCH_CORE_BLOCK       64
-#define BENCH_CORE_BATCH       64
-#define BENCH_CORE_DURATION    3.0
+#define BENCH_DEF_TIMEOUT 120.0
+#define BENCH_CORE_BLOCK 64
+#define BENCH_CORE_BATCH 64
+#define BENCH_CORE_DURATION 3.0
 
 /* Latency samples kept per run, over all threads (8 bytes each). */
 #define BENCH_MAX_SAMPLES (1u << 20)
@@ -87,14 +88,14 @@
 #define BENCH_PROGRESS_AFTER_NS (2 * UINT64_C(1000000000))
 /* How long --loopback waits for the target to announce itself, and to exit. */
 #define BENCH_STARTUP_TIMEOUT_NS (120 * UINT64_C(1000000000))
-#define BENCH_REAP_TIMEOUT_NS	 (10 * UINT64_C(1000000000))
+#define BENCH_REAP_TIMEOUT_NS (10 * UINT64_C(1000000000))
 /* Written into areas a READ is about to fill, so a READ that moves nothing fails verify. */
 #define BENCH_POISON 0xa5
 #define BENCH_NAME_MAX 64
 
 static const uint64_t bench_sweep_sizes[] = {
-	4 * BENCH_KIB,	 16 * BENCH_KIB, 64 * BENCH_KIB, 256 * BENCH_KIB,
-	1 * BENCH_MIB,	 4 * BENCH_MIB,	 16 * BENCH_MIB, 64 * BENCH_MIB,
+	4 * BENCH_KIB, 16 * BENCH_KIB, 64 * BENCH_KIB, 256 * BENCH_KIB,
+	1 * BENCH_MIB, 4 * BENCH_MIB,  16 * BENCH_MIB, 64 * BENCH_MIB,
 };
 
 enum bench_mode {
@@ -119,8 +120,8 @@ struct bench_opts {
 	bool block_set;
 	uint32_t batch;
 	uint32_t threads;
-	double duration_s; /* <= 0: no time limit (--iterations given alone) */
-	int64_t iterations; /* batches per thread; < 0: not given */
+	double duration_s;    /* <= 0: no time limit (--iterations given alone) */
+	int64_t iterations;   /* batches per thread; < 0: not given */
 	uint64_t buffer_size; /* 0: the mode's default */
 	double timeout_s;
 	bool sweep;
@@ -493,7 +494,7 @@ static void bench_json_bool(JsonBuilder *b, const char *key, bool v)
 
 static void bench_print_header(void)
 {
-	printf("%-5s %6s %5s %3s %8s %10s %9s %9s %9s %9s  %-10s %-14s %s\n", "op", "block",
+	printf("%-5s %6s %5s %3s %8s %10s %9s %9s %9s %9s  %-10s %-20s %s\n", "op", "block",
 	       "batch", "thr", "GB/s", "ops/s", "avg_us", "p50_us", "p99_us", "p999_us",
 	       "transport", "device", "verified");
 	fflush(stdout);
@@ -503,6 +504,7 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 {
 	double gbps = bench_rate((double)r->bytes, r->seconds) / 1e9;
 	double ops = bench_rate((double)r->requests, r->seconds);
+	const char *verdict = "-";
 	char sz[32];
 
 	if (o->json) {
@@ -537,12 +539,15 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 		bench_json_print(b);
 		return;
 	}
+	if (r->failed && !r->verify)
+		verdict = "FAILED";
+	else if (r->verify)
+		verdict = r->verified ? "yes" : "NO";
 	printf("%-5s %6s %5" PRIu32 " %3" PRIu32 " %8.3f %10.0f %9.1f %9.1f %9.1f %9.1f  %-10s "
-	       "%-14s %s\n",
+	       "%-20s %s\n",
 	       bench_op_str(r->op), bench_size_str(r->block, sz, sizeof(sz)), r->batch, r->threads,
 	       gbps, ops, r->lat_avg_us, r->lat_p50_us, r->lat_p99_us, r->lat_p999_us,
-	       r->transport[0] ? r->transport : "-", r->device[0] ? r->device : "-",
-	       !r->verify ? "-" : r->verified ? "yes" : "NO");
+	       r->transport[0] ? r->transport : "-", r->device[0] ? r->device : "-", verdict);
 	fflush(stdout);
 }
 
@@ -645,6 +650,55 @@ static bool bench_pick_buffer(struct te_engine *e, te_segment_id seg, const char
 	return found;
 }
 
+/* --- start gate ---------------------------------------------------------------------------- */
+
+/* Holds worker threads until all are created, then releases them together (or aborts them). */
+struct bench_gate {
+	GMutex lock;
+	GCond cond;
+	int state; /* BENCH_GATE_* */
+};
+
+enum {
+	BENCH_GATE_CLOSED,
+	BENCH_GATE_GO,
+	BENCH_GATE_ABORT,
+};
+
+static void bench_gate_init(struct bench_gate *g)
+{
+	g_mutex_init(&g->lock);
+	g_cond_init(&g->cond);
+	g->state = BENCH_GATE_CLOSED;
+}
+
+static void bench_gate_clear(struct bench_gate *g)
+{
+	g_mutex_clear(&g->lock);
+	g_cond_clear(&g->cond);
+}
+
+/* True when the workers may start, false when they must return at once. */
+static bool bench_gate_wait(struct bench_gate *g)
+{
+	int state;
+
+	g_mutex_lock(&g->lock);
+	while (g->state == BENCH_GATE_CLOSED)
+		g_cond_wait(&g->cond, &g->lock);
+	state = g->state;
+	g_mutex_unlock(&g->lock);
+	return state == BENCH_GATE_GO;
+}
+
+static void bench_gate_open(struct bench_gate *g, bool go)
+{
+	g_mutex_lock(&g->lock);
+	g->state = go ? BENCH_GATE_GO : BENCH_GATE_ABORT;
+	g_cond_broadcast(&g->cond);
+	g_mutex_unlock(&g->lock);
+}
+
 /* --- initiator ----------------------------------------------------------------------------- */
 
 /* State shared by the threads of one initiator. */
@@ -665,11 +719,9 @@ struct bench_init {
 	uint32_t batch;
 	uint32_t threads;
 	uint64_t duration_ns; /* 0: none */
+	uint64_t salt_base;   /* random per run: WRITE data never repeats an earlier run's */
 
-	/* Start gate: 0 closed, 1 go, 2 abort. */
-	GMutex gate_lock;
-	GCond gate_cond;
-	int gate;
+	struct bench_gate gate;
 	atomic_bool stop;
 	atomic_uint finished;
 };
@@ -712,9 +764,9 @@ static void bench_report_batch(struct bench_worker *w, te_batch_id b, const stru
 	uint32_t bad = 0;
 	char sz[32];
 
-	bench_err("thread %" PRIu32 ": batch of %" PRIu32 " %s requests failed: %s (%d)%s%s", w->idx,
-		  n, bench_te_op_str(reqs[0].opcode), te_status_str(st), st, detail[0] ? ": " : "",
-		  detail);
+	bench_err("thread %" PRIu32 ": batch of %" PRIu32 " %s requests failed: %s (%d)%s%s",
+		  w->idx, n, bench_te_op_str(reqs[0].opcode), te_status_str(st), st,
+		  detail[0] ? ": " : "", detail);
 	for (uint32_t k = 0; k < n; k++) {
 		if (te_task_status(e, b, k, &ti) != TE_OK || ti.state == TE_STATE_COMPLETED)
 			continue;
@@ -729,16 +781,15 @@ static void bench_report_batch(struct bench_worker *w, te_batch_id b, const stru
 			  te_state_str(ti.state), te_status_str(ti.status), ti.status,
 			  ti.detail[0] ? ": " : "", ti.detail,
 			  ti.transport && ti.transport[0] ? ti.transport : "-",
-			  ti.device && ti.device[0] ? ti.device : "-", ti.bytes, ti.length, ti.slices,
-			  ti.retries);
+			  ti.device && ti.device[0] ? ti.device : "-", ti.bytes, ti.length,
+			  ti.slices, ti.retries);
 	}
 	if (bad > 3)
 		bench_err("  ... and %" PRIu32 " more tasks that did not complete", bad - 3);
 }
 
 /* One batch: new, submit, wait (cancel past the timeout), free. TE_OK iff all completed. */
-static enum te_status bench_batch(struct bench_worker *w, const struct te_request *reqs,
-				  uint32_t n)
+static enum te_status bench_batch(struct bench_worker *w, const struct te_request *reqs, uint32_t n)
 {
 	struct bench_init *c = w->c;
 	g_autofree char *detail = NULL;
@@ -757,8 +808,8 @@ static enum te_status bench_batch(struct bench_worker *w, const struct te_reques
 	/* Rejected requests became INVALID tasks; the others run and must end first. */
 	wst = te_batch_wait(c->e, b, c->timeout_ns);
 	if (wst == TE_INPROGRESS) {
-		bench_err("thread %" PRIu32 ": batch not finished after %.0f s; canceling it", w->idx,
-			  (double)c->timeout_ns / 1e9);
+		bench_err("thread %" PRIu32 ": batch not finished after %.0f s; canceling it",
+			  w->idx, (double)c->timeout_ns / 1e9);
 		wst = te_batch_cancel(c->e, b);
 		if (wst != TE_OK)
 			bench_te_err("te_batch_cancel", wst);
@@ -799,6 +850,12 @@ static void bench_verify_failed(struct bench_worker *w, const char *what, const 
 		  bench_byte(zone_off + at, salt));
 }
 
+/* Salt of the data a WRITE sends in iteration @i: differs between iterations and runs. */
+static uint64_t bench_write_salt(const struct bench_init *c, uint64_t i)
+{
+	return bench_salt(c->salt_base + i + 1);
+}
+
 /* Check the data a batch of iteration @i moved; for WRITE, read it back first. */
 static bool bench_worker_verify(struct bench_worker *w, bool wr, uint64_t i)
 {
@@ -816,31 +873,11 @@ static bool bench_worker_verify(struct bench_worker *w, bool wr, uint64_t i)
 	memset(w->back, BENCH_POISON, bb);
 	if (bench_batch(w, w->chk, c->batch) != TE_OK)
 		return false;
-	at = bench_check(w->back, w->woff, bb, bench_salt(i + 1));
+	at = bench_check(w->back, w->woff, bb, bench_write_salt(c, i));
 	if (at == bb)
 		return true;
-	bench_verify_failed(w, "WRITE and read-back", w->back, w->woff, at, bench_salt(i + 1));
+	bench_verify_failed(w, "WRITE and read-back", w->back, w->woff, at, bench_write_salt(c, i));
 	return false;
-}
-
-static bool bench_gate_wait(struct bench_init *c)
-{
-	int g;
-
-	g_mutex_lock(&c->gate_lock);
-	while (c->gate == 0)
-		g_cond_wait(&c->gate_cond, &c->gate_lock);
-	g = c->gate;
-	g_mutex_unlock(&c->gate_lock);
-	return g == 1;
-}
-
-static void bench_gate_open(struct bench_init *c, int value)
-{
-	g_mutex_lock(&c->gate_lock);
-	c->gate = value;
-	g_cond_broadcast(&c->gate_cond);
-	g_mutex_unlock(&c->gate_lock);
 }
 
 static gpointer bench_worker_main(gpointer data)
@@ -851,7 +888,7 @@ static gpointer bench_worker_main(gpointer data)
 	uint64_t bb = c->block * c->batch;
 	uint64_t now, deadline;
 
-	if (!bench_gate_wait(c))
+	if (!bench_gate_wait(&c->gate))
 		goto out;
 	w->t_start = now = bench_now_ns();
 	deadline = c->duration_ns ? w->t_start + c->duration_ns : UINT64_MAX;
@@ -868,7 +905,7 @@ static gpointer bench_worker_main(gpointer data)
 			break;
 		if (o->verify) {
 			if (wr)
-				bench_fill(w->data, w->woff, bb, bench_salt(i + 1));
+				bench_fill(w->data, w->woff, bb, bench_write_salt(c, i));
 			else
 				memset(w->data, BENCH_POISON, bb);
 		}
@@ -914,15 +951,21 @@ static void bench_worker_setup(struct bench_worker *w, struct bench_init *c, uin
 	for (uint32_t k = 0; k < c->batch; k++) {
 		uint64_t d = (uint64_t)k * c->block;
 
-		w->rd[k] = (struct te_request){ .opcode = TE_OP_READ, .segment = c->seg,
-						.local = w->data + d, .remote = c->raddr + w->roff + d,
+		w->rd[k] = (struct te_request){ .opcode = TE_OP_READ,
+						.segment = c->seg,
+						.local = w->data + d,
+						.remote = c->raddr + w->roff + d,
 						.length = c->block };
-		w->wr[k] = (struct te_request){ .opcode = TE_OP_WRITE, .segment = c->seg,
-						.local = w->data + d, .remote = c->raddr + w->woff + d,
+		w->wr[k] = (struct te_request){ .opcode = TE_OP_WRITE,
+						.segment = c->seg,
+						.local = w->data + d,
+						.remote = c->raddr + w->woff + d,
 						.length = c->block };
-		w->chk[k] = (struct te_request){ .opcode = TE_OP_READ, .segment = c->seg,
+		w->chk[k] = (struct te_request){ .opcode = TE_OP_READ,
+						 .segment = c->seg,
 						 .local = w->back + d,
-						 .remote = c->raddr + w->woff + d, .length = c->block };
+						 .remote = c->raddr + w->woff + d,
+						 .length = c->block };
 	}
 	w->lat.cap = cap;
 	w->lat.v = g_new(uint64_t, cap);
@@ -987,7 +1030,8 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	uint32_t started = 0;
 	char sz[32];
 
-	c->gate = 0;
+	bench_gate_init(&c->gate);
+	c->salt_base = (uint64_t)g_random_int() << 32 | g_random_int();
 	atomic_store(&c->stop, false);
 	atomic_store(&c->finished, 0);
 	for (uint32_t t = 0; t < c->threads; t++)
@@ -1003,7 +1047,7 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 			break;
 		}
 	}
-	bench_gate_open(c, started == c->threads ? 1 : 2);
+	bench_gate_open(&c->gate, started == c->threads);
 	bench_progress_init(&prog, o);
 	while (atomic_load_explicit(&c->finished, memory_order_acquire) < started) {
 		uint64_t bytes = 0;
@@ -1013,10 +1057,10 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 		if (bench_signalled)
 			atomic_store_explicit(&c->stop, true, memory_order_relaxed);
 		for (uint32_t t = 0; t < started; t++)
-			bytes += atomic_load_explicit(&ws[t].progress_bytes,
-						      memory_order_relaxed);
+			bytes += atomic_load_explicit(&ws[t].progress_bytes, memory_order_relaxed);
 		el = (double)(bench_now_ns() - prog.start_ns) / 1e9;
-		bench_progress_show(&prog, "te-bench: %s %s x%" PRIu32 " thr %" PRIu32
+		bench_progress_show(&prog,
+				    "te-bench: %s %s x%" PRIu32 " thr %" PRIu32
 				    ": %.0f s (of %.0f), %.3f GB/s",
 				    bench_op_str(c->op), bench_size_str(c->block, sz, sizeof(sz)),
 				    c->batch, c->threads, el, (double)c->duration_ns / 1e9,
@@ -1037,6 +1081,7 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	r->verified = o->verify && !r->failed && !r->interrupted && r->batches > 0;
 	for (uint32_t t = 0; t < c->threads; t++)
 		bench_worker_clear(&ws[t]);
+	bench_gate_clear(&c->gate);
 	return !r->failed && !r->interrupted;
 }
 
@@ -1118,8 +1163,6 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 	c.o = o;
 	c.threads = o->threads;
 	c.timeout_ns = (int64_t)(o->timeout_s * 1e9);
-	g_mutex_init(&c.gate_lock);
-	g_cond_init(&c.gate_cond);
 
 	st = bench_engine_new(o->config, NULL, &c.e);
 	if (st != TE_OK) {
@@ -1168,15 +1211,17 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 		uint32_t b = bench_fit_batch(c.rhalf, o->threads, sizes[i], o->batch);
 
 		if (b == 0) {
-			bench_note(o, "skipping %s: %" PRIu32 " thread(s) x 2 x block do not fit the "
-				      "target buffer (%s bytes)",
+			bench_note(o,
+				   "skipping %s: %" PRIu32 " thread(s) x 2 x block do not fit the "
+				   "target buffer (%s)",
 				   bench_size_str(sizes[i], sz, sizeof(sz)), o->threads,
 				   bench_size_str(rb.length, sz2, sizeof(sz2)));
 			continue;
 		}
 		if (b < o->batch)
-			bench_note(o, "%s: batch reduced from %" PRIu32 " to %" PRIu32
-				      " to fit the target buffer (%s bytes)",
+			bench_note(o,
+				   "%s: batch reduced from %" PRIu32 " to %" PRIu32
+				   " to fit the target buffer (%s)",
 				   bench_size_str(sizes[i], sz, sizeof(sz)), o->batch, b,
 				   bench_size_str(rb.length, sz2, sizeof(sz2)));
 		c.op = o->op;
@@ -1216,8 +1261,6 @@ out_segment:
 out_engine:
 	te_engine_free(c.e);
 out:
-	g_mutex_clear(&c.gate_lock);
-	g_cond_clear(&c.gate_cond);
 	return rc;
 }
 
@@ -1227,7 +1270,8 @@ out:
 static void bench_serve(void)
 {
 	struct stat sb;
-	bool watch = fstat(STDIN_FILENO, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode));
+	bool watch =
+		fstat(STDIN_FILENO, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode));
 	char buf[256];
 
 	while (!bench_signalled) {
@@ -1430,7 +1474,7 @@ static int bench_loopback(const struct bench_opts *o)
 	}
 	if (!name || !descriptor) {
 		bench_err("the target process did not announce its segment%s",
-			  bench_signalled		   ? " (interrupted)"
+			  bench_signalled	       ? " (interrupted)"
 			  : bench_now_ns() >= deadline ? " in time"
 						       : " (it exited; see its messages above)");
 		rc = BENCH_EXIT_FAIL;
@@ -1484,24 +1528,10 @@ struct bench_core {
 	uint8_t *abuf;
 	uint8_t *bbuf;
 	uint64_t len;
-	GMutex gate_lock;
-	GCond gate_cond;
-	int gate;
+	struct bench_gate gate;
 	atomic_bool stop;
 	atomic_uint finished;
 };
-
-static bool bench_core_gate_wait(struct bench_core *c)
-{
-	int g;
-
-	g_mutex_lock(&c->gate_lock);
-	while (c->gate == 0)
-		g_cond_wait(&c->gate_cond, &c->gate_lock);
-	g = c->gate;
-	g_mutex_unlock(&c->gate_lock);
-	return g == 1;
-}
 
 /* The loop under test: nothing but te calls and their checks. */
 static gpointer bench_core_main(gpointer data)
@@ -1512,7 +1542,7 @@ static gpointer bench_core_main(gpointer data)
 	uint64_t deadline = 0, iterations = UINT64_MAX;
 	double cpu0;
 
-	if (!bench_core_gate_wait(c))
+	if (!bench_gate_wait(&c->gate))
 		goto out;
 	if (o->iterations >= 0)
 		iterations = (uint64_t)o->iterations;
@@ -1661,13 +1691,16 @@ static void bench_core_report(const struct bench_opts *o, const struct te_task_i
 	       "progress)%s%s\n",
 	       bench_op_str(o->op), bench_size_str(o->block, sz, sizeof(sz)), o->batch, o->threads,
 	       tp, dev[0] ? ", device " : "", dev);
-	printf("  %" PRIu64 " slices (%" PRIu64 " batches) in %.3f s: %.3f M slices/s, %.1f ns/slice"
+	printf("  %" PRIu64 " slices (%" PRIu64
+	       " batches) in %.3f s: %.3f M slices/s, %.1f ns/slice"
 	       "\n",
 	       slices, batches, seconds, sps / 1e6, ns);
 	printf("  submitting threads' CPU %.3f s: %.3f M slices per CPU-second (process CPU "
 	       "%.3f s)%s\n",
 	       cpu_s, spc / 1e6, proc_cpu_s,
-	       !o->verify ? "" : verified ? "; verified" : "; VERIFY FAILED");
+	       !o->verify ? ""
+	       : verified ? "; verified"
+			  : "; VERIFY FAILED");
 	fflush(stdout);
 }
 
@@ -1736,8 +1769,7 @@ static int bench_core_run(const struct bench_opts *o)
 	memset(&c, 0, sizeof(c));
 	memset(&ti, 0, sizeof(ti));
 	c.o = o;
-	g_mutex_init(&c.gate_lock);
-	g_cond_init(&c.gate_cond);
+	bench_gate_init(&c.gate);
 	if (!bench_core_setup(&c))
 		goto out;
 	for (uint32_t t = 0; t < o->threads; t++) {
@@ -1750,7 +1782,8 @@ static int bench_core_run(const struct bench_opts *o)
 		for (uint32_t k = 0; k < o->batch; k++) {
 			uint64_t off = bb * t + (uint64_t)k * o->block;
 
-			w->rd[k] = (struct te_request){ .opcode = TE_OP_READ, .segment = c.seg,
+			w->rd[k] = (struct te_request){ .opcode = TE_OP_READ,
+							.segment = c.seg,
 							.local = c.abuf + off,
 							.remote = (uint64_t)(uintptr_t)c.bbuf + off,
 							.length = o->block };
@@ -1761,8 +1794,9 @@ static int bench_core_run(const struct bench_opts *o)
 	}
 	if (!bench_core_probe(&c, o->op == BENCH_OP_WRITE ? ws[0].wr : ws[0].rd, &ti))
 		goto out;
-	if (o->op == BENCH_OP_WRITE)
-		bench_fill(c.bbuf, 0, c.len, 0); /* undo the probe, so verify sees the loop's work */
+	/* Undo what the probe moved, so verify sees only the loop's work. */
+	bench_fill(c.bbuf, 0, c.len, 0);
+	bench_fill(c.abuf, 0, c.len, bench_salt(1));
 
 	for (uint32_t t = 0; t < o->threads; t++, started++) {
 		g_autoptr(GError) err = NULL;
@@ -1775,10 +1809,7 @@ static int bench_core_run(const struct bench_opts *o)
 		}
 	}
 	pcpu0 = bench_cpu_s(RUSAGE_SELF);
-	g_mutex_lock(&c.gate_lock);
-	c.gate = failed ? 2 : 1;
-	g_cond_broadcast(&c.gate_cond);
-	g_mutex_unlock(&c.gate_lock);
+	bench_gate_open(&c.gate, !failed);
 	if (o->duration_s > 0) {
 		/* Only timed runs watch; a fixed --iterations run stays quiet for callgrind. */
 		bench_progress_init(&prog, o);
@@ -1791,11 +1822,11 @@ static int bench_core_run(const struct bench_opts *o)
 				n += atomic_load_explicit(&ws[t].progress_batches,
 							  memory_order_relaxed);
 			el = (double)(bench_now_ns() - prog.start_ns) / 1e9;
-			bench_progress_show(&prog, "te-bench: core: %.0f s of %.0f, %.3f M slices/s",
-					    el, o->duration_s,
-					    bench_rate((double)n * o->batch *
-							       (ti.slices ? ti.slices : 1),
-						       el) / 1e6);
+			bench_progress_show(
+				&prog, "te-bench: core: %.0f s of %.0f, %.3f M slices/s", el,
+				o->duration_s,
+				bench_rate((double)n * o->batch * (ti.slices ? ti.slices : 1), el) /
+					1e6);
 		}
 		bench_progress_done(&prog);
 	}
@@ -1808,8 +1839,10 @@ static int bench_core_run(const struct bench_opts *o)
 		t1 = MAX(t1, ws[t].t_end);
 	}
 	pcpu = bench_cpu_s(RUSAGE_SELF) - pcpu0;
-	if (!failed && o->verify)
-		verified = batches > 0 && bench_core_verify(&c);
+	if (!failed && o->verify && batches == 0)
+		bench_err("core: --verify: no batch ran, nothing to verify");
+	else if (!failed && o->verify)
+		verified = bench_core_verify(&c);
 	bench_core_report(o, &ti, batches, t1 > t0 ? (double)(t1 - t0) / 1e9 : 0.0, cpu, pcpu,
 			  verified);
 	if (failed || (o->verify && !verified))
@@ -1826,8 +1859,7 @@ out:
 	te_engine_free(c.b);
 	bench_unmap(c.abuf, c.len);
 	bench_unmap(c.bbuf, c.len);
-	g_mutex_clear(&c.gate_lock);
-	g_cond_clear(&c.gate_cond);
+	bench_gate_clear(&c.gate);
 	return rc;
 }
 
@@ -1853,8 +1885,9 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	gboolean json = FALSE, quiet = FALSE;
 	gint batch = -1, threads = 1;
 	gint64 iterations = -1;
-	gdouble duration = -1.0, timeout = BENCH_DEF_TIMEOUT;
+	gdouble timeout = BENCH_DEF_TIMEOUT;
 	char *initiator = NULL, *config = NULL, *op = NULL, *block = NULL, *buffer = NULL;
+	char *duration = NULL;
 	g_autoptr(GOptionContext) octx = NULL;
 	g_autoptr(GError) error = NULL;
 	int modes;
@@ -1880,7 +1913,7 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		{ "batch", 'B', 0, G_OPTION_ARG_INT, &batch, "Requests per batch [128; --core: 64]",
 		  "N" },
 		{ "threads", 't', 0, G_OPTION_ARG_INT, &threads, "Submitting threads [1]", "N" },
-		{ "duration", 'd', 0, G_OPTION_ARG_DOUBLE, &duration,
+		{ "duration", 'd', 0, G_OPTION_ARG_STRING, &duration,
 		  "Seconds per run [5; --sweep: 2; --core: 3]", "SECONDS" },
 		{ "iterations", 'n', 0, G_OPTION_ARG_INT64, &iterations,
 		  "Batches per thread instead of a duration (--core: 0 measures the setup alone)",
@@ -1923,16 +1956,18 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	strs[2] = op;
 	strs[3] = block;
 	strs[4] = buffer;
+	strs[5] = duration;
 	if (argc > 1)
 		return bench_usage("unexpected argument '%s'", argv[1]);
 
 	modes = !!target + !!initiator + !!loopback + !!core;
 	if (modes != 1)
-		return bench_usage("choose one of --target, --initiator SEGMENT, --loopback, --core");
-	o->mode = target ? BENCH_MODE_TARGET
+		return bench_usage(
+			"choose one of --target, --initiator SEGMENT, --loopback, --core");
+	o->mode = target      ? BENCH_MODE_TARGET
 		  : initiator ? BENCH_MODE_INITIATOR
-		  : loopback ? BENCH_MODE_LOOPBACK
-			     : BENCH_MODE_CORE;
+		  : loopback  ? BENCH_MODE_LOOPBACK
+			      : BENCH_MODE_CORE;
 	if (initiator && !initiator[0])
 		return bench_usage("--initiator needs a segment name");
 	o->segment = initiator;
@@ -1955,9 +1990,10 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	if (block) {
 		if (!bench_parse_size(block, &o->block) || o->block == 0 ||
 		    o->block > BENCH_MAX_BLOCK)
-			return bench_usage("--block-size: invalid size '%s' (expected 1 to 4G bytes, "
-					   "e.g. 4096, 64K, 1M)",
-					   block);
+			return bench_usage(
+				"--block-size: invalid size '%s' (expected 1 to 4G bytes, "
+				"e.g. 4096, 64K, 1M)",
+				block);
 		o->block_set = true;
 	}
 	if (sweep && (core || target))
@@ -1977,20 +2013,24 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	if (core && (uint64_t)o->threads * o->batch * o->block > 64 * BENCH_GIB)
 		return bench_usage("--core: threads x batch x block-size exceeds 64G");
 
-	if (iterations != -1 && (iterations < 0 || iterations > BENCH_MAX_ITERATIONS ||
-				 (iterations == 0 && !core)))
+	if (iterations != -1 &&
+	    (iterations < 0 || iterations > BENCH_MAX_ITERATIONS || (iterations == 0 && !core)))
 		return bench_usage("--iterations: %" G_GINT64_FORMAT " is not in [%d, 2^48]",
 				   (gint64)iterations, core ? 0 : 1);
 	o->iterations = iterations;
-	if (duration != -1.0 && !(duration > 0.0 && duration <= BENCH_MAX_DURATION))
-		return bench_usage("--duration: %g is not in (0, %.0f] seconds", duration,
-				   BENCH_MAX_DURATION);
-	if (duration > 0.0)
-		o->duration_s = duration;
-	else if (iterations >= 0)
+	if (duration) {
+		char *end = NULL;
+
+		o->duration_s = g_ascii_strtod(duration, &end);
+		if (end == duration || *end || !(o->duration_s > 0.0) ||
+		    o->duration_s > BENCH_MAX_DURATION)
+			return bench_usage("--duration: invalid value '%s' (expected seconds in "
+					   "(0, %.0f], e.g. 0.5, 10)",
+					   duration, BENCH_MAX_DURATION);
+	} else if (iterations >= 0)
 		o->duration_s = 0.0; /* --iterations alone: no time limit */
 	else
-		o->duration_s = core ? BENCH_CORE_DURATION
+		o->duration_s = core	? BENCH_CORE_DURATION
 				: sweep ? BENCH_DEF_SWEEP_DURATION
 					: BENCH_DEF_DURATION;
 	if (!(timeout > 0.0 && timeout <= BENCH_MAX_DURATION))
@@ -1999,8 +2039,8 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	o->timeout_s = timeout;
 
 	if (buffer) {
-		if (!bench_parse_size(buffer, &o->buffer_size) || o->buffer_size < BENCH_MIN_BUFFER ||
-		    o->buffer_size > BENCH_MAX_BUFFER)
+		if (!bench_parse_size(buffer, &o->buffer_size) ||
+		    o->buffer_size < BENCH_MIN_BUFFER || o->buffer_size > BENCH_MAX_BUFFER)
 			return bench_usage("--buffer-size: invalid size '%s' (expected 8K to 1T "
 					   "bytes, e.g. 256M, 1G)",
 					   buffer);
@@ -2013,7 +2053,7 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 int main(int argc, char **argv)
 {
 	struct bench_opts o;
-	char *strs[5] = { NULL };
+	char *strs[6] = { NULL };
 	int rc;
 
 	memset(&o, 0, sizeof(o));

@@ -19,7 +19,8 @@
  * overflow the stack), and an object with many duplicate member names costs it
  * quadratic time. A descriptor nests four levels deep and its largest object holds
  * DESCRIPTOR_MAX_TRANSPORTS members, so these bounds leave room for extensions
- * while keeping a 16 MiB hostile input to well under a second.
+ * while a 16 MiB hostile input costs about what a legitimate one of that size
+ * does (~2 s for a flood of duplicate names vs ~1.4 s for 65536 buffers, -O2).
  */
 #define DESCRIPTOR_MAX_DEPTH 32u
 #define DESCRIPTOR_MAX_MEMBERS 64u

@@ -35,7 +35,7 @@ extern "C" {
 #define TE_PLUGIN_ENTRY TE_PLUGIN_CAT(te_plugin_entry_v, TE_PLUGIN_ABI_MAJOR)
 #define TE_PLUGIN_ENTRY_NAME "te_plugin_entry_v" TE_PLUGIN_STR(TE_PLUGIN_ABI_MAJOR)
 
-/* True when a struct of reported size @sz contains member @m of type @type. */
+/* True when the struct at @ptr (of @type, with its size field) contains member @m. */
 #define TE_PLUGIN_HAS(ptr, type, m)                                                          \
 	((ptr)->size >= offsetof(type, m) + sizeof(((type *)0)->m))
 
@@ -168,9 +168,11 @@ struct te_plugin_host {
 		    ...) TE_PLUGIN_PRINTF(3, 4);
 	/*
 	 * Report the end of one attempt of @slice: TE_OK with @bytes == slice length,
-	 * or an error with a human-readable @detail (may be NULL). Exactly once per
-	 * accepted slice attempt, from any thread, also after cancel (TE_ERR_CANCELED).
-	 * The slice must not be touched after this call.
+	 * or an error with a human-readable @detail (may be NULL; copied during the
+	 * call). Exactly once per accepted slice attempt, from any thread, also after
+	 * cancel (TE_ERR_CANCELED). The slice must not be touched after this call (the
+	 * core may retry it, i.e. hand it back to submit, or free it). Lines passed to
+	 * log get the plugin name prefixed by the host.
 	 */
 	void (*slice_done)(struct te_plugin_host_ctx *ctx, struct te_plugin_slice *slice,
 			   enum te_status status, uint64_t bytes, const char *detail);
@@ -189,7 +191,8 @@ struct te_plugin_host {
 			       void *user);
 	/*
 	 * Publish this instance's transport blob (addresses, window id, ...): it goes
-	 * into the segment descriptor and reaches peers' load_peer. Copied.
+	 * into the segment descriptor and reaches peers' load_peer. Copied. Usually
+	 * called in init; a later call replaces it for descriptors built afterwards.
 	 */
 	enum te_status (*publish)(struct te_plugin_host_ctx *ctx, const void *blob, size_t len);
 	/* Monotonic clock in nanoseconds (same clock as slice deadlines). */
@@ -207,6 +210,14 @@ struct te_plugin_host {
 	enum te_status (*peer_handshake)(struct te_plugin_host_ctx *ctx, const char *peer_name,
 					 const void *req, size_t len, void *resp, size_t cap,
 					 size_t *resp_len_out, uint32_t timeout_ms);
+	/*
+	 * Say why the op running on this thread is about to fail (init, reg_mem,
+	 * load_peer, unpack_remote_key, submit, ...). The core quotes it in the error
+	 * the user sees, so expected failures need not be logged as warnings. Only the
+	 * last call before the op returns counts; text is copied.
+	 */
+	void (*set_error)(struct te_plugin_host_ctx *ctx, const char *fmt, ...)
+		TE_PLUGIN_PRINTF(2, 3);
 };
 
 /*
@@ -220,6 +231,12 @@ struct te_plugin_ops {
 	/* --- install --- */
 	enum te_status (*init)(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
 			       struct te_plugin_inst **inst_out);
+	/*
+	 * Release everything the instance still holds: complete every slice it owns
+	 * with TE_ERR_CANCELED (slice_done may be called during fini), and free the
+	 * peers, remote keys and registrations the core did not release. After fini the
+	 * core makes no further call into the instance.
+	 */
 	void (*fini)(struct te_plugin_inst *inst);
 	enum te_status (*query_caps)(struct te_plugin_inst *inst, struct te_plugin_caps *caps);
 	/* Fill up to @max devices (each with size set by the core); *n_out = count. */
@@ -232,6 +249,11 @@ struct te_plugin_ops {
 	enum te_status (*reg_mem)(struct te_plugin_inst *inst, void *addr, uint64_t length,
 				  uint32_t mem_type, int32_t dev, uint32_t access,
 				  struct te_plugin_mem **mem_out);
+	/*
+	 * The core calls it only when no batch refers to the region any more (it keeps
+	 * its own reference counts); serving-side transfers of peers that are still
+	 * copying must be waited for or fenced by the plugin before it returns.
+	 */
 	enum te_status (*dereg_mem)(struct te_plugin_inst *inst, struct te_plugin_mem *mem);
 	/* Key blob for the descriptor: writes <= @cap bytes; TE_ERR_TOO_LARGE if short. */
 	enum te_status (*pack_key)(struct te_plugin_inst *inst, struct te_plugin_mem *mem,
@@ -241,7 +263,10 @@ struct te_plugin_ops {
 				    const void *blob, size_t len,
 				    struct te_plugin_peer **peer_out);
 	void (*unload_peer)(struct te_plugin_inst *inst, struct te_plugin_peer *peer);
-	/* Decode the key blob of the peer's region [addr, addr+length). */
+	/*
+	 * Decode the key blob of the peer's region [addr, addr+length) (the blob came
+	 * from the peer's pack_key of exactly that region; reject one that disagrees).
+	 */
 	enum te_status (*unpack_remote_key)(struct te_plugin_inst *inst,
 					    struct te_plugin_peer *peer, const void *blob,
 					    size_t len, uint64_t addr, uint64_t length,
@@ -258,12 +283,18 @@ struct te_plugin_ops {
 				 uint32_t n, uint32_t *accepted_out);
 	/* MANUAL plugins: make progress, at most @budget completions; returns how many. */
 	uint32_t (*progress)(struct te_plugin_inst *inst, uint32_t budget);
-	/* Best effort: finish @slice soon with TE_ERR_CANCELED (or its real outcome). */
+	/*
+	 * Best effort: finish @slice soon with TE_ERR_CANCELED (or its real outcome).
+	 * May race with the slice's own completion: when the plugin no longer owns
+	 * the slice (already reported, or never accepted), return TE_ERR_NOT_FOUND and
+	 * do nothing. The slice memory stays valid during the call. Must not block.
+	 */
 	enum te_status (*cancel)(struct te_plugin_inst *inst, struct te_plugin_slice *slice);
 
 	/* --- retry and failure marking --- */
 	/*
-	 * Before a retry of @slice: choose another path avoiding slice->excluded_devices.
+	 * Before a retry of @slice: choose another path avoiding slice->excluded_devices
+	 * (the core never excludes every device: with one device the mask is empty).
 	 * TE_ERR_NO_DEVICE when no path is left; TE_ERR_UNSUPPORTED (op absent) means
 	 * "retry as is".
 	 */

@@ -317,6 +317,67 @@ static void test_no_common_transport(void)
 	itest_buf_free(&rb);
 }
 
+static void test_buffers(void)
+{
+	/* te_segment_buffers lists exactly the remote-accessible buffers, sorted. */
+	struct itest_pair p;
+	struct itest_buf la, r1, r2, loc;
+	struct te_buffer_info bi[4];
+	const struct itest_buf *want[2];
+	size_t n = 0;
+
+	itest_pair_new(&p, "loopback", NULL, NULL);
+	itest_buf_new(&la, 4096, 0, 1);
+	itest_buf_new(&r1, 4096, 0, 2);
+	itest_buf_new(&r2, 8192, 0, 3);
+	itest_buf_new(&loc, 4096, 0, 4);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&r1, p.b, TE_MEM_REMOTE);
+	itest_buf_register(&r2, p.b, TE_MEM_REMOTE_READ);
+	itest_buf_register(&loc, p.b, TE_MEM_LOCAL);
+	itest_pair_connect(&p);
+	want[0] = r1.base < r2.base ? &r1 : &r2;
+	want[1] = r1.base < r2.base ? &r2 : &r1;
+
+	memset(bi, 0x5a, sizeof(bi));
+	itest_ok(te_segment_buffers(p.a, p.seg, bi, 4, &n));
+	g_assert_cmpuint(n, ==, 2);
+	for (size_t i = 0; i < 2; i++) {
+		g_test_message("buffer %zu: 0x%" PRIx64 " +%" PRIu64 " access %#x %s", i,
+			       bi[i].addr, bi[i].length, bi[i].access, bi[i].location);
+		g_assert_cmpuint(bi[i].addr, ==, (uintptr_t)want[i]->base);
+		g_assert_cmpuint(bi[i].length, ==, want[i]->len);
+		g_assert_cmpuint(bi[i].access, ==,
+				 want[i] == &r1 ? TE_MEM_REMOTE : TE_MEM_REMOTE_READ);
+		g_assert_true(g_str_has_prefix(bi[i].location, "cpu"));
+	}
+	g_assert_cmpuint(((uint8_t *)&bi[2])[0], ==, 0x5a);
+
+	/* Short array: the total count, only @max entries written. */
+	memset(bi, 0x5a, sizeof(bi));
+	itest_ok(te_segment_buffers(p.a, p.seg, bi, 1, &n));
+	g_assert_cmpuint(n, ==, 2);
+	g_assert_cmpuint(bi[0].addr, ==, (uintptr_t)want[0]->base);
+	g_assert_cmpuint(((uint8_t *)&bi[1])[0], ==, 0x5a);
+	itest_ok(te_segment_buffers(p.a, p.seg, NULL, 0, &n));
+	g_assert_cmpuint(n, ==, 2);
+
+	/* The local segment of B shows the same two; A has none to offer. */
+	itest_ok(te_segment_buffers(p.b, TE_SEGMENT_LOCAL, bi, 4, &n));
+	g_assert_cmpuint(n, ==, 2);
+	itest_ok(te_segment_buffers(p.a, TE_SEGMENT_LOCAL, bi, 4, &n));
+	g_assert_cmpuint(n, ==, 0);
+
+	itest_assert_status(te_segment_buffers(p.a, 999, bi, 4, &n), TE_ERR_UNKNOWN_SEGMENT);
+	itest_assert_status(te_segment_buffers(p.a, p.seg, bi, 4, NULL), TE_ERR_INVALID_ARG);
+	itest_assert_status(te_segment_buffers(p.a, p.seg, NULL, 4, &n), TE_ERR_INVALID_ARG);
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&r1);
+	itest_buf_free(&r2);
+	itest_buf_free(&loc);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
@@ -331,5 +392,6 @@ int main(int argc, char **argv)
 	g_test_add_func("/segment/export-content", test_export_content);
 	g_test_add_func("/segment/import-twice-and-restart", test_import_twice_and_restart);
 	g_test_add_func("/segment/no-common-transport", test_no_common_transport);
+	g_test_add_func("/segment/buffers", test_buffers);
 	return g_test_run();
 }

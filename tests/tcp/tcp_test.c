@@ -1,0 +1,1141 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tcp_test.c: the tcp transport between two engines of this process, and hostile raw clients. */
+#include "itest.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <json-glib/json-glib.h>
+
+#define GUARD 4096u
+#define MiB   (1024u * 1024u)
+
+/* Wire format as README.md documents it, written out independently of the plugin. */
+#define W_MAGIC	  0x31504354u
+#define W_VERSION 1u
+#define W_READ	  0u
+#define W_WRITE	  1u
+#define W_HELLO	  2u
+#define W_HDR	  32u
+
+static const char *const default_transfer = "timeout_ms: 60000";
+
+/* --- helpers ------------------------------------------------------------------------- */
+
+static void pair_new(struct itest_pair *p, const char *options, const char *transfer)
+{
+	itest_pair_new(p, "tcp", options ? options : "lanes: 2",
+		       transfer ? transfer : default_transfer);
+}
+
+/* Run one batch of @n requests from p->a and return its wait status. */
+static enum te_status run_batch(struct itest_pair *p, const struct te_request *r, size_t n,
+				te_batch_id *bid_out)
+{
+	te_batch_id bid;
+	enum te_status st;
+
+	itest_ok(te_batch_new(p->a, (uint32_t)n, &bid));
+	st = te_batch_submit(p->a, bid, r, n);
+	if (st != TE_OK) {
+		*bid_out = bid;
+		return st;
+	}
+	st = itest_wait(p->a, bid);
+	*bid_out = bid;
+	return st;
+}
+
+static void run_ok(struct itest_pair *p, const struct te_request *r, size_t n)
+{
+	te_batch_id bid;
+
+	itest_ok(run_batch(p, r, n, &bid));
+	itest_ok(te_batch_free(p->a, bid));
+}
+
+/* Log lines of an engine, for tests that must see no protocol trouble behind retries. */
+struct logcap {
+	GMutex lock;
+	GString *text;
+};
+
+static void logcap_fn(void *user, enum te_log_level level, const char *msg)
+{
+	struct logcap *lc = user;
+
+	(void)level;
+	g_mutex_lock(&lc->lock);
+	g_string_append_printf(lc->text, "%s\n", msg);
+	g_mutex_unlock(&lc->lock);
+}
+
+static struct te_engine *engine_logged(const char *name, const char *options,
+				       const char *transfer, struct logcap *lc)
+{
+	struct itest_transport t = { .name = "tcp", .required = true, .options = options };
+	g_autofree char *yaml = itest_yaml(name, &t, 1, transfer);
+	struct te_engine_opts o = { .size = sizeof(o) };
+	struct te_engine *e = NULL;
+
+	o.config_yaml = yaml;
+	o.config_yaml_len = strlen(yaml);
+	o.config_name = name;
+	o.log_fn = logcap_fn;
+	o.log_user = lc;
+	o.log_level = TE_LOG_INFO;
+	itest_ok(te_engine_new(&o, &e));
+	return e;
+}
+
+static void pair_logged(struct itest_pair *p, const char *options, struct logcap *lc)
+{
+	g_mutex_init(&lc->lock);
+	lc->text = g_string_new(NULL);
+	p->a = engine_logged("A", options, default_transfer, lc);
+	p->b = engine_logged("B", options, default_transfer, lc);
+	p->seg = (te_segment_id)-1;
+}
+
+/* Neither side ever saw a malformed frame (the stream stayed in sync). */
+static void logcap_check_free(struct logcap *lc)
+{
+	if (strstr(lc->text->str, "protocol error") || strstr(lc->text->str, "bad frame") ||
+	    strstr(lc->text->str, "unexpected"))
+		g_error("protocol trouble logged:\n%s", lc->text->str);
+	g_string_free(lc->text, TRUE);
+	g_mutex_clear(&lc->lock);
+}
+
+/* The endpoint engine @e publishes for tcp: port, nonce and address family. */
+struct endpoint {
+	int family;
+	uint16_t port;
+	uint64_t nonce;
+	uint8_t addr[16];
+};
+
+static uint64_t le64(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static struct endpoint endpoint_of(struct te_engine *e)
+{
+	g_autoptr(JsonParser) parser = json_parser_new();
+	g_autofree guchar *blob = NULL;
+	struct endpoint ep = { 0 };
+	char *json = NULL;
+	size_t len = 0, blen = 0;
+	JsonObject *root, *tps;
+	const char *b64;
+
+	itest_ok(te_segment_export(e, &json, &len));
+	g_assert_true(json_parser_load_from_data(parser, json, (gssize)len, NULL));
+	te_free(json);
+	root = json_node_get_object(json_parser_get_root(parser));
+	tps = json_object_get_object_member(root, "transports");
+	g_assert_nonnull(tps);
+	b64 = json_object_get_string_member(tps, "tcp");
+	g_assert_nonnull(b64);
+	blob = g_base64_decode(b64, &blen);
+	g_assert_cmpuint(blen, ==, 40);
+	g_assert_cmphex(le64(blob) & 0xffffffffu, ==, 0x31424354u);
+	ep.family = blob[5] == 6 ? AF_INET6 : AF_INET;
+	ep.port = (uint16_t)(blob[6] | blob[7] << 8);
+	ep.nonce = le64(blob + 8);
+	memcpy(ep.addr, blob + 16, 16);
+	return ep;
+}
+
+/* --- raw clients ------------------------------------------------------------------- */
+
+static int raw_connect(const struct endpoint *ep)
+{
+	struct timeval tv = { .tv_sec = 30 }; /* a hang guard, not a threshold */
+	struct sockaddr_storage ss = { 0 };
+	socklen_t len;
+	int fd, one = 1;
+
+	if (ep->family == AF_INET6) {
+		struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons(ep->port);
+		memcpy(&s6->sin6_addr, ep->addr, 16);
+		len = sizeof(*s6);
+	} else {
+		struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons(ep->port);
+		memcpy(&s4->sin_addr, ep->addr, 4);
+		len = sizeof(*s4);
+	}
+	fd = socket(ep->family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	g_assert_cmpint(fd, >=, 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	g_assert_cmpint(connect(fd, (struct sockaddr *)&ss, len), ==, 0);
+	return fd;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void frame(uint8_t *h, uint32_t magic, uint8_t version, uint8_t op, uint32_t req_id,
+		  uint64_t addr, uint64_t length)
+{
+	memset(h, 0, W_HDR);
+	put_le(h, magic, 4);
+	h[4] = version;
+	h[5] = op;
+	put_le(h + 8, req_id, 4);
+	put_le(h + 16, addr, 8);
+	put_le(h + 24, length, 8);
+}
+
+static void send_all(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t r = send(fd, p, len, MSG_NOSIGNAL);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		g_assert_cmpint(r, >, 0);
+		p += r;
+		len -= (size_t)r;
+	}
+}
+
+/* Send to a server that may close the connection at any point (a rejected stream). */
+static void send_rejected(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t r = send(fd, p, len, MSG_NOSIGNAL);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EPIPE || errno == ECONNRESET))
+			return;
+		g_assert_cmpint(r, >, 0);
+		p += r;
+		len -= (size_t)r;
+	}
+}
+
+/* Read exactly @len bytes; false on end of stream or error. */
+static bool recv_all(int fd, void *buf, size_t len)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t r = recv(fd, p, len, 0);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return false;
+		p += r;
+		len -= (size_t)r;
+	}
+	return true;
+}
+
+struct reply {
+	uint8_t op;
+	uint32_t req_id;
+	int32_t status;
+	uint64_t addr;
+	uint64_t length;
+	char detail[256];
+};
+
+static bool recv_reply(int fd, struct reply *r)
+{
+	uint8_t h[W_HDR];
+
+	memset(r, 0, sizeof(*r));
+	if (!recv_all(fd, h, sizeof(h)))
+		return false;
+	g_assert_cmphex(le64(h) & 0xffffffffu, ==, W_MAGIC);
+	r->op = h[5];
+	r->req_id = (uint32_t)(le64(h + 8) & 0xffffffffu);
+	r->status = (int32_t)(uint32_t)(le64(h + 12) & 0xffffffffu);
+	r->addr = le64(h + 16);
+	r->length = le64(h + 24);
+	if (r->status != 0) {
+		g_assert_cmpuint(r->length, <, sizeof(r->detail));
+		if (!recv_all(fd, r->detail, (size_t)r->length))
+			return false;
+	}
+	return true;
+}
+
+static int raw_hello(const struct endpoint *ep)
+{
+	int fd = raw_connect(ep);
+	uint8_t h[W_HDR];
+	struct reply r;
+
+	frame(h, W_MAGIC, W_VERSION, W_HELLO, 0, ep->nonce, 0);
+	send_all(fd, h, sizeof(h));
+	g_assert_true(recv_reply(fd, &r));
+	g_assert_cmpuint(r.op, ==, W_HELLO);
+	g_assert_cmpint(r.status, ==, 0);
+	g_assert_cmphex(r.addr, ==, ep->nonce);
+	return fd;
+}
+
+/* True when the server closed @fd (end of stream or reset), without sending anything. */
+static bool closed_by_peer(int fd)
+{
+	uint8_t b;
+	ssize_t r;
+
+	do
+		r = recv(fd, &b, 1, 0);
+	while (r < 0 && errno == EINTR);
+	return r == 0 || (r < 0 && (errno == ECONNRESET || errno == EPIPE));
+}
+
+/* --- transfers ---------------------------------------------------------------------- */
+
+struct xfer_case {
+	enum te_opcode op;
+	uint64_t len;
+	size_t loff;
+	size_t roff;
+	const char *options;
+};
+
+static void test_single(gconstpointer data)
+{
+	const struct xfer_case *c = data;
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r;
+	size_t lo = c->loff, ro = c->roff, len = c->len;
+
+	pair_new(&p, c->options, NULL);
+	itest_buf_new(&la, lo + len + 64, GUARD, 0x1111);
+	itest_buf_new(&rb, ro + len + 64, GUARD, 0x2222);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+
+	r = (struct te_request){ c->op, p.seg, la.data + lo, itest_raddr(&rb, ro), len };
+	run_ok(&p, &r, 1);
+	if (c->op == TE_OP_READ) {
+		g_assert_true(itest_range_is(&la, lo, len, &rb, ro));
+		g_assert_true(itest_untouched_outside(&la, &lo, &len, 1));
+		g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
+	} else {
+		g_assert_true(itest_range_is(&rb, ro, len, &la, lo));
+		g_assert_true(itest_untouched_outside(&rb, &ro, &len, 1));
+		g_assert_true(itest_untouched_outside(&la, NULL, NULL, 0));
+	}
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* 1000 requests of varied sizes and both directions in one batch, on disjoint ranges. */
+static void test_batch_1000(gconstpointer data)
+{
+	const char *options = data;
+	enum { N = 1000 };
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request *r = g_new0(struct te_request, N);
+	size_t *offs = g_new0(size_t, N), *lens = g_new0(size_t, N);
+	size_t *woffs = g_new0(size_t, N), *wlens = g_new0(size_t, N);
+	size_t *roffs = g_new0(size_t, N), *rlens = g_new0(size_t, N);
+	size_t off = 0, nw = 0, nr = 0;
+
+	for (size_t i = 0; i < N; i++) {
+		lens[i] = 1 + (i * 7919) % 20000;
+		offs[i] = off + (i % 5);
+		off = offs[i] + lens[i];
+	}
+	pair_new(&p, options, NULL);
+	itest_buf_new(&la, off + 64, GUARD, 0x3333);
+	itest_buf_new(&rb, off + 64, GUARD, 0x4444);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (size_t i = 0; i < N; i++) {
+		enum te_opcode op = i % 3 == 0 ? TE_OP_WRITE : TE_OP_READ;
+
+		r[i] = (struct te_request){ op, p.seg, la.data + offs[i], itest_raddr(&rb, offs[i]),
+					    lens[i] };
+		if (op == TE_OP_WRITE) {
+			woffs[nw] = offs[i];
+			wlens[nw++] = lens[i];
+		} else {
+			roffs[nr] = offs[i];
+			rlens[nr++] = lens[i];
+		}
+	}
+	run_ok(&p, r, N);
+	for (size_t i = 0; i < N; i++) {
+		if (r[i].opcode == TE_OP_WRITE)
+			g_assert_true(itest_range_is(&rb, offs[i], lens[i], &la, offs[i]));
+		else
+			g_assert_true(itest_range_is(&la, offs[i], lens[i], &rb, offs[i]));
+	}
+	g_assert_true(itest_untouched_outside(&la, roffs, rlens, nr));
+	g_assert_true(itest_untouched_outside(&rb, woffs, wlens, nw));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+	g_free(r);
+	g_free(offs);
+	g_free(lens);
+	g_free(woffs);
+	g_free(wlens);
+	g_free(roffs);
+	g_free(rlens);
+}
+
+/* Several threads submit at once on one engine pair (lanes shared between them). */
+struct mt_arg {
+	struct itest_pair *p;
+	struct itest_buf *la, *rb;
+	size_t base;
+};
+
+static gpointer mt_thread(gpointer data)
+{
+	struct mt_arg *a = data;
+	enum { N = 64, LEN = 8192 };
+	struct te_request r[N];
+
+	for (int round = 0; round < 20; round++) {
+		for (size_t i = 0; i < N; i++) {
+			size_t o = a->base + i * LEN;
+
+			r[i] = (struct te_request){ round % 2 ? TE_OP_READ : TE_OP_WRITE, a->p->seg,
+						    a->la->data + o, itest_raddr(a->rb, o), LEN };
+		}
+		run_ok(a->p, r, N);
+	}
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	enum { T = 4, SPAN = 64 * 8192 };
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct mt_arg args[T];
+	GThread *th[T];
+
+	pair_new(&p, "lanes: 2, max_inflight: 16", NULL);
+	itest_buf_new(&la, T * SPAN, GUARD, 0x5555);
+	itest_buf_new(&rb, T * SPAN, GUARD, 0x6666);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (int i = 0; i < T; i++) {
+		args[i] = (struct mt_arg){ &p, &la, &rb, (size_t)i * SPAN };
+		th[i] = g_thread_new("submit", mt_thread, &args[i]);
+	}
+	for (int i = 0; i < T; i++)
+		g_thread_join(th[i]);
+	/* The last round was a READ of what the one before wrote: both ends hold la's bytes. */
+	g_assert_true(itest_range_is(&rb, 0, T * SPAN, &la, 0));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+static void test_ipv6(void)
+{
+	int fd = socket(AF_INET6, SOCK_STREAM, 0);
+	struct sockaddr_in6 s6 = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT };
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r[2];
+	struct te_task_info ti;
+	te_batch_id bid;
+
+	if (fd < 0 || bind(fd, (struct sockaddr *)&s6, sizeof(s6)) != 0) {
+		if (fd >= 0)
+			close(fd);
+		g_test_skip("no IPv6 loopback here");
+		return;
+	}
+	close(fd);
+	pair_new(&p, "bind: \"::1\", lanes: 3", NULL);
+	g_assert_cmpint(endpoint_of(p.b).family, ==, AF_INET6);
+	itest_buf_new(&la, 3 * MiB, GUARD, 0x7777);
+	itest_buf_new(&rb, 3 * MiB, GUARD, 0x8888);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), MiB + 17 };
+	r[1] = (struct te_request){ TE_OP_READ, p.seg, la.data + 2 * MiB, itest_raddr(&rb, 2 * MiB),
+				    MiB - 5 };
+	itest_ok(run_batch(&p, r, 2, &bid));
+	ti = itest_task(p.a, bid, 0);
+	g_assert_cmpstr(ti.transport, ==, "tcp");
+	itest_assert_contains(ti.device, "[::1]");
+	itest_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_range_is(&rb, 0, MiB + 17, &la, 0));
+	g_assert_true(itest_range_is(&la, 2 * MiB, MiB - 5, &rb, 2 * MiB));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* --- access checks ------------------------------------------------------------------- */
+
+/* The core rejects a remote range outside the peer's buffers before tcp sees it. */
+static void test_out_of_range_at_submit(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r;
+	struct te_task_info ti;
+	te_batch_id bid;
+
+	pair_new(&p, NULL, NULL);
+	itest_buf_new(&la, 8192, GUARD, 1);
+	itest_buf_new(&rb, 8192, GUARD, 2);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 8192 + GUARD - 10),
+				 100 };
+	itest_ok(te_batch_new(p.a, 1, &bid));
+	itest_assert_status(te_batch_submit(p.a, bid, &r, 1), TE_ERR_REMOTE_ACCESS);
+	ti = itest_task(p.a, bid, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
+	itest_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/*
+ * A client that skips every initiator-side check: requests outside the registered buffers,
+ * or against the access a buffer grants, are answered with TE_ERR_REMOTE_ACCESS naming the
+ * range, and not a byte outside moves.
+ */
+static void test_hostile_ranges(void)
+{
+	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
+	struct itest_buf ro, rw;
+	struct endpoint ep;
+	uint8_t h[W_HDR], payload[4096];
+	struct reply rep;
+	uint64_t rw_base, ro_base;
+	int fd;
+
+	itest_buf_new(&rw, 65536, GUARD, 0x10);
+	itest_buf_new(&ro, 65536, GUARD, 0x20);
+	itest_buf_register(&rw, b, TE_MEM_REMOTE);
+	itest_buf_register(&ro, b, TE_MEM_REMOTE_READ);
+	rw_base = (uint64_t)(uintptr_t)rw.base;
+	ro_base = (uint64_t)(uintptr_t)ro.base;
+	ep = endpoint_of(b);
+	fd = raw_hello(&ep);
+	memset(payload, 0xee, sizeof(payload));
+
+	/* WRITE straddling the end of a buffer: rejected, payload discarded. */
+	frame(h, W_MAGIC, W_VERSION, W_WRITE, 7, rw_base + 65536 + 2 * GUARD - 100, 4096);
+	send_all(fd, h, sizeof(h));
+	send_all(fd, payload, sizeof(payload));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpuint(rep.req_id, ==, 7);
+	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+	itest_assert_contains(rep.detail, "is not inside a registered remote-writable buffer of");
+	itest_assert_contains(rep.detail, "B");
+
+	/* A rejected WRITE larger than any internal buffer is discarded byte-exactly. */
+	{
+		size_t big = 3 * MiB + 7;
+		uint8_t *junk = g_malloc(big);
+
+		memset(junk, 0x3c, big);
+		frame(h, W_MAGIC, W_VERSION, W_WRITE, 70, ro_base + GUARD, big);
+		send_all(fd, h, sizeof(h));
+		send_all(fd, junk, big);
+		g_free(junk);
+		g_assert_true(recv_reply(fd, &rep));
+		g_assert_cmpuint(rep.req_id, ==, 70);
+		g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+	}
+
+	/* WRITE into a read-only buffer. */
+	frame(h, W_MAGIC, W_VERSION, W_WRITE, 8, ro_base + GUARD, 4096);
+	send_all(fd, h, sizeof(h));
+	send_all(fd, payload, sizeof(payload));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpuint(rep.req_id, ==, 8);
+	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+
+	/* WRITE spanning two registered buffers is not inside ONE of them. */
+	{
+		uint64_t lo = MIN(rw_base, ro_base), hi = MAX(rw_base, ro_base);
+
+		frame(h, W_MAGIC, W_VERSION, W_READ, 9, lo, hi - lo + 16);
+		send_all(fd, h, sizeof(h));
+		g_assert_true(recv_reply(fd, &rep));
+		g_assert_cmpuint(rep.req_id, ==, 9);
+		g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+		itest_assert_contains(rep.detail, "remote-readable");
+	}
+
+	/* READ of unregistered memory (this stack frame) and one that wraps around. */
+	frame(h, W_MAGIC, W_VERSION, W_READ, 10, (uint64_t)(uintptr_t)payload, 16);
+	send_all(fd, h, sizeof(h));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+	frame(h, W_MAGIC, W_VERSION, W_READ, 11, UINT64_MAX - 8, 64);
+	send_all(fd, h, sizeof(h));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+
+	/* The connection still serves a valid request, with the exact bytes. */
+	frame(h, W_MAGIC, W_VERSION, W_READ, 12, ro_base + GUARD + 100, 256);
+	send_all(fd, h, sizeof(h));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_cmpuint(rep.length, ==, 256);
+	{
+		uint8_t got[256];
+
+		g_assert_true(recv_all(fd, got, sizeof(got)));
+		g_assert_cmpmem(got, sizeof(got), ro.data + 100, sizeof(got));
+	}
+	close(fd);
+	te_engine_free(b);
+	g_assert_true(itest_untouched_outside(&rw, NULL, NULL, 0));
+	g_assert_true(itest_untouched_outside(&ro, NULL, NULL, 0));
+	itest_buf_free(&rw);
+	itest_buf_free(&ro);
+}
+
+/* A hello naming another instance (the client's descriptor is stale): refused, closed. */
+static void test_hello_stale(void)
+{
+	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
+	struct itest_buf rw;
+	struct endpoint ep;
+	uint8_t h[2 * W_HDR];
+	struct reply rep;
+	int fd;
+
+	itest_buf_new(&rw, 4096, GUARD, 0x30);
+	itest_buf_register(&rw, b, TE_MEM_REMOTE);
+	ep = endpoint_of(b);
+	fd = raw_connect(&ep);
+	frame(h, W_MAGIC, W_VERSION, W_HELLO, 0, ep.nonce ^ 1, 0);
+	/* A pipelined WRITE behind it must not run. */
+	frame(h + W_HDR, W_MAGIC, W_VERSION, W_WRITE, 1, (uint64_t)(uintptr_t)rw.data, 8);
+	send_rejected(fd, h, sizeof(h));
+	send_rejected(fd, "XXXXXXXX", 8);
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpuint(rep.op, ==, W_HELLO);
+	g_assert_cmpint(rep.status, ==, TE_ERR_PEER_RESTARTED);
+	g_assert_cmphex(rep.addr, ==, ep.nonce);
+	g_assert_true(closed_by_peer(fd));
+	close(fd);
+	te_engine_free(b);
+	g_assert_true(itest_untouched_outside(&rw, NULL, NULL, 0));
+	itest_buf_free(&rw);
+}
+
+/* One malformed byte stream; the server must close that connection and nothing else. */
+struct bad_stream {
+	const char *name;
+	bool hello_first;
+	void (*make)(uint8_t *buf, size_t *len, uint64_t target);
+	bool stall;	 /* stop in the middle, wait, then close */
+	bool may_write; /* a valid WRITE's first bytes may land in [0, 1000) */
+};
+
+static void make_bad_magic(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, 0x12345678u, W_VERSION, W_READ, 1, target, 8);
+	*len = W_HDR;
+}
+
+static void make_bad_version(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, W_MAGIC, 9, W_READ, 1, target, 8);
+	*len = W_HDR;
+}
+
+static void make_bad_op(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, W_MAGIC, W_VERSION, 77, 1, target, 8);
+	*len = W_HDR;
+}
+
+static void make_huge(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, W_MAGIC, W_VERSION, W_WRITE, 1, target, (1ull << 30) + 1);
+	*len = W_HDR;
+}
+
+static void make_zero_len(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, W_MAGIC, W_VERSION, W_READ, 1, target, 0);
+	*len = W_HDR;
+}
+
+static void make_flags(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, W_MAGIC, W_VERSION, W_READ, 1, target, 8);
+	b[6] = 1;
+	*len = W_HDR;
+}
+
+static void make_second_hello(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, W_MAGIC, W_VERSION, W_HELLO, 0, target, 0);
+	*len = W_HDR;
+}
+
+static void make_random(uint8_t *b, size_t *len, uint64_t target)
+{
+	GRand *r = g_rand_new_with_seed(42);
+
+	(void)target;
+	for (size_t i = 0; i < 4096; i++)
+		b[i] = (uint8_t)g_rand_int(r);
+	g_rand_free(r);
+	*len = 4096;
+}
+
+static void make_truncated(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, W_MAGIC, W_VERSION, W_READ, 1, target, 8);
+	*len = W_HDR / 2;
+}
+
+static void make_half_payload(uint8_t *b, size_t *len, uint64_t target)
+{
+	frame(b, W_MAGIC, W_VERSION, W_WRITE, 1, target, 1000);
+	memset(b + W_HDR, 0x5a, 400);
+	*len = W_HDR + 400;
+}
+
+static const struct bad_stream bad_streams[] = {
+	{ "no-hello", false, make_bad_magic, false, false },
+	{ "request-before-hello", false, make_half_payload, false, false },
+	{ "bad-magic", true, make_bad_magic, false, false },
+	{ "bad-version", true, make_bad_version, false, false },
+	{ "bad-op", true, make_bad_op, false, false },
+	{ "huge-length", true, make_huge, false, false },
+	{ "zero-length", true, make_zero_len, false, false },
+	{ "nonzero-flags", true, make_flags, false, false },
+	{ "second-hello", true, make_second_hello, false, false },
+	{ "random-bytes", true, make_random, false, false },
+	{ "truncated-header", true, make_truncated, true, false },
+	{ "stall-mid-payload", true, make_half_payload, true, true },
+};
+
+static void test_bad_stream(gconstpointer data)
+{
+	const struct bad_stream *bs = data;
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct endpoint ep;
+	uint8_t buf[8192], h[W_HDR];
+	struct reply rep;
+	struct te_request r;
+	size_t len = 0;
+	int bad, good;
+
+	pair_new(&p, NULL, NULL);
+	itest_buf_new(&la, 65536, GUARD, 0x40);
+	itest_buf_new(&rb, 65536, GUARD, 0x50);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	ep = endpoint_of(p.b);
+
+	good = raw_hello(&ep);
+	bad = bs->hello_first ? raw_hello(&ep) : raw_connect(&ep);
+	bs->make(buf, &len, itest_raddr(&rb, 0));
+	send_rejected(bad, buf, len);
+	if (bs->stall) {
+		itest_sleep_ms(150); /* the server sits in the middle of a frame */
+		shutdown(bad, SHUT_WR);
+	}
+	g_assert_true(closed_by_peer(bad));
+	close(bad);
+
+	/* The other raw connection and the engine's own lanes still work. */
+	frame(h, W_MAGIC, W_VERSION, W_READ, 5, itest_raddr(&rb, 10), 20);
+	send_all(good, h, sizeof(h));
+	g_assert_true(recv_reply(good, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_true(recv_all(good, buf, 20));
+	g_assert_cmpmem(buf, 20, rb.data + 10, 20);
+	close(good);
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 4096), 8192 };
+	run_ok(&p, &r, 1);
+	g_assert_true(itest_range_is(&rb, 4096, 8192, &la, 0));
+	{
+		size_t offs[2] = { 4096, 0 }, lens[2] = { 8192, 1000 };
+
+		g_assert_true(itest_untouched_outside(&rb, offs, lens, bs->may_write ? 2 : 1));
+	}
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* --- failures ----------------------------------------------------------------------- */
+
+static void assert_all_terminal_failed(struct te_engine *a, te_batch_id bid, uint32_t n)
+{
+	struct te_batch_info bi = itest_batch(a, bid);
+
+	g_assert_cmpuint(bi.tasks, ==, n);
+	g_assert_cmpuint(bi.completed + bi.failed + bi.timed_out + bi.canceled, ==, n);
+	g_assert_cmpuint(bi.failed + bi.timed_out, >, 0);
+	for (uint32_t i = 0; i < n; i++) {
+		struct te_task_info ti = itest_task(a, bid, i);
+
+		g_assert_true(te_state_is_terminal(ti.state));
+		if (ti.state != TE_STATE_COMPLETED)
+			g_assert_cmpstr(ti.detail, !=, "");
+	}
+}
+
+/* The target engine goes away mid-batch: every task ends within the deadline. */
+static void test_peer_freed_mid_batch(void)
+{
+	enum { N = 64 };
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r[N];
+	te_batch_id bid;
+	enum te_status st;
+	struct te_task_info ti;
+	bool saw_conn_failure = false;
+
+	pair_new(&p, "lanes: 2", "timeout_ms: 2000, retries: 2, retry_backoff_us: 1000");
+	itest_buf_new(&la, 4 * MiB, GUARD, 0x60);
+	itest_buf_new(&rb, 4 * MiB, GUARD, 0x70);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (int i = 0; i < N; i++)
+		r[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, p.seg,
+					    la.data + (size_t)(i % 4) * MiB,
+					    itest_raddr(&rb, (size_t)(i % 4) * MiB), MiB };
+	itest_ok(te_batch_new(p.a, N, &bid));
+	itest_ok(te_batch_submit(p.a, bid, r, N));
+	te_engine_free(p.b);
+	p.b = NULL;
+	st = itest_wait(p.a, bid);
+	g_assert_cmpint(st, !=, TE_OK);
+	assert_all_terminal_failed(p.a, bid, N);
+	for (uint32_t i = 0; i < N; i++) {
+		ti = itest_task(p.a, bid, i);
+		if (ti.state == TE_STATE_FAILED &&
+		    (ti.status == TE_ERR_PEER_UNREACHABLE || ti.status == TE_ERR_CONN_RESET))
+			saw_conn_failure = true;
+	}
+	itest_ok(te_batch_free(p.a, bid));
+	/* Nothing is left dangling: a new batch to the dead peer fails too, promptly. */
+	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
+	g_assert_cmpint(run_batch(&p, r, 1, &bid), !=, TE_OK);
+	ti = itest_task(p.a, bid, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+	g_assert_cmpint(ti.status, ==, TE_ERR_PEER_UNREACHABLE);
+	itest_assert_contains(ti.detail, "connect to B");
+	itest_ok(te_batch_free(p.a, bid));
+	(void)saw_conn_failure;
+	te_engine_free(p.a);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* A new engine on the same port: the old descriptor fails with PEER_RESTARTED, no bytes land. */
+static void test_peer_restarted(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r;
+	struct te_task_info ti;
+	struct te_engine *b2;
+	struct endpoint ep;
+	g_autofree char *opts = NULL;
+	te_batch_id bid;
+
+	pair_new(&p, NULL, NULL);
+	itest_buf_new(&la, 65536, GUARD, 0x80);
+	itest_buf_new(&rb, 65536, GUARD, 0x90);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
+	run_ok(&p, &r, 1);
+	ep = endpoint_of(p.b);
+	te_engine_free(p.b);
+	p.b = NULL;
+	itest_buf_fill(&rb);
+
+	opts = g_strdup_printf("port: %u", ep.port);
+	b2 = itest_engine1("B", "tcp", opts, NULL);
+	itest_buf_register(&rb, b2, TE_MEM_REMOTE);
+	g_assert_cmphex(endpoint_of(b2).nonce, !=, ep.nonce);
+
+	r.length = 8192;
+	g_assert_cmpint(run_batch(&p, &r, 1, &bid), !=, TE_OK);
+	ti = itest_task(p.a, bid, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+	g_assert_cmpint(ti.status, ==, TE_ERR_PEER_RESTARTED);
+	itest_assert_contains(ti.detail, "restarted");
+	itest_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
+	te_engine_free(b2);
+	te_engine_free(p.a);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* Cancel a batch of large transfers in flight: it turns terminal and can be freed. */
+static void test_cancel_in_flight(void)
+{
+	enum { N = 32 };
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r[N];
+	struct te_batch_info bi;
+	struct logcap lc;
+	te_batch_id bid;
+
+	pair_logged(&p, "lanes: 2", &lc);
+	itest_buf_new(&la, 8 * MiB, GUARD, 0xa0);
+	itest_buf_new(&rb, 8 * MiB, GUARD, 0xb0);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (int round = 0; round < 5; round++) {
+		for (int i = 0; i < N; i++)
+			r[i] = (struct te_request){ (i + round) % 2 ? TE_OP_READ : TE_OP_WRITE,
+						    p.seg, la.data + (size_t)(i % 8) * MiB,
+						    itest_raddr(&rb, (size_t)(i % 8) * MiB), MiB };
+		itest_ok(te_batch_new(p.a, N, &bid));
+		itest_ok(te_batch_submit(p.a, bid, r, N));
+		if (round)
+			itest_sleep_ms((unsigned)round);
+		itest_ok(te_batch_cancel(p.a, bid));
+		(void)itest_wait(p.a, bid);
+		bi = itest_batch(p.a, bid);
+		g_assert_true(te_state_is_terminal(bi.state));
+		itest_ok(te_batch_free(p.a, bid));
+	}
+	/* Lanes are healthy afterwards (canceled responses were discarded, not misrouted). */
+	for (int i = 0; i < 8; i++)
+		r[i] = (struct te_request){ TE_OP_WRITE, p.seg, la.data + (size_t)i * MiB,
+					    itest_raddr(&rb, (size_t)i * MiB), MiB };
+	itest_buf_fill(&la);
+	run_ok(&p, r, 8);
+	g_assert_true(itest_range_is(&rb, 0, 8 * MiB, &la, 0));
+	itest_pair_free(&p);
+	logcap_check_free(&lc);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/*
+ * The target unregisters and unmaps a buffer while a peer writes into and reads from it:
+ * no access may follow the unregistration (an access to the unmapped pages would crash).
+ */
+struct churn {
+	struct itest_pair *p;
+	struct itest_buf *la;
+	uint64_t raddr;
+	size_t len;
+	atomic_bool stop;
+	atomic_uint ok, failed;
+};
+
+static gpointer churn_thread(gpointer data)
+{
+	struct churn *c = data;
+	struct te_request r[8];
+
+	while (!atomic_load(&c->stop)) {
+		te_batch_id bid;
+		enum te_status st;
+
+		for (int i = 0; i < 8; i++)
+			r[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, c->p->seg,
+						    c->la->data, c->raddr, c->len };
+		itest_ok(te_batch_new(c->p->a, 8, &bid));
+		st = te_batch_submit(c->p->a, bid, r, 8);
+		if (st == TE_OK)
+			st = itest_wait(c->p->a, bid);
+		if (st == TE_OK)
+			c->ok++;
+		else
+			c->failed++;
+		itest_ok(te_batch_free(c->p->a, bid));
+	}
+	return NULL;
+}
+
+static void test_dereg_while_serving(void)
+{
+	const size_t len = 4 * MiB;
+	struct itest_pair p;
+	struct itest_buf la, keep;
+	struct churn c;
+	struct logcap lc;
+	GThread *th;
+	void *m;
+
+	pair_logged(&p, "lanes: 2", &lc);
+	itest_buf_new(&la, len, GUARD, 0xc0);
+	itest_buf_new(&keep, 4096, 0, 0xd0);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	/* Keep the segment non-empty so that its descriptor stays importable. */
+	itest_buf_register(&keep, p.b, TE_MEM_REMOTE);
+	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	g_assert_true(m != MAP_FAILED);
+	itest_ok(te_mem_register(p.b, m, len, "cpu", TE_MEM_REMOTE));
+	itest_pair_connect(&p);
+	c = (struct churn){ .p = &p, .la = &la, .raddr = (uint64_t)(uintptr_t)m, .len = len };
+	th = g_thread_new("churn", churn_thread, &c);
+	while (atomic_load(&c.ok) + atomic_load(&c.failed) == 0)
+		itest_sleep_ms(1);
+	itest_ok(te_mem_unregister(p.b, m));
+	g_assert_cmpint(munmap(m, len), ==, 0);
+	itest_sleep_ms(50);
+	atomic_store(&c.stop, true);
+	g_thread_join(th);
+	g_assert_cmpuint(atomic_load(&c.ok) + atomic_load(&c.failed), >, 0);
+	itest_pair_free(&p);
+	logcap_check_free(&lc);
+	itest_buf_free(&la);
+	itest_buf_free(&keep);
+}
+
+/* --- options ------------------------------------------------------------------------ */
+
+static void test_bad_options(void)
+{
+	static const struct {
+		const char *options;
+		const char *needle;
+	} bad[] = {
+		{ "lanes: 0", "lanes" },
+		{ "lanes: many", "lanes" },
+		{ "workers: 1000", "workers" },
+		{ "max_inflight: 0", "max_inflight" },
+		{ "slice_size: 12q", "slice_size" },
+		{ "connect_timeout_ms: -1", "connect_timeout_ms" },
+		{ "port: 70000", "port" },
+		{ "bind: \"0.0.0.0\"", "advertise" },
+		{ "bind: \"::\"", "advertise" },
+		{ "bind: \"192.0.2.1\"", "bind" }, /* TEST-NET-1: not local */
+		{ "connections: 4", "connections" },
+	};
+
+	for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
+		struct itest_transport t = { .name = "tcp", .required = true,
+					     .options = bad[i].options };
+		g_autofree char *yaml = itest_yaml("X", &t, 1, NULL);
+		struct te_engine *e = NULL;
+		enum te_status st = te_engine_new_from_string(yaml, strlen(yaml), &e);
+
+		g_test_message("options {%s}: %s", bad[i].options, te_last_error());
+		g_assert_cmpint(st, !=, TE_OK);
+		g_assert_null(e);
+		itest_assert_contains(te_last_error(), bad[i].needle);
+	}
+}
+
+static void test_good_options(void)
+{
+	struct te_engine *e = itest_engine1(
+		"X", "tcp",
+		"bind: \"0.0.0.0\", advertise: \"127.0.0.1\", lanes: 4, workers: 1, "
+		"max_inflight: 8, slice_size: 256K, connect_timeout_ms: 500",
+		NULL);
+	struct endpoint ep = endpoint_of(e);
+
+	g_assert_cmpint(ep.family, ==, AF_INET);
+	g_assert_cmpuint(ep.addr[0], ==, 127);
+	g_assert_cmpuint(ep.port, !=, 0);
+	te_engine_free(e);
+}
+
+/* --- main --------------------------------------------------------------------------- */
+
+static void add_xfer(const char *name, enum te_opcode op, uint64_t len, size_t loff, size_t roff,
+		     const char *options)
+{
+	struct xfer_case *c = g_new0(struct xfer_case, 1);
+	g_autofree char *path = g_strdup_printf("/tcp/%s/%s", op == TE_OP_READ ? "read" : "write",
+						name);
+
+	*c = (struct xfer_case){ op, len, loff, roff, options };
+	g_test_add_data_func_full(path, c, test_single, g_free);
+}
+
+int main(int argc, char **argv)
+{
+	g_test_init(&argc, &argv, NULL);
+	for (int op = 0; op < 2; op++) {
+		add_xfer("1B", op, 1, 0, 0, NULL);
+		add_xfer("4KiB", op, 4096, 0, 0, NULL);
+		add_xfer("1MiB", op, MiB, 0, 0, NULL);
+		add_xfer("64MiB", op, 64ull * MiB, 0, 0, NULL);
+		add_xfer("unaligned", op, 3 * MiB + 4093, 3, 1021, NULL);
+		add_xfer("small-slices", op, 5 * MiB + 1, 7, 5,
+			 "lanes: 3, slice_size: 64K, max_inflight: 4");
+		add_xfer("one-lane-one-worker", op, 2 * MiB + 99, 1, 2, "lanes: 1, workers: 1");
+	}
+	g_test_add_data_func("/tcp/batch/1000", "lanes: 2", test_batch_1000);
+	g_test_add_data_func("/tcp/batch/1000-backpressure", "lanes: 2, max_inflight: 3",
+			     test_batch_1000);
+	g_test_add_func("/tcp/threads", test_threads);
+	g_test_add_func("/tcp/ipv6", test_ipv6);
+	g_test_add_func("/tcp/access/out-of-range-at-submit", test_out_of_range_at_submit);
+	g_test_add_func("/tcp/access/hostile-ranges", test_hostile_ranges);
+	g_test_add_func("/tcp/access/stale-hello", test_hello_stale);
+	for (size_t i = 0; i < G_N_ELEMENTS(bad_streams); i++) {
+		g_autofree char *path = g_strdup_printf("/tcp/malformed/%s", bad_streams[i].name);
+
+		g_test_add_data_func(path, &bad_streams[i], test_bad_stream);
+	}
+	g_test_add_func("/tcp/failure/peer-freed-mid-batch", test_peer_freed_mid_batch);
+	g_test_add_func("/tcp/failure/peer-restarted", test_peer_restarted);
+	g_test_add_func("/tcp/failure/cancel-in-flight", test_cancel_in_flight);
+	g_test_add_func("/tcp/failure/dereg-while-serving", test_dereg_while_serving);
+	g_test_add_func("/tcp/options/bad", test_bad_options);
+	g_test_add_func("/tcp/options/good", test_good_options);
+	return g_test_run();
+}
