@@ -4,7 +4,7 @@
 #   make demo        install deps, build, run te-bench on loopback (te-info until it exists)
 #   make test        install deps, build, run the CI suites; last line `N passed, N failed`
 #   make bench       run the baseline comparison scripts bench/*.sh
-#   make bench-core  run the core micro-benchmark (te-bench-core)
+#   make bench-core  core overhead: te-bench --core slices/s + callgrind instructions/slice
 #   make clean       remove the build directories
 #
 # Variables: BUILD (default build), MESON_SETUP_ARGS (used when BUILD is first configured),
@@ -15,7 +15,7 @@ MESON ?= meson
 NINJA ?= ninja
 MESON_SETUP_ARGS ?=
 SUITES ?= unit integration system fuzz
-BENCH_ARGS ?= --loopback --sweep
+BENCH_ARGS ?= --loopback --sweep --verify --duration 0.5
 
 SHELL := /bin/bash
 
@@ -42,21 +42,8 @@ build: setup
 demo: deps
 	@$(MAKE) --no-print-directory build
 	@export TE_PLUGIN_PATH="$${TE_PLUGIN_PATH:-$(BUILT_PLUGIN_PATH)}"; \
-	if [ -x $(BUILD)/tools/te-bench ]; then \
-		echo "== te-bench $(BENCH_ARGS)"; \
-		$(BUILD)/tools/te-bench $(BENCH_ARGS); \
-	else \
-		echo "== te-info (te-bench is not built yet)"; \
-		if [ -n "$$TE_PLUGIN_PATH" ]; then \
-			$(BUILD)/tools/te-info || exit 1; \
-		else \
-			echo "(no transport plugin built yet: showing the in-process test transport)"; \
-			$(BUILD)/tools/te-info --plugin-path $(BUILD)/tests/plugins loopback || exit 1; \
-		fi; \
-		for d in $(BUILD)/tools/te-demo $(BUILD)/tests/integration/demo; do \
-			if [ -x "$$d" ]; then echo "== $$d"; "$$d" || exit 1; break; fi; \
-		done; \
-	fi
+	echo "== te-bench $(BENCH_ARGS)  (embedded default: p2p metadata, tcp on loopback)"; \
+	$(BUILD)/tools/te-bench $(BENCH_ARGS)
 
 # A build failure is one failed test, so the last line is always the count.
 test: deps
@@ -73,11 +60,7 @@ bench: build
 	exit $$rc
 
 bench-core: build
-	@if [ -x $(BUILD)/tools/te-bench-core ]; then \
-		$(BUILD)/tools/te-bench-core; \
-	else \
-		echo "$(BUILD)/tools/te-bench-core is not built yet"; exit 1; \
-	fi
+	@scripts/bench-core.sh -C $(BUILD)
 
 clean:
 	rm -rf build build-* $(BUILD)

@@ -177,7 +177,8 @@ static enum te_status p2p_open(struct engine *e, void **state_out, char **err_ou
 	return TE_OK;
 }
 
-static enum te_status p2p_get(void *state, const char *name, GBytes **json_out, char **err_out)
+static enum te_status p2p_get(void *state, const char *name, uint32_t timeout_ms,
+			      GBytes **json_out, char **err_out)
 {
 	struct engine *e = state;
 	g_autofree char *err = NULL;
@@ -191,8 +192,8 @@ static enum te_status p2p_get(void *state, const char *name, GBytes **json_out, 
 					   name);
 		return TE_ERR_UNKNOWN_SEGMENT;
 	}
-	st = rpc_client_call(e->rpc_client, name, RPC_DESC_FETCH, NULL, 0, CONTROL_TIMEOUT_MS,
-			     &reply, &status, &err);
+	st = rpc_client_call(e->rpc_client, name, RPC_DESC_FETCH, NULL, 0,
+			     timeout_ms ? timeout_ms : CONTROL_TIMEOUT_MS, &reply, &status, &err);
 	if (st != TE_OK) {
 		*err_out = g_strdup_printf("p2p metadata: fetching segment '%s': %s", name,
 					   err ? err : te_status_str(st));
@@ -321,7 +322,7 @@ enum te_status control_fetch_descriptor(struct engine *e, const char *name, uint
 		*err_out = g_strdup_printf("segment '%s' not found: no metadata backend", name);
 		return TE_ERR_UNKNOWN_SEGMENT;
 	}
-	st = metadata_get(e->md, name, &json, &err);
+	st = metadata_get(e->md, name, timeout_ms, &json, &err);
 	if (st != TE_OK) {
 		*err_out = g_steal_pointer(&err);
 		return st;
@@ -496,6 +497,35 @@ enum te_status te_notify_recv(struct te_engine *engine, struct te_notify *msgs, 
 	return TE_OK;
 }
 
+/*
+ * A probe reply is "<name> <generation hex>": if an open segment served at @addr
+ * has another generation, the peer restarted: refresh it before its next use.
+ */
+static void control_note_generation(struct engine *e, const char *addr, GBytes *reply)
+{
+	gsize len = 0;
+	const char *data = g_bytes_get_data(reply, &len);
+	g_autofree char *text = g_strndup(data, len);
+	const char *sp = strrchr(text, ' ');
+	guint64 gen;
+
+	if (!sp || !g_ascii_string_to_unsigned(sp + 1, 16, 0, G_MAXUINT64, &gen, NULL))
+		return;
+	g_rw_lock_reader_lock(&e->seg_lock);
+	for (guint i = 1; i < e->segments->len; i++) {
+		struct segment *s = g_ptr_array_index(e->segments, i);
+
+		if (s && s->view->desc->rpc && strcmp(s->view->desc->rpc, addr) == 0 &&
+		    s->view->desc->generation != gen) {
+			ENGINE_LOG(e, TE_LOG_INFO, "segment %s: peer restarted (generation %016"
+						   PRIx64 " -> %016" PRIx64 ")",
+				   s->name, s->view->desc->generation, (uint64_t)gen);
+			segment_mark_stale(e, s);
+		}
+	}
+	g_rw_lock_reader_unlock(&e->seg_lock);
+}
+
 enum te_status te_peer_probe(struct te_engine *engine, const char *name, uint32_t timeout_ms)
 {
 	ENGINE_OR_FAIL(engine, "te_peer_probe");
@@ -510,10 +540,13 @@ enum te_status te_peer_probe(struct te_engine *engine, const char *name, uint32_
 	addr = control_resolve(e, name);
 	st = rpc_client_call(e->rpc_client, addr, RPC_PROBE, NULL, 0,
 			     timeout_ms ? timeout_ms : 1, &reply, &status, &err);
+	if (st == TE_OK && status == TE_OK) {
+		control_note_generation(e, addr, reply);
+		g_bytes_unref(reply);
+		return TE_OK;
+	}
 	if (reply)
 		g_bytes_unref(reply);
-	if (st == TE_OK && status == TE_OK)
-		return TE_OK;
 	if (st == TE_ERR_TIMEOUT)
 		return log_error(TE_ERR_TIMEOUT, "te_peer_probe: %s (%s): no answer within %u ms",
 				 name, addr, timeout_ms);

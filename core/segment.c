@@ -8,6 +8,9 @@
 #include "core/segment.h"
 #include "core/transport.h"
 
+/* A refresh blocks the submit that triggers it: keep it short. */
+#define SEGMENT_REFRESH_TIMEOUT_MS 1000u
+
 /* Whether transport @tp may be used towards the segment @d, and why not. */
 static bool segview_reachable(struct engine *e, struct transport *tp,
 			      const struct descriptor *d, char *why, size_t why_len)
@@ -312,12 +315,15 @@ void segment_refresh_stale(struct engine *e)
 
 		if (!s || !atomic_load(&s->stale))
 			continue;
-		/* At most one fetch per second per segment: a dead peer costs little. */
-		if (now - s->last_refresh_ns < 1000000000ull && s->last_refresh_ns)
+		/*
+		 * A fetch that timed out blocks submit; after one, wait a second before the
+		 * next (last_refresh_ns is set only for slow failures: a refused connect
+		 * costs nothing and must not delay seeing a restarted peer).
+		 */
+		if (s->last_refresh_ns && now - s->last_refresh_ns < 1000000000ull)
 			continue;
 		if (atomic_compare_exchange_strong(&s->stale, &one, 0)) {
 			atomic_fetch_sub(&e->refresh_pending, 1);
-			s->last_refresh_ns = now;
 			g_ptr_array_add(names, g_strdup(s->name));
 		}
 	}
@@ -328,8 +334,24 @@ void segment_refresh_stale(struct engine *e)
 		struct descriptor *d = NULL;
 		te_segment_id id;
 
-		if (control_fetch_descriptor(e, name, 0, &d, &err) != TE_OK) {
+		uint64_t t0 = engine_now_ns();
+
+		if (control_fetch_descriptor(e, name, SEGMENT_REFRESH_TIMEOUT_MS, &d, &err) !=
+		    TE_OK) {
+			bool slow = engine_now_ns() - t0 > 100000000ull;
+
 			ENGINE_LOG(e, TE_LOG_INFO, "segment %s: refresh failed: %s", name, err);
+			/* Still stale: the next submit tries again. */
+			g_rw_lock_writer_lock(&e->seg_lock);
+			for (guint k = 1; k < e->segments->len; k++) {
+				struct segment *s = g_ptr_array_index(e->segments, k);
+
+				if (s && strcmp(s->name, name) == 0) {
+					s->last_refresh_ns = slow ? engine_now_ns() : 0;
+					segment_mark_stale(e, s);
+				}
+			}
+			g_rw_lock_writer_unlock(&e->seg_lock);
 			continue;
 		}
 		if (segment_import_desc(e, name, d, true, &id) != TE_OK)
@@ -479,6 +501,7 @@ enum te_status te_segment_buffers(struct te_engine *engine, te_segment_id id,
 
 	if (!n_out || (max && !buffers))
 		return log_error(TE_ERR_INVALID_ARG, "te_segment_buffers: NULL argument");
+	segment_refresh_stale(e); /* answer from the peer's current incarnation */
 	if (id == TE_SEGMENT_LOCAL) {
 		g_autofree char *err = NULL;
 

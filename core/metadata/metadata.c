@@ -42,10 +42,10 @@ enum te_status metadata_open(struct engine *e, struct metadata **md_out, char **
 	return TE_OK;
 }
 
-enum te_status metadata_get(struct metadata *md, const char *name, GBytes **json_out,
-			    char **err_out)
+enum te_status metadata_get(struct metadata *md, const char *name, uint32_t timeout_ms,
+			    GBytes **json_out, char **err_out)
 {
-	return md->ops->get(md->state, name, json_out, err_out);
+	return md->ops->get(md->state, name, timeout_ms, json_out, err_out);
 }
 
 enum te_status metadata_put(struct metadata *md, const char *name, const char *json, size_t len,

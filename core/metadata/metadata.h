@@ -21,7 +21,8 @@ struct metadata_ops {
 	const char *name;
 	enum te_status (*open)(struct engine *e, void **state_out, char **err_out);
 	/* Descriptor JSON of segment @name; TE_ERR_METADATA_NOT_FOUND if absent. */
-	enum te_status (*get)(void *state, const char *name, GBytes **json_out, char **err_out);
+	enum te_status (*get)(void *state, const char *name, uint32_t timeout_ms,
+			      GBytes **json_out, char **err_out);
 	/* Publish our descriptor under @name with a TTL (kept alive by the backend). */
 	enum te_status (*put)(void *state, const char *name, const char *json, size_t len,
 			      char **err_out);
@@ -31,8 +32,8 @@ struct metadata_ops {
 
 /* Open the backend the engine's configuration names. */
 enum te_status metadata_open(struct engine *e, struct metadata **md_out, char **err_out);
-enum te_status metadata_get(struct metadata *md, const char *name, GBytes **json_out,
-			    char **err_out);
+enum te_status metadata_get(struct metadata *md, const char *name, uint32_t timeout_ms,
+			    GBytes **json_out, char **err_out);
 enum te_status metadata_put(struct metadata *md, const char *name, const char *json, size_t len,
 			    char **err_out);
 enum te_status metadata_del(struct metadata *md, const char *name, char **err_out);

@@ -133,6 +133,14 @@ if [ $rc -ne 0 ] || ! grep -q '^verify ok$' "$work/b.out"; then
 	exit 1
 fi
 
+# The bytes really crossed the veth pair (1 MiB each way at least).
+rx=$(ip -n "$nsa" -s -j link show "$va" 2>/dev/null | sed -n 's/.*"rx":{"bytes":\([0-9]*\).*/\1/p')
+if [ -n "$rx" ] && [ "$rx" -lt 1048576 ]; then
+	log "FAIL: only $rx bytes arrived on $va"
+	exit 1
+fi
+log "$va received ${rx:-?} bytes"
+
 # The target keeps serving and its bytes outside the written range are untouched.
 echo "checksum 0 65536" >&3
 sleep 0.5
