@@ -377,6 +377,40 @@ static bool node_wait_exit(struct node *n, unsigned ms)
 	return false;
 }
 
+/* SIGSTOP the node and wait (5 s at most) until every thread of it is stopped. */
+static void node_stop_wait(struct node *n)
+{
+	const char *pid = g_subprocess_get_identifier(n->proc);
+	g_autofree char *dir = g_strdup_printf("/proc/%s/task", pid);
+	int64_t end = now_ns() + 5 * S_NS;
+
+	g_subprocess_send_signal(n->proc, SIGSTOP);
+	for (;;) {
+		g_autoptr(GDir) d = g_dir_open(dir, 0, NULL);
+		bool all = d != NULL;
+		const char *tid;
+
+		while (d && (tid = g_dir_read_name(d))) {
+			g_autofree char *path = g_strdup_printf("%s/%s/stat", dir, tid);
+			g_autofree char *stat = NULL;
+			const char *paren;
+
+			/* "tid (comm) S ...": the state follows the last ')'. */
+			if (g_file_get_contents(path, &stat, NULL, NULL) &&
+			    (paren = strrchr(stat, ')')) && paren[1] == ' ' &&
+			    (paren[2] == 'T' || paren[2] == 't'))
+				continue;
+			all = false;
+		}
+		if (all)
+			return;
+		if (now_ns() >= end)
+			g_error("te-node %s (pid %s) did not stop within 5 s of SIGSTOP",
+				n->segment, pid);
+		sleep_ms(1);
+	}
+}
+
 /* SIGKILL the node and reap it. */
 static void node_kill(struct node *n)
 {
@@ -978,7 +1012,7 @@ static void test_probe(void)
 	g_assert_cmpint(now_ns() - t0, <, 1500 * MS_NS);
 
 	/* A stopped process: its kernel accepts, it does not answer. */
-	g_subprocess_send_signal(n->proc, SIGSTOP);
+	node_stop_wait(n);
 	t0 = now_ns();
 	st = te_peer_probe(e, n->segment, 500);
 	g_test_message("probe of a SIGSTOPped node: %s: %s (%.0f ms)", te_status_str(st),
