@@ -324,10 +324,15 @@ static void device_failed(struct engine *e, struct transport *tp, uint32_t dev,
 		return;
 	n = atomic_fetch_add_explicit(&tp->dev_failures[dev], 1, memory_order_relaxed) + 1;
 	if (n >= e->cfg->quarantine_after && e->cfg->quarantine_ms) {
+		uint64_t now = engine_now_ns();
+		bool was_paused = atomic_load_explicit(&tp->dev_paused_until[dev],
+						       memory_order_relaxed) > now;
+
 		atomic_store_explicit(&tp->dev_failures[dev], 0, memory_order_relaxed);
-		transport_pause_device(tp, dev,
-				       engine_now_ns() + e->cfg->quarantine_ms * 1000000ull);
-		ENGINE_LOG(e, TE_LOG_WARN,
+		transport_pause_device(tp, dev, now + e->cfg->quarantine_ms * 1000000ull);
+		/* One line per quarantine, not one per failing slice of a dead peer. */
+		if (!was_paused)
+			ENGINE_LOG(e, TE_LOG_WARN,
 			   "%s: device %u quarantined for %" PRIu64 " ms after %u failure(s): %s",
 			   tp->plugin->name, dev, e->cfg->quarantine_ms, n,
 			   detail ? detail : te_status_str(status));

@@ -268,7 +268,9 @@ enum te_status mem_unregister(struct engine *e, void *addr)
 
 		g_rw_lock_writer_unlock(&e->mem.lock);
 		return log_error(TE_ERR_BUSY,
-				 "te_mem_unregister: region %p is used by %d live batch task(s)",
+				 "te_mem_unregister: region %p is used by %d task(s) of live "
+				 "batches, or of freed batches whose slices a transport still "
+				 "holds",
 				 addr, refs);
 	}
 	g_ptr_array_remove_index(e->mem.regions, i);

@@ -31,6 +31,17 @@ test  iperf3                bin:iperf3
 test  valgrind              bin:valgrind
 test  clang-format          bin:clang-format
 test  python3               bin:python3
+build libibverbs-dev        pc:libibverbs
+build libfabric-dev         pc:libfabric
+test  libfabric-bin         bin:fi_info
+test  ibverbs-providers     deb:ibverbs-providers
+test  ibverbs-utils         bin:ibv_devices
+test  perftest              bin:ib_write_bw
+test  librdmacm1            deb:librdmacm1
+test  qemu-system-x86       bin:qemu-system-x86_64
+test  busybox-static        deb:busybox-static
+test  cpio                  bin:cpio
+test  kmod                  bin:modprobe
 '
 
 # --- service and hardware rigs: later issues add their packages here ---------------------
