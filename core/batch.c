@@ -355,6 +355,63 @@ static uint64_t paused_devices(struct transport *tp, uint64_t now)
 	return n && (mask & all) == all ? 0 : mask;
 }
 
+/*
+ * transfer.fallback: move a slice whose transport gave up on the peer to the next
+ * transport (in priority order) that reaches the same segment with this memory.
+ * Returns true when the slice was requeued (it keeps its batch reference).
+ */
+static bool slice_fallback(struct engine *e, struct slice *s, enum te_status status,
+			   const char *detail, uint64_t now)
+{
+	struct task *t = s->task;
+	struct segview *v = t->view;
+	const struct descriptor_buffer *db;
+	size_t bi;
+
+	if (!e->cfg->fallback || !v || now >= s->ps.deadline_ns)
+		return false;
+	db = descriptor_find_buffer(v->desc, s->ps.remote, s->ps.length);
+	if (!db)
+		return false;
+	bi = (size_t)(db - v->desc->buffers);
+	for (unsigned n = s->seg_tp + 1; n < e->n_tps; n++) {
+		struct transport *to = e->tps[n];
+		uint32_t opbit = s->ps.opcode == TE_PLUGIN_OP_READ ? TE_PLUGIN_CAN_READ
+								   : TE_PLUGIN_CAN_WRITE;
+
+		if (!v->tps[n].peer || !v->rkeys[bi * e->n_tps + n] || !t->region->handles[n] ||
+		    !(to->caps.ops & opbit) || (to->caps.max_slice_size &&
+						s->ps.length > to->caps.max_slice_size))
+			continue;
+		ENGINE_LOG(e, TE_LOG_INFO, "%s -> %s fallback for a slice to %s after: %s",
+			   s->tp->plugin->name, to->plugin->name, v->desc->name,
+			   detail ? detail : te_status_str(status));
+		s->tp = to;
+		s->seg_tp = n;
+		s->ps.local_mem = t->region->handles[n];
+		s->ps.peer = v->tps[n].peer;
+		s->ps.rkey = v->rkeys[bi * e->n_tps + n];
+		s->ps.remote_base = db->addr;
+		s->ps.excluded_devices = 0;
+		s->ps.device = 0;
+		s->ps.attempt++;
+		atomic_fetch_add_explicit(&t->retries, 1, memory_order_relaxed);
+		/* Reported transport: the one that carries the task now. */
+		t->tp = to;
+		s->retry_at_ns = now;
+		engine_queue_retry(e, s);
+		return true;
+	}
+	return false;
+}
+
+/* Failures that say "this transport cannot reach the peer now" (fallback candidates). */
+static bool status_path_dead(enum te_status status)
+{
+	return te_status_is_retryable(status) || status == TE_ERR_PEER_UNREACHABLE ||
+	       status == TE_ERR_NO_DEVICE || status == TE_ERR_PEER_QUARANTINED;
+}
+
 void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,
 		      uint64_t bytes, const char *detail)
 {
@@ -426,6 +483,10 @@ void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_
 			return;
 		}
 	}
+	if (status_path_dead(status) && !atomic_load_explicit(&s->term, memory_order_acquire) &&
+	    !atomic_load_explicit(&b->canceled, memory_order_acquire) &&
+	    slice_fallback(e, s, status, detail, engine_now_ns()))
+		return;
 	{
 		char why[TE_DETAIL_MAX];
 

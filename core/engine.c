@@ -183,6 +183,32 @@ static gpointer engine_worker(gpointer data)
 	return NULL;
 }
 
+/*
+ * Extra workers (transfer.worker_threads > 1) only drive manual-progress
+ * transports and backlogs, so several manual plugins (or one with independent
+ * queues) progress in parallel; retries, deadlines and notifies stay on worker 0.
+ */
+static gpointer engine_extra_worker(gpointer data)
+{
+	struct engine *e = data;
+
+	while (!atomic_load(&e->stopping)) {
+		if (engine_progress_once(e, true))
+			continue;
+		if (engine_has_pending_io(e)) {
+			g_thread_yield();
+			g_usleep(20);
+			continue;
+		}
+		g_mutex_lock(&e->work_lock);
+		if (!atomic_load(&e->stopping))
+			g_cond_wait_until(&e->work_cond, &e->work_lock,
+					  g_get_monotonic_time() + 10000);
+		g_mutex_unlock(&e->work_lock);
+	}
+	return NULL;
+}
+
 static char *engine_read_host_id(void)
 {
 	char *id = NULL;
@@ -268,10 +294,13 @@ static void engine_destroy(struct engine *e)
 	if (e->worker) {
 		atomic_store(&e->stopping, true);
 		g_mutex_lock(&e->work_lock);
-		g_cond_signal(&e->work_cond);
+		g_cond_broadcast(&e->work_cond);
 		g_mutex_unlock(&e->work_lock);
 		g_thread_join(e->worker);
+		for (unsigned i = 0; i < e->n_extra; i++)
+			g_thread_join(e->extra[i]);
 	}
+	g_free(e->extra);
 	/* No peer request may reach the engine while it comes apart. */
 	rpc_server_stop(e->rpc);
 	e->rpc = NULL;
@@ -423,6 +452,16 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 		return log_error(st, "%s", msg);
 	}
 	e->worker = g_thread_try_new("te-worker", engine_worker, e, NULL);
+	if (e->worker && cfg->worker_threads > 1 && e->has_manual) {
+		e->extra = g_new0(GThread *, cfg->worker_threads - 1);
+		while (e->n_extra < cfg->worker_threads - 1) {
+			GThread *t = g_thread_try_new("te-worker", engine_extra_worker, e, NULL);
+
+			if (!t)
+				break;
+			e->extra[e->n_extra++] = t;
+		}
+	}
 	if (!e->worker) {
 		engine_destroy(e);
 		return log_error(TE_ERR_SYSTEM, "te_engine_new: cannot start the worker thread");

@@ -81,6 +81,8 @@ struct engine {
 
 	/* Worker: manual progress, backlog, retries, deadlines. */
 	GThread *worker;
+	GThread **extra; /* transfer.worker_threads - 1 manual-progress helpers */
+	unsigned n_extra;
 	_Atomic bool stopping;
 	GMutex work_lock;
 	GCond work_cond;

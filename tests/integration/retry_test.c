@@ -122,6 +122,84 @@ static void test_no_retries(void)
 	fx_free(&f);
 }
 
+/*
+ * transfer.fallback: fail_nth (first in priority) fails every attempt with a
+ * retryable status; with fallback the slices move to loopback and the bytes land,
+ * without it the task fails. Both engines load both transports.
+ */
+static void fallback_case(bool fallback)
+{
+	const struct itest_transport tps[] = {
+		{"fail_nth", NULL, true, "fail_nth: 1, fail_count: 1000000"},
+		{"loopback", NULL, true, "progress: manual"},
+	};
+	g_autofree char *transfer = g_strdup_printf(
+		"slice_size: 4096, timeout_ms: 60000, retries: 1, retry_backoff_us: 10, "
+		"fallback: %s",
+		fallback ? "true" : "false");
+	g_autofree char *ya = itest_yaml("A", tps, 2, transfer);
+	g_autofree char *yb = itest_yaml("B", tps, 2, transfer);
+	struct te_engine *a = itest_engine(ya), *b = itest_engine(yb);
+	struct itest_buf la, rb;
+	struct te_task_info ti;
+	struct te_request r;
+	te_segment_id seg;
+	te_batch_id bid;
+	char *json = NULL;
+	size_t len = 0;
+
+	itest_buf_new(&la, 4 * 4096, 64, 11);
+	itest_buf_new(&rb, 4 * 4096, 64, 22);
+	itest_buf_fill(&la);
+	itest_buf_fill(&rb);
+	itest_buf_register(&la, a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, b, TE_MEM_REMOTE);
+	itest_ok(te_segment_export(b, &json, &len));
+	itest_ok(te_segment_import(a, json, len, &seg));
+	te_free(json);
+	r = (struct te_request){TE_OP_WRITE, seg, la.data, (uint64_t)(uintptr_t)rb.data,
+				4 * 4096};
+	itest_ok(te_batch_new(a, 1, &bid));
+	itest_ok(te_batch_submit(a, bid, &r, 1));
+	{
+		enum te_status wst = te_batch_wait(a, bid, ITEST_WAIT_NS);
+
+		g_assert_cmpint(wst, !=, TE_INPROGRESS);
+		g_assert_cmpint(wst, ==, fallback ? TE_OK : TE_ERR_TRANSIENT);
+	}
+	itest_ok(te_task_status(a, bid, 0, &ti));
+	g_test_message("fallback %s: %s %s via %s, retries %u, detail \"%s\"",
+		       fallback ? "on" : "off", te_state_str(ti.state), te_status_str(ti.status),
+		       ti.transport, ti.retries, ti.detail);
+	if (fallback) {
+		g_assert_cmpint(ti.state, ==, TE_STATE_COMPLETED);
+		g_assert_cmpstr(ti.transport, ==, "loopback");
+		g_assert_cmpuint(ti.bytes, ==, 4 * 4096);
+		g_assert_true(itest_range_is(&rb, 0, 4 * 4096, &la, 0));
+	} else {
+		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+		g_assert_cmpint(ti.status, ==, TE_ERR_TRANSIENT);
+		g_assert_cmpstr(ti.transport, ==, "fail_nth");
+		itest_assert_contains(ti.detail, "injected transient failure");
+	}
+	itest_ok(te_batch_free(a, bid));
+	itest_ok(te_segment_close(a, seg));
+	te_engine_free(a);
+	te_engine_free(b);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+static void test_fallback_on(void)
+{
+	fallback_case(true);
+}
+
+static void test_fallback_off(void)
+{
+	fallback_case(false);
+}
+
 static void test_quarantine(void)
 {
 	/*
@@ -175,5 +253,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/retry/exhausted", test_retries_exhausted);
 	g_test_add_func("/retry/none", test_no_retries);
 	g_test_add_func("/retry/quarantine", test_quarantine);
+	g_test_add_func("/retry/fallback/on", test_fallback_on);
+	g_test_add_func("/retry/fallback/off", test_fallback_off);
 	return g_test_run();
 }

@@ -268,6 +268,49 @@ static void add_single(const char *progress, enum te_opcode op, uint64_t len, si
 	g_test_add_data_func_full(path, c, test_single, g_free);
 }
 
+/*
+ * Manual progress with nobody in te_batch_wait: the engine's workers (here three,
+ * transfer.worker_threads) must drive the transport; the caller only polls.
+ */
+static void test_workers_drive_manual(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r[16];
+	struct te_batch_info bi;
+	te_batch_id bid;
+	gint64 until;
+
+	itest_pair_new(&p, "loopback", "progress: manual",
+		       "worker_threads: 3, slice_size: 4096, timeout_ms: 60000");
+	itest_buf_new(&la, 16 * 65536, 64, 5);
+	itest_buf_new(&rb, 16 * 65536, 64, 6);
+	itest_buf_fill(&la);
+	itest_buf_fill(&rb);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (int i = 0; i < 16; i++)
+		r[i] = (struct te_request){TE_OP_READ, p.seg, la.data + i * 65536,
+					   (uint64_t)(uintptr_t)(rb.data + i * 65536), 65536};
+	itest_ok(te_batch_new(p.a, 16, &bid));
+	itest_ok(te_batch_submit(p.a, bid, r, 16));
+	until = g_get_monotonic_time() + 60 * G_USEC_PER_SEC;
+	do {
+		itest_ok(te_batch_status(p.a, bid, &bi));
+		if (te_state_is_terminal(bi.state))
+			break;
+		g_usleep(1000);
+	} while (g_get_monotonic_time() < until);
+	g_assert_cmpint(bi.state, ==, TE_STATE_COMPLETED);
+	g_assert_cmpuint(bi.bytes, ==, 16 * 65536);
+	g_assert_true(itest_range_is(&la, 0, 16 * 65536, &rb, 0));
+	itest_ok(te_batch_free(p.a, bid));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 int main(int argc, char **argv)
 {
 	static const uint64_t sizes[] = { 1, 4096, 1u << 20, 64u << 20 };
@@ -292,5 +335,6 @@ int main(int argc, char **argv)
 	}
 	g_test_add_func("/transfer/batch-slots-recycled", test_batch_slots_recycled);
 	g_test_add_func("/transfer/batch-new-limits", test_batch_new_limits);
+	g_test_add_func("/transfer/workers-drive-manual", test_workers_drive_manual);
 	return g_test_run();
 }
