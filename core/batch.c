@@ -572,6 +572,67 @@ static bool batch_plugin_holds_slices(struct batch *b)
 	return false;
 }
 
+/*
+ * Keep a few finished batches, their task arrays and largest slice chunk for
+ * reuse: te_batch_new + submit then allocate nothing in a steady loop. Returns
+ * true when @b went to the cache.
+ */
+static bool batch_recycle(struct batch *b, uint32_t used)
+{
+	struct engine *e = b->engine;
+	struct slice_chunk *keep = NULL;
+
+	if (b->alloc_cap > BATCH_CACHE_MAX_CAP || atomic_load(&e->stopping))
+		return false;
+	g_mutex_lock(&e->cache_lock);
+	if (e->n_cached >= BATCH_CACHE_SIZE) {
+		g_mutex_unlock(&e->cache_lock);
+		return false;
+	}
+	g_mutex_unlock(&e->cache_lock);
+	(void)used; /* batch_submit initialises every task it fills */
+	while (b->chunks) {
+		struct slice_chunk *c = b->chunks;
+
+		b->chunks = c->next;
+		if (!keep || c->cap > keep->cap) {
+			g_free(keep);
+			keep = c;
+		} else {
+			g_free(c);
+		}
+	}
+	if (b->spare && (!keep || b->spare->cap > keep->cap)) {
+		g_free(keep);
+		keep = b->spare;
+	} else if (b->spare) {
+		g_free(b->spare);
+	}
+	b->spare = keep;
+	if (b->notify_msg)
+		g_bytes_unref(b->notify_msg);
+	b->notify_msg = NULL;
+	g_free(b->notify_addr);
+	b->notify_addr = NULL;
+	atomic_fetch_sub(&e->live_batches, 1);
+	g_mutex_lock(&e->cache_lock);
+	b->cache_next = e->cache;
+	e->cache = b;
+	e->n_cached++;
+	g_mutex_unlock(&e->cache_lock);
+	return true;
+}
+
+/* Free a cached batch for good (engine teardown). */
+void batch_free_cached(struct batch *b)
+{
+	g_free(b->spare);
+	g_mutex_clear(&b->wait_lock);
+	g_cond_clear(&b->wait_cond);
+	g_free(b->tasks);
+	g_free(b);
+}
+
 static void batch_destroy(struct batch *b)
 {
 	struct engine *e = b->engine;
@@ -580,6 +641,9 @@ static void batch_destroy(struct batch *b)
 	batch_release_tasks(b);
 	for (uint32_t i = 0; i < n; i++)
 		g_free(b->tasks[i].detail);
+	if (batch_recycle(b, n))
+		return;
+	g_free(b->spare);
 	while (b->chunks) {
 		struct slice_chunk *c = b->chunks;
 
@@ -602,6 +666,40 @@ void batch_unref(struct batch *b)
 		batch_destroy(b);
 }
 
+/* A cached batch whose task array fits @capacity (not wastefully large), reset. */
+static struct batch *batch_from_cache(struct engine *e, uint32_t capacity)
+{
+	struct batch **pp, *b = NULL;
+
+	g_mutex_lock(&e->cache_lock);
+	for (pp = &e->cache; *pp; pp = &(*pp)->cache_next) {
+		if ((*pp)->alloc_cap >= capacity && (*pp)->alloc_cap <= MAX(4 * capacity, 64u)) {
+			b = *pp;
+			*pp = b->cache_next;
+			e->n_cached--;
+			break;
+		}
+	}
+	g_mutex_unlock(&e->cache_lock);
+	if (!b)
+		return NULL;
+	/* Back to a new batch's state; tasks were zeroed when it was recycled. */
+	b->slot = 0;
+	b->chunks = NULL;
+	b->cache_next = NULL;
+	atomic_store(&b->n_tasks, 0);
+	atomic_store(&b->n_terminal, 0);
+	atomic_store(&b->n_completed, 0);
+	atomic_store(&b->n_failed, 0);
+	atomic_store(&b->n_timeout, 0);
+	atomic_store(&b->n_canceled, 0);
+	atomic_store(&b->canceled, 0);
+	atomic_store(&b->tasks_released, 0);
+	atomic_store(&b->notify_state, 0);
+	atomic_store(&b->waiters, 0);
+	return b;
+}
+
 enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_out)
 {
 	struct batch *b;
@@ -615,21 +713,25 @@ enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_ou
 		return log_error(TE_ERR_TOO_LARGE,
 				 "te_batch_new: capacity %u exceeds transfer.max_batch_size %u",
 				 capacity, e->cfg->max_batch_size);
-	b = g_try_new0(struct batch, 1);
-	if (!b)
-		return log_error(TE_ERR_NOMEM, "te_batch_new: out of memory");
-	b->tasks = g_try_new0(struct task, capacity);
-	if (!b->tasks) {
-		g_free(b);
-		return log_error(TE_ERR_NOMEM, "te_batch_new: out of memory for %u tasks",
-				 capacity);
+	b = batch_from_cache(e, capacity);
+	if (!b) {
+		b = g_try_new0(struct batch, 1);
+		if (!b)
+			return log_error(TE_ERR_NOMEM, "te_batch_new: out of memory");
+		b->tasks = g_try_new0(struct task, capacity);
+		if (!b->tasks) {
+			g_free(b);
+			return log_error(TE_ERR_NOMEM,
+					 "te_batch_new: out of memory for %u tasks", capacity);
+		}
+		b->alloc_cap = capacity;
+		g_mutex_init(&b->wait_lock);
+		g_cond_init(&b->wait_cond);
 	}
 	b->engine = e;
 	b->capacity = capacity;
 	atomic_init(&b->refs, 1);
 	atomic_init(&b->min_deadline_ns, UINT64_MAX);
-	g_mutex_init(&b->wait_lock);
-	g_cond_init(&b->wait_cond);
 
 	g_mutex_lock(&e->slot_lock);
 	if (e->free_head == UINT32_MAX) {
@@ -809,10 +911,25 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 		enum te_status sst;
 		int tpi;
 
-		/* Zeroed by batch_new, and each task slot is filled exactly once. */
+		/* Every field set here: recycled task arrays are not zeroed. */
 		t->batch = b;
+		t->region = NULL;
+		t->view = NULL;
+		t->seg = NULL;
+		t->tp = NULL;
+		t->n_slices = 0;
 		t->opcode = r->opcode;
 		t->length = r->length;
+		t->detail = NULL;
+		t->invalid = false;
+		atomic_init(&t->done, 0);
+		atomic_init(&t->bad, 0);
+		atomic_init(&t->posted, 0);
+		atomic_init(&t->retries, 0);
+		atomic_init(&t->last_device, 0);
+		atomic_init(&t->bytes, 0);
+		atomic_init(&t->status, 0);
+		atomic_init(&t->claimed, 0);
 		if (r->opcode != TE_OP_READ && r->opcode != TE_OP_WRITE) {
 			task_reject(t, TE_ERR_INVALID_ARG,
 				    "request %zu: opcode %d is neither READ (0) nor WRITE (1)", i,
@@ -930,7 +1047,14 @@ rejected:
 	if (total_slices) {
 		size_t bytes = sizeof(struct slice_chunk) + total_slices * e->slice_stride;
 
-		chunk = total_slices <= UINT32_MAX ? g_try_malloc(bytes) : NULL;
+		if (b->spare && b->spare->cap >= bytes) {
+			chunk = b->spare; /* recycled with the batch */
+			b->spare = NULL;
+		} else {
+			chunk = total_slices <= UINT32_MAX ? g_try_malloc(bytes) : NULL;
+			if (chunk)
+				chunk->cap = bytes;
+		}
 		if (!chunk) {
 			/* Undo pass 1 references; nothing was published yet. */
 			for (i = 0; i < n; i++) {

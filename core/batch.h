@@ -61,6 +61,7 @@ struct slice_chunk {
 	struct slice_chunk *next;
 	uint32_t n;
 	size_t stride;
+	size_t cap; /* bytes allocated, header included */
 	char data[];
 };
 
@@ -68,7 +69,10 @@ struct batch {
 	struct engine *engine;
 	uint32_t slot;
 	uint32_t capacity;
+	uint32_t alloc_cap; /* tasks allocated (>= capacity when recycled) */
 	struct task *tasks;
+	struct slice_chunk *spare; /* kept from a previous life for reuse */
+	struct batch *cache_next;
 	_Atomic uint32_t n_tasks;
 	_Atomic uint32_t n_terminal;
 	_Atomic uint32_t n_completed, n_failed, n_timeout, n_canceled;
@@ -116,6 +120,13 @@ unsigned batch_drain_backlog(struct engine *e, struct transport *tp);
 
 /* Worker: the retry of @s is due. */
 void batch_retry_slice(struct engine *e, struct slice *s);
+
+/* Batches kept for reuse per engine, and the largest task array kept. */
+#define BATCH_CACHE_SIZE 64
+#define BATCH_CACHE_MAX_CAP 4096
+
+/* Free a batch from the engine's cache (teardown). */
+void batch_free_cached(struct batch *b);
 
 /* Drop a batch reference (frees on the last one). */
 void batch_unref(struct batch *b);

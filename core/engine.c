@@ -368,6 +368,13 @@ static void engine_destroy(struct engine *e)
 		plugin_close(p);
 	}
 	control_stop(e);
+	while (e->cache) {
+		struct batch *b = e->cache;
+
+		e->cache = b->cache_next;
+		batch_free_cached(b);
+	}
+	g_mutex_clear(&e->cache_lock);
 	g_free(e->slots);
 	g_free(e->tps);
 	g_free(e->slice_size);
@@ -420,6 +427,7 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 	g_mutex_init(&e->slot_lock);
 	g_mutex_init(&e->work_lock);
 	g_mutex_init(&e->local_lock);
+	g_mutex_init(&e->cache_lock);
 	g_cond_init(&e->work_cond);
 	mem_table_init(&e->mem);
 	e->segments = g_ptr_array_new();

@@ -72,6 +72,11 @@ struct engine {
 	GQueue *outbox;	       /* notifies to send */
 	_Atomic uint64_t notify_seq;
 
+	/* Finished batches kept for reuse (batch_recycle). */
+	GMutex cache_lock;
+	struct batch *cache;
+	unsigned n_cached;
+
 	/* Batch slots. */
 	GMutex slot_lock;
 	struct batch_slot *slots;
