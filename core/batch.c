@@ -231,8 +231,7 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 	return acc;
 }
 
-void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **slices,
-			 uint32_t n)
+void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **slices, uint32_t n)
 {
 	struct te_plugin_slice *ps[POST_CHUNK];
 
@@ -333,9 +332,10 @@ static void device_failed(struct engine *e, struct transport *tp, uint32_t dev,
 		/* One line per quarantine, not one per failing slice of a dead peer. */
 		if (!was_paused)
 			ENGINE_LOG(e, TE_LOG_WARN,
-			   "%s: device %u quarantined for %" PRIu64 " ms after %u failure(s): %s",
-			   tp->plugin->name, dev, e->cfg->quarantine_ms, n,
-			   detail ? detail : te_status_str(status));
+				   "%s: device %u quarantined for %" PRIu64
+				   " ms after %u failure(s): %s",
+				   tp->plugin->name, dev, e->cfg->quarantine_ms, n,
+				   detail ? detail : te_status_str(status));
 	}
 }
 
@@ -380,8 +380,8 @@ static bool slice_fallback(struct engine *e, struct slice *s, enum te_status sta
 								   : TE_PLUGIN_CAN_WRITE;
 
 		if (!v->tps[n].peer || !v->rkeys[bi * e->n_tps + n] || !t->region->handles[n] ||
-		    !(to->caps.ops & opbit) || (to->caps.max_slice_size &&
-						s->ps.length > to->caps.max_slice_size))
+		    !(to->caps.ops & opbit) ||
+		    (to->caps.max_slice_size && s->ps.length > to->caps.max_slice_size))
 			continue;
 		ENGINE_LOG(e, TE_LOG_INFO, "%s -> %s fallback for a slice to %s after: %s",
 			   s->tp->plugin->name, to->plugin->name, v->desc->name,
@@ -511,8 +511,7 @@ void batch_retry_slice(struct engine *e, struct slice *s)
 	}
 	s->ps.excluded_devices |= paused_devices(tp, engine_now_ns());
 	if (tp->n_devices && tp->n_devices < 64 &&
-	    (s->ps.excluded_devices & ((1ull << tp->n_devices) - 1)) ==
-		    (1ull << tp->n_devices) - 1)
+	    (s->ps.excluded_devices & ((1ull << tp->n_devices) - 1)) == (1ull << tp->n_devices) - 1)
 		s->ps.excluded_devices = 0; /* never exclude every device */
 	if (tp->serialized)
 		g_mutex_lock(&tp->call_lock);
@@ -721,8 +720,8 @@ enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_ou
 		b->tasks = g_try_new0(struct task, capacity);
 		if (!b->tasks) {
 			g_free(b);
-			return log_error(TE_ERR_NOMEM,
-					 "te_batch_new: out of memory for %u tasks", capacity);
+			return log_error(TE_ERR_NOMEM, "te_batch_new: out of memory for %u tasks",
+					 capacity);
 		}
 		b->alloc_cap = capacity;
 		g_mutex_init(&b->wait_lock);
@@ -805,10 +804,9 @@ static int select_transport(struct engine *e, struct segview *v, size_t buf_inde
 			/* vt->why already names the transport. */
 			bool named = r == v->tps[t].why;
 
-			used += (size_t)g_snprintf(why + used, why_len - used, "%s%s%s%s",
-						   used ? "; " : "",
-						   named ? "" : e->tps[t]->plugin->name,
-						   named ? "" : ": ", r);
+			used += (size_t)g_snprintf(
+				why + used, why_len - used, "%s%s%s%s", used ? "; " : "",
+				named ? "" : e->tps[t]->plugin->name, named ? "" : ": ", r);
 		}
 		if (tst == TE_ERR_PEER_QUARANTINED && !e->cfg->fallback)
 			break;
@@ -945,8 +943,9 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 		    r->remote + r->length < r->remote) {
 			task_reject(t, TE_ERR_OVERFLOW,
 				    "request %zu: %s range of %" PRIu64 " bytes wraps around", i,
-				    (uintptr_t)r->local + r->length < (uintptr_t)r->local ? "local"
-											 : "remote",
+				    (uintptr_t)r->local + r->length < (uintptr_t)r->local
+					    ? "local"
+					    : "remote",
 				    r->length);
 			goto rejected;
 		}
@@ -959,13 +958,14 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 			sst = mem_lookup(e->mem.regions, (uintptr_t)r->local, r->length, &region);
 		}
 		if (sst != TE_OK) {
-			task_reject(t, sst,
-				    sst == TE_ERR_NOT_REGISTERED
-					    ? "request %zu: local address %p is not in a registered "
-					      "region (+%" PRIu64 " bytes)"
-					    : "request %zu: local range [%p, +%" PRIu64
-					      ") runs past the end of its registered region",
-				    i, r->local, r->length);
+			task_reject(
+				t, sst,
+				sst == TE_ERR_NOT_REGISTERED
+					? "request %zu: local address %p is not in a registered "
+					  "region (+%" PRIu64 " bytes)"
+					: "request %zu: local range [%p, +%" PRIu64
+					  ") runs past the end of its registered region",
+				i, r->local, r->length);
 			goto rejected;
 		}
 		if (r->segment == TE_SEGMENT_LOCAL) {
@@ -984,7 +984,8 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 			seg = segment_get_locked(e, r->segment);
 			if (!seg) {
 				task_reject(t, TE_ERR_UNKNOWN_SEGMENT,
-					    "request %zu: segment id %u is not open", i, r->segment);
+					    "request %zu: segment id %u is not open", i,
+					    r->segment);
 				goto rejected;
 			}
 			v = seg->view;
@@ -1001,8 +1002,8 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 				    i, r->remote, r->length, v->desc->name);
 			goto rejected;
 		}
-		if (!(db->access & (r->opcode == TE_OP_READ ? TE_MEM_REMOTE_READ
-							    : TE_MEM_REMOTE_WRITE))) {
+		if (!(db->access &
+		      (r->opcode == TE_OP_READ ? TE_MEM_REMOTE_READ : TE_MEM_REMOTE_WRITE))) {
 			task_reject(t, TE_ERR_REMOTE_ACCESS,
 				    "request %zu: remote buffer [0x%" PRIx64 ", +%" PRIu64
 				    ") of segment '%s' is not registered for remote %s",
@@ -1070,8 +1071,8 @@ rejected:
 			}
 			segview_unref(local_view);
 			batch_unref(b);
-			return log_error(TE_ERR_NOMEM, "te_batch_submit: no memory for %" PRIu64
-						       " slices",
+			return log_error(TE_ERR_NOMEM,
+					 "te_batch_submit: no memory for %" PRIu64 " slices",
 					 total_slices);
 		}
 		chunk->n = (uint32_t)total_slices;
@@ -1105,7 +1106,8 @@ rejected:
 			uint64_t len = MIN(ss, r->length - off);
 
 			s->ps.size = sizeof(s->ps);
-			s->ps.opcode = r->opcode == TE_OP_READ ? TE_PLUGIN_OP_READ : TE_PLUGIN_OP_WRITE;
+			s->ps.opcode =
+				r->opcode == TE_OP_READ ? TE_PLUGIN_OP_READ : TE_PLUGIN_OP_WRITE;
 			s->ps.local = (char *)r->local + off;
 			s->ps.remote = r->remote + off;
 			s->ps.length = len;
@@ -1321,8 +1323,8 @@ enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 	}
 	if (!batch_is_terminal(b)) {
 		batch_unref(b);
-		return log_error(TE_INPROGRESS, "te_batch_wait: batch not terminal after %" PRId64
-						" ns",
+		return log_error(TE_INPROGRESS,
+				 "te_batch_wait: batch not terminal after %" PRId64 " ns",
 				 timeout_ns);
 	}
 	st = batch_result(b);
@@ -1479,9 +1481,8 @@ void batch_cancel_all(struct engine *e)
 	}
 }
 
-enum te_status batch_submit_notify(struct engine *e, te_batch_id id,
-				   const struct te_request *reqs, size_t n, const void *msg,
-				   size_t len)
+enum te_status batch_submit_notify(struct engine *e, te_batch_id id, const struct te_request *reqs,
+				   size_t n, const void *msg, size_t len)
 {
 	g_autofree char *addr = NULL;
 	te_segment_id seg = TE_SEGMENT_LOCAL;

@@ -29,11 +29,11 @@ struct slice {
 	struct te_plugin_slice ps; /* what the plugin sees */
 	struct task *task;
 	struct transport *tp;
-	struct slice *next;	     /* backlog / retry list link */
+	struct slice *next; /* backlog / retry list link */
 	uint64_t retry_at_ns;
-	_Atomic uint32_t term;	     /* 0 live; 1 its terminal outcome is accounted */
-	_Atomic uint32_t in_plugin;  /* 1 while a plugin owns the current attempt */
-	uint32_t seg_tp;	     /* index of tp in the segview */
+	_Atomic uint32_t term;	    /* 0 live; 1 its terminal outcome is accounted */
+	_Atomic uint32_t in_plugin; /* 1 while a plugin owns the current attempt */
+	uint32_t seg_tp;	    /* index of tp in the segview */
 };
 
 struct task {
@@ -45,16 +45,16 @@ struct task {
 	uint64_t length;
 	uint32_t n_slices;
 	uint32_t opcode;
-	_Atomic uint32_t done;	/* slices with a terminal outcome */
-	_Atomic uint32_t bad;	/* TASK_BAD_* */
+	_Atomic uint32_t done;	 /* slices with a terminal outcome */
+	_Atomic uint32_t bad;	 /* TASK_BAD_* */
 	_Atomic uint32_t posted; /* 1 once a slice reached a plugin */
 	_Atomic uint32_t retries;
 	_Atomic uint32_t last_device;
 	_Atomic uint64_t bytes;
-	_Atomic int32_t status;	    /* first failure, published after detail */
-	_Atomic uint32_t claimed;   /* 1 once a failure owns status/detail */
-	char *detail;		    /* written once by the claim winner */
-	bool invalid;		    /* rejected at submit */
+	_Atomic int32_t status;	  /* first failure, published after detail */
+	_Atomic uint32_t claimed; /* 1 once a failure owns status/detail */
+	char *detail;		  /* written once by the claim winner */
+	bool invalid;		  /* rejected at submit */
 };
 
 struct slice_chunk {
@@ -101,9 +101,8 @@ enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_in
 enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns);
 enum te_status batch_cancel(struct engine *e, te_batch_id id);
 enum te_status batch_free(struct engine *e, te_batch_id id);
-enum te_status batch_submit_notify(struct engine *e, te_batch_id id,
-				   const struct te_request *reqs, size_t n, const void *msg,
-				   size_t len);
+enum te_status batch_submit_notify(struct engine *e, te_batch_id id, const struct te_request *reqs,
+				   size_t n, const void *msg, size_t len);
 
 /* Host service: a plugin finished one slice attempt. */
 void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,
@@ -111,8 +110,7 @@ void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_
 
 /* Worker duties. */
 unsigned batch_check_deadlines(struct engine *e, uint64_t now_ns);
-void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **slices,
-			 uint32_t n);
+void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **slices, uint32_t n);
 void batch_release_slice(struct slice *s);
 
 /* Worker/waiter: resubmit what back-pressure left behind; returns slices consumed. */

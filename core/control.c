@@ -146,8 +146,7 @@ out:
 	return st;
 }
 
-static enum te_status control_handle(void *user, const struct rpc_request *req,
-				     GByteArray *reply)
+static enum te_status control_handle(void *user, const struct rpc_request *req, GByteArray *reply)
 {
 	struct engine *e = user;
 
@@ -177,8 +176,8 @@ static enum te_status p2p_open(struct engine *e, void **state_out, char **err_ou
 	return TE_OK;
 }
 
-static enum te_status p2p_get(void *state, const char *name, uint32_t timeout_ms,
-			      GBytes **json_out, char **err_out)
+static enum te_status p2p_get(void *state, const char *name, uint32_t timeout_ms, GBytes **json_out,
+			      char **err_out)
 {
 	struct engine *e = state;
 	g_autofree char *err = NULL;
@@ -237,7 +236,7 @@ const struct metadata_ops metadata_p2p_ops = {
 
 enum te_status control_start(struct engine *e, char **err_out)
 {
-	struct rpc_server_config rc = {0};
+	struct rpc_server_config rc = { 0 };
 	enum te_status st;
 
 	g_mutex_init(&e->notify_lock);
@@ -367,7 +366,7 @@ enum te_status control_peer_handshake(struct engine *e, const char *plugin, cons
 	g_autofree char *err = NULL;
 	g_autoptr(GBytes) reply = NULL;
 	size_t nlen = strlen(e->name);
-	uint8_t hdr[2] = {(uint8_t)nlen, (uint8_t)(nlen >> 8)};
+	uint8_t hdr[2] = { (uint8_t)nlen, (uint8_t)(nlen >> 8) };
 	g_autoptr(GByteArray) payload = g_byte_array_new();
 	int32_t status = 0;
 	enum te_status st;
@@ -517,8 +516,9 @@ static void control_note_generation(struct engine *e, const char *addr, GBytes *
 
 		if (s && s->view->desc->rpc && strcmp(s->view->desc->rpc, addr) == 0 &&
 		    s->view->desc->generation != gen) {
-			ENGINE_LOG(e, TE_LOG_INFO, "segment %s: peer restarted (generation %016"
-						   PRIx64 " -> %016" PRIx64 ")",
+			ENGINE_LOG(e, TE_LOG_INFO,
+				   "segment %s: peer restarted (generation %016" PRIx64
+				   " -> %016" PRIx64 ")",
 				   s->name, s->view->desc->generation, (uint64_t)gen);
 			segment_mark_stale(e, s);
 		}
@@ -538,8 +538,8 @@ enum te_status te_peer_probe(struct te_engine *engine, const char *name, uint32_
 	if (!name || !*name)
 		return log_error(TE_ERR_INVALID_ARG, "te_peer_probe: name is NULL or empty");
 	addr = control_resolve(e, name);
-	st = rpc_client_call(e->rpc_client, addr, RPC_PROBE, NULL, 0,
-			     timeout_ms ? timeout_ms : 1, &reply, &status, &err);
+	st = rpc_client_call(e->rpc_client, addr, RPC_PROBE, NULL, 0, timeout_ms ? timeout_ms : 1,
+			     &reply, &status, &err);
 	if (st == TE_OK && status == TE_OK) {
 		control_note_generation(e, addr, reply);
 		g_bytes_unref(reply);

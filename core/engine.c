@@ -273,9 +273,8 @@ static enum te_status engine_load_transports(struct engine *e)
 	e->slice_size = g_new0(uint64_t, e->n_tps + 1);
 	for (unsigned i = 0; i < e->n_tps; i++) {
 		struct transport *tp = e->tps[i];
-		uint64_t ss = e->cfg->slice_size ? e->cfg->slice_size
-						  : tp->caps.default_slice_size
-							    ? tp->caps.default_slice_size
+		uint64_t ss = e->cfg->slice_size	    ? e->cfg->slice_size
+			      : tp->caps.default_slice_size ? tp->caps.default_slice_size
 							    : 65536;
 
 		if (tp->caps.max_slice_size && ss > tp->caps.max_slice_size)
@@ -482,7 +481,7 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 
 enum te_status te_engine_new_from_file(const char *path, struct te_engine **engine_out)
 {
-	struct te_engine_opts o = {.size = sizeof(o), .config_path = path, .log_level = -1};
+	struct te_engine_opts o = { .size = sizeof(o), .config_path = path, .log_level = -1 };
 
 	log_clear_error();
 	if (!path)
@@ -493,10 +492,9 @@ enum te_status te_engine_new_from_file(const char *path, struct te_engine **engi
 enum te_status te_engine_new_from_string(const char *yaml, size_t len,
 					 struct te_engine **engine_out)
 {
-	struct te_engine_opts o = {.size = sizeof(o),
-				   .config_yaml = yaml,
-				   .config_yaml_len = len,
-				   .log_level = -1};
+	struct te_engine_opts o = {
+		.size = sizeof(o), .config_yaml = yaml, .config_yaml_len = len, .log_level = -1
+	};
 
 	log_clear_error();
 	if (!yaml)

@@ -66,10 +66,10 @@ struct engine {
 	struct metadata *md;
 	_Atomic uint32_t refresh_pending; /* segments flagged stale */
 	GMutex notify_lock;
-	GQueue *inbox;	       /* struct te_notify * received */
+	GQueue *inbox;		/* struct te_notify * received */
 	GHashTable *inbox_seen; /* dedup keys "sender/gen/seq" */
 	GQueue *inbox_seen_order;
-	GQueue *outbox;	       /* notifies to send */
+	GQueue *outbox; /* notifies to send */
 	_Atomic uint64_t notify_seq;
 
 	/* Finished batches kept for reuse (batch_recycle). */
@@ -91,8 +91,8 @@ struct engine {
 	_Atomic bool stopping;
 	GMutex work_lock;
 	GCond work_cond;
-	_Atomic uint32_t sleeping; /* worker is (about to be) waiting on work_cond */
-	struct slice *retry_head; /* under work_lock, sorted by retry_at_ns */
+	_Atomic uint32_t sleeping;  /* worker is (about to be) waiting on work_cond */
+	struct slice *retry_head;   /* under work_lock, sorted by retry_at_ns */
 	_Atomic bool retry_pending; /* retry_head != NULL, readable without the lock */
 	bool has_manual;
 	/* Threads driving manual progress in te_batch_wait: the worker stays out. */
@@ -125,11 +125,11 @@ enum te_status engine_batch_get(struct engine *e, te_batch_id id, struct batch *
 uint64_t engine_now_ns(void);
 
 /* Public entry points: the engine from its public type, last error cleared. */
-#define ENGINE_OR_FAIL(eng, fn)                                                                \
-	struct engine *e = (struct engine *)(eng);                                             \
-	log_clear_error();                                                                     \
-	if (!e)                                                                                \
-		return log_error(TE_ERR_INVALID_ARG, fn ": engine is NULL")
+#define ENGINE_OR_FAIL(eng, fn)                                                                    \
+	struct engine *e = (struct engine *)(eng);                                                 \
+	log_clear_error();                                                                         \
+	if (!e)                                                                                    \
+	return log_error(TE_ERR_INVALID_ARG, fn ": engine is NULL")
 
 #define ENGINE_LOG(e, lvl, ...) log_msg((e) ? &(e)->log : NULL, (lvl), __VA_ARGS__)
 

@@ -9,7 +9,7 @@
 
 static _Thread_local char last_error[1024];
 
-static const char *const level_names[] = {"error", "warn", "info", "debug", "trace"};
+static const char *const level_names[] = { "error", "warn", "info", "debug", "trace" };
 
 void log_vmsg(const struct log_sink *sink, enum te_log_level level, const char *fmt, va_list ap)
 {

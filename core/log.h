@@ -18,14 +18,14 @@ struct log_sink {
 /* Log one line through @sink (NULL sink: stderr at WARN). */
 void log_msg(const struct log_sink *sink, enum te_log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-void log_vmsg(const struct log_sink *sink, enum te_log_level level, const char *fmt,
-	      va_list ap) __attribute__((format(printf, 3, 0)));
+void log_vmsg(const struct log_sink *sink, enum te_log_level level, const char *fmt, va_list ap)
+	__attribute__((format(printf, 3, 0)));
 
 static inline int log_enabled(const struct log_sink *sink, enum te_log_level level)
 {
 	/* Relaxed: the threshold is advisory; a stale read only mis-filters one line. */
-	return (int)level <= (sink ? atomic_load_explicit(&sink->level, memory_order_relaxed)
-				   : TE_LOG_WARN);
+	return (int)level <=
+	       (sink ? atomic_load_explicit(&sink->level, memory_order_relaxed) : TE_LOG_WARN);
 }
 
 /* Set this thread's te_last_error() text; returns @status for tail calls. */

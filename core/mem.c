@@ -8,17 +8,16 @@
 #include "core/metadata/descriptor.h"
 #include "core/transport.h"
 
-enum te_status mem_parse_location(const char *location, uint32_t *mem_type_out,
-				  int32_t *dev_out)
+enum te_status mem_parse_location(const char *location, uint32_t *mem_type_out, int32_t *dev_out)
 {
 	static const struct {
 		const char *prefix;
 		uint32_t type;
 	} kinds[] = {
-		{"cpu", TE_PLUGIN_MEM_CPU},
-		{"cuda", TE_PLUGIN_MEM_CUDA},
-		{"hip", TE_PLUGIN_MEM_HIP},
-		{"cxl", TE_PLUGIN_MEM_CXL},
+		{ "cpu", TE_PLUGIN_MEM_CPU },
+		{ "cuda", TE_PLUGIN_MEM_CUDA },
+		{ "hip", TE_PLUGIN_MEM_HIP },
+		{ "cxl", TE_PLUGIN_MEM_CXL },
 	};
 	const char *colon;
 	size_t plen;
@@ -160,8 +159,8 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 				 addr);
 	if ((uintptr_t)addr + length < (uintptr_t)addr)
 		return log_error(TE_ERR_OVERFLOW,
-				 "te_mem_register: [%p, +%zu) wraps around the address space",
-				 addr, length);
+				 "te_mem_register: [%p, +%zu) wraps around the address space", addr,
+				 length);
 	if (access & ~(uint32_t)TE_MEM_REMOTE)
 		return log_error(TE_ERR_INVALID_ARG, "te_mem_register: unknown access bits 0x%x",
 				 access);
@@ -178,9 +177,8 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 	r->mem_type = mem_type;
 	r->dev = dev;
 	r->access = access;
-	r->location = location && strcmp(location, "*") && *location
-			      ? g_strdup(location)
-			      : g_strdup("cpu");
+	r->location = location && strcmp(location, "*") && *location ? g_strdup(location)
+								     : g_strdup("cpu");
 	r->handles = g_new0(struct te_plugin_mem *, e->n_tps ? e->n_tps : 1);
 	r->keys = g_new0(GBytes *, e->n_tps ? e->n_tps : 1);
 
@@ -260,8 +258,8 @@ enum te_status mem_unregister(struct engine *e, void *addr)
 	}
 	if (!r) {
 		g_rw_lock_writer_unlock(&e->mem.lock);
-		return log_error(TE_ERR_NOT_REGISTERED,
-				 "te_mem_unregister: no region starts at %p", addr);
+		return log_error(TE_ERR_NOT_REGISTERED, "te_mem_unregister: no region starts at %p",
+				 addr);
 	}
 	if (atomic_load_explicit(&r->refs, memory_order_acquire) > 0) {
 		int refs = atomic_load(&r->refs);
@@ -284,8 +282,8 @@ void mem_unregister_all(struct engine *e)
 {
 	g_rw_lock_writer_lock(&e->mem.lock);
 	while (e->mem.regions->len) {
-		struct mem_region *r = g_ptr_array_steal_index(e->mem.regions,
-							       e->mem.regions->len - 1);
+		struct mem_region *r =
+			g_ptr_array_steal_index(e->mem.regions, e->mem.regions->len - 1);
 
 		mem_region_free(e, r);
 	}

@@ -21,14 +21,14 @@ struct mem_region {
 	uint32_t access;   /* TE_MEM_REMOTE_* */
 	/* Per engine transport (index): plugin handle (NULL if that plugin skipped it). */
 	struct te_plugin_mem **handles;
-	GBytes **keys;	    /* packed key blobs, per transport */
+	GBytes **keys;	      /* packed key blobs, per transport */
 	_Atomic int32_t refs; /* live batches using it */
 };
 
 /* Sorted, non-overlapping set of regions with its lock. */
 struct mem_table {
 	GRWLock lock;
-	GPtrArray *regions; /* struct mem_region *, sorted by addr */
+	GPtrArray *regions;	  /* struct mem_region *, sorted by addr */
 	_Atomic uint64_t version; /* bumped on every change (descriptor refresh) */
 };
 
@@ -36,8 +36,7 @@ struct mem_table {
  * mem_parse_location - "cpu", "cpu:N", "cuda:N", "hip:N", "cxl:N", "*" (or NULL)
  * → memory type bit and device number. Pure.
  */
-enum te_status mem_parse_location(const char *location, uint32_t *mem_type_out,
-				  int32_t *dev_out);
+enum te_status mem_parse_location(const char *location, uint32_t *mem_type_out, int32_t *dev_out);
 
 /* Pure range check on a sorted array: index where [addr,addr+len) would go. */
 enum te_status mem_check_insert(GPtrArray *regions, uint64_t addr, uint64_t length,

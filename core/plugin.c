@@ -44,8 +44,7 @@ static enum te_status stub_cancel(struct te_plugin_inst *inst, struct te_plugin_
 	return TE_ERR_UNSUPPORTED;
 }
 
-static enum te_status stub_retry_prepare(struct te_plugin_inst *inst,
-					 struct te_plugin_slice *slice)
+static enum te_status stub_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_slice *slice)
 {
 	return TE_ERR_UNSUPPORTED;
 }
@@ -68,7 +67,10 @@ static const struct te_plugin_ops stub_ops = {
 };
 
 /* Ops of ABI 1.0 that every plugin must provide, by name for the error message. */
-#define REQUIRED(op) {#op, offsetof(struct te_plugin_ops, op)}
+#define REQUIRED(op)                                                                               \
+	{                                                                                          \
+#op, offsetof(struct te_plugin_ops, op)                                            \
+	}
 static const struct {
 	const char *name;
 	size_t offset;
@@ -99,15 +101,15 @@ enum te_status plugin_validate(const struct te_plugin_desc *desc, const char *fi
 		return TE_ERR_PLUGIN_INVALID;
 	}
 	if (desc->abi_major != TE_PLUGIN_ABI_MAJOR) {
-		*err_out = g_strdup_printf("%s: ABI major %u is not supported (core ABI %d.%d)",
-					   file, desc->abi_major, TE_PLUGIN_ABI_MAJOR,
-					   TE_PLUGIN_ABI_MINOR);
+		*err_out =
+			g_strdup_printf("%s: ABI major %u is not supported (core ABI %d.%d)", file,
+					desc->abi_major, TE_PLUGIN_ABI_MAJOR, TE_PLUGIN_ABI_MINOR);
 		return TE_ERR_ABI_MISMATCH;
 	}
 	if (desc->abi_minor > TE_PLUGIN_ABI_MINOR) {
-		*err_out = g_strdup_printf("%s: ABI minor %u is newer than the core's %d.%d",
-					   file, desc->abi_minor, TE_PLUGIN_ABI_MAJOR,
-					   TE_PLUGIN_ABI_MINOR);
+		*err_out =
+			g_strdup_printf("%s: ABI minor %u is newer than the core's %d.%d", file,
+					desc->abi_minor, TE_PLUGIN_ABI_MAJOR, TE_PLUGIN_ABI_MINOR);
 		return TE_ERR_ABI_MISMATCH;
 	}
 	if (!desc->name || !*desc->name || strlen(desc->name) > 63) {
@@ -152,7 +154,7 @@ enum te_status plugin_validate(const struct te_plugin_desc *desc, const char *fi
 /* A file that is not an ELF object gives dlopen a cryptic message; say it plainly. */
 static bool is_elf(const char *path)
 {
-	unsigned char magic[4] = {0};
+	unsigned char magic[4] = { 0 };
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	ssize_t n;
 
@@ -189,7 +191,8 @@ enum te_status plugin_open_file(const char *path, struct plugin **plugin_out, ch
 	int major;
 
 	if (access(path, F_OK) != 0) {
-		*err_out = g_strdup_printf("%s: plugin file not found: %s", path, g_strerror(errno));
+		*err_out =
+			g_strdup_printf("%s: plugin file not found: %s", path, g_strerror(errno));
 		return TE_ERR_PLUGIN_NOT_FOUND;
 	}
 	if (!is_elf(path)) {

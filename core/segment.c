@@ -12,8 +12,8 @@
 #define SEGMENT_REFRESH_TIMEOUT_MS 1000u
 
 /* Whether transport @tp may be used towards the segment @d, and why not. */
-static bool segview_reachable(struct engine *e, struct transport *tp,
-			      const struct descriptor *d, char *why, size_t why_len)
+static bool segview_reachable(struct engine *e, struct transport *tp, const struct descriptor *d,
+			      char *why, size_t why_len)
 {
 	if ((tp->caps.flags & TE_PLUGIN_CAP_SAME_HOST_ONLY) &&
 	    g_strcmp0(d->host_id, e->host_id) != 0) {
@@ -41,8 +41,8 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 	v->engine = e;
 	v->desc = desc;
 	v->tps = g_new0(struct segview_tp, e->n_tps ? e->n_tps : 1);
-	v->rkeys = g_new0(struct te_plugin_rkey *, (desc->n_buffers ? desc->n_buffers : 1) *
-							   (e->n_tps ? e->n_tps : 1));
+	v->rkeys = g_new0(struct te_plugin_rkey *,
+			  (desc->n_buffers ? desc->n_buffers : 1) * (e->n_tps ? e->n_tps : 1));
 	for (unsigned t = 0; t < e->n_tps; t++) {
 		struct transport *tp = e->tps[t];
 		struct segview_tp *vt = &v->tps[t];
@@ -85,7 +85,7 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 				continue;
 			data = g_bytes_get_data(key, &len);
 			st = tp->plugin->ops.unpack_remote_key(tp->inst, vt->peer, data, len,
-								db->addr, db->length, &rk);
+							       db->addr, db->length, &rk);
 			if (st != TE_OK) {
 				ENGINE_LOG(e, TE_LOG_WARN,
 					   "segment %s: %s: key of buffer 0x%llx rejected: %s",
@@ -101,9 +101,9 @@ skip:
 		g_string_append_printf(reasons, "%s%s", reasons->len ? "; " : "", vt->why);
 	}
 	if (!usable) {
-		*err_out = g_strdup_printf("segment '%s': no transport can reach it: %s",
-					   desc->name,
-					   e->n_tps ? reasons->str : "no transports installed");
+		*err_out =
+			g_strdup_printf("segment '%s': no transport can reach it: %s", desc->name,
+					e->n_tps ? reasons->str : "no transports installed");
 		v->desc = NULL; /* the caller still owns desc on failure */
 		segview_unref(v);
 		return TE_ERR_NO_TRANSPORT;
@@ -384,8 +384,9 @@ enum te_status te_segment_close(struct te_engine *engine, te_segment_id id)
 	}
 	if (s->open_count == 1 && atomic_load_explicit(&s->busy, memory_order_acquire) > 0) {
 		g_rw_lock_writer_unlock(&e->seg_lock);
-		return log_error(TE_ERR_BUSY, "te_segment_close: segment '%s' is used by live "
-					      "batches",
+		return log_error(TE_ERR_BUSY,
+				 "te_segment_close: segment '%s' is used by live "
+				 "batches",
 				 s->name);
 	}
 	if (--s->open_count == 0) {

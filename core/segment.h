@@ -19,8 +19,8 @@ struct transport;
 /* What one engine transport knows about one segment view. */
 struct segview_tp {
 	struct transport *tp;
-	struct te_plugin_peer *peer; /* NULL: this transport cannot reach the segment */
-	char why[160];		     /* reason when peer is NULL */
+	struct te_plugin_peer *peer;	  /* NULL: this transport cannot reach the segment */
+	char why[160];			  /* reason when peer is NULL */
 	_Atomic uint64_t paused_until_ns; /* peer quarantine */
 	_Atomic uint32_t failures;	  /* consecutive retryable failures */
 };
@@ -43,10 +43,10 @@ struct segview {
 struct segment {
 	te_segment_id id;
 	char *name;
-	int32_t open_count; /* te_segment_open/import references */
-	struct segview *view; /* current; swap under engine->seg_lock (write) */
-	_Atomic int32_t busy; /* live batches that use it */
-	_Atomic uint32_t stale;	 /* a path failure asks for a descriptor refresh */
+	int32_t open_count;	  /* te_segment_open/import references */
+	struct segview *view;	  /* current; swap under engine->seg_lock (write) */
+	_Atomic int32_t busy;	  /* live batches that use it */
+	_Atomic uint32_t stale;	  /* a path failure asks for a descriptor refresh */
 	uint64_t last_refresh_ns; /* under engine->seg_lock (write) */
 };
 

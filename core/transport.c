@@ -75,11 +75,10 @@ static void host_mark_failed(struct te_plugin_host_ctx *ctx, enum te_plugin_fail
 			if (s->view->tps[tp->index].peer == peer) {
 				atomic_store_explicit(&s->view->tps[tp->index].paused_until_ns,
 						      until, memory_order_relaxed);
-				ENGINE_LOG(e, TE_LOG_WARN,
-					   "%s: peer %s quarantined for %llu ms: %s",
-					   tp->plugin->name, s->name,
-					   (unsigned long long)e->cfg->quarantine_ms,
-					   why ? why : "");
+				ENGINE_LOG(
+					e, TE_LOG_WARN, "%s: peer %s quarantined for %llu ms: %s",
+					tp->plugin->name, s->name,
+					(unsigned long long)e->cfg->quarantine_ms, why ? why : "");
 			}
 		}
 		g_rw_lock_reader_unlock(&e->seg_lock);
@@ -125,8 +124,7 @@ static const char *host_config_get(struct te_plugin_host_ctx *ctx, const char *k
 	return config_transport_option(tp->cfg, key);
 }
 
-static void host_config_foreach(struct te_plugin_host_ctx *ctx, te_plugin_option_fn fn,
-				void *user)
+static void host_config_foreach(struct te_plugin_host_ctx *ctx, te_plugin_option_fn fn, void *user)
 {
 	struct transport *tp = ctx_tp(ctx);
 
@@ -158,8 +156,8 @@ static enum te_status host_peer_handshake(struct te_plugin_host_ctx *ctx, const 
 
 	if (!tp->engine)
 		return TE_ERR_UNSUPPORTED;
-	return control_peer_handshake(tp->engine, tp->plugin->name, peer_name, req, len, resp,
-				      cap, resp_len_out, timeout_ms);
+	return control_peer_handshake(tp->engine, tp->plugin->name, peer_name, req, len, resp, cap,
+				      resp_len_out, timeout_ms);
 }
 
 static _Thread_local char op_error[256];
@@ -271,8 +269,7 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 		st = TE_ERR_PLUGIN_INVALID;
 		goto err_fini;
 	}
-	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
-	    !plugin->desc->ops->progress) {
+	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL && !plugin->desc->ops->progress) {
 		*err_out = g_strdup_printf("%s: required op 'progress' is missing (manual "
 					   "progress plugin)",
 					   plugin->path);

@@ -21,7 +21,7 @@ struct transport {
 	struct engine *engine; /* NULL when probed by tools */
 	struct plugin *plugin;
 	const struct config_transport *cfg; /* NULL: no options */
-	unsigned index;			     /* position in the engine's priority list */
+	unsigned index;			    /* position in the engine's priority list */
 	struct te_plugin_inst *inst;
 	struct te_plugin_caps caps;
 	struct te_plugin_device devices[TRANSPORT_MAX_DEVICES];

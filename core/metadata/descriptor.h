@@ -26,7 +26,7 @@ struct descriptor_blob {
 struct descriptor_buffer {
 	uint64_t addr;
 	uint64_t length;
-	char *location; /* "cpu:0", "cuda:1", ... */
+	char *location;	 /* "cpu:0", "cuda:1", ... */
 	uint32_t access; /* TE_MEM_REMOTE_* */
 	struct descriptor_blob *keys;
 	size_t n_keys;

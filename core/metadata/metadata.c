@@ -24,7 +24,7 @@ enum te_status metadata_open(struct engine *e, struct metadata **md_out, char **
 		break;
 	}
 	if (!ops) {
-		static const char *const names[] = {"p2p", "etcd", "redis", "http"};
+		static const char *const names[] = { "p2p", "etcd", "redis", "http" };
 
 		*err_out = g_strdup_printf("metadata: backend '%s' is not available in this build "
 					   "(available: p2p)",

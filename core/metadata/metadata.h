@@ -21,8 +21,8 @@ struct metadata_ops {
 	const char *name;
 	enum te_status (*open)(struct engine *e, void **state_out, char **err_out);
 	/* Descriptor JSON of segment @name; TE_ERR_METADATA_NOT_FOUND if absent. */
-	enum te_status (*get)(void *state, const char *name, uint32_t timeout_ms,
-			      GBytes **json_out, char **err_out);
+	enum te_status (*get)(void *state, const char *name, uint32_t timeout_ms, GBytes **json_out,
+			      char **err_out);
 	/* Publish our descriptor under @name with a TTL (kept alive by the backend). */
 	enum te_status (*put)(void *state, const char *name, const char *json, size_t len,
 			      char **err_out);

@@ -162,7 +162,7 @@ TE_API TE_NODISCARD enum te_status te_segment_import(struct te_engine *engine, c
 
 /* One registered buffer of a segment, as its descriptor publishes it. */
 struct te_buffer_info {
-	uint64_t addr;	 /* peer virtual address (cxl: window offset) */
+	uint64_t addr; /* peer virtual address (cxl: window offset) */
 	uint64_t length;
 	uint32_t access; /* TE_MEM_REMOTE_* */
 	char location[32];
@@ -226,13 +226,13 @@ static inline int te_state_is_terminal(enum te_state s)
 /* What te_task_status reports. */
 struct te_task_info {
 	enum te_state state;
-	enum te_status status;	/* TE_OK, or why it failed */
-	uint64_t bytes;		/* bytes moved so far */
-	uint64_t length;	/* bytes requested */
-	uint32_t slices;	/* slices the task was split into */
-	uint32_t retries;	/* slice attempts beyond the first */
-	const char *transport;	/* chosen transport ("" if none); engine lifetime */
-	const char *device;	/* device of the last slice posted ("" if unknown) */
+	enum te_status status;	    /* TE_OK, or why it failed */
+	uint64_t bytes;		    /* bytes moved so far */
+	uint64_t length;	    /* bytes requested */
+	uint32_t slices;	    /* slices the task was split into */
+	uint32_t retries;	    /* slice attempts beyond the first */
+	const char *transport;	    /* chosen transport ("" if none); engine lifetime */
+	const char *device;	    /* device of the last slice posted ("" if unknown) */
 	char detail[TE_DETAIL_MAX]; /* why it failed ("" if it did not) */
 };
 
@@ -295,9 +295,8 @@ struct te_notify {
  * te_notify_recv - take up to @max received messages, oldest first; *n_out = how
  * many were written (0 if none). Never blocks. Thread-safe.
  */
-TE_API TE_NODISCARD enum te_status te_notify_recv(struct te_engine *engine,
-						  struct te_notify *msgs, size_t max,
-						  size_t *n_out);
+TE_API TE_NODISCARD enum te_status te_notify_recv(struct te_engine *engine, struct te_notify *msgs,
+						  size_t max, size_t *n_out);
 
 /*
  * te_task_status - state of task @task (0-based). Statuses: TE_ERR_INVALID_HANDLE,

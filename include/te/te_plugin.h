@@ -36,8 +36,7 @@ extern "C" {
 #define TE_PLUGIN_ENTRY_NAME "te_plugin_entry_v" TE_PLUGIN_STR(TE_PLUGIN_ABI_MAJOR)
 
 /* True when the struct at @ptr (of @type, with its size field) contains member @m. */
-#define TE_PLUGIN_HAS(ptr, type, m)                                                          \
-	((ptr)->size >= offsetof(type, m) + sizeof(((type *)0)->m))
+#define TE_PLUGIN_HAS(ptr, type, m) ((ptr)->size >= offsetof(type, m) + sizeof(((type *)0)->m))
 
 #if defined(__GNUC__)
 #define TE_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -92,29 +91,29 @@ enum te_plugin_thread_level {
 };
 
 /* caps.flags */
-#define TE_PLUGIN_CAP_SAME_HOST_ONLY (1u << 0) /* peers must share this host */
+#define TE_PLUGIN_CAP_SAME_HOST_ONLY (1u << 0)	  /* peers must share this host */
 #define TE_PLUGIN_CAP_SAME_PROCESS_ONLY (1u << 1) /* peers must share this process */
 
 /* Capabilities; filled by query_caps after the core zeroes it and sets size. */
 struct te_plugin_caps {
 	uint32_t size;
-	uint32_t mem_types;	    /* TE_PLUGIN_MEM_* */
-	uint32_t ops;		    /* TE_PLUGIN_CAN_* */
-	uint32_t progress;	    /* enum te_plugin_progress */
-	uint32_t thread_level;	    /* enum te_plugin_thread_level */
-	uint32_t flags;		    /* TE_PLUGIN_CAP_* */
-	uint64_t max_slice_size;    /* 0: unlimited */
+	uint32_t mem_types;	     /* TE_PLUGIN_MEM_* */
+	uint32_t ops;		     /* TE_PLUGIN_CAN_* */
+	uint32_t progress;	     /* enum te_plugin_progress */
+	uint32_t thread_level;	     /* enum te_plugin_thread_level */
+	uint32_t flags;		     /* TE_PLUGIN_CAP_* */
+	uint64_t max_slice_size;     /* 0: unlimited */
 	uint64_t default_slice_size; /* 0: let the core choose */
-	uint32_t slice_priv_size;   /* bytes of per-slice plugin scratch (<= 256) */
-	uint32_t max_devices;	    /* devices the plugin may report (<= 64) */
+	uint32_t slice_priv_size;    /* bytes of per-slice plugin scratch (<= 256) */
+	uint32_t max_devices;	     /* devices the plugin may report (<= 64) */
 };
 
 /* One device (NIC, GPU link, window); filled by query_devices. */
 struct te_plugin_device {
 	uint32_t size;
 	char name[64];
-	int32_t numa_node; /* -1 unknown */
-	char pci[32];	   /* "0000:3b:00.0" or "" */
+	int32_t numa_node;	  /* -1 unknown */
+	char pci[32];		  /* "0000:3b:00.0" or "" */
 	uint64_t link_speed_mbps; /* 0 unknown */
 	uint32_t mem_types;	  /* TE_PLUGIN_MEM_* reachable through it */
 };
@@ -126,19 +125,19 @@ struct te_plugin_device {
  */
 struct te_plugin_slice {
 	uint32_t size;
-	uint32_t opcode;	/* enum te_plugin_opcode */
-	void *local;		/* local address */
-	uint64_t remote;	/* peer address (or window offset) */
-	uint64_t length;	/* bytes, > 0 and <= max_slice_size */
-	struct te_plugin_mem *local_mem;   /* reg_mem handle of the local region */
-	struct te_plugin_peer *peer;	   /* load_peer handle */
-	struct te_plugin_rkey *rkey;	   /* unpack_remote_key handle of the remote region */
-	uint64_t remote_base;	/* start of the remote region that rkey describes */
-	uint64_t deadline_ns;	/* absolute, host->now_ns() clock */
-	uint64_t excluded_devices; /* bit d set: do not use device d for this attempt */
-	uint32_t attempt;	/* 0 for the first attempt */
-	uint32_t device;	/* set by the plugin: device index used (for retries) */
-	void *priv;		/* caps.slice_priv_size bytes for the plugin, or NULL */
+	uint32_t opcode;		 /* enum te_plugin_opcode */
+	void *local;			 /* local address */
+	uint64_t remote;		 /* peer address (or window offset) */
+	uint64_t length;		 /* bytes, > 0 and <= max_slice_size */
+	struct te_plugin_mem *local_mem; /* reg_mem handle of the local region */
+	struct te_plugin_peer *peer;	 /* load_peer handle */
+	struct te_plugin_rkey *rkey;	 /* unpack_remote_key handle of the remote region */
+	uint64_t remote_base;		 /* start of the remote region that rkey describes */
+	uint64_t deadline_ns;		 /* absolute, host->now_ns() clock */
+	uint64_t excluded_devices;	 /* bit d set: do not use device d for this attempt */
+	uint32_t attempt;		 /* 0 for the first attempt */
+	uint32_t device;		 /* set by the plugin: device index used (for retries) */
+	void *priv;			 /* caps.slice_priv_size bytes for the plugin, or NULL */
 };
 
 enum te_plugin_fail_scope {
@@ -187,8 +186,7 @@ struct te_plugin_host {
 			   enum te_plugin_event event, const char *why);
 	/* The plugin's YAML options: value of @key or NULL; all of them in order. */
 	const char *(*config_get)(struct te_plugin_host_ctx *ctx, const char *key);
-	void (*config_foreach)(struct te_plugin_host_ctx *ctx, te_plugin_option_fn fn,
-			       void *user);
+	void (*config_foreach)(struct te_plugin_host_ctx *ctx, te_plugin_option_fn fn, void *user);
 	/*
 	 * Publish this instance's transport blob (addresses, window id, ...): it goes
 	 * into the segment descriptor and reaches peers' load_peer. Copied. Usually
@@ -260,8 +258,7 @@ struct te_plugin_ops {
 				   void *buf, size_t cap, size_t *len_out);
 	/* Prepare to reach @peer_name whose published blob is @blob (maybe connect). */
 	enum te_status (*load_peer)(struct te_plugin_inst *inst, const char *peer_name,
-				    const void *blob, size_t len,
-				    struct te_plugin_peer **peer_out);
+				    const void *blob, size_t len, struct te_plugin_peer **peer_out);
 	void (*unload_peer)(struct te_plugin_inst *inst, struct te_plugin_peer *peer);
 	/*
 	 * Decode the key blob of the peer's region [addr, addr+length) (the blob came
@@ -333,11 +330,11 @@ typedef const struct te_plugin_desc *(*te_plugin_entry_fn)(void);
 #else
 #define TE_PLUGIN_EXTERN_C
 #endif
-#define TE_PLUGIN_DEFINE(desc_ptr)                                                           \
-	TE_PLUGIN_EXTERN_C TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void); \
-	TE_PLUGIN_EXTERN_C TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void)  \
-	{                                                                                     \
-		return (desc_ptr);                                                            \
+#define TE_PLUGIN_DEFINE(desc_ptr)                                                                 \
+	TE_PLUGIN_EXTERN_C TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void);    \
+	TE_PLUGIN_EXTERN_C TE_PLUGIN_EXPORT const struct te_plugin_desc *TE_PLUGIN_ENTRY(void)     \
+	{                                                                                          \
+		return (desc_ptr);                                                                 \
 	}
 
 #ifdef __cplusplus

@@ -45,10 +45,10 @@ enum te_status {
 	TE_ERR_EXISTS = -11,		/* name already present */
 	TE_ERR_NOT_FOUND = -12,		/* generic lookup failure */
 
-	TE_ERR_LINK_DOWN = -40,	   /* link or port down */
-	TE_ERR_CONN_RESET = -41,   /* connection broken while in flight */
-	TE_ERR_TRANSIENT = -42,	   /* transient path error, try again */
-	TE_ERR_AGAIN = -43,	   /* resource temporarily exhausted */
+	TE_ERR_LINK_DOWN = -40,	    /* link or port down */
+	TE_ERR_CONN_RESET = -41,    /* connection broken while in flight */
+	TE_ERR_TRANSIENT = -42,	    /* transient path error, try again */
+	TE_ERR_AGAIN = -43,	    /* resource temporarily exhausted */
 	TE_ERR_DEVICE_FAILED = -44, /* local device error; another device may work */
 	TE_ERR_PATH_TIMEOUT = -45,  /* one attempt on a path timed out */
 
@@ -66,14 +66,14 @@ enum te_status {
 	TE_ERR_METADATA_MALFORMED = -82,   /* descriptor failed to decode */
 	TE_ERR_METADATA_UNAVAILABLE = -83, /* backend unreachable */
 
-	TE_ERR_UNSUPPORTED = -100,	 /* operation not supported by this plugin */
-	TE_ERR_PLUGIN_NOT_FOUND = -101,	 /* plugin file missing */
-	TE_ERR_PLUGIN_INVALID = -102,	 /* not a plugin (no entry, bad descriptor) */
-	TE_ERR_ABI_MISMATCH = -103,	 /* wrong major or newer minor */
-	TE_ERR_PLUGIN_INIT = -104,	 /* plugin init failed */
-	TE_ERR_CONFIG = -105,		 /* configuration error */
-	TE_ERR_NO_DEVICE = -106,	 /* no usable device for this transport */
-	TE_ERR_MEMORY_TYPE = -107,	 /* memory location not supported */
+	TE_ERR_UNSUPPORTED = -100,	/* operation not supported by this plugin */
+	TE_ERR_PLUGIN_NOT_FOUND = -101, /* plugin file missing */
+	TE_ERR_PLUGIN_INVALID = -102,	/* not a plugin (no entry, bad descriptor) */
+	TE_ERR_ABI_MISMATCH = -103,	/* wrong major or newer minor */
+	TE_ERR_PLUGIN_INIT = -104,	/* plugin init failed */
+	TE_ERR_CONFIG = -105,		/* configuration error */
+	TE_ERR_NO_DEVICE = -106,	/* no usable device for this transport */
+	TE_ERR_MEMORY_TYPE = -107,	/* memory location not supported */
 
 	TE_ERR_NOMEM = -120,	/* out of memory */
 	TE_ERR_SYSTEM = -121,	/* an OS call failed (errno in the detail) */

@@ -130,8 +130,8 @@ static void test_no_retries(void)
 static void fallback_case(bool fallback)
 {
 	const struct itest_transport tps[] = {
-		{"fail_nth", NULL, true, "fail_nth: 1, fail_count: 1000000"},
-		{"loopback", NULL, true, "progress: manual"},
+		{ "fail_nth", NULL, true, "fail_nth: 1, fail_count: 1000000" },
+		{ "loopback", NULL, true, "progress: manual" },
 	};
 	g_autofree char *transfer = g_strdup_printf(
 		"slice_size: 4096, timeout_ms: 60000, retries: 1, retry_backoff_us: 10, "
@@ -157,8 +157,8 @@ static void fallback_case(bool fallback)
 	itest_ok(te_segment_export(b, &json, &len));
 	itest_ok(te_segment_import(a, json, len, &seg));
 	te_free(json);
-	r = (struct te_request){TE_OP_WRITE, seg, la.data, (uint64_t)(uintptr_t)rb.data,
-				4 * 4096};
+	r = (struct te_request){ TE_OP_WRITE, seg, la.data, (uint64_t)(uintptr_t)rb.data,
+				 4 * 4096 };
 	itest_ok(te_batch_new(a, 1, &bid));
 	itest_ok(te_batch_submit(a, bid, &r, 1));
 	{

@@ -291,8 +291,8 @@ static void test_workers_drive_manual(void)
 	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&p);
 	for (int i = 0; i < 16; i++)
-		r[i] = (struct te_request){TE_OP_READ, p.seg, la.data + i * 65536,
-					   (uint64_t)(uintptr_t)(rb.data + i * 65536), 65536};
+		r[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + i * 65536,
+					    (uint64_t)(uintptr_t)(rb.data + i * 65536), 65536 };
 	itest_ok(te_batch_new(p.a, 16, &bid));
 	itest_ok(te_batch_submit(p.a, bid, r, 16));
 	until = g_get_monotonic_time() + 60 * G_USEC_PER_SEC;

@@ -65,17 +65,17 @@
 /* Slices taken from the queue per lock round trip: amortises the lock, bounds the stack. */
 #define LOOPBACK_BATCH 64u
 /* A worker that drained the queue polls this long before sleeping on the condvar. */
-#define LOOPBACK_SPIN_NS     20000u
+#define LOOPBACK_SPIN_NS 20000u
 #define LOOPBACK_MAX_WORKERS 64u
-#define LOOPBACK_MAX_DEPTH   (1u << 22)
-#define LOOPBACK_MAX_SIZE    (1ull << 40)
-#define LOOPBACK_DETAIL_MAX  256
+#define LOOPBACK_MAX_DEPTH (1u << 22)
+#define LOOPBACK_MAX_SIZE (1ull << 40)
+#define LOOPBACK_DETAIL_MAX 256
 
 /* Wire formats: explicit little-endian fields so blobs are well defined byte strings. */
-#define LOOPBACK_PEER_MAGIC    0x31504c54u /* "TLP1" */
-#define LOOPBACK_KEY_MAGIC     0x314b4c54u /* "TLK1" */
-#define LOOPBACK_PEER_BLOB_LEN 32u	   /* magic, version, pid, nonce, token */
-#define LOOPBACK_KEY_BLOB_LEN  24u	   /* magic, access, addr, length */
+#define LOOPBACK_PEER_MAGIC 0x31504c54u /* "TLP1" */
+#define LOOPBACK_KEY_MAGIC 0x314b4c54u	/* "TLK1" */
+#define LOOPBACK_PEER_BLOB_LEN 32u	/* magic, version, pid, nonce, token */
+#define LOOPBACK_KEY_BLOB_LEN 24u	/* magic, access, addr, length */
 
 #define LOOPBACK_ACCESS_ALL (TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)
 

@@ -6,8 +6,8 @@
 
 #include "core/plugin.h"
 
-static enum te_status fake_init(const struct te_plugin_host *host,
-				struct te_plugin_host_ctx *ctx, struct te_plugin_inst **inst_out)
+static enum te_status fake_init(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
+				struct te_plugin_inst **inst_out)
 {
 	return TE_OK;
 }
@@ -33,8 +33,8 @@ static enum te_status fake_dereg(struct te_plugin_inst *inst, struct te_plugin_m
 	return TE_OK;
 }
 
-static enum te_status fake_pack(struct te_plugin_inst *inst, struct te_plugin_mem *mem,
-				void *buf, size_t cap, size_t *len_out)
+static enum te_status fake_pack(struct te_plugin_inst *inst, struct te_plugin_mem *mem, void *buf,
+				size_t cap, size_t *len_out)
 {
 	return TE_OK;
 }
@@ -173,10 +173,10 @@ static void test_rejections(void)
 	g_free(err);
 
 	{
-		static const char *const names[] = {"init",	 "fini",	"query_caps",
-						    "reg_mem",	 "dereg_mem",	"pack_key",
-						    "load_peer", "unload_peer", "unpack_remote_key",
-						    "submit"};
+		static const char *const names[] = {
+			"init",	    "fini",	 "query_caps",	"reg_mem",	     "dereg_mem",
+			"pack_key", "load_peer", "unload_peer", "unpack_remote_key", "submit"
+		};
 		const size_t offs[] = {
 			offsetof(struct te_plugin_ops, init),
 			offsetof(struct te_plugin_ops, fini),
