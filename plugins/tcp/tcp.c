@@ -65,38 +65,38 @@
 
 /* --- limits and wire constants ------------------------------------------------------ */
 
-#define TCP_MAX_LANES	   64u
-#define TCP_MAX_WORKERS	   64u
-#define TCP_MAX_INFLIGHT   4096u /* slot index must fit the low 16 bits of a request id */
-#define TCP_MAX_FRAME	   (1ull << 30) /* longest READ/WRITE a server accepts */
-#define TCP_MAX_CONNS	   4096u	/* accepted connections per instance */
-#define TCP_DEF_SLICE	   (1ull << 20) /* chosen by measurement: see README.md */
+#define TCP_MAX_LANES 64u
+#define TCP_MAX_WORKERS 64u
+#define TCP_MAX_INFLIGHT 4096u	   /* slot index must fit the low 16 bits of a request id */
+#define TCP_MAX_FRAME (1ull << 30) /* longest READ/WRITE a server accepts */
+#define TCP_MAX_CONNS 1024u	   /* accepted connections per instance (~75 KiB each) */
+#define TCP_DEF_SLICE (1ull << 20) /* chosen by measurement: see README.md */
 
-#define TCP_WIRE_MAGIC	   0x31504354u /* bytes "TCP1" */
-#define TCP_WIRE_VERSION   1u
-#define TCP_HDR_LEN	   32u
-#define TCP_OP_READ	   0u
-#define TCP_OP_WRITE	   1u
-#define TCP_OP_HELLO	   2u
-#define TCP_DETAIL_WIRE	   200u /* longest error detail a server sends */
+#define TCP_WIRE_MAGIC 0x31504354u /* bytes "TCP1" */
+#define TCP_WIRE_VERSION 1u
+#define TCP_HDR_LEN 32u
+#define TCP_OP_READ 0u
+#define TCP_OP_WRITE 1u
+#define TCP_OP_HELLO 2u
+#define TCP_DETAIL_WIRE 200u /* longest error detail a server sends */
 
-#define TCP_BLOB_MAGIC	   0x31424354u /* "TCB1": published endpoint */
-#define TCP_BLOB_LEN	   40u
-#define TCP_KEY_MAGIC	   0x314b4354u /* "TCK1": region key */
-#define TCP_KEY_LEN	   24u
+#define TCP_BLOB_MAGIC 0x31424354u /* "TCB1": published endpoint */
+#define TCP_BLOB_LEN 40u
+#define TCP_KEY_MAGIC 0x314b4354u /* "TCK1": region key */
+#define TCP_KEY_LEN 24u
 
-#define TCP_RBUF	   8192u	/* header buffer per connection; >= TCP_HDR_LEN + TCP_DETAIL_WIRE */
-#define TCP_SCRATCH	   (256u << 10) /* per worker: where discarded payloads go */
-#define TCP_LANE_IOV	   512u		/* iovecs per client sendmsg (<= UIO_MAXIOV) */
-#define TCP_SRV_IOV	   1024u	/* iovecs per server sendmsg (UIO_MAXIOV) */
-#define TCP_SRV_RING	   256u		/* responses queued per server connection */
-#define TCP_RX_BUDGET	   (4u << 20)	/* bytes read per wake-up before other sockets get a turn */
-#define TCP_TICK_MS	   100		/* housekeeping period: connect timeouts, stalls */
-#define TCP_STALL_TICKS	   3u		/* ticks without progress that break a lane with cancels */
-#define TCP_EVENTS	   64
+#define TCP_RBUF 8192u /* header buffer per connection; >= TCP_HDR_LEN + TCP_DETAIL_WIRE */
+#define TCP_SCRATCH (256u << 10) /* per worker: where discarded payloads go */
+#define TCP_LANE_IOV 512u	 /* iovecs per client sendmsg (<= UIO_MAXIOV) */
+#define TCP_SRV_IOV 1024u	 /* iovecs per server sendmsg (UIO_MAXIOV) */
+#define TCP_SRV_RING 256u	 /* responses queued per server connection */
+#define TCP_RX_BUDGET (4u << 20) /* bytes read per wake-up before other sockets get a turn */
+#define TCP_TICK_MS 100		 /* housekeeping period: connect timeouts, stalls */
+#define TCP_STALL_TICKS 3u	 /* ticks without progress that break a lane with cancels */
+#define TCP_EVENTS 64
 
 #define TCP_ACCESS_ALL (TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)
-#define TCP_MIN(a, b)  ((a) < (b) ? (a) : (b))
+#define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 /* --- objects ------------------------------------------------------------------------ */
 
@@ -174,13 +174,13 @@ struct tcp_spriv {
 _Static_assert(sizeof(struct tcp_spriv) <= 256, "slice_priv_size is at most 256 bytes");
 
 /* Slot flags. A slot completes once SENT and ANSWERED are both set; whoever sets the later. */
-#define TCP_SLOT_USED	  (1u << 0)
-#define TCP_SLOT_IN_IOV	  (1u << 1) /* part of a sendmsg in progress: cannot be unqueued */
-#define TCP_SLOT_SENT	  (1u << 2) /* the whole request left; the sender is done with it */
-#define TCP_SLOT_RECV	  (1u << 3) /* its payload is being received into slice->local */
+#define TCP_SLOT_USED (1u << 0)
+#define TCP_SLOT_IN_IOV (1u << 1)   /* part of a sendmsg in progress: cannot be unqueued */
+#define TCP_SLOT_SENT (1u << 2)	    /* the whole request left; the sender is done with it */
+#define TCP_SLOT_RECV (1u << 3)	    /* its payload is being received into slice->local */
 #define TCP_SLOT_ANSWERED (1u << 4) /* the response was fully processed */
 #define TCP_SLOT_CANCELED (1u << 5) /* cancel asked; report TE_ERR_CANCELED */
-#define TCP_SLOT_ORPHAN	  (1u << 6) /* already reported; waits only for its response */
+#define TCP_SLOT_ORPHAN (1u << 6)   /* already reported; waits only for its response */
 
 struct tcp_slot {
 	struct te_plugin_slice *slice; /* NULL when free or orphaned */
@@ -230,6 +230,14 @@ struct tcp_lane {
 	uint32_t n_canceled;
 	struct te_plugin_slice **reports; /* scratch for lane failures (worker and fini only) */
 
+	/*
+	 * Held by the worker around each read into a slice's destination. cancel sets
+	 * rx_redirect and then takes rx_lock once: after that no byte of the canceled READ
+	 * reaches its destination (the rest is discarded).
+	 */
+	pthread_mutex_t rx_lock;
+	atomic_bool rx_redirect;
+
 	/* Worker only. */
 	struct tcp_rx rx;
 	uint32_t rx_slot;
@@ -277,8 +285,8 @@ struct tcp_conn {
 	int fd;
 	char who[72];
 	bool hello_done;
-	bool closing;	 /* answer what is queued, then close */
-	bool rx_paused;	 /* ring full: stop reading until responses drain */
+	bool closing;	/* answer what is queued, then close */
+	bool rx_paused; /* ring full: stop reading until responses drain */
 	struct tcp_rx rx;
 	/* The WRITE whose payload is being received. */
 	uint32_t cur;	   /* its ring index */
@@ -325,6 +333,7 @@ struct tcp_inst {
 	uint32_t max_inflight;
 	uint64_t slice_size;
 	uint64_t connect_timeout_ms;
+	uint64_t sockbuf; /* SO_SNDBUF/SO_RCVBUF; 0: kernel autotuning */
 
 	int listen_fd;
 	struct tcp_ep listen_ep;
@@ -611,7 +620,8 @@ static void tcp_again_remove(struct tcp_worker *w, struct tcp_ep *ep)
 static void tcp_report(struct tcp_inst *ti, struct te_plugin_slice *s, enum te_status st,
 		       const char *detail)
 {
-	ti->host->slice_done(ti->ctx, s, st, st == TE_OK ? s->length : 0, st == TE_OK ? NULL : detail);
+	ti->host->slice_done(ti->ctx, s, st, st == TE_OK ? s->length : 0,
+			     st == TE_OK ? NULL : detail);
 }
 
 /* Free slot @id. Under lane lock. */
@@ -671,8 +681,9 @@ static void tcp_report_priv(struct tcp_inst *ti, struct te_plugin_slice *s)
 }
 
 /*
- * Record why @l failed and hand it to its worker. Under lane lock. The socket is shut down
- * (not closed: another thread may be inside a syscall on it) so every user notices.
+ * Record why @l failed and mark it BROKEN; the caller then gets its worker to run
+ * tcp_lane_break (directly, or with tcp_kick_lane). Under lane lock. The socket is shut
+ * down, not closed (another thread may be inside a syscall on it), so every user notices.
  */
 static void tcp_lane_fail_locked(struct tcp_lane *l, enum te_status st, const char *fmt, ...)
 	TE_PLUGIN_PRINTF(3, 4);
@@ -900,13 +911,25 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 		tcp_kick_lane(l);
 }
 
+static void tcp_sock_tune(const struct tcp_inst *ti, int fd)
+{
+	int one = 1, sz = (int)ti->sockbuf;
+
+	/* Requests are small and latency-bound: never wait for Nagle. */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (sz) {
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+	}
+}
+
 /* Open @l's socket and start connecting. Under lane lock; the lane is DOWN. */
 static void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l)
 {
 	struct tcp_peer *peer = l->peer;
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
 				  .data.ptr = &l->ep };
-	int one = 1, fd;
+	int fd;
 
 	l->err_status = TE_OK;
 	l->err_detail[0] = '\0';
@@ -922,8 +945,7 @@ static void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l)
 				     strerror(errno));
 		return;
 	}
-	/* Requests are small and latency-bound: never wait for Nagle. */
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	tcp_sock_tune(ti, fd);
 	l->fd = fd;
 	if (connect(fd, (const struct sockaddr *)&peer->sa, peer->salen) == 0) {
 		l->state = TCP_LANE_UP;
@@ -974,7 +996,8 @@ static ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t n
 	} else {
 		size_t room = TCP_RBUF - rx->end;
 
-		iov[n++] = (struct iovec){ rx->buf + rx->end, rx->bulk ? room : TCP_MIN(need, room) };
+		iov[n++] =
+			(struct iovec){ rx->buf + rx->end, rx->bulk ? room : TCP_MIN(need, room) };
 	}
 	do
 		r = readv(fd, iov, n);
@@ -1007,6 +1030,20 @@ static void tcp_rx_prefix(struct tcp_rx *rx)
 	}
 	rx->pos += (uint32_t)c;
 	rx->left -= c;
+}
+
+/* Buffered bytes of the READ payload just announced, unless its slice was canceled. */
+static void tcp_lane_prefix(struct tcp_lane *l)
+{
+	if (l->rx.end == l->rx.pos || !l->rx.dst) {
+		tcp_rx_prefix(&l->rx);
+		return;
+	}
+	pthread_mutex_lock(&l->rx_lock);
+	if (atomic_load_explicit(&l->rx_redirect, memory_order_relaxed))
+		l->rx.dst = NULL;
+	tcp_rx_prefix(&l->rx);
+	pthread_mutex_unlock(&l->rx_lock);
 }
 
 /* The READ payload of slot l->rx_slot arrived completely. Worker only. */
@@ -1103,8 +1140,9 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 		}
 		pthread_mutex_lock(&l->lock);
 		slot = &l->slots[id];
+		/* An answer may overtake the sender's bookkeeping (IN_IOV), not the request. */
 		if (!(slot->flags & TCP_SLOT_USED) || slot->gen != (uint16_t)(h.req_id >> 16) ||
-		    slot->op != h.op ||
+		    slot->op != h.op || !(slot->flags & (TCP_SLOT_SENT | TCP_SLOT_IN_IOV)) ||
 		    (slot->flags & (TCP_SLOT_ANSWERED | TCP_SLOT_RECV)) ||
 		    (h.status == TE_OK && h.length != (h.op == TCP_OP_READ ? slot->length : 0))) {
 			pthread_mutex_unlock(&l->lock);
@@ -1114,13 +1152,15 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 			/* Orphans (canceled and reported) are drained, never written to. */
 			slot->flags |= TCP_SLOT_RECV;
 			rx->dst = slot->slice ? (uint8_t *)slot->slice->local : NULL;
+			/* relaxed: written and read under l->lock or l->rx_lock */
+			atomic_store_explicit(&l->rx_redirect, false, memory_order_relaxed);
 			pthread_mutex_unlock(&l->lock);
 			rx->pos += TCP_HDR_LEN;
 			rx->payload = true;
 			rx->left = h.length;
 			rx->bulk = false;
 			l->rx_slot = id;
-			tcp_rx_prefix(rx);
+			tcp_lane_prefix(l);
 			if (rx->left)
 				return TCP_PARSE_PAYLOAD;
 			tcp_lane_payload_done(ti, l);
@@ -1130,8 +1170,8 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 			struct tcp_spriv *p = tcp_priv(slot->slice);
 
 			p->status = h.status;
-			tcp_copy_detail(p->detail, sizeof(p->detail), rx->buf + rx->pos + TCP_HDR_LEN,
-					(size_t)h.length);
+			tcp_copy_detail(p->detail, sizeof(p->detail),
+					rx->buf + rx->pos + TCP_HDR_LEN, (size_t)h.length);
 		}
 		slot->flags |= TCP_SLOT_ANSWERED;
 		if (slot->flags & TCP_SLOT_SENT)
@@ -1145,8 +1185,9 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 
 bad_id:
 	snprintf(why, why_len,
-		 TCP_NAME ": protocol error from %s (%s): unexpected response (op %u, id 0x%08" PRIx32
-			  ", status %" PRId32 ", %" PRIu64 " bytes)",
+		 TCP_NAME
+		 ": protocol error from %s (%s): unexpected response (op %u, id 0x%08" PRIx32
+		 ", status %" PRId32 ", %" PRIu64 " bytes)",
 		 peer->name, peer->addr_text, h.op, h.req_id, h.status, h.length);
 	return TCP_PARSE_FAIL;
 }
@@ -1177,14 +1218,23 @@ static void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_la
 			tcp_again_add(w, &l->ep);
 			return;
 		}
-		r = tcp_rx_read(fd, &l->rx, w->scratch, need);
+		if (l->rx.payload && l->rx.dst) {
+			pthread_mutex_lock(&l->rx_lock);
+			if (atomic_load_explicit(&l->rx_redirect, memory_order_relaxed))
+				l->rx.dst = NULL;
+			r = tcp_rx_read(fd, &l->rx, w->scratch, need);
+			pthread_mutex_unlock(&l->rx_lock);
+		} else {
+			r = tcp_rx_read(fd, &l->rx, w->scratch, need);
+		}
 		if (r == -EAGAIN || r == -EWOULDBLOCK)
 			return;
 		if (r <= 0) {
 			st = TE_ERR_CONN_RESET;
 			if (r == 0)
 				snprintf(why, sizeof(why),
-					 TCP_NAME ": connection to %s (%s) lane %u closed by the peer",
+					 TCP_NAME
+					 ": connection to %s (%s) lane %u closed by the peer",
 					 peer->name, peer->addr_text, l->index);
 			else
 				snprintf(why, sizeof(why),
@@ -1353,8 +1403,8 @@ enum tcp_srv {
  * remote-accessible regions are answered with TE_ERR_REMOTE_ACCESS (a WRITE's payload is
  * discarded).
  */
-static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size_t *need,
-				   char *why, size_t why_len)
+static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size_t *need, char *why,
+				   size_t why_len)
 {
 	struct tcp_rx *rx = &c->rx;
 
@@ -1515,8 +1565,8 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 			const struct tcp_resp *e = &c->ring[(c->head + i) % TCP_SRV_RING];
 
 			if (off < TCP_HDR_LEN)
-				iov[n_iov++] = (struct iovec){ (void *)(e->hdr + off),
-							       TCP_HDR_LEN - off };
+				iov[n_iov++] =
+					(struct iovec){ (void *)(e->hdr + off), TCP_HDR_LEN - off };
 			if (e->len) {
 				uint64_t skip = off > TCP_HDR_LEN ? off - TCP_HDR_LEN : 0;
 
@@ -1604,10 +1654,12 @@ static bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 		if (r <= 0) {
 			bool mid = c->rx.payload || c->rx.end != c->rx.pos;
 
-			snprintf(why, sizeof(why), "%s%s", r == 0 ? "closed by the peer" : "receive: ",
+			snprintf(why, sizeof(why), "%s%s",
+				 r == 0 ? "closed by the peer" : "receive: ",
 				 r == 0 ? (mid ? " in the middle of a frame" : "")
 					: strerror((int)-r));
-			tcp_conn_close(ti, w, c, mid ? TE_PLUGIN_LOG_INFO : TE_PLUGIN_LOG_DEBUG, why);
+			tcp_conn_close(ti, w, c, mid ? TE_PLUGIN_LOG_INFO : TE_PLUGIN_LOG_DEBUG,
+				       why);
 			return false;
 		}
 		budget -= TCP_MIN(budget, (uint64_t)r);
@@ -1634,7 +1686,7 @@ static void tcp_accept(struct tcp_inst *ti)
 		struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET };
 		struct tcp_worker *w;
 		struct tcp_conn *c;
-		int one = 1, fd;
+		int fd;
 
 		fd = accept4(ti->listen_fd, (struct sockaddr *)&sa, &len,
 			     SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -1645,7 +1697,7 @@ static void tcp_accept(struct tcp_inst *ti)
 				tcp_log(ti, TE_PLUGIN_LOG_WARN, "accept: %s", strerror(errno));
 			return;
 		}
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		tcp_sock_tune(ti, fd);
 		c = calloc(1, sizeof(*c));
 		if (c)
 			c->rx.buf = malloc(TCP_RBUF);
@@ -1717,6 +1769,7 @@ static void tcp_peer_free(struct tcp_inst *ti, struct tcp_peer *peer)
 		struct tcp_lane *l = &peer->lanes[i];
 
 		pthread_mutex_destroy(&l->lock);
+		pthread_mutex_destroy(&l->rx_lock);
 		free(l->slots);
 		free(l->free_ids);
 		free(l->reports);
@@ -1748,26 +1801,33 @@ static void tcp_lane_release(struct tcp_inst *ti, struct tcp_lane *l)
 
 /* --- workers ------------------------------------------------------------------------- */
 
-/* A lane handed to its worker: finish a failure, or close it for an unloaded peer. */
+/*
+ * A lane handed to its worker: stream bulk data queued by submit, finish a failure, or
+ * close it for an unloaded peer. A kick may be stale (the lane failed and reconnected
+ * since): only the state found now counts.
+ */
 static void tcp_lane_service(struct tcp_inst *ti, struct tcp_lane *l)
 {
-	bool closing, down;
+	enum tcp_lane_state state;
+	bool closing;
 
 	pthread_mutex_lock(&l->lock);
 	closing = l->closing;
-	down = l->state == TCP_LANE_DOWN;
+	state = l->state;
 	pthread_mutex_unlock(&l->lock);
 	if (!closing) {
-		if (!down)
+		if (state == TCP_LANE_UP)
+			tcp_lane_flush(ti, l);
+		else if (state == TCP_LANE_BROKEN)
 			tcp_lane_break(ti, l, TE_ERR_CONN_RESET, TCP_NAME ": connection broken");
 		return;
 	}
 	tcp_lane_break(ti, l, TE_ERR_CANCELED, TCP_NAME ": peer unloaded");
 	pthread_mutex_lock(&l->lock);
-	down = l->state == TCP_LANE_DOWN;
+	state = l->state;
 	pthread_mutex_unlock(&l->lock);
 	/* Not down: a sender is still in its loop and kicks us again when it leaves. */
-	if (down)
+	if (state == TCP_LANE_DOWN)
 		tcp_lane_release(ti, l);
 }
 
@@ -1815,11 +1875,10 @@ static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 		pthread_mutex_lock(&l->lock);
 		if (l->state == TCP_LANE_CONNECTING &&
 		    now - l->connect_start_ns > ti->connect_timeout_ms * 1000000ull) {
-			tcp_lane_fail_locked(l, TE_ERR_PEER_UNREACHABLE,
-					     TCP_NAME ": connect to %s (%s) timed out after %" PRIu64
-						      " ms",
-					     l->peer->name, l->peer->addr_text,
-					     ti->connect_timeout_ms);
+			tcp_lane_fail_locked(
+				l, TE_ERR_PEER_UNREACHABLE,
+				TCP_NAME ": connect to %s (%s) timed out after %" PRIu64 " ms",
+				l->peer->name, l->peer->addr_text, ti->connect_timeout_ms);
 			bad = true;
 		} else if (l->state == TCP_LANE_UP && (l->n_orphan || l->n_canceled)) {
 			/* relaxed: only compared with itself one tick later */
@@ -1830,8 +1889,9 @@ static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 				l->stall_ticks = 0;
 			} else if (++l->stall_ticks >= TCP_STALL_TICKS) {
 				tcp_lane_fail_locked(l, TE_ERR_PATH_TIMEOUT,
-						     TCP_NAME ": lane %u to %s (%s) made no progress "
-							      "for %u ms with canceled requests",
+						     TCP_NAME
+						     ": lane %u to %s (%s) made no progress "
+						     "for %u ms with canceled requests",
 						     l->index, l->peer->name, l->peer->addr_text,
 						     TCP_STALL_TICKS * TCP_TICK_MS);
 				bad = true;
@@ -1920,12 +1980,12 @@ static void *tcp_worker_main(void *arg)
 /* --- options ------------------------------------------------------------------------- */
 
 static const char *const tcp_option_names[] = {
-	"bind", "port", "advertise", "lanes", "workers", "max_inflight", "slice_size",
-	"connect_timeout_ms",
+	"bind",		"port",	      "advertise",	    "lanes",   "workers",
+	"max_inflight", "slice_size", "connect_timeout_ms", "sockbuf",
 };
 
-static enum te_status tcp_opt_u64(struct tcp_inst *ti, const char *key, uint64_t def,
-				  uint64_t min, uint64_t max, bool size_suffix, uint64_t *out)
+static enum te_status tcp_opt_u64(struct tcp_inst *ti, const char *key, uint64_t def, uint64_t min,
+				  uint64_t max, bool size_suffix, uint64_t *out)
 {
 	const char *s = ti->host->config_get(ti->ctx, key);
 	unsigned long long v;
@@ -1991,8 +2051,10 @@ static void tcp_check_key(void *user, const char *key, const char *value)
 	for (size_t i = 0; i < sizeof(tcp_option_names) / sizeof(tcp_option_names[0]); i++)
 		if (strcmp(key, tcp_option_names[i]) == 0)
 			return;
-	tcp_log(u->ti, TE_PLUGIN_LOG_ERROR, "unknown option '%s' (known: bind, port, advertise, "
-		"lanes, workers, max_inflight, slice_size, connect_timeout_ms)", key);
+	tcp_log(u->ti, TE_PLUGIN_LOG_ERROR,
+		"unknown option '%s' (known: bind, port, advertise, "
+		"lanes, workers, max_inflight, slice_size, connect_timeout_ms)",
+		key);
 	u->bad = true;
 }
 
@@ -2065,7 +2127,8 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	if ((st = tcp_opt_u64(ti, "slice_size", TCP_DEF_SLICE, 4096, TCP_MAX_FRAME, true,
 			      &ti->slice_size)) != TE_OK ||
 	    (st = tcp_opt_u64(ti, "connect_timeout_ms", 3000, 1, 600000, false,
-			      &ti->connect_timeout_ms)) != TE_OK)
+			      &ti->connect_timeout_ms)) != TE_OK ||
+	    (st = tcp_opt_u64(ti, "sockbuf", 0, 0, 1ull << 30, true, &ti->sockbuf)) != TE_OK)
 		return st;
 
 	if (!bind_s || !*bind_s)
@@ -2101,6 +2164,12 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 		return TE_ERR_CONFIG;
 	}
 	setsockopt(ti->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bsa.ss_family == AF_INET6 && tcp_is_wildcard(&bsa)) {
+		int zero = 0;
+
+		/* "::" serves IPv4 peers too, whatever net.ipv6.bindv6only says. */
+		setsockopt(ti->listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	}
 	tcp_sa_text(&bsa, text, sizeof(text));
 	if (bind(ti->listen_fd, (struct sockaddr *)&bsa, blen) != 0 ||
 	    listen(ti->listen_fd, SOMAXCONN) != 0) {
@@ -2268,7 +2337,8 @@ static void tcp_destroy(struct tcp_inst *ti)
 		free(ti->regions[i].mem);
 	if (peers || rkeys || mems)
 		tcp_log(ti, TE_PLUGIN_LOG_DEBUG,
-			"fini released %u peers, %u remote keys and %u regions", peers, rkeys, mems);
+			"fini released %u peers, %u remote keys and %u regions", peers, rkeys,
+			mems);
 	free(ti->regions);
 	free(ti->workers);
 	pthread_rwlock_destroy(&ti->reg_lock);
@@ -2544,6 +2614,7 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		l->fd = -1;
 		l->w = &ti->workers[(base + i) % ti->n_workers];
 		pthread_mutex_init(&l->lock, NULL);
+		pthread_mutex_init(&l->rx_lock, NULL);
 		l->slots = calloc(ti->max_inflight, sizeof(*l->slots));
 		l->free_ids = malloc(ti->max_inflight * sizeof(*l->free_ids));
 		l->reports = malloc(ti->max_inflight * sizeof(*l->reports));
@@ -2560,6 +2631,7 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 			/* Not yet visible to anyone: free it directly. */
 			for (uint32_t k = 0; k < peer->n_lanes; k++) {
 				pthread_mutex_destroy(&peer->lanes[k].lock);
+				pthread_mutex_destroy(&peer->lanes[k].rx_lock);
 				free(peer->lanes[k].slots);
 				free(peer->lanes[k].free_ids);
 				free(peer->lanes[k].reports);
@@ -2636,8 +2708,8 @@ static enum te_status tcp_unpack_remote_key(struct te_plugin_inst *inst,
 	kaddr = tcp_get_u64(p + 8);
 	klen = tcp_get_u64(p + 16);
 	/* The key must describe exactly the buffer the descriptor lists it under. */
-	if ((access & ~TCP_ACCESS_ALL) || klen == 0 || kaddr > UINT64_MAX - klen ||
-	    kaddr != addr || klen != length)
+	if ((access & ~TCP_ACCESS_ALL) || klen == 0 || kaddr > UINT64_MAX - klen || kaddr != addr ||
+	    klen != length)
 		goto err_malformed;
 	k = calloc(1, sizeof(*k));
 	if (!k)
@@ -2690,8 +2762,8 @@ static enum te_status tcp_check_slice(const struct te_plugin_slice *s, char *why
 	uint32_t need = s->opcode == TE_PLUGIN_OP_READ ? TE_PLUGIN_ACCESS_REMOTE_READ
 						       : TE_PLUGIN_ACCESS_REMOTE_WRITE;
 
-	if (m && (local < m->addr || s->length > m->length ||
-		  local - m->addr > m->length - s->length)) {
+	if (m &&
+	    (local < m->addr || s->length > m->length || local - m->addr > m->length - s->length)) {
 		snprintf(why, len,
 			 TCP_NAME ": local range [%p, +%" PRIu64 ") outside its registered region",
 			 s->local, s->length);
@@ -2738,8 +2810,13 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 	l->sq_tail = s;
 }
 
-/* Start sending what was queued on @l (or let its worker report a failed connect). */
-static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l)
+/*
+ * Start sending what was queued on @l (or let its worker report a failed connect). Little
+ * data is sent right here: no wake-up, lowest latency. Bulk data (@bulk) is left to the
+ * lane's worker, so that one thread streams it instead of the submitter and the worker
+ * taking turns (measured: faster for 1 MiB WRITEs, see README.md).
+ */
+static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk)
 {
 	enum tcp_lane_state state;
 
@@ -2748,17 +2825,26 @@ static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l)
 	pthread_mutex_unlock(&l->lock);
 	if (state == TCP_LANE_BROKEN)
 		tcp_kick_lane(l);
+	else if (state == TCP_LANE_UP && bulk)
+		tcp_kick_lane(l);
 	else if (state == TCP_LANE_UP)
 		tcp_lane_flush(ti, l);
 }
 
 #define TCP_TOUCHED 16
+/*
+ * Payload bytes one submit may queue on a lane and still send them itself. Measured: a
+ * batch of 128 x 4 KiB WRITEs (256 KiB per lane) costs less CPU sent inline, 16 x 1 MiB
+ * less sent by the worker.
+ */
+#define TCP_INLINE_BYTES (1u << 20)
 
 static enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **slices,
 				 uint32_t n, uint32_t *accepted_out)
 {
 	struct tcp_inst *ti = tcp_inst_of(inst);
 	struct tcp_lane *touched[TCP_TOUCHED];
+	uint64_t bytes[TCP_TOUCHED];
 	uint32_t n_touched = 0, i;
 	enum te_status ret = TE_OK;
 
@@ -2814,14 +2900,18 @@ static enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_s
 		if (t == n_touched) {
 			if (n_touched == TCP_TOUCHED) {
 				for (t = 0; t < n_touched; t++)
-					tcp_lane_push(ti, touched[t]);
+					tcp_lane_push(ti, touched[t], bytes[t] > TCP_INLINE_BYTES);
 				n_touched = 0;
 			}
-			touched[n_touched++] = l;
+			t = n_touched++;
+			touched[t] = l;
+			bytes[t] = 0;
 		}
+		if (s->opcode == TE_PLUGIN_OP_WRITE)
+			bytes[t] += s->length;
 	}
 	for (uint32_t t = 0; t < n_touched; t++)
-		tcp_lane_push(ti, touched[t]);
+		tcp_lane_push(ti, touched[t], bytes[t] > TCP_INLINE_BYTES);
 	*accepted_out = i;
 	return ret;
 }
@@ -2830,6 +2920,7 @@ static enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 {
 	struct tcp_inst *ti = tcp_inst_of(inst);
 	struct te_plugin_slice *report = NULL;
+	bool redirect = false;
 	struct tcp_spriv *p;
 	struct tcp_slot *slot;
 	struct tcp_lane *l;
@@ -2853,8 +2944,7 @@ static enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 		pthread_mutex_unlock(&l->lock);
 		return TE_OK;
 	}
-	if (!(slot->flags & (TCP_SLOT_IN_IOV | TCP_SLOT_SENT)) &&
-	    !(s == l->sq_head && l->sq_off)) {
+	if (!(slot->flags & (TCP_SLOT_IN_IOV | TCP_SLOT_SENT)) && !(s == l->sq_head && l->sq_off)) {
 		/* Not a byte on the wire yet: take it out of the queue. */
 		struct te_plugin_slice *prev = NULL;
 
@@ -2877,11 +2967,23 @@ static enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 		l->n_canceled++;
 		report = tcp_slot_orphan_locked(l, id);
 	} else {
-		/* Bytes of it are moving right now: it completes as canceled when they stop. */
+		/*
+		 * Bytes of it are moving right now: it completes as canceled when they stop. A
+		 * READ's remaining payload is discarded instead of written, and once the read in
+		 * progress (non-blocking, short) is over no byte reaches the destination. A WRITE
+		 * being sent still reads its source until its frame is out.
+		 */
 		slot->flags |= TCP_SLOT_CANCELED;
 		l->n_canceled++;
+		redirect = (slot->flags & TCP_SLOT_RECV) != 0;
+		if (redirect)
+			atomic_store_explicit(&l->rx_redirect, true, memory_order_relaxed);
 	}
 	pthread_mutex_unlock(&l->lock);
+	if (redirect) {
+		pthread_mutex_lock(&l->rx_lock);
+		pthread_mutex_unlock(&l->rx_lock);
+	}
 	if (report)
 		tcp_report_priv(ti, report);
 	return TE_OK;

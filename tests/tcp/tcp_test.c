@@ -15,15 +15,15 @@
 #include <json-glib/json-glib.h>
 
 #define GUARD 4096u
-#define MiB   (1024u * 1024u)
+#define MiB (1024u * 1024u)
 
 /* Wire format as README.md documents it, written out independently of the plugin. */
-#define W_MAGIC	  0x31504354u
+#define W_MAGIC 0x31504354u
 #define W_VERSION 1u
-#define W_READ	  0u
-#define W_WRITE	  1u
-#define W_HELLO	  2u
-#define W_HDR	  32u
+#define W_READ 0u
+#define W_WRITE 1u
+#define W_HELLO 2u
+#define W_HDR 32u
 
 static const char *const default_transfer = "timeout_ms: 60000";
 
@@ -77,8 +77,8 @@ static void logcap_fn(void *user, enum te_log_level level, const char *msg)
 	g_mutex_unlock(&lc->lock);
 }
 
-static struct te_engine *engine_logged(const char *name, const char *options,
-				       const char *transfer, struct logcap *lc)
+static struct te_engine *engine_logged(const char *name, const char *options, const char *transfer,
+				       struct logcap *lc)
 {
 	struct itest_transport t = { .name = "tcp", .required = true, .options = options };
 	g_autofree char *yaml = itest_yaml(name, &t, 1, transfer);
@@ -363,7 +363,9 @@ static void test_single(gconstpointer data)
 static void test_batch_1000(gconstpointer data)
 {
 	const char *options = data;
-	enum { N = 1000 };
+	enum {
+		N = 1000
+	};
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct te_request *r = g_new0(struct te_request, N);
@@ -427,7 +429,10 @@ struct mt_arg {
 static gpointer mt_thread(gpointer data)
 {
 	struct mt_arg *a = data;
-	enum { N = 64, LEN = 8192 };
+	enum {
+		N = 64,
+		LEN = 8192
+	};
 	struct te_request r[N];
 
 	for (int round = 0; round < 20; round++) {
@@ -444,7 +449,10 @@ static gpointer mt_thread(gpointer data)
 
 static void test_threads(void)
 {
-	enum { T = 4, SPAN = 64 * 8192 };
+	enum {
+		T = 4,
+		SPAN = 64 * 8192
+	};
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct mt_arg args[T];
@@ -469,23 +477,30 @@ static void test_threads(void)
 	itest_buf_free(&rb);
 }
 
+/* Whether this host can bind the IPv6 loopback (containers may have no IPv6). */
+static bool have_ipv6(void)
+{
+	struct sockaddr_in6 s6 = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT };
+	int fd = socket(AF_INET6, SOCK_STREAM, 0);
+	bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&s6, sizeof(s6)) == 0;
+
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
 static void test_ipv6(void)
 {
-	int fd = socket(AF_INET6, SOCK_STREAM, 0);
-	struct sockaddr_in6 s6 = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT };
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct te_request r[2];
 	struct te_task_info ti;
 	te_batch_id bid;
 
-	if (fd < 0 || bind(fd, (struct sockaddr *)&s6, sizeof(s6)) != 0) {
-		if (fd >= 0)
-			close(fd);
+	if (!have_ipv6()) {
 		g_test_skip("no IPv6 loopback here");
 		return;
 	}
-	close(fd);
 	pair_new(&p, "bind: \"::1\", lanes: 3", NULL);
 	g_assert_cmpint(endpoint_of(p.b).family, ==, AF_INET6);
 	itest_buf_new(&la, 3 * MiB, GUARD, 0x7777);
@@ -638,6 +653,51 @@ static void test_hostile_ranges(void)
 	itest_buf_free(&ro);
 }
 
+/*
+ * Through the API: A's descriptor of B is stale (B unregistered a buffer since), so A's
+ * core lets the requests through and B's tcp server must reject them with a detail that
+ * names the range.
+ */
+static void test_stale_descriptor(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb, keep;
+	struct te_request r[2];
+	struct te_task_info ti;
+	g_autofree char *range = NULL;
+	te_batch_id bid;
+
+	pair_new(&p, NULL, "timeout_ms: 60000, retries: 0");
+	itest_buf_new(&la, 65536, GUARD, 0x12);
+	itest_buf_new(&rb, 65536, GUARD, 0x13);
+	itest_buf_new(&keep, 4096, 0, 0x14);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_buf_register(&keep, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	itest_ok(te_mem_unregister(p.b, rb.base));
+
+	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 100), 5000 };
+	r[1] = (struct te_request){ TE_OP_READ, p.seg, la.data + 8192, itest_raddr(&rb, 0), 77 };
+	g_assert_cmpint(run_batch(&p, r, 2, &bid), ==, TE_ERR_REMOTE_ACCESS);
+	ti = itest_task(p.a, bid, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+	g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
+	range = g_strdup_printf("remote range [0x%" PRIx64 ", +5000)", itest_raddr(&rb, 100));
+	itest_assert_contains(ti.detail, range);
+	itest_assert_contains(ti.detail, "is not inside a registered remote-writable buffer of B");
+	ti = itest_task(p.a, bid, 1);
+	g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
+	itest_assert_contains(ti.detail, "remote-readable buffer of B");
+	itest_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
+	g_assert_true(itest_untouched_outside(&la, NULL, NULL, 0));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+	itest_buf_free(&keep);
+}
+
 /* A hello naming another instance (the client's descriptor is stale): refused, closed. */
 static void test_hello_stale(void)
 {
@@ -673,7 +733,7 @@ struct bad_stream {
 	const char *name;
 	bool hello_first;
 	void (*make)(uint8_t *buf, size_t *len, uint64_t target);
-	bool stall;	 /* stop in the middle, wait, then close */
+	bool stall;	/* stop in the middle, wait, then close */
 	bool may_write; /* a valid WRITE's first bytes may land in [0, 1000) */
 };
 
@@ -832,7 +892,9 @@ static void assert_all_terminal_failed(struct te_engine *a, te_batch_id bid, uin
 /* The target engine goes away mid-batch: every task ends within the deadline. */
 static void test_peer_freed_mid_batch(void)
 {
-	enum { N = 64 };
+	enum {
+		N = 64
+	};
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct te_request r[N];
@@ -923,24 +985,31 @@ static void test_peer_restarted(void)
 	itest_buf_free(&rb);
 }
 
-/* Cancel a batch of large transfers in flight: it turns terminal and can be freed. */
+/*
+ * Cancel batches of large transfers in flight: each turns terminal and can be freed, no
+ * byte of a canceled READ lands after the batch is terminal, and the lanes stay in sync.
+ */
 static void test_cancel_in_flight(void)
 {
-	enum { N = 32 };
+	enum {
+		N = 32
+	};
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct te_request r[N];
 	struct te_batch_info bi;
 	struct logcap lc;
+	uint8_t *snap;
 	te_batch_id bid;
 
 	pair_logged(&p, "lanes: 2", &lc);
 	itest_buf_new(&la, 8 * MiB, GUARD, 0xa0);
-	itest_buf_new(&rb, 8 * MiB, GUARD, 0xb0);
+	itest_buf_new(&rb, 16 * MiB, GUARD, 0xb0);
 	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
 	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&p);
-	for (int round = 0; round < 5; round++) {
+	snap = g_malloc(8 * MiB);
+	for (int round = 0; round < 6; round++) {
 		for (int i = 0; i < N; i++)
 			r[i] = (struct te_request){ (i + round) % 2 ? TE_OP_READ : TE_OP_WRITE,
 						    p.seg, la.data + (size_t)(i % 8) * MiB,
@@ -954,16 +1023,20 @@ static void test_cancel_in_flight(void)
 		bi = itest_batch(p.a, bid);
 		g_assert_true(te_state_is_terminal(bi.state));
 		itest_ok(te_batch_free(p.a, bid));
+		/* Terminal means done with the destination: it must not change any more. */
+		memcpy(snap, la.data, 8 * MiB);
+		itest_sleep_ms(20);
+		g_assert_cmpmem(la.data, 8 * MiB, snap, 8 * MiB);
 	}
 	/* Lanes are healthy afterwards (canceled responses were discarded, not misrouted). */
 	for (int i = 0; i < 8; i++)
 		r[i] = (struct te_request){ TE_OP_WRITE, p.seg, la.data + (size_t)i * MiB,
-					    itest_raddr(&rb, (size_t)i * MiB), MiB };
-	itest_buf_fill(&la);
+					    itest_raddr(&rb, (size_t)(8 + i) * MiB), MiB };
 	run_ok(&p, r, 8);
-	g_assert_true(itest_range_is(&rb, 0, 8 * MiB, &la, 0));
+	g_assert_cmpmem(rb.data + 8 * MiB, 8 * MiB, la.data, 8 * MiB);
 	itest_pair_free(&p);
 	logcap_check_free(&lc);
+	g_free(snap);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
 }
@@ -1042,6 +1115,251 @@ static void test_dereg_while_serving(void)
 	itest_buf_free(&keep);
 }
 
+/* --- a scripted fake server: the initiator side against a hostile or stalled peer ------ */
+
+struct fake {
+	int lfd;
+	int fd;
+	uint16_t port;
+	uint64_t nonce;
+};
+
+/* B's descriptor with its tcp endpoint moved to @port (same instance nonce). */
+static char *desc_redirect(struct te_engine *b, uint16_t port)
+{
+	g_autoptr(JsonParser) parser = json_parser_new();
+	g_autoptr(JsonGenerator) gen = json_generator_new();
+	g_autofree guchar *blob = NULL;
+	g_autofree char *b64 = NULL;
+	char *json = NULL;
+	size_t len = 0, blen = 0;
+	JsonObject *tps;
+
+	itest_ok(te_segment_export(b, &json, &len));
+	g_assert_true(json_parser_load_from_data(parser, json, (gssize)len, NULL));
+	te_free(json);
+	tps = json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
+					    "transports");
+	blob = g_base64_decode(json_object_get_string_member(tps, "tcp"), &blen);
+	g_assert_cmpuint(blen, ==, 40);
+	blob[6] = (guchar)port;
+	blob[7] = (guchar)(port >> 8);
+	b64 = g_base64_encode(blob, blen);
+	json_object_set_string_member(tps, "tcp", b64);
+	json_generator_set_root(gen, json_parser_get_root(parser));
+	return json_generator_to_data(gen, NULL);
+}
+
+/* A pair whose segment p->seg points at a fake server instead of B's real listener. */
+static void fake_pair(struct itest_pair *p, struct fake *f, struct itest_buf *la,
+		      struct itest_buf *rb, const char *transfer)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	struct timeval tv = { .tv_sec = 30 }; /* a hang guard */
+	socklen_t len = sizeof(sa);
+	g_autofree char *json = NULL;
+
+	itest_pair_new(p, "tcp", "lanes: 1", transfer);
+	itest_buf_register(la, p->a, TE_MEM_LOCAL);
+	itest_buf_register(rb, p->b, TE_MEM_REMOTE);
+	f->fd = -1;
+	f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	g_assert_cmpint(bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)), ==, 0);
+	g_assert_cmpint(listen(f->lfd, 4), ==, 0);
+	setsockopt(f->lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	g_assert_cmpint(getsockname(f->lfd, (struct sockaddr *)&sa, &len), ==, 0);
+	f->port = ntohs(sa.sin_port);
+	f->nonce = endpoint_of(p->b).nonce;
+	json = desc_redirect(p->b, f->port);
+	itest_ok(te_segment_import(p->a, json, strlen(json), &p->seg));
+}
+
+/* Accept the initiator's lane and answer its hello. */
+static void fake_accept(struct fake *f)
+{
+	struct timeval tv = { .tv_sec = 30 };
+	uint8_t h[W_HDR];
+
+	f->fd = accept(f->lfd, NULL, NULL);
+	g_assert_cmpint(f->fd, >=, 0);
+	setsockopt(f->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	g_assert_true(recv_all(f->fd, h, sizeof(h)));
+	g_assert_cmpuint(h[5], ==, W_HELLO);
+	g_assert_cmphex(le64(h + 16), ==, f->nonce);
+	frame(h, W_MAGIC, W_VERSION, W_HELLO, 0, f->nonce, 0);
+	send_all(f->fd, h, sizeof(h));
+}
+
+struct fake_req {
+	uint8_t op;
+	uint32_t req_id;
+	uint64_t addr;
+	uint64_t length;
+};
+
+static struct fake_req fake_request(struct fake *f)
+{
+	uint8_t h[W_HDR];
+	struct fake_req r;
+
+	g_assert_true(recv_all(f->fd, h, sizeof(h)));
+	g_assert_cmphex(le64(h) & 0xffffffffu, ==, W_MAGIC);
+	r.op = h[5];
+	r.req_id = (uint32_t)(le64(h + 8) & 0xffffffffu);
+	r.addr = le64(h + 16);
+	r.length = le64(h + 24);
+	return r;
+}
+
+static void fake_close(struct fake *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	close(f->lfd);
+}
+
+/*
+ * Cancel a READ while its payload is half received: the rest must not reach the
+ * destination, and the connection must stay usable (the rest is discarded in step).
+ */
+static void test_cancel_mid_payload(void)
+{
+	const size_t half = 512 * 1024;
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct fake f;
+	struct fake_req q;
+	struct te_request r;
+	struct te_task_info ti;
+	uint8_t h[W_HDR], *junk = g_malloc(half), small[16];
+	te_batch_id bid, bid2;
+
+	itest_buf_new(&la, 2 * MiB, GUARD, 0xe0);
+	itest_buf_new(&rb, 2 * MiB, GUARD, 0xf0);
+	fake_pair(&p, &f, &la, &rb, "timeout_ms: 60000, retries: 0");
+	memset(junk, 0xaa, half);
+
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 2 * half };
+	itest_ok(te_batch_new(p.a, 1, &bid));
+	itest_ok(te_batch_submit(p.a, bid, &r, 1));
+	fake_accept(&f);
+	q = fake_request(&f);
+	g_assert_cmpuint(q.op, ==, W_READ);
+	g_assert_cmpuint(q.length, ==, 2 * half);
+	frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, q.length);
+	send_all(f.fd, h, sizeof(h));
+	send_all(f.fd, junk, half);
+	for (int i = 0; i < 30000 && la.data[half - 1] != 0xaa; i++)
+		itest_sleep_ms(1);
+	g_assert_cmphex(la.data[half - 1], ==, 0xaa);
+
+	itest_ok(te_batch_cancel(p.a, bid));
+	(void)itest_wait(p.a, bid);
+	ti = itest_task(p.a, bid, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_CANCELED);
+	itest_ok(te_batch_free(p.a, bid));
+	send_all(f.fd, junk, half); /* the rest of the canceled payload */
+
+	/* A later READ on the same connection completes: the stream is still in step. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data + 3 * half, itest_raddr(&rb, 0), 16 };
+	itest_ok(te_batch_new(p.a, 1, &bid2));
+	itest_ok(te_batch_submit(p.a, bid2, &r, 1));
+	q = fake_request(&f);
+	g_assert_cmpuint(q.length, ==, 16);
+	memset(small, 0xbb, sizeof(small));
+	frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 16);
+	send_all(f.fd, h, sizeof(h));
+	send_all(f.fd, small, sizeof(small));
+	itest_ok(itest_wait(p.a, bid2));
+	itest_ok(te_batch_free(p.a, bid2));
+	g_assert_cmpmem(la.data + 3 * half, 16, small, 16);
+	{
+		size_t offs[2] = { 0, 3 * half }, lens[2] = { half, 16 };
+
+		/* Only what arrived before the cancel landed. */
+		g_assert_true(itest_untouched_outside(&la, offs, lens, 2));
+	}
+	itest_pair_free(&p);
+	fake_close(&f);
+	g_free(junk);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* Responses a server must not send: the lane breaks, the task fails, no byte lands. */
+enum bad_reply {
+	BAD_REPLY_UNKNOWN_ID,
+	BAD_REPLY_TOO_LONG,
+	BAD_REPLY_GARBAGE,
+	BAD_REPLY_ERROR_TOO_LONG,
+	BAD_REPLY_SILENT,
+};
+
+static void test_bad_reply(gconstpointer data)
+{
+	enum bad_reply kind = (enum bad_reply)GPOINTER_TO_INT(data);
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct fake f;
+	struct fake_req q;
+	struct te_request r;
+	struct te_task_info ti;
+	uint8_t h[W_HDR], junk[8192];
+	te_batch_id bid;
+
+	itest_buf_new(&la, 65536, GUARD, 0x11);
+	itest_buf_new(&rb, 65536, GUARD, 0x22);
+	fake_pair(&p, &f, &la, &rb,
+		  kind == BAD_REPLY_SILENT ? "timeout_ms: 300, retries: 0"
+					   : "timeout_ms: 60000, retries: 0");
+	memset(junk, 0x77, sizeof(junk));
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data + 4096, itest_raddr(&rb, 0), 4096 };
+	itest_ok(te_batch_new(p.a, 1, &bid));
+	itest_ok(te_batch_submit(p.a, bid, &r, 1));
+	fake_accept(&f);
+	q = fake_request(&f);
+	switch (kind) {
+	case BAD_REPLY_UNKNOWN_ID:
+		frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id ^ 0x10000u, 0, 4096);
+		send_all(f.fd, h, sizeof(h));
+		send_all(f.fd, junk, 4096);
+		break;
+	case BAD_REPLY_TOO_LONG:
+		frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 8192);
+		send_all(f.fd, h, sizeof(h));
+		send_rejected(f.fd, junk, 8192);
+		break;
+	case BAD_REPLY_GARBAGE:
+		send_all(f.fd, junk, 64);
+		break;
+	case BAD_REPLY_ERROR_TOO_LONG:
+		frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 100000);
+		put_le(h + 12, (uint32_t)TE_ERR_REMOTE_ACCESS, 4);
+		send_all(f.fd, h, sizeof(h));
+		break;
+	case BAD_REPLY_SILENT:
+		break;
+	}
+	g_assert_cmpint(itest_wait(p.a, bid), !=, TE_OK);
+	ti = itest_task(p.a, bid, 0);
+	if (kind == BAD_REPLY_SILENT) {
+		g_assert_cmpint(ti.state, ==, TE_STATE_TIMEOUT);
+	} else {
+		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+		g_assert_cmpint(ti.status, ==, TE_ERR_CONN_RESET);
+		itest_assert_contains(ti.detail, "protocol error from B");
+	}
+	itest_ok(te_batch_free(p.a, bid));
+	/* The initiator drops the connection (a silent one once it saw no progress). */
+	g_assert_true(closed_by_peer(f.fd));
+	g_assert_true(itest_untouched_outside(&la, NULL, NULL, 0));
+	itest_pair_free(&p);
+	fake_close(&f);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 /* --- options ------------------------------------------------------------------------ */
 
 static void test_bad_options(void)
@@ -1064,7 +1382,8 @@ static void test_bad_options(void)
 	};
 
 	for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
-		struct itest_transport t = { .name = "tcp", .required = true,
+		struct itest_transport t = { .name = "tcp",
+					     .required = true,
 					     .options = bad[i].options };
 		g_autofree char *yaml = itest_yaml("X", &t, 1, NULL);
 		struct te_engine *e = NULL;
@@ -1077,13 +1396,38 @@ static void test_bad_options(void)
 	}
 }
 
+/* Wildcard binds with an advertised address actually serve transfers. */
+static void test_wildcard_bind(gconstpointer data)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r;
+
+	if (strstr(data, "::") && !have_ipv6()) {
+		g_test_skip("no IPv6 here");
+		return;
+	}
+	pair_new(&p, data, NULL);
+	itest_buf_new(&la, 65536, GUARD, 0x31);
+	itest_buf_new(&rb, 65536, GUARD, 0x32);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 65536 };
+	run_ok(&p, &r, 1);
+	g_assert_true(itest_range_is(&rb, 0, 65536, &la, 0));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 static void test_good_options(void)
 {
-	struct te_engine *e = itest_engine1(
-		"X", "tcp",
-		"bind: \"0.0.0.0\", advertise: \"127.0.0.1\", lanes: 4, workers: 1, "
-		"max_inflight: 8, slice_size: 256K, connect_timeout_ms: 500",
-		NULL);
+	struct te_engine *e =
+		itest_engine1("X", "tcp",
+			      "bind: \"0.0.0.0\", advertise: \"127.0.0.1\", lanes: 4, workers: 1, "
+			      "max_inflight: 8, slice_size: 256K, connect_timeout_ms: 500",
+			      NULL);
 	struct endpoint ep = endpoint_of(e);
 
 	g_assert_cmpint(ep.family, ==, AF_INET);
@@ -1098,8 +1442,8 @@ static void add_xfer(const char *name, enum te_opcode op, uint64_t len, size_t l
 		     const char *options)
 {
 	struct xfer_case *c = g_new0(struct xfer_case, 1);
-	g_autofree char *path = g_strdup_printf("/tcp/%s/%s", op == TE_OP_READ ? "read" : "write",
-						name);
+	g_autofree char *path =
+		g_strdup_printf("/tcp/%s/%s", op == TE_OP_READ ? "read" : "write", name);
 
 	*c = (struct xfer_case){ op, len, loff, roff, options };
 	g_test_add_data_func_full(path, c, test_single, g_free);
@@ -1126,6 +1470,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/access/out-of-range-at-submit", test_out_of_range_at_submit);
 	g_test_add_func("/tcp/access/hostile-ranges", test_hostile_ranges);
 	g_test_add_func("/tcp/access/stale-hello", test_hello_stale);
+	g_test_add_func("/tcp/access/stale-descriptor", test_stale_descriptor);
 	for (size_t i = 0; i < G_N_ELEMENTS(bad_streams); i++) {
 		g_autofree char *path = g_strdup_printf("/tcp/malformed/%s", bad_streams[i].name);
 
@@ -1135,7 +1480,22 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/failure/peer-restarted", test_peer_restarted);
 	g_test_add_func("/tcp/failure/cancel-in-flight", test_cancel_in_flight);
 	g_test_add_func("/tcp/failure/dereg-while-serving", test_dereg_while_serving);
+	g_test_add_func("/tcp/client/cancel-mid-payload", test_cancel_mid_payload);
+	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
+			     GINT_TO_POINTER(BAD_REPLY_UNKNOWN_ID), test_bad_reply);
+	g_test_add_data_func("/tcp/client/bad-reply/too-long", GINT_TO_POINTER(BAD_REPLY_TOO_LONG),
+			     test_bad_reply);
+	g_test_add_data_func("/tcp/client/bad-reply/garbage", GINT_TO_POINTER(BAD_REPLY_GARBAGE),
+			     test_bad_reply);
+	g_test_add_data_func("/tcp/client/bad-reply/error-too-long",
+			     GINT_TO_POINTER(BAD_REPLY_ERROR_TOO_LONG), test_bad_reply);
+	g_test_add_data_func("/tcp/client/bad-reply/silent", GINT_TO_POINTER(BAD_REPLY_SILENT),
+			     test_bad_reply);
 	g_test_add_func("/tcp/options/bad", test_bad_options);
 	g_test_add_func("/tcp/options/good", test_good_options);
+	g_test_add_data_func("/tcp/options/wildcard-v4",
+			     "bind: \"0.0.0.0\", advertise: \"127.0.0.1\"", test_wildcard_bind);
+	g_test_add_data_func("/tcp/options/wildcard-v6-dual-stack",
+			     "bind: \"::\", advertise: \"127.0.0.1\"", test_wildcard_bind);
 	return g_test_run();
 }
