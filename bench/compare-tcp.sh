@@ -119,13 +119,24 @@ json_key() {
 	python3 -c 'import json, sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])[sys.argv[2]])' "$1" "$2"
 }
 
-echo "te-bench --loopback (tcp: $tcp_so) vs iperf3 on 127.0.0.1: ${duration} s each, $threads thread(s)/stream(s), batch $batch"
+# iperf3 cycles one cache-hot buffer of -l bytes; te-bench moves batch x block bytes per
+# side. Cap te's batch so its working set stays within 8 MiB (cache-sized, like
+# iperf3's buffer plus socket buffers): 4K and 64K keep the batch, 1M runs batch 8.
+batch_for() { # SIZE -> batch
+	local bytes
+	bytes=$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$1")
+	local cap=$(((8 << 20) / bytes))
+	[ "$cap" -lt 1 ] && cap=1
+	if [ "$batch" -lt "$cap" ]; then echo "$batch"; else echo "$cap"; fi
+}
+
+echo "te-bench --loopback (tcp: $tcp_so) vs iperf3 on 127.0.0.1: ${duration} s each, $threads thread(s)/stream(s), batch $batch (capped at 8 MiB per batch)"
 rows=()
 for s in $sizes; do
 	for op in read write; do
 		iperf3_run "$s" "$op" "$tmp/iperf3-$s-$op.json"
 		ig=$gbps
-		te_row "$s" "$op" "$batch" "$tmp/te-$s-$op.json"
+		te_row "$s" "$op" "$(batch_for "$s")" "$tmp/te-$s-$op.json"
 		tg=$(json_key "$tmp/te-$s-$op.json" gbps)
 		tp=$(json_key "$tmp/te-$s-$op.json" transport)
 		rows+=("$s $op $ig $tg $tp")
