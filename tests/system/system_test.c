@@ -44,8 +44,8 @@
 /* transfer.timeout_ms of the initiators of the kill and restart tests. */
 #define KILL_TIMEOUT_MS 3000
 
-static char *node_path;	 /* te-node */
-static char *tcp_path;	 /* tcp.so found along TE_PLUGIN_PATH, or NULL */
+static char *node_path; /* te-node */
+static char *tcp_path;	/* tcp.so found along TE_PLUGIN_PATH, or NULL */
 
 /* ---------------------------------------------------------------------------------------- */
 /* small helpers */
