@@ -342,20 +342,26 @@ static void engine_destroy(struct engine *e)
 			   "%u batch(es) still held by transports at shutdown; fini releases "
 			   "them",
 			   atomic_load(&e->live_batches));
-	if (e->segments) {
-		for (guint i = 1; i < e->segments->len; i++)
-			segment_free(g_ptr_array_index(e->segments, i));
-		g_ptr_array_free(e->segments, TRUE);
-	}
-	segview_unref(e->local_view);
 	/*
 	 * fini completes whatever a plugin still holds and releases its peers, keys
-	 * and registrations; from here the core makes no more calls into it.
+	 * and registrations; from here the core makes no more calls into it. It runs
+	 * before the segments go: the slices it reports release their tasks, which
+	 * refer to segments and views.
 	 */
 	for (unsigned i = 0; i < e->n_tps; i++) {
 		atomic_store(&e->tps[i]->stopped, true);
 		e->tps[i]->plugin->ops.fini(e->tps[i]->inst);
 	}
+	if (e->segments) {
+		g_rw_lock_writer_lock(&e->seg_lock);
+		for (guint i = 1; i < e->segments->len; i++)
+			segment_free(g_ptr_array_index(e->segments, i));
+		g_ptr_array_set_size(e->segments, 1);
+		g_rw_lock_writer_unlock(&e->seg_lock);
+		g_ptr_array_free(e->segments, TRUE);
+		e->segments = NULL;
+	}
+	segview_unref(e->local_view);
 	if (e->mem.regions) {
 		mem_unregister_all(e);
 		mem_table_clear(&e->mem);

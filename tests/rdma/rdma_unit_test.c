@@ -1,0 +1,916 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* rdma_unit_test.c: the rdma plugin's retry, failover and status paths over a software fabric. */
+#include "itest.h"
+
+#include <libgen.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include "fakeverbs.h"
+
+#define KiB 1024u
+#define MiB (1024u * 1024u)
+
+/* The test build of rdma.so (over fakeverbs), next to this executable. */
+static char plugin_path[PATH_MAX];
+
+/* Log lines of both engines, for checks on what the plugin reported. */
+struct logcap {
+	GMutex lock;
+	GString *text;
+};
+
+static void logcap_fn(void *user, enum te_log_level level, const char *msg)
+{
+	struct logcap *lc = user;
+
+	(void)level;
+	g_mutex_lock(&lc->lock);
+	g_string_append_printf(lc->text, "%s\n", msg);
+	g_mutex_unlock(&lc->lock);
+	if (g_getenv("RDMA_TEST_VERBOSE"))
+		g_printerr("%s\n", msg);
+}
+
+static bool logcap_has(struct logcap *lc, const char *needle)
+{
+	bool hit;
+
+	g_mutex_lock(&lc->lock);
+	hit = strstr(lc->text->str, needle) != NULL;
+	g_mutex_unlock(&lc->lock);
+	return hit;
+}
+
+/* Two engines (A initiator, B target) with rdma over the fake fabric, and a buffer each. */
+struct fx {
+	struct te_engine *a, *b;
+	te_segment_id seg;
+	struct itest_buf la, rb;
+	struct logcap log;
+};
+
+/* Engine @name (NULL: named host:port after its listener, as by default). */
+static enum te_status engine_try(const char *name, const char *options, const char *transfer,
+				 struct logcap *lc, struct te_engine **e_out)
+{
+	struct itest_transport t = {
+		.name = "rdma", .path = plugin_path, .required = true, .options = options
+	};
+	g_autofree char *yaml = itest_yaml(name ? name : "X", &t, 1, transfer);
+	struct te_engine_opts o = { .size = sizeof(o) };
+
+	if (!name) {
+		char *body = strchr(yaml, '\n');
+		char *nameless = g_strdup(body + 1);
+
+		g_free(yaml);
+		yaml = nameless;
+	}
+	o.config_yaml = yaml;
+	o.config_yaml_len = strlen(yaml);
+	o.config_name = name ? name : "default-named";
+	o.log_fn = logcap_fn;
+	o.log_user = lc;
+	o.log_level = TE_LOG_DEBUG;
+	return te_engine_new(&o, e_out);
+}
+
+static struct te_engine *engine_new(const char *name, const char *options, const char *transfer,
+				    struct logcap *lc)
+{
+	struct te_engine *e = NULL;
+	enum te_status st = engine_try(name, options, transfer, lc, &e);
+
+	if (st != TE_OK)
+		g_error("engine %s: %s: %s", name, te_status_str(st), te_last_error());
+	return e;
+}
+
+static void fx_new_named(struct fx *f, const char *a_name, const char *a_opts, const char *b_name,
+			 const char *b_opts, const char *transfer, size_t len)
+{
+	char *json = NULL;
+	size_t jlen = 0;
+
+	memset(f, 0, sizeof(*f));
+	g_mutex_init(&f->log.lock);
+	f->log.text = g_string_new(NULL);
+	f->a = engine_new(a_name, a_opts, transfer ? transfer : "timeout_ms: 20000", &f->log);
+	f->b = engine_new(b_name, b_opts, transfer ? transfer : "timeout_ms: 20000", &f->log);
+	itest_buf_new(&f->la, len, 4096, 11);
+	itest_buf_new(&f->rb, len, 4096, 22);
+	itest_buf_register(&f->la, f->a, TE_MEM_LOCAL);
+	itest_buf_register(&f->rb, f->b, TE_MEM_REMOTE);
+	itest_ok(te_segment_export(f->b, &json, &jlen));
+	itest_ok(te_segment_import(f->a, json, jlen, &f->seg));
+	te_free(json);
+}
+
+static void fx_new(struct fx *f, const char *a_opts, const char *b_opts, const char *transfer,
+		   size_t len)
+{
+	fx_new_named(f, "A", a_opts, "B", b_opts, transfer, len);
+}
+
+static void fx_free(struct fx *f)
+{
+	te_engine_free(f->a);
+	te_engine_free(f->b);
+	itest_buf_free(&f->la);
+	itest_buf_free(&f->rb);
+	g_string_free(f->log.text, TRUE);
+	g_mutex_clear(&f->log.lock);
+	fakeverbs_reset();
+}
+
+static struct te_request req(struct fx *f, enum te_opcode op, size_t loff, size_t roff, size_t len)
+{
+	struct te_request r = {
+		.opcode = op,
+		.segment = f->seg,
+		.local = f->la.data + loff,
+		.remote = itest_raddr(&f->rb, roff),
+		.length = len,
+	};
+	return r;
+}
+
+/* Submit @n requests as one batch and wait; the batch handle for inspection. */
+static te_batch_id run(struct fx *f, const struct te_request *r, size_t n, enum te_status *st)
+{
+	te_batch_id bid;
+
+	itest_ok(te_batch_new(f->a, (uint32_t)n, &bid));
+	itest_ok(te_batch_submit(f->a, bid, r, n));
+	*st = itest_wait(f->a, bid);
+	return bid;
+}
+
+static void run_ok(struct fx *f, const struct te_request *r, size_t n)
+{
+	enum te_status st;
+	te_batch_id bid = run(f, r, n, &st);
+
+	if (st != TE_OK) {
+		for (size_t i = 0; i < n; i++) {
+			struct te_task_info ti = itest_task(f->a, bid, (uint32_t)i);
+
+			if (ti.status != TE_OK)
+				g_error("task %zu: %s %s: %s", i, te_state_str(ti.state),
+					te_status_str(ti.status), ti.detail);
+		}
+	}
+	itest_ok(te_batch_free(f->a, bid));
+}
+
+/* WRITE n blocks of @len at staggered offsets, then READ them back elsewhere; verify both. */
+static void roundtrip(struct fx *f, size_t len, size_t n)
+{
+	g_autofree struct te_request *w = g_new(struct te_request, n);
+	g_autofree struct te_request *r = g_new(struct te_request, n);
+	size_t half = f->la.len / 2;
+
+	g_assert_cmpuint(n * len + n, <=, half);
+	for (size_t i = 0; i < n; i++)
+		w[i] = req(f, TE_OP_WRITE, i * (len + 1), i * (len + 1), len);
+	run_ok(f, w, n);
+	for (size_t i = 0; i < n; i++)
+		g_assert_true(itest_range_is(&f->rb, i * (len + 1), len, &f->la, i * (len + 1)));
+	for (size_t i = 0; i < n; i++)
+		r[i] = req(f, TE_OP_READ, half + i * (len + 1), half + i * (len + 1), len);
+	run_ok(f, r, n);
+	for (size_t i = 0; i < n; i++)
+		g_assert_true(itest_range_is(&f->la, half + i * (len + 1), len, &f->rb,
+					     half + i * (len + 1)));
+}
+
+static void devices2(void)
+{
+	fakeverbs_add_device("a0", NULL);
+	fakeverbs_add_device("a1", NULL);
+	fakeverbs_add_device("b0", NULL);
+	fakeverbs_add_device("b1", NULL);
+}
+
+/* --- transfers ------------------------------------------------------------------------------ */
+
+static void test_transfer(void)
+{
+	static const size_t sizes[] = { 1, 7, 4096, 65535, 65536, 65537, 300000, 2 * MiB + 3 };
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: \"a0,a1\"", "devices: \"b0,b1\"", NULL, 16 * MiB);
+	for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++)
+		roundtrip(&f, sizes[i], sizes[i] < 65536 ? 16 : 3);
+	/* Striping: both local and both remote devices carried work. */
+	g_assert_cmpuint(fakeverbs_wrs("a0"), >, 0);
+	g_assert_cmpuint(fakeverbs_wrs("a1"), >, 0);
+	g_assert_true(logcap_has(&f.log, "path a0 -> B/b0"));
+	g_assert_true(logcap_has(&f.log, "path a1 -> B/b1"));
+	fx_free(&f);
+}
+
+/* 1000 requests through QPs of depth 2: back-pressure, never a lost slice. */
+static void test_backpressure(void)
+{
+	struct te_request *r = g_new(struct te_request, 1000);
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: a0, qp_depth: 2, qp_per_peer: 1, cq_depth: 16", "devices: b0", NULL,
+	       16 * MiB);
+	for (size_t i = 0; i < 1000; i++)
+		r[i] = req(&f, TE_OP_WRITE, i * 4096, i * 4096, 4096);
+	run_ok(&f, r, 1000);
+	g_assert_true(itest_range_is(&f.rb, 0, 1000 * 4096, &f.la, 0));
+	/* Doorbell batching: fewer post calls than work requests. */
+	g_assert_cmpuint(fakeverbs_posts("a0"), <, fakeverbs_wrs("a0"));
+	g_free(r);
+	fx_free(&f);
+}
+
+static void test_manual_progress(void)
+{
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: \"a0,a1\", progress: manual", "devices: \"b0,b1\", progress: manual",
+	       NULL, 4 * MiB);
+	roundtrip(&f, 65536, 16);
+	roundtrip(&f, 5000, 64);
+	fx_free(&f);
+}
+
+/* Regions over the max MR size: overlapping chunks, slices never straddle two. */
+static void test_chunked_mr(void)
+{
+	struct fakeverbs_dev_opts o = { .max_mr_size = 256 * KiB };
+	struct fx f;
+
+	fakeverbs_add_device("a0", &o);
+	fakeverbs_add_device("b0", &o);
+	fx_new(&f, "devices: a0", "devices: b0", NULL, 4 * MiB);
+	/* 4 MiB + 2 guard pages in 256 KiB chunks stepping by 128 KiB: 32 MRs. */
+	g_assert_cmpuint(fakeverbs_mrs_live("a0"), ==, 32);
+	g_assert_true(logcap_has(&f.log, "registered as 32 chunks of 262144 per device"));
+	roundtrip(&f, 100000, 8);
+	roundtrip(&f, 1 * MiB + 17, 1);
+	fx_free(&f);
+}
+
+static void test_max_mr_option(void)
+{
+	struct fx f;
+
+	fakeverbs_add_device("a0", NULL);
+	fakeverbs_add_device("b0", NULL);
+	fx_new(&f, "devices: a0, max_mr_size: 1M, slice_size: 64K", "devices: b0", NULL, 8 * MiB);
+	g_assert_cmpuint(fakeverbs_mrs_live("a0"), >, 8);
+	roundtrip(&f, 65536, 32);
+	fx_free(&f);
+}
+
+/* --- addressing: GIDs, MTU, topology ------------------------------------------------------- */
+
+static void test_gid_auto(void)
+{
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: a0", "devices: b0", NULL, MiB);
+	/* Index 3 is the RoCE v2 IPv4-mapped entry of the default table. */
+	g_assert_cmpint(fakeverbs_last_sgid_index("a0"), ==, 3);
+	g_assert_cmpint(fakeverbs_last_sgid_index("b0"), ==, 3);
+	g_assert_true(logcap_has(&f.log, "a0 port 1: gid[3] ::ffff:10.0.0.1 (RoCE v2, IPv4-mapped; "
+					 "chosen automatically)"));
+	roundtrip(&f, 4096, 4);
+	fx_free(&f);
+}
+
+static void test_gid_explicit(void)
+{
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: a0, gid_index: \"a0:1\"", "devices: b0, gid_index: 1", NULL, MiB);
+	g_assert_cmpint(fakeverbs_last_sgid_index("a0"), ==, 1);
+	g_assert_cmpint(fakeverbs_last_sgid_index("b0"), ==, 1);
+	g_assert_true(logcap_has(&f.log, "from option gid_index"));
+	roundtrip(&f, 4096, 4);
+	fx_free(&f);
+}
+
+/* Without an IPv4 address a link-local RoCE v2 GID is chosen; a bad explicit index fails. */
+static void test_gid_link_local(void)
+{
+	struct fakeverbs_dev_opts o = { .n_gids = 2 };
+	struct logcap lc = { .text = g_string_new(NULL) };
+	struct te_engine *e = NULL;
+	struct fx f;
+
+	o.gids[0].raw[0] = o.gids[1].raw[0] = 0xfe;
+	o.gids[0].raw[1] = o.gids[1].raw[1] = 0x80;
+	o.gids[0].raw[15] = o.gids[1].raw[15] = 9;
+	o.gid_types[0] = IBV_GID_TYPE_ROCE_V1;
+	o.gid_types[1] = IBV_GID_TYPE_ROCE_V2;
+	fakeverbs_add_device("a0", &o);
+	fakeverbs_add_device("b0", &o);
+	g_mutex_init(&lc.lock);
+	itest_assert_status(engine_try("X", "devices: a0, gid_index: 7", NULL, &lc, &e),
+			    TE_ERR_PLUGIN_INIT);
+	itest_assert_contains(te_last_error(), "no valid GID at index 7");
+	g_string_free(lc.text, TRUE);
+	g_mutex_clear(&lc.lock);
+	fx_new(&f, "devices: a0", "devices: b0", NULL, MiB);
+	g_assert_cmpint(fakeverbs_last_sgid_index("a0"), ==, 1);
+	roundtrip(&f, 4096, 2);
+	fx_free(&f);
+}
+
+static void test_mtu_min(void)
+{
+	struct fakeverbs_dev_opts big = { .mtu = IBV_MTU_4096 }, small = { .mtu = IBV_MTU_1024 };
+	struct fx f;
+
+	fakeverbs_add_device("a0", &big);
+	fakeverbs_add_device("b0", &small);
+	fx_new(&f, "devices: a0", "devices: b0", NULL, MiB);
+	g_assert_cmpint(fakeverbs_last_mtu("a0"), ==, IBV_MTU_1024);
+	g_assert_cmpint(fakeverbs_last_mtu("b0"), ==, IBV_MTU_1024);
+	g_assert_true(logcap_has(&f.log, "MTU 1024"));
+	roundtrip(&f, 65536, 4);
+	fx_free(&f);
+	/* The option caps it further. */
+	fakeverbs_add_device("a0", &big);
+	fakeverbs_add_device("b0", &big);
+	fx_new(&f, "devices: a0, mtu: 512", "devices: b0", NULL, MiB);
+	g_assert_cmpint(fakeverbs_last_mtu("a0"), ==, IBV_MTU_512);
+	g_assert_cmpint(fakeverbs_last_mtu("b0"), ==, IBV_MTU_512);
+	fx_free(&f);
+}
+
+static void test_topology(void)
+{
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: \"a0,a1\", topology: \"cpu=a1\"", "devices: \"b0,b1\"", NULL, 4 * MiB);
+	roundtrip(&f, 65536, 16);
+	g_assert_cmpuint(fakeverbs_wrs("a0"), ==, 0);
+	g_assert_cmpuint(fakeverbs_wrs("a1"), >=, 32);
+	fx_free(&f);
+}
+
+/* --- statuses ------------------------------------------------------------------------------ */
+
+struct wc_case {
+	enum ibv_wc_status wc;
+	enum te_status final; /* status when retries are exhausted (retries: 0) */
+	bool remote;	      /* retried on another remote device */
+};
+
+static const struct wc_case wc_cases[] = {
+	{ IBV_WC_LOC_LEN_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_LOC_QP_OP_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_LOC_EEC_OP_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_LOC_PROT_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_WR_FLUSH_ERR, TE_ERR_TRANSIENT, false },
+	{ IBV_WC_MW_BIND_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_BAD_RESP_ERR, TE_ERR_TRANSIENT, true },
+	{ IBV_WC_LOC_ACCESS_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_REM_INV_REQ_ERR, TE_ERR_PEER_REJECTED, true },
+	{ IBV_WC_REM_ACCESS_ERR, TE_ERR_REMOTE_ACCESS, true },
+	{ IBV_WC_REM_OP_ERR, TE_ERR_TRANSIENT, true },
+	{ IBV_WC_RETRY_EXC_ERR, TE_ERR_PATH_TIMEOUT, true },
+	{ IBV_WC_RNR_RETRY_EXC_ERR, TE_ERR_TRANSIENT, true },
+	{ IBV_WC_LOC_RDD_VIOL_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_REM_INV_RD_REQ_ERR, TE_ERR_PEER_REJECTED, true },
+	{ IBV_WC_REM_ABORT_ERR, TE_ERR_TRANSIENT, true },
+	{ IBV_WC_INV_EECN_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_INV_EEC_STATE_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_FATAL_ERR, TE_ERR_DEVICE_FAILED, false },
+	{ IBV_WC_RESP_TIMEOUT_ERR, TE_ERR_PATH_TIMEOUT, true },
+	{ IBV_WC_GENERAL_ERR, TE_ERR_TRANSIENT, false },
+};
+
+/*
+ * One completion status injected on the first work request: with retries off the task fails
+ * with the mapped status and the verbs text; with retries on, a retryable status completes
+ * on another path (another remote device for remote errors), the others fail at once.
+ */
+static void test_wc_status(gconstpointer data)
+{
+	const struct wc_case *c = data;
+	bool retryable = te_status_is_retryable(c->final);
+	struct te_request r[4];
+	struct te_task_info ti;
+	enum te_status st;
+	te_batch_id bid;
+	struct fx f;
+
+	fakeverbs_add_device("a0", NULL);
+	fakeverbs_add_device("b0", NULL);
+	fakeverbs_add_device("b1", NULL);
+	fx_new(&f, "devices: a0", "devices: \"b0,b1\"", "timeout_ms: 20000, retries: 0", MiB);
+	fakeverbs_fail_wr("a0", 1, c->wc);
+	r[0] = req(&f, TE_OP_WRITE, 0, 0, 4096);
+	bid = run(&f, r, 1, &st);
+	ti = itest_task(f.a, bid, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+	g_assert_cmpint(ti.status, ==, c->final);
+	itest_assert_contains(ti.detail, ibv_wc_status_str(c->wc));
+	if (c->wc != IBV_WC_WR_FLUSH_ERR)
+		itest_assert_contains(ti.detail, "a0 -> B/b0");
+	itest_ok(te_batch_free(f.a, bid));
+	/* Other traffic continues (the broken QP is replaced on demand). */
+	for (size_t i = 0; i < 4; i++)
+		r[i] = req(&f, TE_OP_WRITE, 8192 * (i + 1), 8192 * (i + 1), 8192);
+	run_ok(&f, r, 4);
+	fx_free(&f);
+
+	fakeverbs_add_device("a0", NULL);
+	fakeverbs_add_device("b0", NULL);
+	fakeverbs_add_device("b1", NULL);
+	fx_new(&f, "devices: a0", "devices: \"b0,b1\"", "timeout_ms: 20000, retries: 3", MiB);
+	fakeverbs_fail_wr("a0", 1, c->wc);
+	r[0] = req(&f, TE_OP_READ, 0, 0, 4096);
+	bid = run(&f, r, 1, &st);
+	ti = itest_task(f.a, bid, 0);
+	if (!retryable) {
+		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+		g_assert_cmpint(ti.status, ==, c->final);
+		g_assert_cmpuint(ti.retries, ==, 0);
+	} else {
+		g_assert_cmpint(ti.state, ==, TE_STATE_COMPLETED);
+		g_assert_cmpuint(ti.retries, ==, 1);
+		g_assert_true(itest_range_is(&f.la, 0, 4096, &f.rb, 0));
+		/* Remote errors move the retry to the peer's other device, local ones do not. */
+		g_assert_cmpuint(fakeverbs_qps_created("b1"), ==, c->remote ? 2 : 0);
+	}
+	itest_ok(te_batch_free(f.a, bid));
+	fx_free(&f);
+}
+
+/*
+ * An error in the middle of a queue: its QP goes to error, the work behind it is flushed
+ * and retried elsewhere, the QP is replaced, no task is lost.
+ */
+static void test_flush_in_flight(void)
+{
+	struct te_request *r = g_new(struct te_request, 64);
+	uint32_t before;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: \"a0,a1\", qp_per_peer: 1", "devices: \"b0,b1\"",
+	       "timeout_ms: 20000, quarantine_ms: 100", 8 * MiB);
+	roundtrip(&f, 4096, 4);
+	before = fakeverbs_qps_created("a0");
+	fakeverbs_hold(true);
+	fakeverbs_fail_wr("a0", 5, IBV_WC_LOC_PROT_ERR);
+	for (size_t i = 0; i < 64; i++)
+		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
+	{
+		te_batch_id bid;
+
+		itest_ok(te_batch_new(f.a, 64, &bid));
+		itest_ok(te_batch_submit(f.a, bid, r, 64));
+		itest_sleep_ms(50);
+		fakeverbs_hold(false);
+		itest_ok(itest_wait(f.a, bid));
+		itest_ok(te_batch_free(f.a, bid));
+	}
+	g_assert_true(itest_range_is(&f.rb, 0, 64 * 65536, &f.la, 0));
+	g_assert_true(logcap_has(&f.log, "in error after"));
+	/* The broken QP is replaced once traffic needs it again (after the core's quarantine). */
+	itest_sleep_ms(150);
+	roundtrip(&f, 65536, 32);
+	g_assert_cmpuint(fakeverbs_qps_created("a0"), >, before);
+	g_assert_cmpuint(fakeverbs_qps_live("a0"), <=, 1);
+	g_assert_cmpuint(fakeverbs_qps_live("b0"), <=, 2);
+	g_free(r);
+	fx_free(&f);
+}
+
+/* A remote access error among many requests fails exactly that task; the rest complete. */
+static void test_remote_access_isolated(void)
+{
+	struct te_request *r = g_new(struct te_request, 200);
+	uint32_t failed = 0;
+	te_batch_id bid;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: a0, test_fault: \"oob@40\"", "devices: b0", NULL, 16 * MiB);
+	for (size_t i = 0; i < 200; i++)
+		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
+	itest_ok(te_batch_new(f.a, 200, &bid));
+	itest_ok(te_batch_submit(f.a, bid, r, 200));
+	itest_assert_status(itest_wait(f.a, bid), TE_ERR_REMOTE_ACCESS);
+	for (uint32_t i = 0; i < 200; i++) {
+		struct te_task_info ti = itest_task(f.a, bid, i);
+
+		if (ti.state == TE_STATE_COMPLETED) {
+			g_assert_true(itest_range_is(&f.rb, i * 65536, 65536, &f.la, i * 65536));
+			continue;
+		}
+		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+		g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
+		itest_assert_contains(ti.detail, "remote access error");
+		failed++;
+	}
+	g_assert_cmpuint(failed, ==, 1);
+	itest_ok(te_batch_free(f.a, bid));
+	/* The target dropped its broken QP; traffic goes on over a new pair. */
+	itest_buf_fill(&f.rb);
+	roundtrip(&f, 65536, 32);
+	g_assert_true(logcap_has(&f.log, "broke; dropped until it reconnects"));
+	g_free(r);
+	fx_free(&f);
+}
+
+/* A local device error: the retry runs on the other local device. */
+static void test_local_failover(void)
+{
+	struct te_request r[1];
+	struct te_task_info ti;
+	enum te_status st;
+	te_batch_id bid;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: \"a0,a1\"", "devices: \"b0,b1\"", NULL, MiB);
+	fakeverbs_fail_wr("a0", 1, IBV_WC_LOC_PROT_ERR);
+	r[0] = req(&f, TE_OP_WRITE, 0, 0, 4096);
+	bid = run(&f, r, 1, &st);
+	itest_ok(st);
+	ti = itest_task(f.a, bid, 0);
+	g_assert_cmpuint(ti.retries, ==, 1);
+	g_assert_cmpstr(ti.device, ==, "a1");
+	itest_ok(te_batch_free(f.a, bid));
+	fx_free(&f);
+}
+
+/* ibv_post_send failing: the slices fail with a retryable status and are retried. */
+static void test_post_send_error(void)
+{
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: \"a0,a1\"", "devices: \"b0,b1\"", NULL, 4 * MiB);
+	fakeverbs_fail_call(FAKEVERBS_POST_SEND, EIO, 2);
+	roundtrip(&f, 65536, 16);
+	g_assert_true(logcap_has(&f.log, "ibv_post_send on"));
+	fx_free(&f);
+}
+
+/* Port down: new work avoids the device, in-flight work fails over; port up: used again. */
+static void test_port_events(void)
+{
+	uint64_t a0;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: \"a0,a1\"", "devices: \"b0,b1\"", NULL, 8 * MiB);
+	roundtrip(&f, 65536, 16);
+	fakeverbs_hold(true);
+	{
+		struct te_request *r = g_new(struct te_request, 48);
+		te_batch_id bid;
+
+		for (size_t i = 0; i < 48; i++)
+			r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
+		itest_ok(te_batch_new(f.a, 48, &bid));
+		itest_ok(te_batch_submit(f.a, bid, r, 48));
+		fakeverbs_set_port("a0", false);
+		itest_sleep_ms(100);
+		fakeverbs_hold(false);
+		itest_ok(itest_wait(f.a, bid));
+		itest_ok(te_batch_free(f.a, bid));
+		g_assert_true(itest_range_is(&f.rb, 0, 48 * 65536, &f.la, 0));
+		g_free(r);
+	}
+	g_assert_true(logcap_has(&f.log, "a0 port 1: port error"));
+	g_assert_true(logcap_has(&f.log, "rdma: device 0 down"));
+	a0 = fakeverbs_wrs("a0");
+	roundtrip(&f, 65536, 16);
+	g_assert_cmpuint(fakeverbs_wrs("a0"), ==, a0);
+	fakeverbs_set_port("a0", true);
+	for (int i = 0; i < 100 && !logcap_has(&f.log, "rdma: device 0 up"); i++)
+		itest_sleep_ms(20);
+	/* Its paths reconnect in the background on the next demand; striping resumes. */
+	for (int i = 0; i < 50 && fakeverbs_wrs("a0") == a0; i++) {
+		roundtrip(&f, 65536, 16);
+		itest_sleep_ms(20);
+	}
+	g_assert_cmpuint(fakeverbs_wrs("a0"), >, a0);
+	fx_free(&f);
+}
+
+static void test_device_fatal(void)
+{
+	uint64_t a1;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: \"a0,a1\"", "devices: \"b0,b1\"", NULL, 4 * MiB);
+	fakeverbs_device_fatal("a1");
+	for (int i = 0; i < 100 && !logcap_has(&f.log, "rdma: device 1 down"); i++)
+		itest_sleep_ms(20);
+	a1 = fakeverbs_wrs("a1");
+	roundtrip(&f, 65536, 16);
+	g_assert_cmpuint(fakeverbs_wrs("a1"), ==, a1);
+	fx_free(&f);
+}
+
+/*
+ * A device of the target died before the buffer was registered: its key blob says so and
+ * the initiator routes around it (cross-rail path connected on demand), and a connect to
+ * it (the rail pair of a1) fails over to the peer's other device.
+ */
+static void test_remote_device_dead(void)
+{
+	struct logcap lc = { .text = g_string_new(NULL) };
+	struct itest_buf la, rb;
+	struct fx f = { 0 };
+	char *json = NULL;
+	size_t len = 0;
+
+	devices2();
+	g_mutex_init(&lc.lock);
+	f.b = engine_new("B", "devices: \"b0,b1\"", "timeout_ms: 20000", &lc);
+	fakeverbs_device_fatal("b1");
+	for (int i = 0; i < 100 && !logcap_has(&lc, "rdma: device 1 down"); i++)
+		itest_sleep_ms(20);
+	f.a = engine_new("A", "devices: \"a0,a1\"", "timeout_ms: 20000", &lc);
+	itest_buf_new(&la, 4 * MiB, 4096, 11);
+	itest_buf_new(&rb, 4 * MiB, 4096, 22);
+	itest_buf_register(&la, f.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, f.b, TE_MEM_REMOTE);
+	itest_ok(te_segment_export(f.b, &json, &len));
+	itest_ok(te_segment_import(f.a, json, len, &f.seg));
+	te_free(json);
+	f.la = la;
+	f.rb = rb;
+	f.log = lc;
+	roundtrip(&f, 65536, 16);
+	g_assert_cmpuint(fakeverbs_wrs("a0"), >, 0);
+	g_assert_cmpuint(fakeverbs_wrs("a1"), >, 0);
+	g_assert_cmpuint(fakeverbs_qps_live("b1"), ==, 0);
+	fx_free(&f);
+}
+
+/* The target goes away: work fails (not hangs) with a peer status, well within the deadline. */
+static void test_peer_gone(void)
+{
+	struct te_request *r = g_new(struct te_request, 100);
+	te_batch_id bid;
+	gint64 t0;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: a0", "devices: b0", "timeout_ms: 20000, retries: 3", 8 * MiB);
+	roundtrip(&f, 4096, 4);
+	te_engine_free(f.b);
+	f.b = NULL;
+	for (size_t i = 0; i < 100; i++)
+		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
+	t0 = g_get_monotonic_time();
+	itest_ok(te_batch_new(f.a, 100, &bid));
+	itest_ok(te_batch_submit(f.a, bid, r, 100));
+	g_assert_cmpint(itest_wait(f.a, bid), !=, TE_OK);
+	g_assert_cmpint(g_get_monotonic_time() - t0, <, 10 * G_USEC_PER_SEC);
+	for (uint32_t i = 0; i < 100; i++) {
+		struct te_task_info ti = itest_task(f.a, bid, i);
+
+		g_assert_true(te_state_is_terminal(ti.state));
+		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+	}
+	itest_ok(te_batch_free(f.a, bid));
+	g_free(r);
+	fx_free(&f);
+}
+
+static gpointer release_later(gpointer data)
+{
+	itest_sleep_ms(GPOINTER_TO_UINT(data));
+	fakeverbs_hold(false);
+	return NULL;
+}
+
+/* Work stuck in the fabric at cancel and at engine teardown still gets its one report. */
+static void test_cancel_and_shutdown(void)
+{
+	struct te_request *r = g_new(struct te_request, 32);
+	te_batch_id bid;
+	GThread *th;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: a0", "devices: b0", NULL, 4 * MiB);
+	roundtrip(&f, 4096, 2);
+	fakeverbs_hold(true);
+	for (size_t i = 0; i < 32; i++)
+		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
+	itest_ok(te_batch_new(f.a, 32, &bid));
+	itest_ok(te_batch_submit(f.a, bid, r, 32));
+	itest_ok(te_batch_cancel(f.a, bid));
+	fakeverbs_hold(false);
+	(void)itest_wait(f.a, bid);
+	itest_ok(te_batch_free(f.a, bid));
+	/* The engine goes away with work in the fabric; it completes during the teardown. */
+	fakeverbs_hold(true);
+	itest_ok(te_batch_new(f.a, 32, &bid));
+	itest_ok(te_batch_submit(f.a, bid, r, 32));
+	th = g_thread_new("release", release_later, GUINT_TO_POINTER(300));
+	te_engine_free(f.a);
+	f.a = NULL;
+	g_thread_join(th);
+	g_free(r);
+	fx_free(&f);
+}
+
+/*
+ * The engine goes away while work is stuck for good: after the core stops waiting, the
+ * plugin's fini flushes its QPs and reports every slice (as canceled).
+ */
+static void test_shutdown_held(void)
+{
+	struct te_request *r = g_new(struct te_request, 32);
+	te_batch_id bid;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, "devices: a0", "devices: b0", NULL, 4 * MiB);
+	roundtrip(&f, 4096, 2);
+	fakeverbs_hold(true);
+	for (size_t i = 0; i < 32; i++)
+		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
+	itest_ok(te_batch_new(f.a, 32, &bid));
+	itest_ok(te_batch_submit(f.a, bid, r, 32));
+	te_engine_free(f.a);
+	f.a = NULL;
+	fakeverbs_hold(false);
+	g_free(r);
+	fx_free(&f);
+}
+
+/*
+ * Closing the segment frees the target's QPs (a close message to the peer, which needs the
+ * peer's name to be its address, as by default).
+ */
+static void test_close_frees_passive(void)
+{
+	struct fx f;
+
+	devices2();
+	fx_new_named(&f, NULL, "devices: a0, qp_per_peer: 3", NULL, "devices: b0", NULL, MiB);
+	g_assert_cmpuint(fakeverbs_qps_live("b0"), ==, 3);
+	roundtrip(&f, 4096, 4);
+	itest_ok(te_segment_close(f.a, f.seg));
+	for (int i = 0; i < 200 && fakeverbs_qps_live("b0"); i++)
+		itest_sleep_ms(10);
+	g_assert_cmpuint(fakeverbs_qps_live("b0"), ==, 0);
+	fx_free(&f);
+}
+
+/* --- install -------------------------------------------------------------------------------- */
+
+static void expect_init_failure(const char *options, const char *needle)
+{
+	struct logcap lc = { .text = g_string_new(NULL) };
+	struct te_engine *e = NULL;
+
+	g_mutex_init(&lc.lock);
+	itest_assert_status(engine_try("X", options, NULL, &lc, &e), TE_ERR_PLUGIN_INIT);
+	g_assert_null(e);
+	itest_assert_contains(te_last_error(), needle);
+	g_string_free(lc.text, TRUE);
+	g_mutex_clear(&lc.lock);
+}
+
+static void test_no_device(void)
+{
+	struct itest_transport t[2] = {
+		{ .name = "rdma", .path = plugin_path, .required = false },
+		{ .name = "loopback", .required = true },
+	};
+	g_autofree char *yaml = itest_yaml("Y", t, 2, NULL);
+	g_autofree char *lb = itest_plugin_file("loopback");
+	struct te_engine *e = NULL;
+
+	/* Required: engine start fails with the reason. */
+	expect_init_failure(NULL, "no RDMA device found");
+	/* Optional: skipped, the engine runs on what is left. */
+	if (!lb) {
+		g_test_skip("loopback test plugin not built");
+		return;
+	}
+	itest_ok(te_engine_new_from_string(yaml, strlen(yaml), &e));
+	te_engine_free(e);
+}
+
+static void test_bad_options(void)
+{
+	devices2();
+	expect_init_failure("devices: zz0", "no RDMA device 'zz0' (found: a0, a1, b0, b1)");
+	expect_init_failure("colour: blue", "unknown option 'colour'");
+	expect_init_failure("qp_depth: 0", "option 'qp_depth'");
+	expect_init_failure("progress: sometimes", "option 'progress'");
+	expect_init_failure("topology: \"cpu=q9\"", "'q9' is not an open device");
+	expect_init_failure("topology: nonsense", "option 'topology'");
+	expect_init_failure("test_fault: \"oob@0\"", "option 'test_fault'");
+	expect_init_failure("mtu: 3000", "option 'mtu'");
+	fakeverbs_reset();
+}
+
+/* A device whose port is down is skipped unless named; no usable device at all fails. */
+static void test_inactive_device(void)
+{
+	struct fakeverbs_dev_opts down = { .down = true };
+
+	fakeverbs_add_device("d0", &down);
+	expect_init_failure(NULL, "no RDMA device with an active port (found: d0)");
+	fakeverbs_reset();
+}
+
+/* Segment import fails cleanly when QPs cannot be created. */
+static void test_create_qp_failure(void)
+{
+	struct logcap lc = { .text = g_string_new(NULL) };
+	struct te_engine *a, *b;
+	char *json = NULL;
+	size_t len = 0;
+	te_segment_id seg;
+
+	devices2();
+	g_mutex_init(&lc.lock);
+	a = engine_new("A", "devices: a0", NULL, &lc);
+	b = engine_new("B", "devices: b0", NULL, &lc);
+	itest_ok(te_segment_export(b, &json, &len));
+	fakeverbs_fail_call(FAKEVERBS_CREATE_QP, ENOMEM, 1);
+	itest_assert_status(te_segment_import(a, json, len, &seg), TE_ERR_NO_TRANSPORT);
+	itest_assert_contains(te_last_error(), "ibv_create_qp");
+	itest_ok(te_segment_import(a, json, len, &seg));
+	te_free(json);
+	te_engine_free(a);
+	te_engine_free(b);
+	g_string_free(lc.text, TRUE);
+	g_mutex_clear(&lc.lock);
+	fakeverbs_reset();
+}
+
+int main(int argc, char **argv)
+{
+	char self[PATH_MAX];
+	ssize_t n;
+
+	g_test_init(&argc, &argv, NULL);
+	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	g_assert_cmpint(n, >, 0);
+	self[n] = '\0';
+	snprintf(plugin_path, sizeof(plugin_path), "%s/rdma.so", dirname(self));
+	if (access(plugin_path, R_OK) != 0) {
+		printf("1..0 # SKIP %s not built\n", plugin_path);
+		return 77;
+	}
+	fakeverbs_reset();
+
+	g_test_add_func("/rdma/fake/transfer", test_transfer);
+	g_test_add_func("/rdma/fake/backpressure", test_backpressure);
+	g_test_add_func("/rdma/fake/manual-progress", test_manual_progress);
+	g_test_add_func("/rdma/fake/chunked-mr", test_chunked_mr);
+	g_test_add_func("/rdma/fake/max-mr-option", test_max_mr_option);
+	g_test_add_func("/rdma/fake/gid-auto", test_gid_auto);
+	g_test_add_func("/rdma/fake/gid-explicit", test_gid_explicit);
+	g_test_add_func("/rdma/fake/gid-link-local", test_gid_link_local);
+	g_test_add_func("/rdma/fake/mtu-min", test_mtu_min);
+	g_test_add_func("/rdma/fake/topology", test_topology);
+	for (size_t i = 0; i < G_N_ELEMENTS(wc_cases); i++) {
+		g_autofree char *path = g_strdup_printf("/rdma/fake/wc-status/%s",
+							ibv_wc_status_str(wc_cases[i].wc));
+
+		for (char *p = path + strlen("/rdma/fake/wc-status/"); *p; p++)
+			if (*p == ' ')
+				*p = '-';
+		g_test_add_data_func(path, &wc_cases[i], test_wc_status);
+	}
+	g_test_add_func("/rdma/fake/flush-in-flight", test_flush_in_flight);
+	g_test_add_func("/rdma/fake/remote-access-isolated", test_remote_access_isolated);
+	g_test_add_func("/rdma/fake/local-failover", test_local_failover);
+	g_test_add_func("/rdma/fake/post-send-error", test_post_send_error);
+	g_test_add_func("/rdma/fake/port-events", test_port_events);
+	g_test_add_func("/rdma/fake/device-fatal", test_device_fatal);
+	g_test_add_func("/rdma/fake/remote-device-dead", test_remote_device_dead);
+	g_test_add_func("/rdma/fake/peer-gone", test_peer_gone);
+	g_test_add_func("/rdma/fake/cancel-and-shutdown", test_cancel_and_shutdown);
+	g_test_add_func("/rdma/fake/shutdown-held", test_shutdown_held);
+	g_test_add_func("/rdma/fake/close-frees-passive", test_close_frees_passive);
+	g_test_add_func("/rdma/fake/no-device", test_no_device);
+	g_test_add_func("/rdma/fake/bad-options", test_bad_options);
+	g_test_add_func("/rdma/fake/inactive-device", test_inactive_device);
+	g_test_add_func("/rdma/fake/create-qp-failure", test_create_qp_failure);
+	return g_test_run();
+}
