@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# compare-efa.sh: te-bench over efa against a raw libfabric RMA loop, in one run, with ratios.
+#
+# Usage: bench/compare-efa.sh [-C BUILD] [--check]
+#   For each libfabric provider, block size and direction: ROUNDS measurements of fi-rma-loop
+#   (raw fi_read/fi_writemsg between two processes, WINDOW operations kept in flight) and of
+#   `te-bench --loopback --threads THREADS --batch WINDOW/THREADS` over the efa plugin on the
+#   same provider: the same bound on operations in flight (one te-bench thread would drain
+#   the pipe at every batch boundary, which the raw loop never does). The two alternate which
+#   runs first; then a table with the median GB/s of both and the median of the per-round
+#   ratios te/raw (robust to load drifting between rounds). --check exits 1 when a ratio is
+#   below MIN_RATIO.
+#   Env: BUILD (build), PROVIDERS ("tcp;ofi_rxm shm"), SIZES ("64K 1M"), OPS ("read write"),
+#   WINDOW (128), THREADS (2), DURATION (3 s per measurement), ROUNDS (3), MIN_RATIO (0.9),
+#   EFA_OPTIONS (extra efa options for te, YAML flow-mapping entries, e.g. "spin_us: 0").
+set -euo pipefail
+
+build=${BUILD:-build}
+check=0
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-C)
+		build=$2
+		shift
+		;;
+	--check)
+		check=1
+		;;
+	-h | --help)
+		sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//'
+		exit 0
+		;;
+	*)
+		echo "compare-efa.sh: unknown argument '$1' (try --help)" >&2
+		exit 2
+		;;
+	esac
+	shift
+done
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+case "$build" in
+/*) ;;
+*) build=$top/$build ;;
+esac
+bench=$build/tools/te-bench
+providers=${PROVIDERS:-"tcp;ofi_rxm shm"}
+sizes=${SIZES:-64K 1M}
+ops=${OPS:-read write}
+window=${WINDOW:-128}
+threads=${THREADS:-2}
+duration=${DURATION:-3}
+rounds=${ROUNDS:-3}
+min_ratio=${MIN_RATIO:-0.9}
+efa_options=${EFA_OPTIONS:-}
+
+die() {
+	echo "compare-efa.sh: $*" >&2
+	exit 1
+}
+
+[ -x "$bench" ] || die "$bench is not built (run: ninja -C $build)"
+[ $((window % threads)) = 0 ] || die "WINDOW ($window) must be a multiple of THREADS ($threads)"
+batch=$((window / threads))
+efa_so=$(find "$build/plugins" -name efa.so -print -quit 2>/dev/null || true)
+[ -n "$efa_so" ] ||
+	die "the efa plugin is not built (no efa.so under $build/plugins: libfabric-dev missing?)"
+loop=$(dirname "$efa_so")/fi-rma-loop
+[ -x "$loop" ] || die "$loop is not built"
+command -v python3 >/dev/null || die "python3 is needed to read the JSON results"
+export TE_PLUGIN_PATH="$(dirname "$efa_so")${TE_PLUGIN_PATH:+:$TE_PLUGIN_PATH}"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-compare-efa.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+# json_key FILE KEY: KEY of the last JSON line of FILE.
+json_key() {
+	python3 -c 'import json, sys
+print(json.loads(open(sys.argv[1]).read().splitlines()[-1])[sys.argv[2]])' "$1" "$2"
+}
+
+# te_config PROVIDER FILE: engine YAML with the efa transport on PROVIDER.
+te_config() {
+	local extra=""
+	[ -n "$efa_options" ] && extra=", $efa_options"
+	cat >"$2" <<EOF
+transports:
+  - name: efa
+    required: true
+    options: {provider: "$1"$extra}
+EOF
+}
+
+# run_raw PROVIDER SIZE OP: one fi-rma-loop measurement into $raw (GB/s).
+run_raw() {
+	"$loop" --provider "$1" --op "$3" --block-size "$2" --window "$window" \
+		--duration "$duration" --json >"$tmp/raw.json" ||
+		die "fi-rma-loop --provider '$1' --op $3 --block-size $2 failed"
+	raw=$(json_key "$tmp/raw.json" gbps)
+}
+
+# run_te PROVIDER SIZE OP CONFIG: one te-bench measurement over efa into $te (GB/s).
+run_te() {
+	local tp
+	"$bench" --loopback --config "$4" --op "$3" --block-size "$2" --batch "$batch" \
+		--threads "$threads" --duration "$duration" --json --quiet >"$tmp/te.json" ||
+		die "te-bench over efa ($1) --op $3 --block-size $2 failed"
+	te=$(json_key "$tmp/te.json" gbps)
+	tp=$(json_key "$tmp/te.json" transport)
+	[ "$tp" = efa ] || die "te-bench used transport '$tp', not efa"
+}
+
+echo "fi-rma-loop (raw libfabric, window $window) vs te-bench --loopback over efa ($threads" \
+	"thread(s) x batch $batch: at most $window in flight)," \
+	"${duration} s per measurement, $rounds round(s); medians, and the median of the" \
+	"per-round ratios (each round runs both back to back)"
+results=$tmp/results
+: >"$results"
+for prov in $providers; do
+	cfg=$tmp/efa-$(echo "$prov" | tr -c 'a-z0-9\n' '_').yaml
+	te_config "$prov" "$cfg"
+	for s in $sizes; do
+		for op in $ops; do
+			for r in $(seq "$rounds"); do
+				# Alternate which one runs first: load from other sessions drifts.
+				if [ $((r % 2)) = 1 ]; then
+					run_raw "$prov" "$s" "$op"
+					run_te "$prov" "$s" "$op" "$cfg"
+				else
+					run_te "$prov" "$s" "$op" "$cfg"
+					run_raw "$prov" "$s" "$op"
+				fi
+				echo "$prov|$s|$op|$raw|$te" >>"$results"
+				echo "  $prov $s $op round $r: raw $raw GB/s, te $te GB/s" >&2
+			done
+		done
+	done
+done
+
+python3 - "$results" "$min_ratio" "$check" <<'PY'
+import statistics, sys
+rows, order = {}, []
+for line in open(sys.argv[1]):
+    prov, size, op, raw, te = line.strip().split("|")
+    key = (prov, size, op)
+    if key not in rows:
+        rows[key] = ([], [])
+        order.append(key)
+    rows[key][0].append(float(raw))
+    rows[key][1].append(float(te))
+min_ratio, check = float(sys.argv[2]), sys.argv[3] == "1"
+low = []
+print(f"{'provider':<12} {'block':>6} {'op':<5} {'raw GB/s':>9} {'te GB/s':>9} {'te/raw':>7}"
+      f"  {'min..max ratio':>15}")
+for key in order:
+    raw, te = statistics.median(rows[key][0]), statistics.median(rows[key][1])
+    ratios = [t / r for r, t in zip(*rows[key]) if r > 0]
+    ratio = statistics.median(ratios) if ratios else float("nan")
+    spread = f"{min(ratios):.2f}..{max(ratios):.2f}" if ratios else "-"
+    flag = "" if ratio >= min_ratio else f"  < {min_ratio}"
+    if ratio < min_ratio:
+        low.append(key)
+    print(f"{key[0]:<12} {key[1]:>6} {key[2]:<5} {raw:9.3f} {te:9.3f} {ratio:7.2f}"
+          f"  {spread:>15}{flag}")
+if check and low:
+    sys.exit(1)
+PY

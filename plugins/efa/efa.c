@@ -1,0 +1,2550 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* efa.c: the efa transport: one-sided READ/WRITE over libfabric RDM endpoints (EFA and others). */
+
+/*
+ * Shape of the plugin (README.md has the options, blob formats and semantics):
+ *
+ * NICs. init asks libfabric for FI_EP_RDM endpoints with FI_RMA of one provider and opens,
+ * per domain (NIC), a fabric, a domain, a CQ, an AV and one RDM endpoint. The endpoint
+ * addresses (fi_getname) and the provider name form the published blob.
+ *
+ * Memory. reg_mem registers a region once per NIC with fi_mr_regattr, honouring the mr_mode
+ * the provider returned: LOCAL (descriptors passed with every op), VIRT_ADDR (remote
+ * addresses are virtual addresses, otherwise offsets from the region start), PROV_KEY (keys
+ * read back, otherwise requested from a per-domain counter so they are unique per domain) and
+ * ENDPOINT (bound to the endpoint and enabled). The key blob carries the per-NIC keys, the
+ * region and whether the target addresses by offset.
+ *
+ * Peers. load_peer inserts every NIC address of the peer into every local AV (shared between
+ * peer handles through a refcounted cache) and sends a small warm-up message per NIC pair so
+ * that connection set-up (rxm) or the handshake (efa) happens at segment open, not on the first
+ * transfer. Every endpoint keeps a few receives posted for those messages.
+ *
+ * Data path. submit picks a NIC per slice (round-robin over the NICs near the local buffer,
+ * avoiding excluded devices), claims a slot of that NIC's in-flight window (a bitmap: the
+ * window bound and the table fini walks), and posts one fi_read or fi_writemsg straight from
+ * the calling thread, with slice->priv as the operation context: no allocation. A full
+ * window or -FI_EAGAIN ends the accepted prefix (core back-pressure).
+ *
+ * Locking. Every libfabric call on a NIC runs under that NIC's mutex (FI_THREAD_DOMAIN): a
+ * sleeping lock where providers' own locks spin, which matters when a post itself copies
+ * (shm's CMA). Progress threads only trylock it: a NIC busy posting is left to the kick the
+ * submit sends afterwards.
+ *
+ * Progress. Every instance runs progress threads that poll the CQs on both the active and the
+ * passive side (libfabric providers move data only while someone polls). Between bursts a
+ * thread sleeps on the CQ wait fd when the provider has one (after fi_trywait), otherwise for
+ * poll_us; submit kicks a sleeping thread through an eventfd. Completions and CQ errors
+ * (fi_cq_readerr, with fi_cq_strerror text in the detail) become host->slice_done calls.
+ *
+ * Lifetimes. A slice holds its local region (mem->inflight: dereg_mem answers TE_ERR_BUSY
+ * meanwhile) and its peer handle (refcount) until its completion. RMA operations cannot be
+ * cancelled in libfabric: cancel marks the slice and asks fi_cancel, and the slice is reported
+ * when the provider returns it; fini closes the endpoints, which ends every operation, and
+ * reports what is left as canceled. host->slice_done is never called with a plugin lock held.
+ */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pthread_setname_np, ppoll */
+#endif
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <te/te_plugin.h>
+
+#define EFA_NAME "efa"
+
+/* --- limits and formats ------------------------------------------------------------- */
+
+#define EFA_MAX_NICS 64u  /* te's device limit (excluded_devices is a 64-bit mask) */
+#define EFA_MAX_ADDR 256u /* longest endpoint address accepted from a peer */
+#define EFA_MAX_PROV 63u
+#define EFA_MAX_WINDOW 16384u
+#define EFA_MAX_THREADS 64u
+#define EFA_MAX_SLICE (1ull << 30)
+#define EFA_DEF_SLICE (4ull << 20) /* chosen by measurement: see README.md */
+#define EFA_RX_BUFS 16u		   /* receives posted per endpoint for warm-up messages */
+#define EFA_MSG_LEN 64u		   /* bytes of one such receive buffer */
+#define EFA_HELLO_LEN 8u
+#define EFA_HELLO_PAIRS 64u /* NIC pairs warmed per peer; beyond, only i -> i % n */
+#define EFA_CQ_BATCH 32u
+#define EFA_POLL_BUDGET 256u /* completions per CQ per loop before other CQs get a turn */
+#define EFA_TICK_NS (100ull * 1000 * 1000)  /* sleep bound with nothing in flight */
+#define EFA_SAFETY_NS (10ull * 1000 * 1000) /* sleep bound with operations in flight */
+#define EFA_DETAIL 256u
+#define EFA_PRIV_DETAIL 128u
+
+#define EFA_BLOB_MAGIC 0x31424645u /* "EFB1": published endpoints */
+#define EFA_BLOB_HDR 8u
+#define EFA_BLOB_MAX 4096u	  /* the descriptor's bound on a transport blob */
+#define EFA_KEY_MAGIC 0x314b4645u /* "EFK1": region key */
+#define EFA_KEY_HDR 40u
+#define EFA_KEY_OFFSET (1u << 0)	      /* key flag: the target addresses by offset */
+#define EFA_HELLO_MAGIC 0x4f4c4c4548414645ull /* "EFAHELLO" */
+
+#define EFA_ACCESS_ALL (TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)
+#define EFA_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* --- objects ------------------------------------------------------------------------ */
+
+enum efa_op_kind {
+	EFA_OP_SLICE = 1,
+	EFA_OP_RECV = 2,
+	EFA_OP_HELLO = 3,
+};
+
+/* What every libfabric operation context points at; ctx first (FI_CONTEXT/FI_CONTEXT2). */
+struct efa_op {
+	struct fi_context2 ctx;
+	uint32_t kind; /* enum efa_op_kind */
+};
+
+struct efa_nic;
+struct efa_peer;
+struct efa_mem;
+
+/* Per-slice plugin state, in slice->priv. */
+struct efa_spriv {
+	struct efa_op op;
+	struct te_plugin_slice *slice;
+	struct efa_nic *nic;
+	struct efa_mem *mem;
+	struct efa_peer *peer;
+	struct te_plugin_slice *next; /* deferred-failure list */
+	uint32_t slot;
+	atomic_uint canceled;
+	int32_t status; /* deferred failure */
+	char detail[EFA_PRIV_DETAIL];
+};
+_Static_assert(sizeof(struct efa_spriv) <= 256, "slice_priv_size is at most 256 bytes");
+
+struct efa_rxbuf {
+	struct efa_op op;
+	uint8_t *buf; /* EFA_MSG_LEN bytes inside nic->msg */
+};
+
+/* One AV entry shared by every peer handle that names the same address on one NIC. */
+struct efa_av_entry {
+	fi_addr_t fi_addr;
+	uint32_t refs;
+	size_t len;
+	uint8_t addr[EFA_MAX_ADDR];
+};
+
+struct efa_prog;
+
+struct efa_nic {
+	struct efa_inst *ei;
+	uint32_t index;
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_cq *cq;
+	struct fid_av *av;
+	struct fid_ep *ep;
+	struct fid *cq_fid; /* for fi_trywait */
+	int wait_fd;	    /* CQ wait fd, -1 without one */
+	uint64_t mr_mode;
+	bool closed; /* fini closed the endpoint: the provider's error text is gone with it */
+	/*
+	 * Every libfabric call on this NIC's objects (FI_THREAD_DOMAIN): a sleeping lock, where
+	 * the providers' own locks spin (shm holds its endpoint lock for a whole CMA copy).
+	 */
+	pthread_mutex_t lock;
+	atomic_uint_fast64_t next_key;
+
+	char name[64];
+	char pci[32];
+	int32_t numa;
+	uint64_t speed_mbps;
+	uint8_t addr[EFA_MAX_ADDR];
+	size_t addrlen;
+
+	/* In-flight window: bit set = slot used; slots[i] the slice in slot i. */
+	uint32_t window;
+	uint32_t n_words;
+	_Atomic uint64_t *bits;
+	struct te_plugin_slice *_Atomic *slots;
+	atomic_uint hint;
+	atomic_uint inflight;
+	atomic_uint lost; /* completions without context (provider bug) */
+
+	struct efa_prog *prog;
+
+	/* Warm-up messages: receives and the one (constant) message sent. */
+	uint8_t *msg;
+	struct fid_mr *msg_mr;
+	void *msg_desc;
+	struct efa_rxbuf rx[EFA_RX_BUFS];
+
+	/* AV cache, under ei->lock. */
+	struct efa_av_entry **av_entries;
+	uint32_t n_av, cap_av;
+};
+
+struct efa_prog {
+	struct efa_inst *ei;
+	uint32_t index;
+	pthread_t thread;
+	bool started;
+	int kick_fd;
+	atomic_int sleeping;
+	struct efa_nic **nics;
+	uint32_t n_nics;
+	bool all_fd; /* every CQ of this thread has a wait fd */
+	struct pollfd *pfds;
+};
+
+struct efa_mem {
+	uint64_t addr;
+	uint64_t length;
+	uint32_t access;
+	atomic_uint inflight;
+	atomic_uint rr;
+	uint64_t nic_mask; /* NICs near the region (published in the key) */
+	uint32_t n_pref;
+	uint8_t pref[EFA_MAX_NICS];
+	struct efa_mem *prev, *next;
+	struct fid_mr **mr;
+	void **desc;
+	uint64_t *key;
+};
+
+struct efa_hello {
+	struct efa_op op;
+	struct efa_peer *peer;
+	uint32_t nic;
+	uint32_t rnic;
+};
+
+/* One local NIC towards one peer. */
+struct efa_path {
+	atomic_uint inflight;
+	/* relaxed: when posts started answering -FI_EAGAIN with nothing in flight (0: none) */
+	atomic_uint_fast64_t eagain_since;
+};
+
+struct efa_peer {
+	struct efa_inst *ei;
+	char *name;
+	uint32_t n_rnics;
+	struct efa_path *paths; /* per local NIC */
+	atomic_uint refs;	/* the loaded handle, in-flight slices and warm-up messages */
+	struct efa_peer *prev, *next;
+	struct efa_av_entry **entries; /* [local nic * n_rnics + remote nic] */
+	fi_addr_t *addrs;
+	uint32_t n_hello;
+	struct efa_hello *hello;
+};
+
+struct efa_rkey {
+	uint64_t addr;
+	uint64_t length;
+	uint32_t access;
+	bool offset; /* the target addresses by offset from addr */
+	uint32_t n_keys;
+	uint32_t n_pref;
+	uint8_t pref[EFA_MAX_NICS];
+	struct efa_rkey *prev, *next;
+	uint64_t keys[];
+};
+
+enum efa_progress_mode {
+	EFA_PROGRESS_ADAPTIVE,
+	EFA_PROGRESS_BUSY,
+};
+
+struct efa_inst {
+	const struct te_plugin_host *host;
+	struct te_plugin_host_ctx *ctx;
+
+	/* options */
+	char provider[EFA_MAX_PROV + 1];
+	char node[INET6_ADDRSTRLEN + 1]; /* "" : the provider chooses */
+	char *devices;			 /* comma-separated domain names, or NULL: all */
+	uint32_t window_opt;		 /* 0: the provider's tx queue size */
+	uint64_t slice_size;
+	enum efa_progress_mode progress;
+	uint64_t spin_ns;
+	uint64_t poll_ns;
+	uint32_t n_threads_opt;
+	uint64_t write_flags; /* FI_DELIVERY_COMPLETE or 0 */
+	bool warmup;
+	uint64_t connect_timeout_ms;
+
+	char prov_name[EFA_MAX_PROV + 1]; /* what fi_getinfo reported */
+	bool same_host;
+	uint64_t max_msg;
+	uint32_t api_version;
+
+	struct efa_nic *nics;
+	uint32_t n_nics;
+	struct efa_prog *progs;
+	uint32_t n_progs;
+
+	pthread_mutex_t lock; /* lists below and the AV caches */
+	struct efa_mem *mems;
+	struct efa_peer *peers;
+	struct efa_rkey *rkeys;
+
+	pthread_mutex_t defer_lock;
+	struct te_plugin_slice *defer_head, *defer_tail; /* under defer_lock */
+	atomic_uint n_defer;				 /* peeked without the lock */
+
+	atomic_bool stopping;
+};
+
+/* --- small helpers ------------------------------------------------------------------ */
+
+#define efa_log(ei, level, ...) (ei)->host->log((ei)->ctx, (level), __VA_ARGS__)
+
+static inline struct efa_inst *efa_inst_of(struct te_plugin_inst *inst)
+{
+	return (struct efa_inst *)inst;
+}
+
+static inline struct efa_spriv *efa_priv(const struct te_plugin_slice *s)
+{
+	return (struct efa_spriv *)s->priv;
+}
+
+/* Say why an op is failing; the core quotes it to the user. Logged at debug as well. */
+static void efa_error(struct efa_inst *ei, const char *fmt, ...) TE_PLUGIN_PRINTF(2, 3);
+static void efa_error(struct efa_inst *ei, const char *fmt, ...)
+{
+	char buf[EFA_DETAIL];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (TE_PLUGIN_HAS(ei->host, struct te_plugin_host, set_error) && ei->host->set_error)
+		ei->host->set_error(ei->ctx, "%s", buf);
+	efa_log(ei, TE_PLUGIN_LOG_DEBUG, "%s", buf);
+}
+
+static uint64_t efa_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void efa_put_u16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void efa_put_u32(uint8_t *p, uint32_t v)
+{
+	for (unsigned i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void efa_put_u64(uint8_t *p, uint64_t v)
+{
+	for (unsigned i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t efa_get_u16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+static uint32_t efa_get_u32(const uint8_t *p)
+{
+	uint32_t v = 0;
+
+	for (unsigned i = 0; i < 4; i++)
+		v |= (uint32_t)p[i] << (8 * i);
+	return v;
+}
+
+static uint64_t efa_get_u64(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (unsigned i = 0; i < 8; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+/* libfabric error values are positive in CQ entries, but some providers store -err. */
+static int efa_errnum(int err)
+{
+	return err < 0 ? -err : err;
+}
+
+/* te status of a libfabric error (CQ entry or failed post), by what a retry can change. */
+static enum te_status efa_status_of(int err)
+{
+	switch (efa_errnum(err)) {
+	case FI_EAGAIN:
+	case FI_ENOMEM:
+	case FI_ENOSPC:
+		return TE_ERR_AGAIN;
+	case FI_ECONNRESET:
+	case FI_ECONNABORTED:
+	case FI_ENOTCONN:
+	case FI_ESHUTDOWN:
+	case FI_ECANCELED:
+	case EPIPE:
+		return TE_ERR_CONN_RESET;
+	case FI_ECONNREFUSED:
+	case FI_EHOSTUNREACH:
+	case FI_ENETUNREACH:
+	case FI_EADDRNOTAVAIL:
+		return TE_ERR_PEER_UNREACHABLE;
+	case FI_ENETDOWN:
+		return TE_ERR_LINK_DOWN;
+	case FI_ETIMEDOUT:
+		return TE_ERR_PATH_TIMEOUT;
+	case FI_EACCES:
+	case FI_EPERM:
+	case FI_EKEYREJECTED:
+	case FI_EFAULT:
+		return TE_ERR_REMOTE_ACCESS;
+	default:
+		return TE_ERR_TRANSIENT;
+	}
+}
+
+static void efa_nic_lock(struct efa_nic *nic)
+{
+	pthread_mutex_lock(&nic->lock);
+}
+
+static void efa_nic_unlock(struct efa_nic *nic)
+{
+	pthread_mutex_unlock(&nic->lock);
+}
+
+/* Wake @p if it sleeps (or is about to). Any thread. */
+static void efa_prog_kick(struct efa_prog *p)
+{
+	uint64_t one = 1;
+
+	/* seq_cst: pairs with the thread's store of sleeping before its last CQ check. */
+	if (!atomic_load(&p->sleeping))
+		return;
+	if (write(p->kick_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		efa_log(p->ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: cannot wake: %s", p->index,
+			strerror(errno));
+}
+
+/* --- in-flight window ----------------------------------------------------------------- */
+
+/* Claim a free slot of @nic's window; -1 when the window is full. */
+static int64_t efa_slot_claim(struct efa_nic *nic)
+{
+	/* relaxed: a hint only; the CAS below orders the claim */
+	uint32_t start = atomic_load_explicit(&nic->hint, memory_order_relaxed);
+
+	for (uint32_t k = 0; k < nic->n_words; k++) {
+		uint32_t w = (start + k) % nic->n_words;
+		uint64_t v = atomic_load_explicit(&nic->bits[w], memory_order_relaxed);
+
+		while (~v) {
+			uint64_t bit = ~v & (v + 1); /* lowest zero bit */
+
+			if (atomic_compare_exchange_weak_explicit(&nic->bits[w], &v, v | bit,
+								  memory_order_acquire,
+								  memory_order_relaxed)) {
+				if (w != start)
+					atomic_store_explicit(&nic->hint, w, memory_order_relaxed);
+				return (int64_t)w * 64 + __builtin_ctzll(bit);
+			}
+		}
+	}
+	return -1;
+}
+
+static void efa_slot_release(struct efa_nic *nic, uint32_t slot)
+{
+	/* relaxed: only fini reads slots, after joining every thread */
+	atomic_store_explicit(&nic->slots[slot], NULL, memory_order_relaxed);
+	atomic_fetch_and_explicit(&nic->bits[slot / 64], ~(1ull << (slot % 64)),
+				  memory_order_release);
+}
+
+/* --- AV cache and peers --------------------------------------------------------------- */
+
+/* fi_addr of @addr on @nic, inserting it on first use. Under ei->lock. */
+static enum te_status efa_av_get_locked(struct efa_nic *nic, const uint8_t *addr, size_t len,
+					struct efa_av_entry **entry_out)
+{
+	struct efa_av_entry *e;
+	fi_addr_t fa = FI_ADDR_NOTAVAIL;
+	int ret;
+
+	for (uint32_t i = 0; i < nic->n_av; i++) {
+		e = nic->av_entries[i];
+		if (e->len == len && memcmp(e->addr, addr, len) == 0) {
+			e->refs++;
+			*entry_out = e;
+			return TE_OK;
+		}
+	}
+	if (nic->n_av == nic->cap_av) {
+		uint32_t ncap = nic->cap_av ? nic->cap_av * 2 : 16;
+		struct efa_av_entry **na = realloc(nic->av_entries, ncap * sizeof(*na));
+
+		if (!na)
+			return TE_ERR_NOMEM;
+		nic->av_entries = na;
+		nic->cap_av = ncap;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return TE_ERR_NOMEM;
+	efa_nic_lock(nic);
+	ret = fi_av_insert(nic->av, addr, 1, &fa, 0, NULL);
+	efa_nic_unlock(nic);
+	if (ret != 1 || fa == FI_ADDR_NOTAVAIL) {
+		free(e);
+		efa_error(nic->ei, EFA_NAME ": fi_av_insert on %s: %s", nic->name,
+			  ret < 0 ? fi_strerror(-ret) : "address not inserted");
+		return TE_ERR_PEER_UNREACHABLE;
+	}
+	e->fi_addr = fa;
+	e->refs = 1;
+	e->len = len;
+	memcpy(e->addr, addr, len);
+	nic->av_entries[nic->n_av++] = e;
+	*entry_out = e;
+	return TE_OK;
+}
+
+/* Drop one reference; the last one removes the address from the AV. Under ei->lock. */
+static void efa_av_put_locked(struct efa_nic *nic, struct efa_av_entry *e)
+{
+	if (--e->refs)
+		return;
+	for (uint32_t i = 0; i < nic->n_av; i++) {
+		if (nic->av_entries[i] == e) {
+			nic->av_entries[i] = nic->av_entries[--nic->n_av];
+			break;
+		}
+	}
+	efa_nic_lock(nic);
+	(void)fi_av_remove(nic->av, &e->fi_addr, 1, 0);
+	efa_nic_unlock(nic);
+	free(e);
+}
+
+/* Free @peer's AV references and memory. Under ei->lock. */
+static void efa_peer_free_locked(struct efa_inst *ei, struct efa_peer *peer)
+{
+	for (uint32_t i = 0; peer->entries && i < ei->n_nics; i++)
+		for (uint32_t j = 0; j < peer->n_rnics; j++)
+			if (peer->entries[i * peer->n_rnics + j])
+				efa_av_put_locked(&ei->nics[i],
+						  peer->entries[i * peer->n_rnics + j]);
+	if (peer->prev)
+		peer->prev->next = peer->next;
+	else if (ei->peers == peer)
+		ei->peers = peer->next;
+	if (peer->next)
+		peer->next->prev = peer->prev;
+	free(peer->entries);
+	free(peer->addrs);
+	free(peer->hello);
+	free(peer->paths);
+	free(peer->name);
+	free(peer);
+}
+
+static void efa_peer_unref(struct efa_inst *ei, struct efa_peer *peer)
+{
+	if (atomic_fetch_sub_explicit(&peer->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	pthread_mutex_lock(&ei->lock);
+	efa_peer_free_locked(ei, peer);
+	pthread_mutex_unlock(&ei->lock);
+}
+
+/* --- completion ------------------------------------------------------------------------ */
+
+/*
+ * End one slice attempt: give back its slot and references, then report. @err is 0 or a
+ * libfabric error; @prov is the provider's text for it (may be NULL).
+ */
+static void efa_slice_finish(struct efa_inst *ei, struct efa_spriv *p, int err, int prov_errno,
+			     const char *prov)
+{
+	struct te_plugin_slice *s = p->slice;
+	struct efa_nic *nic = p->nic;
+	struct efa_peer *peer = p->peer;
+	enum te_status st = TE_OK;
+	char detail[EFA_DETAIL];
+	uint64_t len = s->length;
+
+	if (err) {
+		bool canceled = atomic_load_explicit(&p->canceled, memory_order_relaxed);
+
+		st = efa_status_of(err);
+		if (canceled && (st == TE_ERR_CONN_RESET || efa_errnum(err) == FI_ECANCELED))
+			st = TE_ERR_CANCELED;
+		snprintf(detail, sizeof(detail),
+			 EFA_NAME "[%s] %s: %s of %" PRIu64 " bytes %s %s at 0x%" PRIx64
+				  " failed: %s (%d)%s%s%s",
+			 ei->prov_name, nic->name,
+			 s->opcode == TE_PLUGIN_OP_READ ? "READ" : "WRITE", len,
+			 s->opcode == TE_PLUGIN_OP_READ ? "from" : "to", peer->name, s->remote,
+			 fi_strerror(efa_errnum(err)), efa_errnum(err), prov ? "; provider: " : "",
+			 prov ? prov : "", canceled ? " (canceled)" : "");
+		if (prov_errno && strlen(detail) + 24 < sizeof(detail))
+			snprintf(detail + strlen(detail), sizeof(detail) - strlen(detail),
+				 " [provider errno %d]", prov_errno);
+	}
+	efa_slot_release(nic, p->slot);
+	atomic_fetch_sub_explicit(&nic->inflight, 1, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&peer->paths[nic->index].inflight, 1, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&p->mem->inflight, 1, memory_order_release);
+	ei->host->slice_done(ei->ctx, s, st, st == TE_OK ? len : 0, st == TE_OK ? NULL : detail);
+	efa_peer_unref(ei, peer);
+}
+
+static void efa_rx_post(struct efa_nic *nic, struct efa_rxbuf *rx)
+{
+	ssize_t ret;
+
+	efa_nic_lock(nic);
+	ret = fi_recv(nic->ep, rx->buf, EFA_MSG_LEN, nic->msg_desc, FI_ADDR_UNSPEC, &rx->op.ctx);
+	efa_nic_unlock(nic);
+	/* A receive not reposted only means fewer buffers for warm-up messages. */
+	if (ret)
+		efa_log(nic->ei, TE_PLUGIN_LOG_DEBUG, "%s: fi_recv: %s", nic->name,
+			fi_strerror((int)-ret));
+}
+
+/* One CQ entry (or error entry) of @nic. */
+static void efa_complete(struct efa_nic *nic, void *context, int err, int prov_errno,
+			 const char *prov)
+{
+	struct efa_inst *ei = nic->ei;
+	struct efa_op *op = context;
+
+	if (!op) {
+		/*
+		 * An operation's outcome is lost: shm (1.17) reports failed CMA copies without
+		 * their context. That slice stays with the plugin until fini; the core ends its
+		 * task at the deadline. Said once per NIC, then at debug level.
+		 */
+		uint32_t lost = atomic_fetch_add_explicit(&nic->lost, 1, memory_order_relaxed);
+
+		efa_log(ei, lost ? TE_PLUGIN_LOG_DEBUG : TE_PLUGIN_LOG_WARN,
+			"%s: %s completion without context (%u so far): %s%s%s; its slice "
+			"ends at its deadline",
+			nic->name, err ? "error" : "a", lost + 1,
+			err ? fi_strerror(efa_errnum(err)) : "", prov ? "; provider: " : "",
+			prov ? prov : "");
+		return;
+	}
+	switch (op->kind) {
+	case EFA_OP_SLICE:
+		efa_slice_finish(ei, (struct efa_spriv *)(void *)op, err, prov_errno, prov);
+		break;
+	case EFA_OP_RECV:
+		/* Content does not matter: the message only warmed the path. */
+		if (!atomic_load_explicit(&ei->stopping, memory_order_relaxed))
+			efa_rx_post(nic, (struct efa_rxbuf *)(void *)op);
+		break;
+	case EFA_OP_HELLO: {
+		struct efa_hello *h = (struct efa_hello *)(void *)op;
+
+		if (err)
+			efa_log(ei, TE_PLUGIN_LOG_INFO,
+				"%s: warm-up message to %s (remote NIC %u) failed: %s%s%s",
+				nic->name, h->peer->name, h->rnic, fi_strerror(efa_errnum(err)),
+				prov ? "; provider: " : "", prov ? prov : "");
+		efa_peer_unref(ei, h->peer);
+		break;
+	}
+	default:
+		efa_log(ei, TE_PLUGIN_LOG_ERROR, "%s: completion of unknown kind %u", nic->name,
+			op->kind);
+		break;
+	}
+}
+
+/*
+ * Read @nic's CQ: up to @budget completions; returns how many were handled. With @busy_out
+ * the CQ is only read if the NIC's lock is free (*busy_out says it was not): a submit posting
+ * there kicks the progress thread afterwards.
+ */
+static uint32_t efa_nic_poll(struct efa_nic *nic, uint32_t budget, bool *busy_out)
+{
+	struct fi_cq_entry ent[EFA_CQ_BATCH];
+	uint32_t done = 0;
+
+	while (done < budget) {
+		ssize_t n;
+
+		if (busy_out) {
+			if (pthread_mutex_trylock(&nic->lock) != 0) {
+				*busy_out = true;
+				break;
+			}
+		} else {
+			efa_nic_lock(nic);
+		}
+		n = fi_cq_read(nic->cq, ent, EFA_MIN(EFA_CQ_BATCH, budget - done));
+		if (n > 0) {
+			efa_nic_unlock(nic);
+			for (ssize_t i = 0; i < n; i++)
+				efa_complete(nic, ent[i].op_context, 0, 0, NULL);
+			done += (uint32_t)n;
+			if ((size_t)n < EFA_CQ_BATCH)
+				break;
+		} else if (n == -FI_EAVAIL) {
+			struct fi_cq_err_entry e;
+			char text[128];
+			const char *prov = NULL;
+
+			memset(&e, 0, sizeof(e));
+			n = fi_cq_readerr(nic->cq, &e, 0);
+			if (n == 1 && !nic->closed)
+				prov = fi_cq_strerror(nic->cq, e.prov_errno, e.err_data, text,
+						      sizeof(text));
+			efa_nic_unlock(nic);
+			if (n != 1)
+				break;
+			if (prov && !*prov)
+				prov = NULL;
+			efa_complete(nic, e.op_context, e.err ? e.err : FI_EOTHER, e.prov_errno,
+				     prov);
+			done++;
+		} else {
+			efa_nic_unlock(nic);
+			if (n != -FI_EAGAIN)
+				efa_log(nic->ei, TE_PLUGIN_LOG_ERROR, "%s: fi_cq_read: %s",
+					nic->name, fi_strerror((int)-n));
+			break;
+		}
+	}
+	return done;
+}
+
+/* Report the slices submit could not post (never from inside submit). */
+static uint32_t efa_flush_deferred(struct efa_inst *ei)
+{
+	struct te_plugin_slice *s;
+	uint32_t n = 0;
+
+	/* relaxed peek: a miss is caught on the next round (submit kicks after deferring) */
+	if (!atomic_load_explicit(&ei->n_defer, memory_order_relaxed))
+		return 0;
+	pthread_mutex_lock(&ei->defer_lock);
+	s = ei->defer_head;
+	ei->defer_head = ei->defer_tail = NULL;
+	atomic_store_explicit(&ei->n_defer, 0, memory_order_relaxed);
+	pthread_mutex_unlock(&ei->defer_lock);
+	while (s) {
+		struct efa_spriv *p = efa_priv(s);
+		struct te_plugin_slice *next = p->next;
+
+		ei->host->slice_done(ei->ctx, s, (enum te_status)p->status, 0, p->detail);
+		s = next;
+		n++;
+	}
+	return n;
+}
+
+static void efa_defer_fail(struct efa_inst *ei, struct te_plugin_slice *s, enum te_status st,
+			   const char *fmt, ...) TE_PLUGIN_PRINTF(4, 5);
+static void efa_defer_fail(struct efa_inst *ei, struct te_plugin_slice *s, enum te_status st,
+			   const char *fmt, ...)
+{
+	struct efa_spriv *p = efa_priv(s);
+	va_list ap;
+
+	p->status = st;
+	va_start(ap, fmt);
+	vsnprintf(p->detail, sizeof(p->detail), fmt, ap);
+	va_end(ap);
+	p->next = NULL;
+	p->nic = NULL;
+	pthread_mutex_lock(&ei->defer_lock);
+	if (ei->defer_tail)
+		efa_priv(ei->defer_tail)->next = s;
+	else
+		ei->defer_head = s;
+	ei->defer_tail = s;
+	atomic_fetch_add_explicit(&ei->n_defer, 1, memory_order_relaxed);
+	pthread_mutex_unlock(&ei->defer_lock);
+}
+
+/* --- progress threads ------------------------------------------------------------------ */
+
+static bool efa_prog_busy_nics(const struct efa_prog *p)
+{
+	for (uint32_t i = 0; i < p->n_nics; i++)
+		if (atomic_load_explicit(&p->nics[i]->inflight, memory_order_relaxed))
+			return true;
+	return false;
+}
+
+/*
+ * Sleep until a CQ wait fd fires, a kick comes or the timeout passes. @yielded: a submit was
+ * posting on one of our NICs (we left its CQ alone): wait for its kick only, briefly.
+ */
+static void efa_prog_sleep(struct efa_prog *p, bool yielded)
+{
+	struct efa_inst *ei = p->ei;
+	uint64_t timeout_ns;
+	struct timespec ts;
+	nfds_t n = 1;
+
+	/* seq_cst: pairs with efa_prog_kick's load after posting. */
+	atomic_store(&p->sleeping, 1);
+	if (p->index == 0 && atomic_load_explicit(&ei->n_defer, memory_order_relaxed))
+		goto out_awake;
+	if (yielded) {
+		timeout_ns = ei->poll_ns;
+	} else if (p->all_fd) {
+		for (uint32_t i = 0; i < p->n_nics; i++) {
+			struct efa_nic *nic = p->nics[i];
+			int rc;
+
+			efa_nic_lock(nic);
+			rc = fi_trywait(nic->fabric, &nic->cq_fid, 1);
+			efa_nic_unlock(nic);
+			if (rc != FI_SUCCESS)
+				goto out_awake;
+		}
+		n = 1 + p->n_nics;
+		timeout_ns = efa_prog_busy_nics(p) ? EFA_SAFETY_NS : EFA_TICK_NS;
+	} else {
+		/* A completion that landed before sleeping was published: poll once more. */
+		for (uint32_t i = 0; i < p->n_nics; i++)
+			if (efa_nic_poll(p->nics[i], EFA_POLL_BUDGET, NULL))
+				goto out_awake;
+		/*
+		 * Without a wait object the passive side must still poll now and then (the
+		 * provider moves peers' data only inside fi_cq_read); with operations of ours
+		 * in flight, poll_us bounds their completion latency.
+		 */
+		timeout_ns = ei->poll_ns;
+	}
+	ts.tv_sec = (time_t)(timeout_ns / 1000000000ull);
+	ts.tv_nsec = (long)(timeout_ns % 1000000000ull);
+	if (ppoll(p->pfds, n, &ts, NULL) > 0 && (p->pfds[0].revents & POLLIN)) {
+		uint64_t v;
+
+		if (read(p->kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+			efa_log(ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: kick read: %s",
+				p->index, strerror(errno));
+	}
+out_awake:
+	atomic_store_explicit(&p->sleeping, 0, memory_order_relaxed);
+}
+
+static void *efa_prog_main(void *arg)
+{
+	struct efa_prog *p = arg;
+	struct efa_inst *ei = p->ei;
+	uint64_t last_work = efa_now_ns();
+
+	while (!atomic_load_explicit(&ei->stopping, memory_order_acquire)) {
+		bool yielded = false;
+		uint32_t work = 0;
+
+		/*
+		 * A NIC whose lock a submit holds is skipped, not waited for (shm copies inside
+		 * the post call): the submit kicks this thread when it is done.
+		 */
+		for (uint32_t i = 0; i < p->n_nics; i++)
+			work += efa_nic_poll(p->nics[i], EFA_POLL_BUDGET, &yielded);
+		if (p->index == 0)
+			work += efa_flush_deferred(ei);
+		if (work) {
+			last_work = efa_now_ns();
+			continue;
+		}
+		if (ei->progress == EFA_PROGRESS_BUSY)
+			continue;
+		if (yielded) {
+			efa_prog_sleep(p, true);
+			continue;
+		}
+		/*
+		 * Keep polling for spin_us after the last completion (a burst usually has more),
+		 * yielding the core, then sleep: on the wait fd, or for poll_us without one.
+		 * Providers without a wait fd that complete asynchronously want 'busy' (the
+		 * default for efa); shm completes inside the post call, and submit kicks.
+		 */
+		if (efa_now_ns() - last_work < ei->spin_ns) {
+			sched_yield();
+			continue;
+		}
+		efa_prog_sleep(p, false);
+	}
+	return NULL;
+}
+
+static enum te_status efa_progs_start(struct efa_inst *ei)
+{
+	uint32_t n = ei->n_threads_opt ? EFA_MIN(ei->n_threads_opt, ei->n_nics) : 1;
+
+	ei->progs = calloc(n, sizeof(*ei->progs));
+	if (!ei->progs)
+		return TE_ERR_NOMEM;
+	ei->n_progs = n;
+	for (uint32_t t = 0; t < n; t++) {
+		struct efa_prog *p = &ei->progs[t];
+
+		p->ei = ei;
+		p->index = t;
+		p->kick_fd = -1;
+		p->all_fd = true;
+		p->nics = calloc(ei->n_nics, sizeof(*p->nics));
+		p->pfds = calloc(ei->n_nics + 1, sizeof(*p->pfds));
+		if (!p->nics || !p->pfds)
+			return TE_ERR_NOMEM;
+		p->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (p->kick_fd < 0) {
+			efa_error(ei, EFA_NAME ": eventfd: %s", strerror(errno));
+			return TE_ERR_SYSTEM;
+		}
+		p->pfds[0] = (struct pollfd){ .fd = p->kick_fd, .events = POLLIN };
+	}
+	for (uint32_t i = 0; i < ei->n_nics; i++) {
+		struct efa_prog *p = &ei->progs[i % n];
+		struct efa_nic *nic = &ei->nics[i];
+
+		nic->prog = p;
+		p->nics[p->n_nics] = nic;
+		p->pfds[1 + p->n_nics] = (struct pollfd){ .fd = nic->wait_fd, .events = POLLIN };
+		if (nic->wait_fd < 0)
+			p->all_fd = false;
+		p->n_nics++;
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		struct efa_prog *p = &ei->progs[t];
+		sigset_t all, old;
+		char name[16];
+		int rc;
+
+		/* Progress threads take no signals: the application's handlers run elsewhere. */
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		rc = pthread_create(&p->thread, NULL, efa_prog_main, p);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (rc != 0) {
+			efa_error(ei, EFA_NAME ": cannot start progress thread %u: %s", t,
+				  strerror(rc));
+			return TE_ERR_SYSTEM;
+		}
+		p->started = true;
+		snprintf(name, sizeof(name), "te-efa-%u", t);
+		pthread_setname_np(p->thread, name);
+	}
+	return TE_OK;
+}
+
+/* --- options ---------------------------------------------------------------------------- */
+
+static const char *const efa_option_names[] = {
+	"provider",
+	"devices",
+	"node",
+	"iface",
+	"window",
+	"slice_size",
+	"progress",
+	"spin_us",
+	"poll_us",
+	"progress_threads",
+	"write_completion",
+	"warmup",
+	"connect_timeout_ms",
+};
+
+static enum te_status efa_opt_u64(struct efa_inst *ei, const char *key, uint64_t def, uint64_t min,
+				  uint64_t max, bool size_suffix, uint64_t *out)
+{
+	const char *s = ei->host->config_get(ei->ctx, key);
+	unsigned long long v;
+	uint64_t mult = 1;
+	char *end;
+
+	if (!s || !*s) {
+		*out = def;
+		return TE_OK;
+	}
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (end == s || errno != 0 || *s < '0' || *s > '9')
+		goto err_invalid;
+	if (size_suffix && *end) {
+		switch (*end) {
+		case 'k':
+		case 'K':
+			mult = 1ull << 10;
+			break;
+		case 'm':
+		case 'M':
+			mult = 1ull << 20;
+			break;
+		case 'g':
+		case 'G':
+			mult = 1ull << 30;
+			break;
+		default:
+			goto err_invalid;
+		}
+		end++;
+		if (*end == 'i')
+			end++;
+		if (*end == 'B' || *end == 'b')
+			end++;
+	}
+	if (*end != '\0' || (v != 0 && mult > UINT64_MAX / v))
+		goto err_invalid;
+	v *= mult;
+	if (v < min || v > max)
+		goto err_invalid;
+	*out = v;
+	return TE_OK;
+
+err_invalid:
+	efa_error(ei,
+		  EFA_NAME ": option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64
+			   "], got '%s'",
+		  key, size_suffix ? " (optional k/m/g suffix)" : "", min, max, s);
+	return TE_ERR_CONFIG;
+}
+
+/* One of @choices (NULL-terminated) for @key; index into *out, @def when absent. */
+static enum te_status efa_opt_enum(struct efa_inst *ei, const char *key, const char *const *choices,
+				   unsigned def, unsigned *out)
+{
+	const char *s = ei->host->config_get(ei->ctx, key);
+
+	if (!s || !*s) {
+		*out = def;
+		return TE_OK;
+	}
+	for (unsigned i = 0; choices[i]; i++) {
+		if (strcmp(s, choices[i]) == 0) {
+			*out = i;
+			return TE_OK;
+		}
+	}
+	efa_error(ei, EFA_NAME ": option '%s': '%s' is not one of %s%s%s%s%s", key, s, choices[0],
+		  choices[1] ? ", " : "", choices[1] ? choices[1] : "", choices[2] ? ", " : "",
+		  choices[2] ? choices[2] : "");
+	return TE_ERR_CONFIG;
+}
+
+struct efa_unknown {
+	struct efa_inst *ei;
+	char bad[64];
+};
+
+static void efa_check_key(void *user, const char *key, const char *value)
+{
+	struct efa_unknown *u = user;
+
+	(void)value;
+	for (size_t i = 0; i < sizeof(efa_option_names) / sizeof(efa_option_names[0]); i++)
+		if (strcmp(key, efa_option_names[i]) == 0)
+			return;
+	if (!u->bad[0])
+		snprintf(u->bad, sizeof(u->bad), "%s", key);
+}
+
+/* Provider names whose endpoints are addressed by IP (a node address applies). */
+static bool efa_prov_is_ip(const char *prov)
+{
+	static const char *const ip[] = { "tcp", "net", "sockets", "udp", "verbs", NULL };
+	size_t len = strcspn(prov, ";");
+
+	for (unsigned i = 0; ip[i]; i++)
+		if (strlen(ip[i]) == len && strncmp(prov, ip[i], len) == 0)
+			return true;
+	return false;
+}
+
+/* First IPv4 (else IPv6) address of interface @name, as text. */
+static enum te_status efa_iface_addr(struct efa_inst *ei, const char *name, char *buf, size_t cap)
+{
+	struct ifaddrs *ifa = NULL, *best = NULL;
+
+	if (getifaddrs(&ifa) != 0) {
+		efa_error(ei, EFA_NAME ": option 'iface': getifaddrs: %s", strerror(errno));
+		return TE_ERR_CONFIG;
+	}
+	for (struct ifaddrs *i = ifa; i; i = i->ifa_next) {
+		if (!i->ifa_addr || strcmp(i->ifa_name, name) != 0)
+			continue;
+		if (i->ifa_addr->sa_family == AF_INET) {
+			best = i;
+			break;
+		}
+		if (i->ifa_addr->sa_family == AF_INET6 && !best)
+			best = i;
+	}
+	if (!best) {
+		freeifaddrs(ifa);
+		efa_error(ei, EFA_NAME ": option 'iface': no interface '%s' with an IP address",
+			  name);
+		return TE_ERR_CONFIG;
+	}
+	if (best->ifa_addr->sa_family == AF_INET)
+		inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)best->ifa_addr)->sin_addr, buf,
+			  (socklen_t)cap);
+	else
+		inet_ntop(AF_INET6, &((struct sockaddr_in6 *)(void *)best->ifa_addr)->sin6_addr,
+			  buf, (socklen_t)cap);
+	freeifaddrs(ifa);
+	return TE_OK;
+}
+
+/*
+ * Whether processes of this user may copy each other's memory with CMA: the syscalls are
+ * not filtered (a copy from ourselves works), Yama allows it between unrelated processes and
+ * the shm provider was not told to avoid it.
+ */
+static bool efa_cma_usable(void)
+{
+	const char *env = getenv("FI_SHM_DISABLE_CMA");
+	char src = 1, dst = 0;
+	struct iovec l = { .iov_base = &dst, .iov_len = 1 }, r = { .iov_base = &src, .iov_len = 1 };
+	int scope = 0;
+	FILE *f;
+
+	if (env && *env && strcmp(env, "0") != 0 && strcasecmp(env, "no") != 0 &&
+	    strcasecmp(env, "false") != 0)
+		return false;
+	if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != 1 || dst != 1)
+		return false;
+	f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+	if (f) {
+		if (fscanf(f, "%d", &scope) != 1)
+			scope = 1;
+		fclose(f);
+	}
+	return scope == 0;
+}
+
+static enum te_status efa_options(struct efa_inst *ei)
+{
+	static const char *const progress[] = { "auto", "adaptive", "busy", NULL };
+	static const char *const completion[] = { "auto", "delivery", "transmit", NULL };
+	struct efa_unknown unknown = { .ei = ei };
+	const char *s, *iface, *node;
+	unsigned prog, comp;
+	enum te_status st;
+	uint64_t v;
+
+	if (ei->host->config_foreach) {
+		ei->host->config_foreach(ei->ctx, efa_check_key, &unknown);
+		if (unknown.bad[0]) {
+			efa_error(ei,
+				  EFA_NAME ": unknown option '%s' (known: provider, devices, node, "
+					   "iface, window, slice_size, progress, spin_us, poll_us, "
+					   "progress_threads, write_completion, warmup, "
+					   "connect_timeout_ms)",
+				  unknown.bad);
+			return TE_ERR_CONFIG;
+		}
+	}
+	s = ei->host->config_get(ei->ctx, "provider");
+	if (!s || !*s)
+		s = "efa";
+	if (strlen(s) > EFA_MAX_PROV) {
+		efa_error(ei, EFA_NAME ": option 'provider': longer than %u characters",
+			  EFA_MAX_PROV);
+		return TE_ERR_CONFIG;
+	}
+	snprintf(ei->provider, sizeof(ei->provider), "%s", s);
+	s = ei->host->config_get(ei->ctx, "devices");
+	if (s && *s) {
+		ei->devices = strdup(s);
+		if (!ei->devices)
+			return TE_ERR_NOMEM;
+	}
+
+	iface = ei->host->config_get(ei->ctx, "iface");
+	node = ei->host->config_get(ei->ctx, "node");
+	if (iface && *iface && node && *node) {
+		efa_error(ei, EFA_NAME ": options 'iface' and 'node' are mutually exclusive");
+		return TE_ERR_CONFIG;
+	}
+	if (iface && *iface) {
+		st = efa_iface_addr(ei, iface, ei->node, sizeof(ei->node));
+		if (st != TE_OK)
+			return st;
+	} else if (node) {
+		/* An explicit empty value leaves the choice to the provider. */
+		if (strlen(node) >= sizeof(ei->node)) {
+			efa_error(ei, EFA_NAME ": option 'node': '%s' is not an address", node);
+			return TE_ERR_CONFIG;
+		}
+		snprintf(ei->node, sizeof(ei->node), "%s", node);
+	} else if (efa_prov_is_ip(ei->provider)) {
+		/* Loopback unless told otherwise: no traffic leaves the host by accident. */
+		snprintf(ei->node, sizeof(ei->node), "127.0.0.1");
+	}
+
+	if ((st = efa_opt_u64(ei, "window", 0, 0, EFA_MAX_WINDOW, false, &v)) != TE_OK)
+		return st;
+	ei->window_opt = (uint32_t)v;
+	if ((st = efa_opt_u64(ei, "slice_size", EFA_DEF_SLICE, 4096, EFA_MAX_SLICE, true,
+			      &ei->slice_size)) != TE_OK)
+		return st;
+	if ((st = efa_opt_enum(ei, "progress", progress, 0, &prog)) != TE_OK)
+		return st;
+	/* auto: a real EFA device wants a dedicated polling core; emulations do not. */
+	if (prog == 2 || (prog == 0 && strcmp(ei->provider, "efa") == 0))
+		ei->progress = EFA_PROGRESS_BUSY;
+	else
+		ei->progress = EFA_PROGRESS_ADAPTIVE;
+	if ((st = efa_opt_u64(ei, "spin_us", 20, 0, 1000000, false, &v)) != TE_OK)
+		return st;
+	ei->spin_ns = v * 1000;
+	if ((st = efa_opt_u64(ei, "poll_us", 50, 1, 1000000, false, &v)) != TE_OK)
+		return st;
+	ei->poll_ns = v * 1000;
+	if ((st = efa_opt_u64(ei, "progress_threads", 1, 1, EFA_MAX_THREADS, false, &v)) != TE_OK)
+		return st;
+	ei->n_threads_opt = (uint32_t)v;
+	if ((st = efa_opt_enum(ei, "write_completion", completion, 0, &comp)) != TE_OK)
+		return st;
+	/*
+	 * auto: delivery, except on shm with CMA, where the initiator itself copies with
+	 * process_vm_writev, so a WRITE that completes is already in the target's memory, while
+	 * asking for delivery completion would make every WRITE wait for the target to poll
+	 * (and hang on a dead target: shm never fails them).
+	 */
+	if (comp == 0)
+		comp = strcmp(ei->provider, "shm") == 0 && efa_cma_usable() ? 2 : 1;
+	ei->write_flags = comp == 1 ? FI_DELIVERY_COMPLETE : 0;
+	s = ei->host->config_get(ei->ctx, "warmup");
+	if (!s || !*s || strcmp(s, "true") == 0 || strcmp(s, "yes") == 0) {
+		ei->warmup = true;
+	} else if (strcmp(s, "false") == 0 || strcmp(s, "no") == 0) {
+		ei->warmup = false;
+	} else {
+		efa_error(ei, EFA_NAME ": option 'warmup': expected true or false, got '%s'", s);
+		return TE_ERR_CONFIG;
+	}
+	if ((st = efa_opt_u64(ei, "connect_timeout_ms", 3000, 1, 600000, false,
+			      &ei->connect_timeout_ms)) != TE_OK)
+		return st;
+	return TE_OK;
+}
+
+/* --- NICs ------------------------------------------------------------------------------- */
+
+/* Whether domain @name is selected by the 'devices' option ("rdmap16s27" names the RDM one). */
+static bool efa_device_wanted(const struct efa_inst *ei, const char *name)
+{
+	const char *p = ei->devices;
+
+	if (!p)
+		return true;
+	while (*p) {
+		size_t len = strcspn(p, ",");
+		size_t nlen = strlen(name);
+
+		while (len && (*p == ' ')) {
+			p++;
+			len--;
+		}
+		if (len && ((nlen == len && strncmp(name, p, len) == 0) ||
+			    (nlen == len + 4 && strncmp(name, p, len) == 0 &&
+			     strcmp(name + len, "-rdm") == 0)))
+			return true;
+		p += len;
+		if (*p == ',')
+			p++;
+	}
+	return false;
+}
+
+static int32_t efa_pci_numa(const struct fi_info *info, char *pci, size_t cap)
+{
+	const struct fi_pci_attr *a;
+	char path[128];
+	FILE *f;
+	int numa = -1;
+
+	pci[0] = '\0';
+	if (!info->nic || !info->nic->bus_attr || info->nic->bus_attr->bus_type != FI_BUS_PCI)
+		return -1;
+	a = &info->nic->bus_attr->attr.pci;
+	snprintf(pci, cap, "%04x:%02x:%02x.%x", a->domain_id, a->bus_id, a->device_id,
+		 a->function_id);
+	snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", pci);
+	f = fopen(path, "re");
+	if (f) {
+		if (fscanf(f, "%d", &numa) != 1)
+			numa = -1;
+		fclose(f);
+	}
+	return numa;
+}
+
+/* Open fabric, domain, CQ, AV and endpoint of @nic from its fi_info. */
+static enum te_status efa_nic_open(struct efa_inst *ei, struct efa_nic *nic)
+{
+	struct fi_cq_attr cq_attr = { .format = FI_CQ_FORMAT_CONTEXT };
+	struct fi_av_attr av_attr = { .type = FI_AV_TABLE };
+	struct fi_info *info = nic->info;
+	const char *step;
+	uint32_t window;
+	int ret;
+
+	nic->wait_fd = -1;
+	nic->mr_mode = (uint64_t)info->domain_attr->mr_mode;
+	pthread_mutex_init(&nic->lock, NULL);
+	atomic_init(&nic->next_key, 1);
+	snprintf(nic->name, sizeof(nic->name), "%s", info->domain_attr->name);
+	nic->numa = efa_pci_numa(info, nic->pci, sizeof(nic->pci));
+	if (info->nic && info->nic->link_attr)
+		nic->speed_mbps = (uint64_t)info->nic->link_attr->speed / 1000000u;
+
+	window = ei->window_opt ? ei->window_opt : (uint32_t)EFA_MIN(info->tx_attr->size, 1024u);
+	if (!window)
+		window = 256;
+	nic->window = window;
+	nic->n_words = (window + 63) / 64;
+	nic->bits = calloc(nic->n_words, sizeof(*nic->bits));
+	nic->slots = calloc(window, sizeof(*nic->slots));
+	if (!nic->bits || !nic->slots)
+		return TE_ERR_NOMEM;
+	/* Bits past the window stay set: never claimed. */
+	if (window % 64)
+		atomic_store(&nic->bits[nic->n_words - 1], ~0ull << (window % 64));
+
+	step = "fi_fabric";
+	ret = fi_fabric(info->fabric_attr, &nic->fabric, NULL);
+	if (ret)
+		goto err_fi;
+	step = "fi_domain";
+	ret = fi_domain(nic->fabric, info, &nic->domain, NULL);
+	if (ret)
+		goto err_fi;
+	cq_attr.size = window + EFA_RX_BUFS + EFA_HELLO_PAIRS * 4u;
+	ret = -FI_ENOSYS;
+	if (ei->progress != EFA_PROGRESS_BUSY) {
+		cq_attr.wait_obj = FI_WAIT_FD;
+		ret = fi_cq_open(nic->domain, &cq_attr, &nic->cq, NULL);
+		if (ret == 0 && fi_control(&nic->cq->fid, FI_GETWAIT, &nic->wait_fd) != 0) {
+			fi_close(&nic->cq->fid);
+			nic->cq = NULL;
+			nic->wait_fd = -1;
+			ret = -FI_ENOSYS;
+		}
+	}
+	if (ret) {
+		cq_attr.wait_obj = FI_WAIT_NONE;
+		step = "fi_cq_open";
+		ret = fi_cq_open(nic->domain, &cq_attr, &nic->cq, NULL);
+		if (ret)
+			goto err_fi;
+	}
+	nic->cq_fid = &nic->cq->fid;
+	step = "fi_av_open";
+	ret = fi_av_open(nic->domain, &av_attr, &nic->av, NULL);
+	if (ret)
+		goto err_fi;
+	if (strcmp(ei->prov_name, "shm") == 0) {
+		/*
+		 * shm names its region after the pid unless told otherwise: a process killed
+		 * without closing it leaves the name behind in /dev/shm, and a later process
+		 * with the same pid fails fi_enable with EBUSY. A name of our own avoids that
+		 * (and says whose region it is: te-efa-<pid>-...).
+		 */
+		char name[64];
+
+		snprintf(name, sizeof(name), "te-efa-%d-%" PRIx64 "-%u", (int)getpid(),
+			 efa_now_ns() ^ (uint64_t)(uintptr_t)nic, nic->index);
+		free(info->src_addr);
+		info->src_addr = strdup(name);
+		if (!info->src_addr)
+			return TE_ERR_NOMEM;
+		info->src_addrlen = strlen(name) + 1;
+	}
+	step = "fi_endpoint";
+	ret = fi_endpoint(nic->domain, info, &nic->ep, NULL);
+	if (ret)
+		goto err_fi;
+	step = "fi_ep_bind(cq)";
+	ret = fi_ep_bind(nic->ep, &nic->cq->fid, FI_TRANSMIT | FI_RECV);
+	if (ret)
+		goto err_fi;
+	step = "fi_ep_bind(av)";
+	ret = fi_ep_bind(nic->ep, &nic->av->fid, 0);
+	if (ret)
+		goto err_fi;
+	step = "fi_enable";
+	ret = fi_enable(nic->ep);
+	if (ret)
+		goto err_fi;
+	nic->addrlen = sizeof(nic->addr);
+	step = "fi_getname";
+	ret = fi_getname(&nic->ep->fid, nic->addr, &nic->addrlen);
+	if (ret)
+		goto err_fi;
+	if (nic->addrlen == 0 || nic->addrlen > EFA_MAX_ADDR) {
+		efa_error(ei, EFA_NAME ": %s: endpoint address of %zu bytes (at most %u)",
+			  nic->name, nic->addrlen, EFA_MAX_ADDR);
+		return TE_ERR_NO_DEVICE;
+	}
+	return TE_OK;
+
+err_fi:
+	efa_error(ei, EFA_NAME ": %s (provider %s): %s: %s", nic->name, ei->prov_name, step,
+		  fi_strerror(-ret));
+	return TE_ERR_NO_DEVICE;
+}
+
+/* Register @len bytes at @addr on @nic with @access; *mr_out, its descriptor and key. */
+static int efa_nic_reg(struct efa_nic *nic, void *addr, size_t len, uint64_t access,
+		       struct fid_mr **mr_out, void **desc_out, uint64_t *key_out)
+{
+	struct iovec iov = { .iov_base = addr, .iov_len = len };
+	struct fi_mr_attr attr = {
+		.mr_iov = &iov,
+		.iov_count = 1,
+		.access = access,
+		.iface = FI_HMEM_SYSTEM,
+	};
+	struct fid_mr *mr = NULL;
+	int ret;
+
+	/* Without FI_MR_PROV_KEY the requested key must be unique within the domain. */
+	if (!(nic->mr_mode & FI_MR_PROV_KEY))
+		attr.requested_key =
+			atomic_fetch_add_explicit(&nic->next_key, 1, memory_order_relaxed);
+	efa_nic_lock(nic);
+	ret = fi_mr_regattr(nic->domain, &attr, 0, &mr);
+	if (ret == 0 && (nic->mr_mode & FI_MR_ENDPOINT)) {
+		ret = fi_mr_bind(mr, &nic->ep->fid, 0);
+		if (ret == 0)
+			ret = fi_mr_enable(mr);
+		if (ret) {
+			fi_close(&mr->fid);
+			mr = NULL;
+		}
+	}
+	efa_nic_unlock(nic);
+	if (ret)
+		return ret;
+	*key_out = fi_mr_key(mr);
+	if (*key_out == FI_KEY_NOTAVAIL) {
+		efa_nic_lock(nic);
+		fi_close(&mr->fid);
+		efa_nic_unlock(nic);
+		return -FI_EKEYREJECTED;
+	}
+	*desc_out = fi_mr_desc(mr);
+	*mr_out = mr;
+	return 0;
+}
+
+/* Register the warm-up message area of @nic and post its receives. */
+static enum te_status efa_nic_msg_setup(struct efa_inst *ei, struct efa_nic *nic)
+{
+	uint64_t key;
+	int ret;
+
+	nic->msg = aligned_alloc(4096, 4096);
+	if (!nic->msg)
+		return TE_ERR_NOMEM;
+	memset(nic->msg, 0, 4096);
+	efa_put_u64(nic->msg, EFA_HELLO_MAGIC);
+	ret = efa_nic_reg(nic, nic->msg, 4096, FI_SEND | FI_RECV, &nic->msg_mr, &nic->msg_desc,
+			  &key);
+	if (ret) {
+		efa_error(ei, EFA_NAME ": %s: fi_mr_regattr of the message area: %s", nic->name,
+			  fi_strerror(-ret));
+		return TE_ERR_NO_DEVICE;
+	}
+	for (uint32_t i = 0; i < EFA_RX_BUFS; i++) {
+		struct efa_rxbuf *rx = &nic->rx[i];
+
+		rx->op.kind = EFA_OP_RECV;
+		rx->buf = nic->msg + EFA_MSG_LEN * (i + 1); /* [0, EFA_MSG_LEN): the hello */
+		efa_rx_post(nic, rx);
+	}
+	return TE_OK;
+}
+
+/* fi_getinfo hints for RDM endpoints with RMA of the configured provider. */
+static struct fi_info *efa_hints(const struct efa_inst *ei, bool thread_safe)
+{
+	struct fi_info *h = fi_allocinfo();
+
+	if (!h)
+		return NULL;
+	h->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MSG |
+		  FI_SEND | FI_RECV;
+	h->mode = FI_CONTEXT | FI_CONTEXT2;
+	h->ep_attr->type = FI_EP_RDM;
+	/* Every mode this plugin honours; the provider returns the subset it needs. */
+	h->domain_attr->mr_mode =
+		FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+	h->domain_attr->threading = thread_safe ? FI_THREAD_SAFE : FI_THREAD_DOMAIN;
+	h->domain_attr->av_type = FI_AV_TABLE;
+	h->fabric_attr->prov_name = strdup(ei->provider);
+	if (!h->fabric_attr->prov_name) {
+		fi_freeinfo(h);
+		return NULL;
+	}
+	return h;
+}
+
+/* Find the domains, open one NIC per domain (at most EFA_MAX_NICS). */
+static enum te_status efa_nics_open(struct efa_inst *ei)
+{
+	const char *node = ei->node[0] ? ei->node : NULL;
+	struct fi_info *list = NULL, *hints, *pick[EFA_MAX_NICS];
+	uint32_t n = 0, want = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
+	enum te_status st;
+	int ret = -FI_ENOMEM;
+
+	ei->api_version = EFA_MIN(fi_version(), want);
+	/* The plugin serializes every call per NIC itself: FI_THREAD_DOMAIN is enough. */
+	for (int safe = 0; safe <= 1 && !list; safe++) {
+		hints = efa_hints(ei, safe);
+		if (!hints)
+			return TE_ERR_NOMEM;
+		ret = fi_getinfo(ei->api_version, node, NULL, node ? FI_SOURCE : 0, hints, &list);
+		fi_freeinfo(hints);
+		if (ret)
+			list = NULL;
+	}
+	if (ret || !list) {
+		if (strcmp(ei->provider, "efa") == 0)
+			efa_error(ei, "no EFA device found: fi_getinfo(efa): %s",
+				  fi_strerror(-ret));
+		else
+			efa_error(ei,
+				  EFA_NAME
+				  ": no RDM endpoint with RMA from libfabric provider '%s'%s%s: "
+				  "fi_getinfo: %s",
+				  ei->provider, node ? " on node " : "", node ? node : "",
+				  fi_strerror(-ret));
+		return TE_ERR_NO_DEVICE;
+	}
+	for (struct fi_info *i = list; i && n < EFA_MAX_NICS; i = i->next) {
+		bool dup = false;
+
+		if (!i->domain_attr || !i->domain_attr->name || !(i->caps & FI_RMA) ||
+		    !efa_device_wanted(ei, i->domain_attr->name))
+			continue;
+		for (uint32_t k = 0; k < n && !dup; k++)
+			dup = strcmp(pick[k]->domain_attr->name, i->domain_attr->name) == 0;
+		if (!dup)
+			pick[n++] = i;
+	}
+	if (n == 0) {
+		efa_error(ei, EFA_NAME ": provider '%s' has no domain named in 'devices' (%s)",
+			  ei->provider, ei->devices ? ei->devices : "");
+		fi_freeinfo(list);
+		return TE_ERR_NO_DEVICE;
+	}
+	ei->nics = calloc(n, sizeof(*ei->nics));
+	if (!ei->nics) {
+		fi_freeinfo(list);
+		return TE_ERR_NOMEM;
+	}
+	for (uint32_t k = 0; k < n; k++) {
+		ei->nics[k].ei = ei;
+		ei->nics[k].index = k;
+		ei->nics[k].wait_fd = -1;
+		ei->nics[k].info = fi_dupinfo(pick[k]);
+		if (!ei->nics[k].info) {
+			fi_freeinfo(list);
+			return TE_ERR_NOMEM;
+		}
+	}
+	ei->n_nics = n;
+	snprintf(ei->prov_name, sizeof(ei->prov_name), "%s",
+		 pick[0]->fabric_attr->prov_name ? pick[0]->fabric_attr->prov_name : ei->provider);
+	ei->max_msg = pick[0]->ep_attr->max_msg_size;
+	/* shm and other local-only providers reach peers on this host only. */
+	ei->same_host = strncmp(ei->prov_name, "shm", 3) == 0 ||
+			((pick[0]->domain_attr->caps & FI_LOCAL_COMM) &&
+			 !(pick[0]->domain_attr->caps & FI_REMOTE_COMM));
+	fi_freeinfo(list);
+	for (uint32_t k = 0; k < n; k++) {
+		st = efa_nic_open(ei, &ei->nics[k]);
+		if (st == TE_OK)
+			st = efa_nic_msg_setup(ei, &ei->nics[k]);
+		if (st != TE_OK)
+			return st;
+	}
+	return TE_OK;
+}
+
+/* Fill the published blob: magic, version, NIC count, provider name, NIC addresses. */
+static enum te_status efa_blob(struct efa_inst *ei, uint8_t *blob, size_t *len_out)
+{
+	size_t plen = strlen(ei->prov_name), off = EFA_BLOB_HDR + plen;
+
+	efa_put_u32(blob, EFA_BLOB_MAGIC);
+	blob[4] = 1;
+	blob[5] = (uint8_t)ei->n_nics;
+	blob[6] = (uint8_t)plen;
+	blob[7] = 0;
+	memcpy(blob + EFA_BLOB_HDR, ei->prov_name, plen);
+	for (uint32_t i = 0; i < ei->n_nics; i++) {
+		struct efa_nic *nic = &ei->nics[i];
+
+		if (off + 4 + nic->addrlen > EFA_BLOB_MAX) {
+			efa_error(ei, EFA_NAME ": %u NIC addresses do not fit a %u-byte blob",
+				  ei->n_nics, EFA_BLOB_MAX);
+			return TE_ERR_TOO_LARGE;
+		}
+		efa_put_u16(blob + off, (uint16_t)nic->addrlen);
+		efa_put_u16(blob + off + 2, (uint16_t)(int16_t)nic->numa);
+		memcpy(blob + off + 4, nic->addr, nic->addrlen);
+		off += 4 + nic->addrlen;
+	}
+	*len_out = off;
+	return TE_OK;
+}
+
+/* --- install ------------------------------------------------------------------------------ */
+
+/* Teardown shared by fini and a failing init; @ei may be partly built. */
+static void efa_destroy(struct efa_inst *ei)
+{
+	uint32_t reported = 0, peers = 0, mems = 0, rkeys = 0;
+
+	atomic_store_explicit(&ei->stopping, true, memory_order_release);
+	for (uint32_t t = 0; ei->progs && t < ei->n_progs; t++) {
+		struct efa_prog *p = &ei->progs[t];
+
+		if (p->started) {
+			atomic_store(&p->sleeping, 1);
+			efa_prog_kick(p);
+			pthread_join(p->thread, NULL);
+			p->started = false;
+		}
+	}
+	/* Single-threaded from here. Every slice still held is reported exactly once. */
+	reported += efa_flush_deferred(ei);
+	for (uint32_t i = 0; ei->nics && i < ei->n_nics; i++) {
+		struct efa_nic *nic = &ei->nics[i];
+
+		if (nic->ep) {
+			/* Closing the endpoint ends every operation still posted on it. */
+			fi_close(&nic->ep->fid);
+			nic->ep = NULL;
+			nic->closed = true;
+		}
+		if (nic->cq)
+			reported += efa_nic_poll(nic, UINT32_MAX, NULL);
+		for (uint32_t k = 0; nic->slots && k < nic->window; k++) {
+			struct te_plugin_slice *s =
+				atomic_load_explicit(&nic->slots[k], memory_order_relaxed);
+			struct efa_peer *peer;
+			struct efa_spriv *p;
+
+			if (!s)
+				continue;
+			p = efa_priv(s);
+			peer = p->peer; /* the slice (and its priv) may be gone after slice_done */
+			efa_slot_release(nic, k);
+			atomic_fetch_sub(&p->mem->inflight, 1);
+			atomic_fetch_sub(&nic->inflight, 1);
+			atomic_fetch_sub(&peer->paths[nic->index].inflight, 1);
+			ei->host->slice_done(ei->ctx, s, TE_ERR_CANCELED, 0,
+					     EFA_NAME ": instance shut down");
+			atomic_fetch_sub(&peer->refs, 1);
+			reported++;
+		}
+	}
+	while (ei->peers) {
+		peers++;
+		efa_peer_free_locked(ei, ei->peers);
+	}
+	while (ei->rkeys) {
+		struct efa_rkey *k = ei->rkeys;
+
+		ei->rkeys = k->next;
+		rkeys++;
+		free(k);
+	}
+	while (ei->mems) {
+		struct efa_mem *m = ei->mems;
+
+		ei->mems = m->next;
+		for (uint32_t i = 0; i < ei->n_nics; i++)
+			if (m->mr && m->mr[i])
+				fi_close(&m->mr[i]->fid);
+		free(m->mr);
+		free(m->desc);
+		free(m->key);
+		free(m);
+		mems++;
+	}
+	for (uint32_t i = 0; ei->nics && i < ei->n_nics; i++) {
+		struct efa_nic *nic = &ei->nics[i];
+
+		if (nic->msg_mr)
+			fi_close(&nic->msg_mr->fid);
+		for (uint32_t k = 0; k < nic->n_av; k++)
+			free(nic->av_entries[k]);
+		free(nic->av_entries);
+		if (nic->av)
+			fi_close(&nic->av->fid);
+		if (nic->cq)
+			fi_close(&nic->cq->fid);
+		if (nic->domain)
+			fi_close(&nic->domain->fid);
+		if (nic->fabric)
+			fi_close(&nic->fabric->fid);
+		if (nic->info)
+			fi_freeinfo(nic->info);
+		free(nic->msg);
+		free(nic->bits);
+		free(nic->slots);
+		pthread_mutex_destroy(&nic->lock);
+	}
+	if (reported || peers || rkeys || mems)
+		efa_log(ei, TE_PLUGIN_LOG_DEBUG,
+			"fini reported %u completions and released %u peers, %u remote keys, "
+			"%u regions",
+			reported, peers, rkeys, mems);
+	for (uint32_t t = 0; ei->progs && t < ei->n_progs; t++) {
+		if (ei->progs[t].kick_fd >= 0)
+			close(ei->progs[t].kick_fd);
+		free(ei->progs[t].nics);
+		free(ei->progs[t].pfds);
+	}
+	free(ei->progs);
+	free(ei->nics);
+	free(ei->devices);
+	pthread_mutex_destroy(&ei->lock);
+	pthread_mutex_destroy(&ei->defer_lock);
+	free(ei);
+}
+
+static enum te_status efa_init(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
+			       struct te_plugin_inst **inst_out)
+{
+	uint8_t *blob = NULL;
+	struct efa_inst *ei;
+	enum te_status st;
+	size_t len = 0;
+
+	if (!host || !inst_out || !TE_PLUGIN_HAS(host, struct te_plugin_host, local_name) ||
+	    !host->log || !host->slice_done || !host->config_get || !host->publish)
+		return TE_ERR_INVALID_ARG;
+	if (host->abi_major != TE_PLUGIN_ABI_MAJOR)
+		return TE_ERR_ABI_MISMATCH;
+	ei = calloc(1, sizeof(*ei));
+	if (!ei)
+		return TE_ERR_NOMEM;
+	ei->host = host;
+	ei->ctx = ctx;
+	pthread_mutex_init(&ei->lock, NULL);
+	pthread_mutex_init(&ei->defer_lock, NULL);
+
+	st = efa_options(ei);
+	if (st != TE_OK)
+		goto err_destroy;
+	st = efa_nics_open(ei);
+	if (st != TE_OK)
+		goto err_destroy;
+	blob = malloc(EFA_BLOB_MAX);
+	if (!blob) {
+		st = TE_ERR_NOMEM;
+		goto err_destroy;
+	}
+	st = efa_blob(ei, blob, &len);
+	if (st != TE_OK)
+		goto err_destroy;
+	st = host->publish(ctx, blob, len);
+	if (st != TE_OK) {
+		efa_error(ei, EFA_NAME ": publish failed: %d", st);
+		goto err_destroy;
+	}
+	st = efa_progs_start(ei);
+	if (st != TE_OK)
+		goto err_destroy;
+	free(blob);
+	efa_log(ei, TE_PLUGIN_LOG_INFO,
+		"provider %s, %u NIC(s) (first: %s, mr_mode 0x%" PRIx64
+		", %s), window %u, slice %" PRIu64 ", progress %s, %s completion of WRITEs",
+		ei->prov_name, ei->n_nics, ei->nics[0].name, ei->nics[0].mr_mode,
+		ei->nics[0].wait_fd >= 0 ? "wait fd" : "polled", ei->nics[0].window, ei->slice_size,
+		ei->progress == EFA_PROGRESS_BUSY ? "busy" : "adaptive",
+		ei->write_flags ? "delivery" : "transmit");
+	*inst_out = (struct te_plugin_inst *)ei;
+	return TE_OK;
+
+err_destroy:
+	free(blob);
+	efa_destroy(ei);
+	return st;
+}
+
+static void efa_fini(struct te_plugin_inst *inst)
+{
+	if (inst)
+		efa_destroy(efa_inst_of(inst));
+}
+
+static enum te_status efa_query_caps(struct te_plugin_inst *inst, struct te_plugin_caps *caps)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	uint64_t max_slice;
+
+	if (!ei || !caps)
+		return TE_ERR_INVALID_ARG;
+	max_slice = EFA_MIN(ei->max_msg ? ei->max_msg : EFA_MAX_SLICE, EFA_MAX_SLICE);
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, mem_types))
+		caps->mem_types = TE_PLUGIN_MEM_CPU;
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, ops))
+		caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, progress))
+		caps->progress = TE_PLUGIN_PROGRESS_AUTO;
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, thread_level))
+		caps->thread_level = TE_PLUGIN_THREAD_MULTI;
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, flags))
+		caps->flags = ei->same_host ? TE_PLUGIN_CAP_SAME_HOST_ONLY : 0;
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_slice_size))
+		caps->max_slice_size = max_slice;
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, default_slice_size))
+		caps->default_slice_size = EFA_MIN(ei->slice_size, max_slice);
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, slice_priv_size))
+		caps->slice_priv_size = sizeof(struct efa_spriv);
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_devices))
+		caps->max_devices = ei->n_nics;
+	return TE_OK;
+}
+
+static enum te_status efa_query_devices(struct te_plugin_inst *inst,
+					struct te_plugin_device *devices, uint32_t max,
+					uint32_t *n_out)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	uint32_t n;
+
+	if (!ei || !n_out || (max && !devices))
+		return TE_ERR_INVALID_ARG;
+	n = EFA_MIN(max, ei->n_nics);
+	for (uint32_t i = 0; i < n; i++) {
+		struct te_plugin_device *d = &devices[i];
+		const struct efa_nic *nic = &ei->nics[i];
+
+		if (TE_PLUGIN_HAS(d, struct te_plugin_device, name))
+			snprintf(d->name, sizeof(d->name), "%s", nic->name);
+		if (TE_PLUGIN_HAS(d, struct te_plugin_device, numa_node))
+			d->numa_node = nic->numa;
+		if (TE_PLUGIN_HAS(d, struct te_plugin_device, pci))
+			snprintf(d->pci, sizeof(d->pci), "%s", nic->pci);
+		if (TE_PLUGIN_HAS(d, struct te_plugin_device, link_speed_mbps))
+			d->link_speed_mbps = nic->speed_mbps;
+		if (TE_PLUGIN_HAS(d, struct te_plugin_device, mem_types))
+			d->mem_types = TE_PLUGIN_MEM_CPU;
+	}
+	*n_out = n;
+	return TE_OK;
+}
+
+/* --- memory ---------------------------------------------------------------------------- */
+
+static enum te_status efa_reg_mem(struct te_plugin_inst *inst, void *addr, uint64_t length,
+				  uint32_t mem_type, int32_t dev, uint32_t access,
+				  struct te_plugin_mem **mem_out)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	uint64_t fi_access = FI_READ | FI_WRITE;
+	struct efa_mem *m;
+	uint32_t i;
+
+	if (!ei || !addr || length == 0 || !mem_out || (access & ~EFA_ACCESS_ALL))
+		return TE_ERR_INVALID_ARG;
+	if (mem_type != TE_PLUGIN_MEM_CPU) {
+		efa_error(ei, EFA_NAME ": only CPU memory is supported (HMEM is not enabled)");
+		return TE_ERR_MEMORY_TYPE;
+	}
+	if ((uint64_t)(uintptr_t)addr > UINT64_MAX - length)
+		return TE_ERR_OVERFLOW;
+	if (access & TE_PLUGIN_ACCESS_REMOTE_READ)
+		fi_access |= FI_REMOTE_READ;
+	if (access & TE_PLUGIN_ACCESS_REMOTE_WRITE)
+		fi_access |= FI_REMOTE_WRITE;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return TE_ERR_NOMEM;
+	m->addr = (uint64_t)(uintptr_t)addr;
+	m->length = length;
+	m->access = access;
+	m->mr = calloc(ei->n_nics, sizeof(*m->mr));
+	m->desc = calloc(ei->n_nics, sizeof(*m->desc));
+	m->key = calloc(ei->n_nics, sizeof(*m->key));
+	if (!m->mr || !m->desc || !m->key)
+		goto err_nomem;
+	/* Topology: the NICs on the region's NUMA node carry its slices; else all NICs. */
+	for (i = 0; i < ei->n_nics; i++) {
+		if (dev >= 0 && ei->nics[i].numa == dev) {
+			m->pref[m->n_pref++] = (uint8_t)i;
+			m->nic_mask |= 1ull << i;
+		}
+	}
+	if (!m->n_pref) {
+		for (i = 0; i < ei->n_nics; i++)
+			m->pref[m->n_pref++] = (uint8_t)i;
+		m->nic_mask = 0;
+	}
+	for (i = 0; i < ei->n_nics; i++) {
+		int ret = efa_nic_reg(&ei->nics[i], addr, length, fi_access, &m->mr[i], &m->desc[i],
+				      &m->key[i]);
+
+		if (ret) {
+			efa_error(ei, EFA_NAME ": %s: fi_mr_regattr of [%p, +%" PRIu64 "): %s",
+				  ei->nics[i].name, addr, length, fi_strerror(-ret));
+			while (i--) {
+				efa_nic_lock(&ei->nics[i]);
+				fi_close(&m->mr[i]->fid);
+				efa_nic_unlock(&ei->nics[i]);
+			}
+			free(m->mr);
+			free(m->desc);
+			free(m->key);
+			free(m);
+			return ret == -FI_ENOMEM ? TE_ERR_NOMEM : TE_ERR_SYSTEM;
+		}
+	}
+	pthread_mutex_lock(&ei->lock);
+	m->next = ei->mems;
+	if (ei->mems)
+		ei->mems->prev = m;
+	ei->mems = m;
+	pthread_mutex_unlock(&ei->lock);
+	*mem_out = (struct te_plugin_mem *)m;
+	return TE_OK;
+
+err_nomem:
+	free(m->mr);
+	free(m->desc);
+	free(m->key);
+	free(m);
+	return TE_ERR_NOMEM;
+}
+
+static enum te_status efa_dereg_mem(struct te_plugin_inst *inst, struct te_plugin_mem *mem)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	struct efa_mem *m = (struct efa_mem *)mem;
+	uint32_t busy;
+
+	if (!ei || !m)
+		return TE_ERR_INVALID_ARG;
+	/* Our own operations still use it: the provider may yet read or write it. */
+	busy = atomic_load_explicit(&m->inflight, memory_order_acquire);
+	if (busy) {
+		efa_error(ei,
+			  EFA_NAME ": region [0x%" PRIx64 ", +%" PRIu64 ") has %u operation(s) "
+				   "in flight",
+			  m->addr, m->length, busy);
+		return TE_ERR_BUSY;
+	}
+	pthread_mutex_lock(&ei->lock);
+	if (m->prev)
+		m->prev->next = m->next;
+	else
+		ei->mems = m->next;
+	if (m->next)
+		m->next->prev = m->prev;
+	pthread_mutex_unlock(&ei->lock);
+	/* Closing the MR revokes its key: peers' later operations on it fail at the target. */
+	for (uint32_t i = 0; i < ei->n_nics; i++) {
+		efa_nic_lock(&ei->nics[i]);
+		fi_close(&m->mr[i]->fid);
+		efa_nic_unlock(&ei->nics[i]);
+	}
+	free(m->mr);
+	free(m->desc);
+	free(m->key);
+	free(m);
+	return TE_OK;
+}
+
+static enum te_status efa_pack_key(struct te_plugin_inst *inst, struct te_plugin_mem *mem,
+				   void *buf, size_t cap, size_t *len_out)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	const struct efa_mem *m = (const struct efa_mem *)mem;
+	size_t len;
+	uint8_t *p = buf;
+
+	if (!ei || !m || !len_out || (cap && !buf))
+		return TE_ERR_INVALID_ARG;
+	len = EFA_KEY_HDR + 8u * ei->n_nics;
+	if (cap < len)
+		return TE_ERR_TOO_LARGE;
+	efa_put_u32(p, EFA_KEY_MAGIC);
+	p[4] = 1;
+	p[5] = (uint8_t)ei->n_nics;
+	/* The target's mr_mode decides how its provider reads remote addresses. */
+	efa_put_u16(p + 6, (ei->nics[0].mr_mode & FI_MR_VIRT_ADDR) ? 0 : EFA_KEY_OFFSET);
+	efa_put_u32(p + 8, m->access);
+	efa_put_u32(p + 12, 0);
+	efa_put_u64(p + 16, m->addr);
+	efa_put_u64(p + 24, m->length);
+	efa_put_u64(p + 32, m->nic_mask);
+	for (uint32_t i = 0; i < ei->n_nics; i++)
+		efa_put_u64(p + EFA_KEY_HDR + 8u * i, m->key[i]);
+	*len_out = len;
+	return TE_OK;
+}
+
+/* --- peers ------------------------------------------------------------------------------ */
+
+/* Send one warm-up message per NIC pair so connections exist before the first transfer. */
+static void efa_peer_warmup(struct efa_inst *ei, struct efa_peer *peer)
+{
+	uint64_t deadline = efa_now_ns() + ei->connect_timeout_ms * 1000000ull;
+
+	for (uint32_t k = 0; k < peer->n_hello; k++) {
+		struct efa_hello *h = &peer->hello[k];
+		struct efa_nic *nic = &ei->nics[h->nic];
+		fi_addr_t fa = peer->addrs[h->nic * peer->n_rnics + h->rnic];
+		ssize_t ret;
+
+		h->op.kind = EFA_OP_HELLO;
+		h->peer = peer;
+		atomic_fetch_add_explicit(&peer->refs, 1, memory_order_relaxed);
+		for (;;) {
+			efa_nic_lock(nic);
+			ret = fi_send(nic->ep, nic->msg, EFA_HELLO_LEN, nic->msg_desc, fa,
+				      &h->op.ctx);
+			efa_nic_unlock(nic);
+			/* -FI_EAGAIN while the connection is set up: the progress thread runs it. */
+			if (ret != -FI_EAGAIN || efa_now_ns() >= deadline)
+				break;
+			efa_prog_kick(nic->prog);
+			usleep(100);
+		}
+		if (ret) {
+			atomic_fetch_sub_explicit(&peer->refs, 1, memory_order_relaxed);
+			efa_log(ei, TE_PLUGIN_LOG_INFO,
+				"%s: warm-up message to %s (remote NIC %u) not sent: %s", nic->name,
+				peer->name, h->rnic, fi_strerror((int)-ret));
+			if (ret == -FI_EAGAIN)
+				break; /* out of time for the others too */
+		} else {
+			efa_prog_kick(nic->prog);
+		}
+	}
+}
+
+static enum te_status efa_load_peer(struct te_plugin_inst *inst, const char *peer_name,
+				    const void *blob, size_t len, struct te_plugin_peer **peer_out)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	const uint8_t *b = blob;
+	const uint8_t *raddr[EFA_MAX_NICS];
+	size_t rlen[EFA_MAX_NICS], off;
+	char prov[EFA_MAX_PROV + 1];
+	struct efa_peer *peer;
+	uint32_t n_r, pairs;
+	enum te_status st = TE_OK;
+
+	if (!ei || !peer_name || !peer_out || (len && !blob))
+		return TE_ERR_INVALID_ARG;
+	if (len < EFA_BLOB_HDR || efa_get_u32(b) != EFA_BLOB_MAGIC || b[4] != 1 || b[5] == 0 ||
+	    b[5] > EFA_MAX_NICS || b[6] == 0 || b[6] > EFA_MAX_PROV ||
+	    len < EFA_BLOB_HDR + (size_t)b[6])
+		goto err_malformed;
+	n_r = b[5];
+	memcpy(prov, b + EFA_BLOB_HDR, b[6]);
+	prov[b[6]] = '\0';
+	off = EFA_BLOB_HDR + b[6];
+	for (uint32_t j = 0; j < n_r; j++) {
+		if (len - off < 4)
+			goto err_malformed;
+		rlen[j] = efa_get_u16(b + off);
+		if (rlen[j] == 0 || rlen[j] > EFA_MAX_ADDR || len - off - 4 < rlen[j])
+			goto err_malformed;
+		raddr[j] = b + off + 4;
+		off += 4 + rlen[j];
+	}
+	if (off != len)
+		goto err_malformed;
+	if (strcmp(prov, ei->prov_name) != 0) {
+		efa_error(ei,
+			  EFA_NAME ": peer %s uses libfabric provider '%s', this engine '%s': they "
+				   "cannot reach each other",
+			  peer_name, prov, ei->prov_name);
+		return TE_ERR_PEER_UNREACHABLE;
+	}
+
+	peer = calloc(1, sizeof(*peer));
+	if (!peer)
+		return TE_ERR_NOMEM;
+	peer->ei = ei;
+	peer->n_rnics = n_r;
+	peer->name = strdup(peer_name);
+	peer->entries = calloc((size_t)ei->n_nics * n_r, sizeof(*peer->entries));
+	peer->addrs = calloc((size_t)ei->n_nics * n_r, sizeof(*peer->addrs));
+	peer->paths = calloc(ei->n_nics, sizeof(*peer->paths));
+	pairs = ei->n_nics * n_r <= EFA_HELLO_PAIRS ? ei->n_nics * n_r : ei->n_nics;
+	peer->hello = ei->warmup ? calloc(pairs, sizeof(*peer->hello)) : NULL;
+	if (!peer->name || !peer->entries || !peer->addrs || !peer->paths ||
+	    (ei->warmup && !peer->hello)) {
+		free(peer->name);
+		free(peer->entries);
+		free(peer->addrs);
+		free(peer->paths);
+		free(peer->hello);
+		free(peer);
+		return TE_ERR_NOMEM;
+	}
+	atomic_init(&peer->refs, 1);
+	pthread_mutex_lock(&ei->lock);
+	peer->next = ei->peers;
+	if (ei->peers)
+		ei->peers->prev = peer;
+	ei->peers = peer;
+	for (uint32_t i = 0; i < ei->n_nics && st == TE_OK; i++) {
+		for (uint32_t j = 0; j < n_r && st == TE_OK; j++) {
+			struct efa_av_entry *e = NULL;
+
+			st = efa_av_get_locked(&ei->nics[i], raddr[j], rlen[j], &e);
+			if (st == TE_OK) {
+				peer->entries[i * n_r + j] = e;
+				peer->addrs[i * n_r + j] = e->fi_addr;
+			}
+		}
+	}
+	if (st != TE_OK) {
+		efa_peer_free_locked(ei, peer);
+		pthread_mutex_unlock(&ei->lock);
+		return st;
+	}
+	pthread_mutex_unlock(&ei->lock);
+	if (ei->warmup) {
+		for (uint32_t i = 0; i < ei->n_nics; i++) {
+			for (uint32_t j = 0; j < n_r; j++) {
+				if (pairs != ei->n_nics * n_r && j != i % n_r)
+					continue;
+				peer->hello[peer->n_hello++] =
+					(struct efa_hello){ .nic = i, .rnic = j };
+			}
+		}
+		efa_peer_warmup(ei, peer);
+	}
+	efa_log(ei, TE_PLUGIN_LOG_DEBUG, "peer %s: %u NIC(s), %u warm-up message(s)", peer_name,
+		n_r, peer->n_hello);
+	*peer_out = (struct te_plugin_peer *)peer;
+	return TE_OK;
+
+err_malformed:
+	efa_error(ei, EFA_NAME ": peer %s: malformed transport blob (%zu bytes)", peer_name, len);
+	return TE_ERR_METADATA_MALFORMED;
+}
+
+static void efa_unload_peer(struct te_plugin_inst *inst, struct te_plugin_peer *handle)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	struct efa_peer *peer = (struct efa_peer *)handle;
+
+	if (!ei || !peer)
+		return;
+	/* Slices and warm-up messages still in flight keep it until they complete. */
+	efa_peer_unref(ei, peer);
+}
+
+static enum te_status efa_unpack_remote_key(struct te_plugin_inst *inst,
+					    struct te_plugin_peer *handle, const void *blob,
+					    size_t len, uint64_t addr, uint64_t length,
+					    struct te_plugin_rkey **rkey_out)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	struct efa_peer *peer = (struct efa_peer *)handle;
+	const uint8_t *p = blob;
+	struct efa_rkey *k;
+	uint64_t kaddr, klen, mask;
+	uint32_t n, access;
+	uint16_t flags;
+
+	if (!ei || !peer || !rkey_out || (len && !blob))
+		return TE_ERR_INVALID_ARG;
+	if (len < EFA_KEY_HDR || efa_get_u32(p) != EFA_KEY_MAGIC || p[4] != 1)
+		goto err_malformed;
+	n = p[5];
+	flags = efa_get_u16(p + 6);
+	access = efa_get_u32(p + 8);
+	kaddr = efa_get_u64(p + 16);
+	klen = efa_get_u64(p + 24);
+	mask = efa_get_u64(p + 32);
+	/* The key must describe exactly the buffer the descriptor lists it under. */
+	if (n != peer->n_rnics || len != EFA_KEY_HDR + 8u * n || (flags & ~EFA_KEY_OFFSET) ||
+	    (access & ~EFA_ACCESS_ALL) || efa_get_u32(p + 12) != 0 || klen == 0 ||
+	    kaddr > UINT64_MAX - klen || kaddr != addr || klen != length || (n < 64 && (mask >> n)))
+		goto err_malformed;
+	k = calloc(1, sizeof(*k) + n * sizeof(k->keys[0]));
+	if (!k)
+		return TE_ERR_NOMEM;
+	k->addr = kaddr;
+	k->length = klen;
+	k->access = access;
+	k->offset = flags & EFA_KEY_OFFSET;
+	k->n_keys = n;
+	for (uint32_t j = 0; j < n; j++) {
+		k->keys[j] = efa_get_u64(p + EFA_KEY_HDR + 8u * j);
+		if (!mask || (mask & (1ull << j)))
+			k->pref[k->n_pref++] = (uint8_t)j;
+	}
+	pthread_mutex_lock(&ei->lock);
+	k->next = ei->rkeys;
+	if (ei->rkeys)
+		ei->rkeys->prev = k;
+	ei->rkeys = k;
+	pthread_mutex_unlock(&ei->lock);
+	*rkey_out = (struct te_plugin_rkey *)k;
+	return TE_OK;
+
+err_malformed:
+	efa_error(ei,
+		  EFA_NAME ": peer %s: malformed key (%zu bytes) for buffer [0x%" PRIx64
+			   ", +%" PRIu64 ")",
+		  peer->name, len, addr, length);
+	return TE_ERR_METADATA_MALFORMED;
+}
+
+static void efa_release_remote_key(struct te_plugin_inst *inst, struct te_plugin_rkey *rkey)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	struct efa_rkey *k = (struct efa_rkey *)rkey;
+
+	if (!ei || !k)
+		return;
+	/* Posted operations carry copies of the key: nothing in flight refers to it. */
+	pthread_mutex_lock(&ei->lock);
+	if (k->prev)
+		k->prev->next = k->next;
+	else
+		ei->rkeys = k->next;
+	if (k->next)
+		k->next->prev = k->prev;
+	pthread_mutex_unlock(&ei->lock);
+	free(k);
+}
+
+/* --- submit and cancel --------------------------------------------------------------------- */
+
+/* The NIC for @s: round-robin over those near its local region, avoiding excluded ones. */
+static struct efa_nic *efa_pick_nic(struct efa_inst *ei, struct efa_mem *m, uint64_t excluded)
+{
+	uint32_t start;
+
+	if (ei->n_nics == 1)
+		return &ei->nics[0];
+	/* relaxed: a striping counter; any interleaving is fine */
+	start = atomic_fetch_add_explicit(&m->rr, 1, memory_order_relaxed);
+	for (uint32_t k = 0; k < m->n_pref; k++) {
+		uint32_t i = m->pref[(start + k) % m->n_pref];
+
+		if (!(excluded & (1ull << i)))
+			return &ei->nics[i];
+	}
+	for (uint32_t k = 0; k < ei->n_nics; k++) {
+		uint32_t i = (start + k) % ei->n_nics;
+
+		if (!(excluded & (1ull << i)))
+			return &ei->nics[i];
+	}
+	return &ei->nics[m->pref[start % m->n_pref]];
+}
+
+/* Initiator-side checks the core already made: defence in depth, no syscall. */
+static enum te_status efa_check_slice(const struct te_plugin_slice *s, char *why, size_t len)
+{
+	const struct efa_rkey *k = (const struct efa_rkey *)s->rkey;
+	const struct efa_mem *m = (const struct efa_mem *)s->local_mem;
+	uint64_t local = (uint64_t)(uintptr_t)s->local;
+	uint32_t need = s->opcode == TE_PLUGIN_OP_READ ? TE_PLUGIN_ACCESS_REMOTE_READ
+						       : TE_PLUGIN_ACCESS_REMOTE_WRITE;
+
+	if (local < m->addr || s->length > m->length || local - m->addr > m->length - s->length) {
+		snprintf(why, len, EFA_NAME ": local range [%p, +%" PRIu64 ") outside its region",
+			 s->local, s->length);
+		return TE_ERR_OUT_OF_RANGE;
+	}
+	if (s->remote < k->addr || s->length > k->length ||
+	    s->remote - k->addr > k->length - s->length || !(k->access & need)) {
+		snprintf(why, len,
+			 EFA_NAME ": remote range [0x%" PRIx64 ", +%" PRIu64
+				  ") outside the remote-%s buffer [0x%" PRIx64 ", +%" PRIu64 ")",
+			 s->remote, s->length,
+			 s->opcode == TE_PLUGIN_OP_READ ? "readable" : "writable", k->addr,
+			 k->length);
+		return TE_ERR_REMOTE_ACCESS;
+	}
+	return TE_OK;
+}
+
+/* Post @s on @nic (slot and references taken). 0 or a negative libfabric error. */
+static ssize_t efa_post(struct efa_inst *ei, struct efa_nic *nic, struct te_plugin_slice *s)
+{
+	struct efa_spriv *p = efa_priv(s);
+	const struct efa_rkey *k = (const struct efa_rkey *)s->rkey;
+	const struct efa_peer *peer = p->peer;
+	uint32_t j = k->pref[nic->index % k->n_pref];
+	fi_addr_t fa = peer->addrs[nic->index * peer->n_rnics + j];
+	/* Without FI_MR_VIRT_ADDR at the target, remote addresses are offsets in the region. */
+	uint64_t raddr = k->offset ? s->remote - k->addr : s->remote;
+	void *desc = p->mem->desc[nic->index];
+	ssize_t ret;
+
+	efa_nic_lock(nic);
+	if (s->opcode == TE_PLUGIN_OP_READ) {
+		ret = fi_read(nic->ep, s->local, s->length, desc, fa, raddr, k->keys[j],
+			      &p->op.ctx);
+	} else {
+		struct iovec iov = { .iov_base = s->local, .iov_len = s->length };
+		struct fi_rma_iov rma = { .addr = raddr, .len = s->length, .key = k->keys[j] };
+		struct fi_msg_rma msg = {
+			.msg_iov = &iov,
+			.desc = &desc,
+			.iov_count = 1,
+			.addr = fa,
+			.rma_iov = &rma,
+			.rma_iov_count = 1,
+			.context = &p->op.ctx,
+		};
+
+		/* Delivery complete: a WRITE is done when the bytes are in the target's memory. */
+		ret = fi_writemsg(nic->ep, &msg, FI_COMPLETION | ei->write_flags);
+	}
+	efa_nic_unlock(nic);
+	return ret;
+}
+
+/*
+ * A post to @path answered -FI_EAGAIN. With nothing of ours in flight there, that is not a
+ * full queue but a connection that does not come up (rxm retries a refused connect forever):
+ * after connect_timeout_ms of it the peer counts as unreachable.
+ */
+static bool efa_path_unreachable(struct efa_inst *ei, struct efa_path *path)
+{
+	uint_fast64_t since, now;
+
+	if (atomic_load_explicit(&path->inflight, memory_order_relaxed))
+		return false;
+	now = efa_now_ns();
+	since = atomic_load_explicit(&path->eagain_since, memory_order_relaxed);
+	if (!since) {
+		atomic_compare_exchange_strong_explicit(&path->eagain_since, &since, now,
+							memory_order_relaxed, memory_order_relaxed);
+		return false;
+	}
+	return now - since > ei->connect_timeout_ms * 1000000ull;
+}
+
+static enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_slice **slices,
+				 uint32_t n, uint32_t *accepted_out)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	uint64_t kick = 0; /* progress threads to wake, by index */
+	bool deferred = false;
+	enum te_status ret = TE_OK;
+	uint32_t i;
+
+	if (!ei || !accepted_out || (n && !slices))
+		return TE_ERR_INVALID_ARG;
+	if (atomic_load_explicit(&ei->stopping, memory_order_relaxed))
+		return TE_ERR_SHUTDOWN;
+	for (i = 0; i < n; i++) {
+		struct te_plugin_slice *s = slices[i];
+		struct efa_spriv *p;
+		struct efa_path *path;
+		struct efa_nic *nic;
+		char why[EFA_PRIV_DETAIL];
+		enum te_status bad;
+		int64_t slot;
+		ssize_t rc;
+
+		if (!s || !s->priv || !s->peer || !s->rkey || !s->local_mem || !s->local ||
+		    s->length == 0 || s->length > EFA_MAX_SLICE ||
+		    (s->opcode != TE_PLUGIN_OP_READ && s->opcode != TE_PLUGIN_OP_WRITE)) {
+			efa_log(ei, TE_PLUGIN_LOG_ERROR, "submit: malformed slice %u of %u", i, n);
+			ret = TE_ERR_INVALID_ARG;
+			break;
+		}
+		p = efa_priv(s);
+		atomic_store_explicit(&p->canceled, 0, memory_order_relaxed);
+		bad = efa_check_slice(s, why, sizeof(why));
+		if (bad != TE_OK) {
+			efa_defer_fail(ei, s, bad, "%s", why);
+			deferred = true;
+			continue;
+		}
+		nic = efa_pick_nic(ei, (struct efa_mem *)s->local_mem, s->excluded_devices);
+		slot = efa_slot_claim(nic);
+		if (slot < 0)
+			break; /* window full: back-pressure */
+		p->op.kind = EFA_OP_SLICE;
+		p->slice = s;
+		p->nic = nic;
+		p->mem = (struct efa_mem *)s->local_mem;
+		p->peer = (struct efa_peer *)s->peer;
+		p->slot = (uint32_t)slot;
+		s->device = nic->index;
+		path = &p->peer->paths[nic->index];
+		atomic_store_explicit(&nic->slots[slot], s, memory_order_relaxed);
+		atomic_fetch_add_explicit(&p->mem->inflight, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&p->peer->refs, 1, memory_order_relaxed);
+		/* relaxed: counters read to choose between polling and sleeping, or for EAGAIN */
+		atomic_fetch_add_explicit(&nic->inflight, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&path->inflight, 1, memory_order_relaxed);
+		rc = efa_post(ei, nic, s);
+		if (rc == 0) {
+			if (atomic_load_explicit(&path->eagain_since, memory_order_relaxed))
+				atomic_store_explicit(&path->eagain_since, 0, memory_order_relaxed);
+			kick |= 1ull << nic->prog->index;
+			continue;
+		}
+		atomic_fetch_sub_explicit(&path->inflight, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&nic->inflight, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&p->peer->refs, 1, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&p->mem->inflight, 1, memory_order_relaxed);
+		efa_slot_release(nic, (uint32_t)slot);
+		if (rc == -FI_EAGAIN && efa_path_unreachable(ei, path)) {
+			efa_defer_fail(ei, s, TE_ERR_PEER_UNREACHABLE,
+				       EFA_NAME "[%s] %s: no connection to %s in %" PRIu64
+						" ms (posts keep answering EAGAIN)",
+				       ei->prov_name, nic->name, p->peer->name,
+				       ei->connect_timeout_ms);
+			deferred = true;
+			continue;
+		}
+		if (rc == -FI_EAGAIN) {
+			/* Provider queue full: the progress thread drains it, the core resubmits. */
+			kick |= 1ull << nic->prog->index;
+			break;
+		}
+		efa_defer_fail(ei, s, efa_status_of((int)-rc),
+			       EFA_NAME "[%s] %s: posting %s of %" PRIu64 " bytes failed: %s",
+			       ei->prov_name, nic->name,
+			       s->opcode == TE_PLUGIN_OP_READ ? "READ" : "WRITE", s->length,
+			       fi_strerror((int)-rc));
+		deferred = true;
+	}
+	if (deferred)
+		kick |= 1;
+	for (uint32_t t = 0; kick && t < ei->n_progs; t++)
+		if (kick & (1ull << t))
+			efa_prog_kick(&ei->progs[t]);
+	*accepted_out = i;
+	return ret;
+}
+
+static enum te_status efa_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	struct efa_spriv *p;
+	struct efa_nic *nic;
+
+	if (!ei || !s || !s->priv)
+		return TE_ERR_INVALID_ARG;
+	p = efa_priv(s);
+	nic = p->nic;
+	/*
+	 * The slice memory is valid during the call, but priv may be stale (an earlier attempt,
+	 * or a recycled slice not accepted yet): trust nothing before it checks out.
+	 */
+	if (!nic || nic < ei->nics || nic >= ei->nics + ei->n_nics || p->slot >= nic->window ||
+	    atomic_load_explicit(&nic->slots[p->slot], memory_order_relaxed) != s)
+		return TE_ERR_NOT_FOUND;
+	atomic_store_explicit(&p->canceled, 1, memory_order_relaxed);
+	/*
+	 * libfabric cannot take back a posted RMA operation on most providers (fi_cancel is
+	 * for receives): the slice is reported when the provider returns it, canceled if it
+	 * failed, with its real outcome otherwise.
+	 */
+	efa_nic_lock(nic);
+	(void)fi_cancel(&nic->ep->fid, &p->op.ctx);
+	efa_nic_unlock(nic);
+	return TE_OK;
+}
+
+static enum te_status efa_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_slice *s)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	uint64_t all;
+
+	if (!ei || !s)
+		return TE_ERR_INVALID_ARG;
+	/* submit picks the NIC avoiding excluded ones; here only check that one is left. */
+	all = ei->n_nics >= 64 ? UINT64_MAX : (1ull << ei->n_nics) - 1;
+	if ((s->excluded_devices & all) == all)
+		return TE_ERR_NO_DEVICE;
+	return TE_OK;
+}
+
+static const struct te_plugin_ops efa_ops = {
+	.size = sizeof(struct te_plugin_ops),
+	.init = efa_init,
+	.fini = efa_fini,
+	.query_caps = efa_query_caps,
+	.query_devices = efa_query_devices,
+	.reg_mem = efa_reg_mem,
+	.dereg_mem = efa_dereg_mem,
+	.pack_key = efa_pack_key,
+	.load_peer = efa_load_peer,
+	.unload_peer = efa_unload_peer,
+	.unpack_remote_key = efa_unpack_remote_key,
+	.release_remote_key = efa_release_remote_key,
+	.submit = efa_submit,
+	.cancel = efa_cancel,
+	.retry_prepare = efa_retry_prepare,
+};
+
+static const struct te_plugin_desc efa_desc = {
+	.size = sizeof(struct te_plugin_desc),
+	.abi_major = TE_PLUGIN_ABI_MAJOR,
+	.abi_minor = TE_PLUGIN_ABI_MINOR,
+	.name = EFA_NAME,
+	.version = "1.0",
+	.description = "libfabric RDM transport (AWS EFA; tcp;ofi_rxm, shm, net for tests): "
+		       "one-sided READ/WRITE",
+	.ops = &efa_ops,
+};
+
+TE_PLUGIN_DEFINE(&efa_desc)
