@@ -345,7 +345,8 @@ static char *control_resolve(struct engine *e, const char *name)
 	for (guint i = 1; i < e->segments->len; i++) {
 		struct segment *s = g_ptr_array_index(e->segments, i);
 
-		if (s && (strcmp(s->name, name) == 0 || strcmp(s->view->desc->name, name) == 0) &&
+		if (s && s->view &&
+		    (strcmp(s->name, name) == 0 || strcmp(s->view->desc->name, name) == 0) &&
 		    s->view->desc->rpc && *s->view->desc->rpc) {
 			char *a = g_strdup(s->view->desc->rpc);
 

@@ -343,10 +343,27 @@ static void engine_destroy(struct engine *e)
 			   "them",
 			   atomic_load(&e->live_batches));
 	/*
+	 * Drop the segments' views first (unloading peers nobody else uses) but keep
+	 * the segment structs: slices a plugin reports during fini release tasks that
+	 * still count on them. Views held by such tasks go when those tasks go.
+	 */
+	if (e->segments) {
+		g_rw_lock_writer_lock(&e->seg_lock);
+		for (guint i = 1; i < e->segments->len; i++) {
+			struct segment *s = g_ptr_array_index(e->segments, i);
+
+			if (s) {
+				segview_unref(s->view);
+				s->view = NULL;
+			}
+		}
+		g_rw_lock_writer_unlock(&e->seg_lock);
+	}
+	segview_unref(e->local_view);
+	e->local_view = NULL;
+	/*
 	 * fini completes whatever a plugin still holds and releases its peers, keys
-	 * and registrations; from here the core makes no more calls into it. It runs
-	 * before the segments go: the slices it reports release their tasks, which
-	 * refer to segments and views.
+	 * and registrations; from here the core makes no more calls into it.
 	 */
 	for (unsigned i = 0; i < e->n_tps; i++) {
 		atomic_store(&e->tps[i]->stopped, true);
@@ -361,7 +378,6 @@ static void engine_destroy(struct engine *e)
 		g_ptr_array_free(e->segments, TRUE);
 		e->segments = NULL;
 	}
-	segview_unref(e->local_view);
 	if (e->mem.regions) {
 		mem_unregister_all(e);
 		mem_table_clear(&e->mem);

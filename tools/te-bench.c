@@ -28,6 +28,7 @@
  * measure without it.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -120,9 +121,11 @@ struct bench_opts {
 	bool block_set;
 	uint32_t batch;
 	uint32_t threads;
-	double duration_s;    /* <= 0: no time limit (--iterations given alone) */
-	int64_t iterations;   /* batches per thread; < 0: not given */
-	uint64_t buffer_size; /* 0: the mode's default */
+	double duration_s;	 /* <= 0: no time limit (--iterations given alone) */
+	int64_t iterations;	 /* batches per thread; < 0: not given */
+	uint64_t buffer_size;	 /* 0: the mode's default */
+	const char *target_file; /* --target-file: map the target buffer from it (shared) */
+	const char *location;	 /* --location of the target buffer ("cpu") */
 	double timeout_s;
 	bool sweep;
 	bool verify;
@@ -352,6 +355,37 @@ static uint8_t *bench_map(uint64_t len)
 	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) {
 		bench_err("cannot allocate %s bytes: %s", bench_size_str(len, sz, sizeof(sz)),
+			  g_strerror(errno));
+		return NULL;
+	}
+	return p;
+}
+
+/*
+ * The first @len bytes of @path mapped shared (a CXL window file or DAX device), for a target
+ * buffer that peers reach through that shared memory. The file must be at least @len long.
+ */
+static uint8_t *bench_map_file(const char *path, uint64_t len)
+{
+	struct stat sb;
+	void *p;
+	int fd;
+
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0) {
+		bench_err("--target-file %s: %s", path, g_strerror(errno));
+		return NULL;
+	}
+	if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size < len) {
+		bench_err("--target-file %s: %" PRIu64 " bytes, the buffer needs %" PRIu64, path,
+			  (uint64_t)sb.st_size, len);
+		close(fd);
+		return NULL;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED) {
+		bench_err("--target-file %s: cannot map %" PRIu64 " bytes: %s", path, len,
 			  g_strerror(errno));
 		return NULL;
 	}
@@ -1307,7 +1341,7 @@ static int bench_target(const struct bench_opts *o)
 		bench_te_err("cannot create the engine", st);
 		return BENCH_EXIT_FAIL;
 	}
-	buf = bench_map(len);
+	buf = o->target_file ? bench_map_file(o->target_file, len) : bench_map(len);
 	if (!buf)
 		goto out_engine;
 	t0 = bench_now_ns();
@@ -1315,7 +1349,7 @@ static int bench_target(const struct bench_opts *o)
 	bench_fill(buf, 0, len, 0);
 	bench_note(o, "target: filled %s bytes in %.2f s", bench_size_str(len, sz, sizeof(sz)),
 		   (double)(bench_now_ns() - t0) / 1e9);
-	st = te_mem_register(e, buf, len, "cpu", TE_MEM_REMOTE);
+	st = te_mem_register(e, buf, len, o->location ? o->location : "cpu", TE_MEM_REMOTE);
 	if (st != TE_OK) {
 		bench_te_err("te_mem_register (target buffer)", st);
 		goto out_buf;
@@ -1453,6 +1487,14 @@ static int bench_loopback(const struct bench_opts *o)
 	if (o->config) {
 		g_ptr_array_add(argv, (char *)"--config");
 		g_ptr_array_add(argv, (char *)o->config);
+	}
+	if (o->target_file) {
+		g_ptr_array_add(argv, (char *)"--target-file");
+		g_ptr_array_add(argv, (char *)o->target_file);
+	}
+	if (o->location) {
+		g_ptr_array_add(argv, (char *)"--location");
+		g_ptr_array_add(argv, (char *)o->location);
 	}
 	g_ptr_array_add(argv, NULL);
 	if (!g_spawn_async_with_pipes(NULL, (char **)argv->pdata, NULL, G_SPAWN_DO_NOT_REAP_CHILD,
@@ -1887,7 +1929,7 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	gint64 iterations = -1;
 	gdouble timeout = BENCH_DEF_TIMEOUT;
 	char *initiator = NULL, *config = NULL, *op = NULL, *block = NULL, *buffer = NULL;
-	char *duration = NULL;
+	char *duration = NULL, *target_file = NULL, *location = NULL;
 	g_autoptr(GOptionContext) octx = NULL;
 	g_autoptr(GError) error = NULL;
 	int modes;
@@ -1924,6 +1966,12 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		  "Check every byte moved against the pattern of its offset", NULL },
 		{ "buffer-size", 0, 0, G_OPTION_ARG_STRING, &buffer,
 		  "Target buffer [1G; --loopback: what the runs need, 64M to 256M]", "SIZE" },
+		{ "target-file", 0, 0, G_OPTION_ARG_FILENAME, &target_file,
+		  "Map the target buffer from FILE, shared (e.g. a CXL window file or DAX device) "
+		  "[anonymous memory]",
+		  "FILE" },
+		{ "location", 0, 0, G_OPTION_ARG_STRING, &location,
+		  "Location the target buffer is registered with, e.g. cxl:0 [cpu]", "LOC" },
 		{ "timeout", 0, 0, G_OPTION_ARG_DOUBLE, &timeout,
 		  "Seconds a batch may take before it is canceled and counted as failed [120]",
 		  "SECONDS" },
@@ -1957,6 +2005,8 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	strs[3] = block;
 	strs[4] = buffer;
 	strs[5] = duration;
+	strs[6] = target_file;
+	strs[7] = location;
 	if (argc > 1)
 		return bench_usage("unexpected argument '%s'", argv[1]);
 
@@ -2047,13 +2097,20 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		if (core || initiator)
 			return bench_usage("--buffer-size sizes the target (--target, --loopback)");
 	}
+	if ((target_file || location) && (core || initiator))
+		return bench_usage("--target-file and --location set up the target (--target, "
+				   "--loopback)");
+	if (location && !*location)
+		return bench_usage("--location: empty");
+	o->target_file = target_file;
+	o->location = location;
 	return BENCH_EXIT_OK;
 }
 
 int main(int argc, char **argv)
 {
 	struct bench_opts o;
-	char *strs[6] = { NULL };
+	char *strs[8] = { NULL };
 	int rc;
 
 	memset(&o, 0, sizeof(o));

@@ -7,7 +7,8 @@
  * in this process with the cxl transport on the same file, and writers are further cxl-node
  * processes. This process maps the window too and checks the bytes that moved there; the
  * target checks them through its own mapping as well. Window files are removed on exit and
- * on abort (a failing assertion). Nodes die with this process (PR_SET_PDEATHSIG).
+ * when the test dies of a signal (a failing assertion, a timeout). Nodes die with this
+ * process (PR_SET_PDEATHSIG).
  */
 
 #include <errno.h>
@@ -62,7 +63,7 @@ static bool have_tcp; /* tcp.so along TE_PLUGIN_PATH */
 
 /* --- window files ------------------------------------------------------------------------- */
 
-/* Paths to unlink on exit or abort (written before any process may abort). */
+/* Paths to unlink on exit or when the test dies of a signal (set before any can arrive). */
 #define MAX_FILES 8
 static char file_paths[MAX_FILES][96];
 static volatile sig_atomic_t n_files;
@@ -73,7 +74,7 @@ static void files_remove(void)
 		unlink(file_paths[i]);
 }
 
-static void on_abort(int sig)
+static void on_fatal(int sig)
 {
 	files_remove();
 	signal(sig, SIG_DFL);
@@ -577,7 +578,12 @@ int main(int argc, char **argv)
 	}
 	have_tcp = find_plugin("tcp.so");
 	node_path = find_node(argv[0]);
-	signal(SIGABRT, on_abort);
+	/* g_error traps (SIGTRAP) or aborts; meson's timeout terminates. */
+	signal(SIGABRT, on_fatal);
+	signal(SIGTRAP, on_fatal);
+	signal(SIGTERM, on_fatal);
+	signal(SIGSEGV, on_fatal);
+	signal(SIGBUS, on_fatal);
 	atexit(files_remove);
 	g_test_add_func("/cxl-system/sizes", test_sizes);
 	g_test_add_func("/cxl-system/concurrent-writers", test_concurrent_writers);

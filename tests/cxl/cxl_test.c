@@ -23,12 +23,12 @@ static const char *const default_transfer = "timeout_ms: 60000";
 
 /* --- windows ----------------------------------------------------------------------------- */
 
-/* Window files to remove when a failing assertion aborts the test. */
+/* Window files to remove when the test dies of a signal (a failing assertion, a timeout). */
 #define MAX_FILES 64
 static char file_paths[MAX_FILES][64];
 static volatile sig_atomic_t n_files;
 
-static void on_abort(int sig)
+static void on_fatal(int sig)
 {
 	for (int i = 0; i < n_files; i++)
 		unlink(file_paths[i]);
@@ -626,7 +626,12 @@ int main(int argc, char **argv)
 		g_test_message("cxl.so not found along TE_PLUGIN_PATH");
 		return 77;
 	}
-	signal(SIGABRT, on_abort);
+	/* g_error traps (SIGTRAP) or aborts; meson's timeout terminates. */
+	signal(SIGABRT, on_fatal);
+	signal(SIGTRAP, on_fatal);
+	signal(SIGTERM, on_fatal);
+	signal(SIGSEGV, on_fatal);
+	signal(SIGBUS, on_fatal);
 	g_test_add_func("/cxl/transfer/sizes", test_transfer);
 	g_test_add_func("/cxl/transfer/many-requests", test_many_requests);
 	g_test_add_func("/cxl/transfer/variants", test_variants);
