@@ -162,7 +162,7 @@ TE_API TE_NODISCARD enum te_status te_segment_import(struct te_engine *engine, c
 
 /* One registered buffer of a segment, as its descriptor publishes it. */
 struct te_buffer_info {
-	uint64_t addr; /* peer virtual address (cxl: window offset) */
+	uint64_t addr; /* peer virtual address, for every transport (cxl included) */
 	uint64_t length;
 	uint32_t access; /* TE_MEM_REMOTE_* */
 	char location[32];
@@ -200,7 +200,7 @@ struct te_request {
 	enum te_opcode opcode;
 	te_segment_id segment;
 	void *local;	 /* inside a registered local region */
-	uint64_t remote; /* peer virtual address (cxl: window offset) */
+	uint64_t remote; /* peer virtual address (cxl: the plugin maps it into the window) */
 	uint64_t length;
 };
 

@@ -103,7 +103,8 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /tmp
+# /tmp stays on the initramfs root: the build tree (and its binaries) may live under /tmp.
+mkdir -p /tmp
 echo "@@T init $(cut -d' ' -f1 /proc/uptime)"
 while read -r ko opts; do
 	insmod "$ko" $opts || echo "@@WARN insmod $ko failed"
