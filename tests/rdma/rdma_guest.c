@@ -593,7 +593,15 @@ static bool scenario_failover(struct ctx *c, const char *down_if)
 
 	for (size_t k = 0; k < rounds; k++) {
 		size_t n = k == down_round ? big : small;
+		/*
+		 * The down round submits the same writes in several batches at once, so that
+		 * the first device still has work in flight when `ip` gets to run: with one
+		 * batch, everything could already be posted and acknowledged by then (seen
+		 * under TCG), leaving nothing to retry.
+		 */
+		size_t copies = k == down_round ? 4 : 1;
 		g_autofree struct te_request *r = g_new(struct te_request, n);
+		te_batch_id bids[4];
 		uint64_t half = c->rlen / 2, seed = 0x900 + k;
 		struct downer dn = { .c = c, .n = n, .dev = down_if, .ip_in = -1 };
 		uint32_t on_first = 0, retried = 0;
@@ -604,10 +612,11 @@ static bool scenario_failover(struct ctx *c, const char *down_if)
 		for (size_t i = 0; i < n; i++)
 			r[i] = rq(c, TE_OP_WRITE, i * 65536, half + (i * 65536) % (half - 65536),
 				  65536);
-		if (te_batch_new(c->e, n, &bid) != TE_OK)
-			return false;
+		for (size_t b = 0; b < copies; b++)
+			if (te_batch_new(c->e, n, &bids[b]) != TE_OK)
+				return false;
 		if (k == down_round) {
-			/* The first device's link goes down while this batch is in flight. */
+			/* The first device's link goes down while these batches are in flight. */
 			if (!g_spawn_async_with_pipes(NULL, (char **)ip_argv, NULL,
 						      G_SPAWN_DO_NOT_REAP_CHILD, NULL, NULL,
 						      &ip_pid, &dn.ip_in, NULL, NULL, NULL)) {
@@ -615,35 +624,40 @@ static bool scenario_failover(struct ctx *c, const char *down_if)
 				return false;
 			}
 			g_usleep(300000); /* let it load */
-			dn.bid = bid;
+			dn.bid = bids[0];
 			th = g_thread_new("down", downer_main, &dn);
 		}
-		if (te_batch_submit(c->e, bid, r, n) != TE_OK)
-			return false;
-		if (te_batch_wait(c->e, bid, WAIT_NS) == TE_INPROGRESS)
-			say("  round %zu: not finished after 120 s", k);
+		for (size_t b = 0; b < copies; b++)
+			if (te_batch_submit(c->e, bids[b], r, n) != TE_OK)
+				return false;
+		for (size_t b = 0; b < copies; b++)
+			if (te_batch_wait(c->e, bids[b], WAIT_NS) == TE_INPROGRESS)
+				say("  round %zu: batch %zu not finished after 120 s", k, b);
 		if (th) {
 			g_thread_join(th);
 			waitpid(ip_pid, &status, 0);
 			say("  round %zu: `ip link set %s down` (exit %d) with %u of %zu tasks "
-			    "done",
+			    "of the first batch done",
 			    k, down_if, WIFEXITED(status) ? WEXITSTATUS(status) : -1, dn.done_at,
 			    n);
 		}
-		for (uint32_t i = 0; i < n; i++) {
-			struct te_task_info ti;
+		for (size_t b = 0; b < copies; b++) {
+			for (uint32_t i = 0; i < n; i++) {
+				struct te_task_info ti;
 
-			if (te_task_status(c->e, bid, i, &ti) != TE_OK)
-				return false;
-			if (ti.state != TE_STATE_COMPLETED && lost++ < 3)
-				say("  round %zu task %u: %s %s: %s", k, i, te_state_str(ti.state),
-				    te_status_str(ti.status), ti.detail);
-			if (!*first && k == 0 && i == 0)
-				snprintf(first, sizeof(first), "%s", ti.device);
-			on_first += !strcmp(ti.device, first);
-			retried += ti.retries > 0;
+				if (te_task_status(c->e, bids[b], i, &ti) != TE_OK)
+					return false;
+				if (ti.state != TE_STATE_COMPLETED && lost++ < 3)
+					say("  round %zu batch %zu task %u: %s %s: %s", k, b, i,
+					    te_state_str(ti.state), te_status_str(ti.status),
+					    ti.detail);
+				if (!*first && k == 0 && i == 0)
+					snprintf(first, sizeof(first), "%s", ti.device);
+				on_first += !strcmp(ti.device, first);
+				retried += ti.retries > 0;
+			}
+			batch_free(c, bids[b]);
 		}
-		batch_free(c, bid);
 		if (k < down_round) {
 			first_dev_before += on_first;
 			second_dev_before += (uint32_t)n - on_first;
@@ -671,8 +685,8 @@ static bool scenario_failover(struct ctx *c, const char *down_if)
 		say("  round %2zu: %zu x 64 KiB written, %zu read back and verified; %u on "
 		    "%s, %u on "
 		    "the other, %u retried",
-		    k, k == down_round ? big : small, n, on_first, first,
-		    (uint32_t)(k == down_round ? big : small) - on_first, retried);
+		    k, copies * (k == down_round ? big : small), n, on_first, first,
+		    (uint32_t)(copies * (k == down_round ? big : small)) - on_first, retried);
 	}
 	say("  before the link went down: %u tasks on %s, %u on the other; while: %u "
 	    "retried; "
