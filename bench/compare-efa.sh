@@ -4,16 +4,18 @@
 #
 # Usage: bench/compare-efa.sh [-C BUILD] [--check]
 #   For each libfabric provider, block size and direction: ROUNDS measurements of fi-rma-loop
-#   (raw fi_read/fi_writemsg between two processes, WINDOW operations kept in flight) and of
-#   `te-bench --loopback --threads THREADS --batch WINDOW/THREADS` over the efa plugin on the
-#   same provider: the same bound on operations in flight (one te-bench thread would drain
-#   the pipe at every batch boundary, which the raw loop never does). The two alternate which
-#   runs first; then a table with the median GB/s of both and the median of the per-round
-#   ratios te/raw (robust to load drifting between rounds). --check exits 1 when a ratio is
-#   below MIN_RATIO.
+#   (raw fi_read/fi_writemsg from one thread, WINDOW operations kept in flight) and of
+#   `te-bench --loopback --threads THREADS --depth DEPTH --batch WINDOW/(THREADS x DEPTH)`
+#   over the efa plugin on the same provider: the same bound on operations in flight, and by
+#   default one submitting thread like the raw loop, keeping two batches in flight so that
+#   the pipe does not drain at a batch boundary (the raw loop never drains it). The two
+#   alternate which runs first; then a table with the median GB/s of both and the median of
+#   the per-round ratios te/raw (robust to load drifting between rounds). --check exits 1
+#   when a ratio is below MIN_RATIO.
 #   Env: BUILD (build), PROVIDERS ("tcp;ofi_rxm shm"), SIZES ("64K 1M"), OPS ("read write"),
-#   WINDOW (128), THREADS (2), DURATION (3 s per measurement), ROUNDS (3), MIN_RATIO (0.9),
-#   EFA_OPTIONS (extra efa options for te, YAML flow-mapping entries, e.g. "spin_us: 0").
+#   WINDOW (128), THREADS (1), DEPTH (2), DURATION (3 s per measurement), ROUNDS (3),
+#   MIN_RATIO (0.9), EFA_OPTIONS (extra efa options for te, YAML flow-mapping entries, e.g.
+#   "spin_us: 0").
 set -euo pipefail
 
 build=${BUILD:-build}
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
 		check=1
 		;;
 	-h | --help)
-		sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '3,18p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*)
@@ -49,7 +51,8 @@ providers=${PROVIDERS:-"tcp;ofi_rxm shm"}
 sizes=${SIZES:-64K 1M}
 ops=${OPS:-read write}
 window=${WINDOW:-128}
-threads=${THREADS:-2}
+threads=${THREADS:-1}
+depth=${DEPTH:-2}
 duration=${DURATION:-3}
 rounds=${ROUNDS:-3}
 min_ratio=${MIN_RATIO:-0.9}
@@ -61,8 +64,9 @@ die() {
 }
 
 [ -x "$bench" ] || die "$bench is not built (run: ninja -C $build)"
-[ $((window % threads)) = 0 ] || die "WINDOW ($window) must be a multiple of THREADS ($threads)"
-batch=$((window / threads))
+[ $((window % (threads * depth))) = 0 ] ||
+	die "WINDOW ($window) must be a multiple of THREADS x DEPTH ($threads x $depth)"
+batch=$((window / (threads * depth)))
 efa_so=$(find "$build/plugins" -name efa.so -print -quit 2>/dev/null || true)
 [ -n "$efa_so" ] ||
 	die "the efa plugin is not built (no efa.so under $build/plugins: libfabric-dev missing?)"
@@ -105,7 +109,7 @@ run_raw() {
 run_te() {
 	local tp
 	"$bench" --loopback --config "$4" --op "$3" --block-size "$2" --batch "$batch" \
-		--threads "$threads" --duration "$duration" --json --quiet >"$tmp/te.json" ||
+		--threads "$threads" --depth "$depth" --duration "$duration" --json --quiet >"$tmp/te.json" ||
 		die "te-bench over efa ($1) --op $3 --block-size $2 failed"
 	te=$(json_key "$tmp/te.json" gbps)
 	tp=$(json_key "$tmp/te.json" transport)
@@ -113,7 +117,7 @@ run_te() {
 }
 
 echo "fi-rma-loop (raw libfabric, window $window) vs te-bench --loopback over efa ($threads" \
-	"thread(s) x batch $batch: at most $window in flight)," \
+	"thread(s) x depth $depth x batch $batch: at most $window in flight)," \
 	"${duration} s per measurement, $rounds round(s); medians, and the median of the" \
 	"per-round ratios (each round runs both back to back)"
 results=$tmp/results

@@ -64,6 +64,7 @@
 #define BENCH_MAX_BLOCK (UINT64_C(1) << 32)
 #define BENCH_MAX_BATCH 65536
 #define BENCH_MAX_THREADS 256
+#define BENCH_MAX_DEPTH 16
 #define BENCH_MAX_BUFFER (UINT64_C(1) << 40)
 #define BENCH_MIN_BUFFER (8 * BENCH_KIB)
 #define BENCH_MAX_DURATION (7.0 * 86400.0)
@@ -121,6 +122,7 @@ struct bench_opts {
 	bool block_set;
 	uint32_t batch;
 	uint32_t threads;
+	uint32_t depth;		 /* batches each thread keeps in flight */
 	double duration_s;	 /* <= 0: no time limit (--iterations given alone) */
 	int64_t iterations;	 /* batches per thread; < 0: not given */
 	uint64_t buffer_size;	 /* 0: the mode's default */
@@ -472,6 +474,7 @@ struct bench_row {
 	uint64_t block;
 	uint32_t batch;
 	uint32_t threads;
+	uint32_t depth;
 	uint64_t bytes;
 	uint64_t requests;
 	uint64_t batches;
@@ -552,6 +555,7 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 		bench_json_int(b, "block_size", (int64_t)r->block);
 		bench_json_int(b, "batch", r->batch);
 		bench_json_int(b, "threads", r->threads);
+		bench_json_int(b, "depth", r->depth);
 		bench_json_str(b, "transport", r->transport);
 		bench_json_str(b, "device", r->device);
 		bench_json_int(b, "bytes", (int64_t)r->bytes);
@@ -822,23 +826,48 @@ static void bench_report_batch(struct bench_worker *w, te_batch_id b, const stru
 		bench_err("  ... and %" PRIu32 " more tasks that did not complete", bad - 3);
 }
 
-/* One batch: new, submit, wait (cancel past the timeout), free. TE_OK iff all completed. */
-static enum te_status bench_batch(struct bench_worker *w, const struct te_request *reqs, uint32_t n)
+/* A batch started by bench_batch_start and not finished yet. */
+struct bench_pending {
+	te_batch_id b;
+	const struct te_request *reqs;
+	uint32_t n;
+	enum te_status st; /* of te_batch_submit */
+	char *detail;	   /* te_last_error() after a failed submit */
+	uint64_t t0;
+};
+
+/* New and submit: TE_OK, or the te_batch_new failure (nothing to finish then). */
+static enum te_status bench_batch_start(struct bench_worker *w, const struct te_request *reqs,
+					uint32_t n, struct bench_pending *p)
 {
 	struct bench_init *c = w->c;
-	g_autofree char *detail = NULL;
-	struct te_task_info ti;
-	enum te_status st, wst, fst;
-	te_batch_id b;
+	enum te_status st;
 
-	st = te_batch_new(c->e, n, &b);
+	p->reqs = reqs;
+	p->n = n;
+	p->detail = NULL;
+	p->t0 = bench_now_ns();
+	st = te_batch_new(c->e, n, &p->b);
 	if (st != TE_OK) {
 		bench_te_err("te_batch_new", st);
 		return st;
 	}
-	st = te_batch_submit(c->e, b, reqs, n);
-	if (st != TE_OK)
-		detail = g_strdup(te_last_error());
+	p->st = te_batch_submit(c->e, p->b, reqs, n);
+	if (p->st != TE_OK)
+		p->detail = g_strdup(te_last_error());
+	return TE_OK;
+}
+
+/* Wait (cancel past the timeout), report, free. TE_OK iff every task completed. */
+static enum te_status bench_batch_finish(struct bench_worker *w, struct bench_pending *p)
+{
+	struct bench_init *c = w->c;
+	g_autofree char *detail = p->detail;
+	struct te_task_info ti;
+	enum te_status st = p->st, wst, fst;
+	te_batch_id b = p->b;
+
+	p->detail = NULL;
 	/* Rejected requests became INVALID tasks; the others run and must end first. */
 	wst = te_batch_wait(c->e, b, c->timeout_ns);
 	if (wst == TE_INPROGRESS) {
@@ -863,7 +892,7 @@ static enum te_status bench_batch(struct bench_worker *w, const struct te_reques
 		w->have_info = true;
 	}
 	if (st != TE_OK)
-		bench_report_batch(w, b, reqs, n, st, detail ? detail : "");
+		bench_report_batch(w, b, p->reqs, p->n, st, detail ? detail : "");
 	fst = te_batch_free(c->e, b);
 	if (fst != TE_OK) {
 		bench_te_err("te_batch_free", fst);
@@ -871,6 +900,15 @@ static enum te_status bench_batch(struct bench_worker *w, const struct te_reques
 			st = fst;
 	}
 	return st;
+}
+
+/* One batch: new, submit, wait (cancel past the timeout), free. TE_OK iff all completed. */
+static enum te_status bench_batch(struct bench_worker *w, const struct te_request *reqs, uint32_t n)
+{
+	struct bench_pending p;
+	enum te_status st = bench_batch_start(w, reqs, n, &p);
+
+	return st != TE_OK ? st : bench_batch_finish(w, &p);
 }
 
 static void bench_verify_failed(struct bench_worker *w, const char *what, const uint8_t *p,
@@ -914,6 +952,59 @@ static bool bench_worker_verify(struct bench_worker *w, bool wr, uint64_t i)
 	return false;
 }
 
+/*
+ * --depth N: keep N batches in flight (the next ones are submitted before the oldest is
+ * waited for), so that the pipe never drains at a batch boundary. No --verify here: batches
+ * in flight share the thread's data area.
+ */
+static void bench_worker_pipelined(struct bench_worker *w, uint64_t deadline)
+{
+	struct bench_init *c = w->c;
+	const struct bench_opts *o = c->o;
+	uint64_t bb = c->block * c->batch;
+	struct bench_pending q[BENCH_MAX_DEPTH];
+	uint32_t head = 0, inflight = 0;
+	uint64_t started = 0;
+
+	for (;;) {
+		bool more = !w->failed && !bench_signalled &&
+			    !atomic_load_explicit(&c->stop, memory_order_relaxed) &&
+			    (o->iterations < 0 || started < (uint64_t)o->iterations) &&
+			    bench_now_ns() < deadline;
+		struct bench_pending *p;
+		uint64_t now;
+
+		while (more && inflight < o->depth) {
+			bool wr =
+				c->op == BENCH_OP_WRITE || (c->op == BENCH_OP_MIX && (started & 1));
+
+			p = &q[(head + inflight) % o->depth];
+			if (bench_batch_start(w, wr ? w->wr : w->rd, c->batch, p) != TE_OK) {
+				w->failed = true;
+				break;
+			}
+			inflight++;
+			started++;
+			more = o->iterations < 0 || started < (uint64_t)o->iterations;
+		}
+		if (!inflight)
+			break;
+		p = &q[head];
+		head = (head + 1) % o->depth;
+		inflight--;
+		if (bench_batch_finish(w, p) != TE_OK) {
+			w->failed = true;
+			continue; /* finish the others, start nothing new */
+		}
+		now = bench_now_ns();
+		bench_lat_add(&w->lat, now - p->t0);
+		w->batches++;
+		w->requests += c->batch;
+		w->bytes += bb;
+		atomic_fetch_add_explicit(&w->progress_bytes, bb, memory_order_relaxed);
+	}
+}
+
 static gpointer bench_worker_main(gpointer data)
 {
 	struct bench_worker *w = data;
@@ -926,6 +1017,10 @@ static gpointer bench_worker_main(gpointer data)
 		goto out;
 	w->t_start = now = bench_now_ns();
 	deadline = c->duration_ns ? w->t_start + c->duration_ns : UINT64_MAX;
+	if (o->depth > 1) {
+		bench_worker_pipelined(w, deadline);
+		goto end;
+	}
 	for (uint64_t i = 0;; i++) {
 		bool wr = c->op == BENCH_OP_WRITE || (c->op == BENCH_OP_MIX && (i & 1));
 		uint64_t t0;
@@ -960,6 +1055,7 @@ static gpointer bench_worker_main(gpointer data)
 		}
 		now = bench_now_ns();
 	}
+end:
 	w->t_end = bench_now_ns();
 	if (w->failed)
 		atomic_store_explicit(&c->stop, true, memory_order_relaxed);
@@ -1108,6 +1204,7 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	r->block = c->block;
 	r->batch = c->batch;
 	r->threads = c->threads;
+	r->depth = o->depth;
 	r->verify = o->verify;
 	bench_row_collect(r, ws, started);
 	r->failed |= started != c->threads;
@@ -1925,7 +2022,7 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 {
 	gboolean target = FALSE, loopback = FALSE, core = FALSE, sweep = FALSE, verify = FALSE;
 	gboolean json = FALSE, quiet = FALSE;
-	gint batch = -1, threads = 1;
+	gint batch = -1, threads = 1, depth = 1;
 	gint64 iterations = -1;
 	gdouble timeout = BENCH_DEF_TIMEOUT;
 	char *initiator = NULL, *config = NULL, *op = NULL, *block = NULL, *buffer = NULL;
@@ -1955,6 +2052,10 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		{ "batch", 'B', 0, G_OPTION_ARG_INT, &batch, "Requests per batch [128; --core: 64]",
 		  "N" },
 		{ "threads", 't', 0, G_OPTION_ARG_INT, &threads, "Submitting threads [1]", "N" },
+		{ "depth", 'D', 0, G_OPTION_ARG_INT, &depth,
+		  "Batches each thread keeps in flight: the next are submitted before the oldest "
+		  "is waited for [1]",
+		  "N" },
 		{ "duration", 'd', 0, G_OPTION_ARG_STRING, &duration,
 		  "Seconds per run [5; --sweep: 2; --core: 3]", "SECONDS" },
 		{ "iterations", 'n', 0, G_OPTION_ARG_INT64, &iterations,
@@ -2059,6 +2160,15 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	if (threads < 1 || threads > BENCH_MAX_THREADS)
 		return bench_usage("--threads: %d is not in [1, %d]", threads, BENCH_MAX_THREADS);
 	o->threads = (uint32_t)threads;
+	if (depth < 1 || depth > BENCH_MAX_DEPTH)
+		return bench_usage("--depth: %d is not in [1, %d]", depth, BENCH_MAX_DEPTH);
+	if (depth > 1 && (core || target))
+		return bench_usage("--depth works with --initiator and --loopback");
+	if (depth > 1 && verify)
+		return bench_usage("--depth %d cannot be combined with --verify (batches in "
+				   "flight share a thread's buffers)",
+				   depth);
+	o->depth = (uint32_t)depth;
 	/* The --core buffers hold every request of every thread at once. */
 	if (core && (uint64_t)o->threads * o->batch * o->block > 64 * BENCH_GIB)
 		return bench_usage("--core: threads x batch x block-size exceeds 64G");

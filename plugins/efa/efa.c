@@ -97,6 +97,7 @@
 #define EFA_HELLO_PAIRS 64u /* NIC pairs warmed per peer; beyond, only i -> i % n */
 #define EFA_CQ_BATCH 32u
 #define EFA_POLL_BUDGET 256u /* completions per CQ per loop before other CQs get a turn */
+#define EFA_POST_RUN 64	     /* posts per NIC lock hold in one submit */
 #define EFA_TICK_NS (100ull * 1000 * 1000)  /* sleep bound with nothing in flight */
 #define EFA_SAFETY_NS (10ull * 1000 * 1000) /* sleep bound with operations in flight */
 #define EFA_DETAIL 256u
@@ -847,10 +848,18 @@ static void efa_prog_sleep(struct efa_prog *p, bool yielded)
 		n = 1 + p->n_nics;
 		timeout_ns = efa_prog_busy_nics(p) ? EFA_SAFETY_NS : EFA_TICK_NS;
 	} else {
-		/* A completion that landed before sleeping was published: poll once more. */
-		for (uint32_t i = 0; i < p->n_nics; i++)
-			if (efa_nic_poll(p->nics[i], EFA_POLL_BUDGET, NULL))
-				goto out_awake;
+		/*
+		 * An operation of ours posted before sleeping was published may have completed
+		 * unseen: poll once more. Only with operations in flight: on the passive side a
+		 * second fi_cq_read per round only spins on the provider's lock while a peer
+		 * copies (shm holds it for a whole CMA copy), taking a core from that peer.
+		 * The fence pairs with the full barrier of submit's inflight increment.
+		 */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (efa_prog_busy_nics(p))
+			for (uint32_t i = 0; i < p->n_nics; i++)
+				if (efa_nic_poll(p->nics[i], EFA_POLL_BUDGET, NULL))
+					goto out_awake;
 		/*
 		 * Without a wait object the passive side must still poll now and then (the
 		 * provider moves peers' data only inside fi_cq_read); with operations of ours
@@ -2320,7 +2329,8 @@ static enum te_status efa_check_slice(const struct te_plugin_slice *s, char *why
 }
 
 /* Post @s on @nic (slot and references taken). 0 or a negative libfabric error. */
-static ssize_t efa_post(struct efa_inst *ei, struct efa_nic *nic, struct te_plugin_slice *s)
+/* Post @s on @nic, whose lock the caller holds. */
+static ssize_t efa_post_locked(struct efa_inst *ei, struct efa_nic *nic, struct te_plugin_slice *s)
 {
 	struct efa_spriv *p = efa_priv(s);
 	const struct efa_rkey *k = (const struct efa_rkey *)s->rkey;
@@ -2332,7 +2342,6 @@ static ssize_t efa_post(struct efa_inst *ei, struct efa_nic *nic, struct te_plug
 	void *desc = p->mem->desc[nic->index];
 	ssize_t ret;
 
-	efa_nic_lock(nic);
 	if (s->opcode == TE_PLUGIN_OP_READ) {
 		ret = fi_read(nic->ep, s->local, s->length, desc, fa, raddr, k->keys[j],
 			      &p->op.ctx);
@@ -2352,7 +2361,6 @@ static ssize_t efa_post(struct efa_inst *ei, struct efa_nic *nic, struct te_plug
 		/* Delivery complete: a WRITE is done when the bytes are in the target's memory. */
 		ret = fi_writemsg(nic->ep, &msg, FI_COMPLETION | ei->write_flags);
 	}
-	efa_nic_unlock(nic);
 	return ret;
 }
 
@@ -2384,7 +2392,8 @@ static enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_s
 	uint64_t kick = 0; /* progress threads to wake, by index */
 	bool deferred = false;
 	enum te_status ret = TE_OK;
-	uint32_t i;
+	struct efa_nic *held = NULL; /* the NIC whose lock this call holds */
+	uint32_t i, run = 0;
 
 	if (!ei || !accepted_out || (n && !slices))
 		return TE_ERR_INVALID_ARG;
@@ -2433,7 +2442,20 @@ static enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_s
 		/* relaxed: counters read to choose between polling and sleeping, or for EAGAIN */
 		atomic_fetch_add_explicit(&nic->inflight, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(&path->inflight, 1, memory_order_relaxed);
-		rc = efa_post(ei, nic, s);
+		/*
+		 * Consecutive posts to one NIC share one lock hold (EFA_POST_RUN at most, so
+		 * that its progress thread gets to reap): with several submitting threads, a
+		 * lock handed over at every slice costs a futex wake per operation.
+		 */
+		if (held != nic || run == EFA_POST_RUN) {
+			if (held)
+				efa_nic_unlock(held);
+			efa_nic_lock(nic);
+			held = nic;
+			run = 0;
+		}
+		run++;
+		rc = efa_post_locked(ei, nic, s);
 		if (rc == 0) {
 			if (atomic_load_explicit(&path->eagain_since, memory_order_relaxed))
 				atomic_store_explicit(&path->eagain_since, 0, memory_order_relaxed);
@@ -2466,6 +2488,8 @@ static enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_s
 			       fi_strerror((int)-rc));
 		deferred = true;
 	}
+	if (held)
+		efa_nic_unlock(held);
 	if (deferred)
 		kick |= 1;
 	for (uint32_t t = 0; kick && t < ei->n_progs; t++)

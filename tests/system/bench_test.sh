@@ -73,6 +73,12 @@ core)
 	[ "$rc" = 2 ] || fail "two modes: status $rc, expected 2"
 	run usage-op --core --op sideways
 	[ "$rc" = 2 ] || fail "--op sideways: status $rc, expected 2"
+	run usage-depth --loopback --depth 17
+	[ "$rc" = 2 ] || fail "--depth 17: status $rc, expected 2"
+	grep -q -- "--depth: 17 is not in \[1, 16\]" "$tmp/usage-depth.err" || fail "--depth 17: no range error"
+	run usage-depth-verify --loopback --depth 2 --verify
+	[ "$rc" = 2 ] || fail "--depth 2 --verify: status $rc, expected 2"
+	grep -q -- "--verify" "$tmp/usage-depth-verify.err" || fail "--depth 2 --verify: error does not name --verify"
 
 	for op in write read; do
 		run core-$op --core --op $op --duration 0.5 --verify --json
@@ -104,6 +110,13 @@ loopback)
 			"r['bytes'] > 0 and r['block_size'] == 65536 and r['transport'] != '' and r['op'] == '$op'" ||
 			fail "--loopback --op $op: bad JSON row"
 	done
+	# --depth keeps batches in flight and still runs exactly --iterations of them.
+	run loop-depth --loopback --op mix --depth 3 --iterations 7 --batch 4 --block-size 4K --json
+	[ "$rc" = 0 ] || fail "--loopback --depth 3: status $rc"
+	python3 -c 'import json, sys
+r = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+sys.exit(not (r["depth"] == 3 and r["batches"] == 7 and r["requests"] == 28 and r["bytes"] == 28 * 4096))' \
+		"$tmp/loop-depth.out" || fail "--depth 3 --iterations 7 --batch 4 did not move 7 batches of 4 x 4K"
 	;;
 *)
 	echo "usage: bench_test.sh TE_BENCH core|loopback" >&2
