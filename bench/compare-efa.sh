@@ -7,13 +7,13 @@
 #   (raw fi_read/fi_writemsg from one thread, WINDOW operations kept in flight) and of
 #   `te-bench --loopback --threads THREADS --depth DEPTH --batch WINDOW/(THREADS x DEPTH)`
 #   over the efa plugin on the same provider: the same bound on operations in flight, and by
-#   default one submitting thread like the raw loop, keeping two batches in flight so that
+#   default one submitting thread like the raw loop, keeping 8 batches of 16 in flight so that
 #   the pipe does not drain at a batch boundary (the raw loop never drains it). The two
 #   alternate which runs first; then a table with the median GB/s of both and the median of
 #   the per-round ratios te/raw (robust to load drifting between rounds). --check exits 1
 #   when a ratio is below MIN_RATIO.
 #   Env: BUILD (build), PROVIDERS ("tcp;ofi_rxm shm"), SIZES ("64K 1M"), OPS ("read write"),
-#   WINDOW (128), THREADS (1), DEPTH (2), DURATION (3 s per measurement), ROUNDS (3),
+#   WINDOW (128), THREADS (1), DEPTH (8), DURATION (3 s per measurement), ROUNDS (3),
 #   MIN_RATIO (0.9), EFA_OPTIONS (extra efa options for te, YAML flow-mapping entries, e.g.
 #   "spin_us: 0").
 set -euo pipefail
@@ -52,7 +52,7 @@ sizes=${SIZES:-64K 1M}
 ops=${OPS:-read write}
 window=${WINDOW:-128}
 threads=${THREADS:-1}
-depth=${DEPTH:-2}
+depth=${DEPTH:-8}
 duration=${DURATION:-3}
 rounds=${ROUNDS:-3}
 min_ratio=${MIN_RATIO:-0.9}

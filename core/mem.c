@@ -218,7 +218,9 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 				  te_status_str(st));
 			goto err_unwind;
 		}
-		r->keys[i] = g_bytes_new(keybuf, klen);
+		/* klen 0: nothing to publish for this transport (r->keys[i] stays NULL). */
+		if (klen)
+			r->keys[i] = g_bytes_new(keybuf, klen);
 		supported++;
 	}
 	if (e->n_tps && !supported) {

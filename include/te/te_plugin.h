@@ -253,7 +253,12 @@ struct te_plugin_ops {
 	 * copying must be waited for or fenced by the plugin before it returns.
 	 */
 	enum te_status (*dereg_mem)(struct te_plugin_inst *inst, struct te_plugin_mem *mem);
-	/* Key blob for the descriptor: writes <= @cap bytes; TE_ERR_TOO_LARGE if short. */
+	/*
+	 * Key blob for the descriptor: writes <= @cap bytes; TE_ERR_TOO_LARGE if short.
+	 * *len_out = 0: this transport publishes no key for the region (e.g. memory
+	 * outside a shared window): it can be a local source or destination here, and
+	 * peers never reach it through this transport.
+	 */
 	enum te_status (*pack_key)(struct te_plugin_inst *inst, struct te_plugin_mem *mem,
 				   void *buf, size_t cap, size_t *len_out);
 	/* Prepare to reach @peer_name whose published blob is @blob (maybe connect). */

@@ -1041,9 +1041,13 @@ static enum te_status cxl_pack_key(struct te_plugin_inst *inst, struct te_plugin
 
 	if (!ti || !m || !len_out || (cap && !buf))
 		return TE_ERR_INVALID_ARG;
+	/* Ordinary memory (outside the window) is a local side only: no key to publish. */
+	if (m->off == CXL_OFF_NONE) {
+		*len_out = 0;
+		return TE_OK;
+	}
 	if (cap < CXL_KEY_LEN)
 		return TE_ERR_TOO_LARGE;
-	/* A region outside the window is published as such; peers reject its key. */
 	cxl_put_u32(p, CXL_KEY_MAGIC);
 	cxl_put_u32(p + 4, m->access);
 	cxl_put_u64(p + 8, ti->id_hash);

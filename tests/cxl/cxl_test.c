@@ -385,8 +385,22 @@ static void test_cpu_target(void)
 	uint8_t *anon = g_malloc(4096);
 	struct te_task_info ti;
 
+	char addr[32], *json = NULL;
+	const char *at, *keys, *end;
+
 	fixture_new(&f, NULL);
 	itest_ok(te_mem_register(f.p.b, anon, 4096, "cpu", TE_MEM_REMOTE));
+	/* cxl publishes no key for it (pack_key length 0): the descriptor has none. */
+	itest_ok(te_segment_export(f.p.b, &json, NULL));
+	snprintf(addr, sizeof(addr), "\"0x%" PRIx64 "\"", (uint64_t)(uintptr_t)anon);
+	at = strstr(json, addr);
+	g_assert_nonnull(at);
+	keys = strstr(at, "\"keys\"");
+	g_assert_nonnull(keys);
+	end = strchr(keys, '}');
+	g_assert_nonnull(end);
+	g_assert_null(g_strstr_len(keys, end - keys, "\"cxl\""));
+	te_free(json);
 	fixture_connect(&f);
 	r = (struct te_request){ TE_OP_WRITE, f.p.seg, f.local, (uint64_t)(uintptr_t)anon, 8 };
 	itest_assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_NO_TRANSPORT);
