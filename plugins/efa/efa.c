@@ -96,8 +96,9 @@
 #define EFA_HELLO_LEN 8u
 #define EFA_HELLO_PAIRS 64u /* NIC pairs warmed per peer; beyond, only i -> i % n */
 #define EFA_CQ_BATCH 32u
-#define EFA_POLL_BUDGET 256u /* completions per CQ per loop before other CQs get a turn */
-#define EFA_POST_RUN 64	     /* posts per NIC lock hold in one submit */
+#define EFA_POLL_BUDGET 256u	  /* completions per CQ per loop before other CQs get a turn */
+#define EFA_POST_RUN 64		  /* posts per NIC lock hold in one submit */
+#define EFA_POST_HOLD_NS 10000ull /* ... and no new post after holding it this long */
 #define EFA_TICK_NS (100ull * 1000 * 1000)  /* sleep bound with nothing in flight */
 #define EFA_SAFETY_NS (10ull * 1000 * 1000) /* sleep bound with operations in flight */
 #define EFA_DETAIL 256u
@@ -2393,6 +2394,7 @@ static enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_s
 	bool deferred = false;
 	enum te_status ret = TE_OK;
 	struct efa_nic *held = NULL; /* the NIC whose lock this call holds */
+	uint64_t held_since = 0;
 	uint32_t i, run = 0;
 
 	if (!ei || !accepted_out || (n && !slices))
@@ -2443,15 +2445,21 @@ static enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_s
 		atomic_fetch_add_explicit(&nic->inflight, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(&path->inflight, 1, memory_order_relaxed);
 		/*
-		 * Consecutive posts to one NIC share one lock hold (EFA_POST_RUN at most, so
-		 * that its progress thread gets to reap): with several submitting threads, a
-		 * lock handed over at every slice costs a futex wake per operation.
+		 * Consecutive cheap posts to one NIC share one lock hold: with several submitting
+		 * threads, a lock handed over at every slice costs a futex wake per operation.
+		 * A hold ends after EFA_POST_RUN posts or EFA_POST_HOLD_NS, so posts that copy
+		 * (shm's CMA) still take the lock one at a time and the progress thread gets in
+		 * between them to reap completions.
 		 */
-		if (held != nic || run == EFA_POST_RUN) {
-			if (held)
-				efa_nic_unlock(held);
+		if (held && (held != nic || run == EFA_POST_RUN ||
+			     efa_now_ns() - held_since > EFA_POST_HOLD_NS)) {
+			efa_nic_unlock(held);
+			held = NULL;
+		}
+		if (!held) {
 			efa_nic_lock(nic);
 			held = nic;
+			held_since = efa_now_ns();
 			run = 0;
 		}
 		run++;
