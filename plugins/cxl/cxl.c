@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include <te/te_plugin.h>
+#include <te/te_plugin_opts.h>
 
 #include "cxl_copy.h"
 
@@ -266,103 +267,30 @@ static enum te_status cxl_opt_u64(struct cxl_inst *ti, const char *key, uint64_t
 				  uint64_t max, bool size_suffix, uint64_t *out)
 {
 	const char *s = ti->host->config_get(ti->ctx, key);
-	unsigned long long v;
-	uint64_t mult = 1;
-	char *end;
 
 	if (!s) {
 		*out = def;
 		return TE_OK;
 	}
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (end == s || errno != 0 || *s < '0' || *s > '9')
-		goto err_invalid;
-	if (size_suffix && *end) {
-		switch (*end) {
-		case 'k':
-		case 'K':
-			mult = 1ull << 10;
-			break;
-		case 'm':
-		case 'M':
-			mult = 1ull << 20;
-			break;
-		case 'g':
-		case 'G':
-			mult = 1ull << 30;
-			break;
-		case 't':
-		case 'T':
-			mult = 1ull << 40;
-			break;
-		default:
-			goto err_invalid;
-		}
-		end++;
-		if (*end == 'i')
-			end++;
-		if (*end == 'B' || *end == 'b')
-			end++;
-	}
-	if (*end != '\0' || (v != 0 && mult > UINT64_MAX / v))
-		goto err_invalid;
-	v *= mult;
-	if (v < min || v > max)
-		goto err_invalid;
-	*out = v;
-	return TE_OK;
-
-err_invalid:
-	return cxl_fail(ti, TE_ERR_CONFIG,
-			"option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64
-			"], got '%s'",
-			key, size_suffix ? " (optional K/M/G/T suffix)" : "", min, max, s);
+	if (te_plugin_parse_u64(s, size_suffix, min, max, out))
+		return TE_OK;
+	return cxl_fail(
+		ti, TE_ERR_CONFIG,
+		"option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'", key,
+		size_suffix ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min, max, s);
 }
 
 static enum te_status cxl_opt_bool(struct cxl_inst *ti, const char *key, bool def, bool *out)
 {
-	static const char *const yes[] = { "true", "yes", "on", "1" };
-	static const char *const no[] = { "false", "no", "off", "0" };
 	const char *s = ti->host->config_get(ti->ctx, key);
 
 	if (!s) {
 		*out = def;
 		return TE_OK;
 	}
-	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
-		if (strcasecmp(s, yes[i]) == 0) {
-			*out = true;
-			return TE_OK;
-		}
-		if (strcasecmp(s, no[i]) == 0) {
-			*out = false;
-			return TE_OK;
-		}
-	}
+	if (te_plugin_parse_bool(s, out))
+		return TE_OK;
 	return cxl_fail(ti, TE_ERR_CONFIG, "option '%s': expected true or false, got '%s'", key, s);
-}
-
-struct cxl_unknown {
-	struct cxl_inst *ti;
-	bool bad;
-};
-
-static void cxl_check_key(void *user, const char *key, const char *value)
-{
-	struct cxl_unknown *u = user;
-
-	(void)value;
-	if (u->bad)
-		return;
-	for (size_t i = 0; i < sizeof(cxl_option_names) / sizeof(cxl_option_names[0]); i++)
-		if (strcmp(key, cxl_option_names[i]) == 0)
-			return;
-	cxl_fail(u->ti, TE_ERR_CONFIG,
-		 "unknown option '%s' (known: device, offset, size, coherent, threads, "
-		 "chunk_size, slice_size, window_id, copy, read_stream_min)",
-		 key);
-	u->bad = true;
 }
 
 /* First line of a small sysfs file of the character device @rdev, or false. */
@@ -386,16 +314,21 @@ static enum te_status cxl_parse_options(struct cxl_inst *ti)
 	const char *dev = ti->host->config_get(ti->ctx, "device");
 	const char *wid = ti->host->config_get(ti->ctx, "window_id");
 	const char *copy = ti->host->config_get(ti->ctx, "copy");
-	struct cxl_unknown unknown = { .ti = ti };
 	uint32_t features = cxl_copy_detect();
 	enum cxl_copy_impl impl;
 	enum te_status st;
 	uint64_t v;
 
-	if (ti->host->config_foreach) {
-		ti->host->config_foreach(ti->ctx, cxl_check_key, &unknown);
-		if (unknown.bad)
-			return TE_ERR_CONFIG;
+	{
+		char bad[64], known[256];
+
+		if (te_plugin_unknown_option(ti->host, ti->ctx, cxl_option_names,
+					     TE_PLUGIN_ARRAY_LEN(cxl_option_names), bad,
+					     sizeof(bad)))
+			return cxl_fail(ti, TE_ERR_CONFIG, "unknown option '%s' (known: %s)", bad,
+					te_plugin_join(cxl_option_names,
+						       TE_PLUGIN_ARRAY_LEN(cxl_option_names), known,
+						       sizeof(known)));
 	}
 	if (!dev || !*dev)
 		return cxl_fail(ti, TE_ERR_CONFIG,

@@ -79,6 +79,7 @@
 #include <rdma/fi_rma.h>
 
 #include <te/te_plugin.h>
+#include <te/te_plugin_opts.h>
 
 #define EFA_NAME "efa"
 
@@ -1006,54 +1007,18 @@ static enum te_status efa_opt_u64(struct efa_inst *ei, const char *key, uint64_t
 				  uint64_t max, bool size_suffix, uint64_t *out)
 {
 	const char *s = ei->host->config_get(ei->ctx, key);
-	unsigned long long v;
-	uint64_t mult = 1;
-	char *end;
 
 	if (!s || !*s) {
 		*out = def;
 		return TE_OK;
 	}
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (end == s || errno != 0 || *s < '0' || *s > '9')
-		goto err_invalid;
-	if (size_suffix && *end) {
-		switch (*end) {
-		case 'k':
-		case 'K':
-			mult = 1ull << 10;
-			break;
-		case 'm':
-		case 'M':
-			mult = 1ull << 20;
-			break;
-		case 'g':
-		case 'G':
-			mult = 1ull << 30;
-			break;
-		default:
-			goto err_invalid;
-		}
-		end++;
-		if (*end == 'i')
-			end++;
-		if (*end == 'B' || *end == 'b')
-			end++;
-	}
-	if (*end != '\0' || (v != 0 && mult > UINT64_MAX / v))
-		goto err_invalid;
-	v *= mult;
-	if (v < min || v > max)
-		goto err_invalid;
-	*out = v;
-	return TE_OK;
-
-err_invalid:
+	if (te_plugin_parse_u64(s, size_suffix, min, max, out))
+		return TE_OK;
 	efa_error(ei,
 		  EFA_NAME ": option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64
 			   "], got '%s'",
-		  key, size_suffix ? " (optional k/m/g suffix)" : "", min, max, s);
+		  key, size_suffix ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min,
+		  max, s);
 	return TE_ERR_CONFIG;
 }
 
@@ -1062,38 +1027,24 @@ static enum te_status efa_opt_enum(struct efa_inst *ei, const char *key, const c
 				   unsigned def, unsigned *out)
 {
 	const char *s = ei->host->config_get(ei->ctx, key);
+	char list[128];
+	size_t n = 0;
+	int i;
 
 	if (!s || !*s) {
 		*out = def;
 		return TE_OK;
 	}
-	for (unsigned i = 0; choices[i]; i++) {
-		if (strcmp(s, choices[i]) == 0) {
-			*out = i;
-			return TE_OK;
-		}
+	i = te_plugin_parse_enum(s, choices);
+	if (i >= 0) {
+		*out = (unsigned)i;
+		return TE_OK;
 	}
-	efa_error(ei, EFA_NAME ": option '%s': '%s' is not one of %s%s%s%s%s", key, s, choices[0],
-		  choices[1] ? ", " : "", choices[1] ? choices[1] : "", choices[2] ? ", " : "",
-		  choices[2] ? choices[2] : "");
+	while (choices[n])
+		n++;
+	efa_error(ei, EFA_NAME ": option '%s': '%s' is not one of %s", key, s,
+		  te_plugin_join(choices, n, list, sizeof(list)));
 	return TE_ERR_CONFIG;
-}
-
-struct efa_unknown {
-	struct efa_inst *ei;
-	char bad[64];
-};
-
-static void efa_check_key(void *user, const char *key, const char *value)
-{
-	struct efa_unknown *u = user;
-
-	(void)value;
-	for (size_t i = 0; i < sizeof(efa_option_names) / sizeof(efa_option_names[0]); i++)
-		if (strcmp(key, efa_option_names[i]) == 0)
-			return;
-	if (!u->bad[0])
-		snprintf(u->bad, sizeof(u->bad), "%s", key);
 }
 
 /* Provider names whose endpoints are addressed by IP (a node address applies). */
@@ -1174,23 +1125,18 @@ static enum te_status efa_options(struct efa_inst *ei)
 {
 	static const char *const progress[] = { "auto", "adaptive", "busy", NULL };
 	static const char *const completion[] = { "auto", "delivery", "transmit", NULL };
-	struct efa_unknown unknown = { .ei = ei };
+	char bad[64], known[256];
 	const char *s, *iface, *node;
 	unsigned prog, comp;
 	enum te_status st;
 	uint64_t v;
 
-	if (ei->host->config_foreach) {
-		ei->host->config_foreach(ei->ctx, efa_check_key, &unknown);
-		if (unknown.bad[0]) {
-			efa_error(ei,
-				  EFA_NAME ": unknown option '%s' (known: provider, devices, node, "
-					   "iface, window, slice_size, progress, spin_us, poll_us, "
-					   "progress_threads, write_completion, warmup, "
-					   "connect_timeout_ms)",
-				  unknown.bad);
-			return TE_ERR_CONFIG;
-		}
+	if (te_plugin_unknown_option(ei->host, ei->ctx, efa_option_names,
+				     TE_PLUGIN_ARRAY_LEN(efa_option_names), bad, sizeof(bad))) {
+		efa_error(ei, EFA_NAME ": unknown option '%s' (known: %s)", bad,
+			  te_plugin_join(efa_option_names, TE_PLUGIN_ARRAY_LEN(efa_option_names),
+					 known, sizeof(known)));
+		return TE_ERR_CONFIG;
 	}
 	s = ei->host->config_get(ei->ctx, "provider");
 	if (!s || !*s)
@@ -1264,11 +1210,9 @@ static enum te_status efa_options(struct efa_inst *ei)
 		comp = strcmp(ei->provider, "shm") == 0 && efa_cma_usable() ? 2 : 1;
 	ei->write_flags = comp == 1 ? FI_DELIVERY_COMPLETE : 0;
 	s = ei->host->config_get(ei->ctx, "warmup");
-	if (!s || !*s || strcmp(s, "true") == 0 || strcmp(s, "yes") == 0) {
+	if (!s || !*s) {
 		ei->warmup = true;
-	} else if (strcmp(s, "false") == 0 || strcmp(s, "no") == 0) {
-		ei->warmup = false;
-	} else {
+	} else if (!te_plugin_parse_bool(s, &ei->warmup)) {
 		efa_error(ei, EFA_NAME ": option 'warmup': expected true or false, got '%s'", s);
 		return TE_ERR_CONFIG;
 	}

@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <te/te_plugin_opts.h>
+
 #include "rdma_priv.h"
 
 /*
@@ -144,83 +146,21 @@ static const char *const rdma_option_names[] = {
 	"test_fault",
 };
 
-struct rdma_unknown {
-	struct rdma_inst *ri;
-	bool bad;
-};
-
-static void rdma_check_key(void *user, const char *key, const char *value)
-{
-	struct rdma_unknown *u = user;
-	char known[512] = "";
-
-	(void)value;
-	for (size_t i = 0; i < sizeof(rdma_option_names) / sizeof(rdma_option_names[0]); i++) {
-		if (strcmp(key, rdma_option_names[i]) == 0)
-			return;
-		snprintf(known + strlen(known), sizeof(known) - strlen(known), "%s%s",
-			 i ? ", " : "", rdma_option_names[i]);
-	}
-	rdma_set_error(u->ri, "unknown option '%s' (known: %s)", key, known);
-	u->bad = true;
-}
-
-/* Integer option @key in [min, max] (size suffixes K/M/G when @size), or @def when absent. */
+/* Integer option @key in [min, max] (size suffixes K/M/G/T when @size), or @def when absent. */
 static enum te_status rdma_opt_u64(struct rdma_inst *ri, const char *key, uint64_t def,
 				   uint64_t min, uint64_t max, bool size, uint64_t *out)
 {
 	const char *s = ri->host->config_get(ri->ctx, key);
-	unsigned long long v;
-	uint64_t mult = 1;
-	char *end;
 
 	if (!s || !*s) {
 		*out = def;
 		return TE_OK;
 	}
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (end == s || errno || !isdigit((unsigned char)*s))
-		goto err_invalid;
-	if (size && *end) {
-		switch (*end) {
-		case 'k':
-		case 'K':
-			mult = 1ull << 10;
-			break;
-		case 'm':
-		case 'M':
-			mult = 1ull << 20;
-			break;
-		case 'g':
-		case 'G':
-			mult = 1ull << 30;
-			break;
-		case 't':
-		case 'T':
-			mult = 1ull << 40;
-			break;
-		default:
-			goto err_invalid;
-		}
-		end++;
-		if (*end == 'i')
-			end++;
-		if (*end == 'B' || *end == 'b')
-			end++;
-	}
-	if (*end || (v && mult > UINT64_MAX / v))
-		goto err_invalid;
-	v *= mult;
-	if (v < min || v > max)
-		goto err_invalid;
-	*out = v;
-	return TE_OK;
-
-err_invalid:
-	rdma_set_error(ri,
-		       "option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'",
-		       key, size ? " (optional K/M/G suffix)" : "", min, max, s);
+	if (te_plugin_parse_u64(s, size, min, max, out))
+		return TE_OK;
+	rdma_set_error(
+		ri, "option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'",
+		key, size ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min, max, s);
 	return TE_ERR_CONFIG;
 }
 
@@ -232,14 +172,8 @@ static enum te_status rdma_opt_bool(struct rdma_inst *ri, const char *key, bool 
 		*out = def;
 		return TE_OK;
 	}
-	if (!strcasecmp(s, "true") || !strcasecmp(s, "yes")) {
-		*out = true;
+	if (te_plugin_parse_bool(s, out))
 		return TE_OK;
-	}
-	if (!strcasecmp(s, "false") || !strcasecmp(s, "no")) {
-		*out = false;
-		return TE_OK;
-	}
 	rdma_set_error(ri, "option '%s': expected true or false, got '%s'", key, s);
 	return TE_ERR_CONFIG;
 }
@@ -275,15 +209,18 @@ err_invalid:
 
 static enum te_status rdma_parse_options(struct rdma_inst *ri)
 {
-	struct rdma_unknown unknown = { .ri = ri };
+	char bad[64], known[512];
 	const char *s;
 	enum te_status st;
 	uint64_t v;
 
-	if (ri->host->config_foreach) {
-		ri->host->config_foreach(ri->ctx, rdma_check_key, &unknown);
-		if (unknown.bad)
-			return TE_ERR_CONFIG;
+	if (te_plugin_unknown_option(ri->host, ri->ctx, rdma_option_names,
+				     TE_PLUGIN_ARRAY_LEN(rdma_option_names), bad, sizeof(bad))) {
+		rdma_set_error(ri, "unknown option '%s' (known: %s)", bad,
+			       te_plugin_join(rdma_option_names,
+					      TE_PLUGIN_ARRAY_LEN(rdma_option_names), known,
+					      sizeof(known)));
+		return TE_ERR_CONFIG;
 	}
 	if ((st = rdma_opt_u64(ri, "qp_per_peer", 2, 1, RDMA_MAX_QP_PER_PEER, false, &v)))
 		return st;

@@ -60,6 +60,7 @@
 #include <unistd.h>
 
 #include <te/te_plugin.h>
+#include <te/te_plugin_opts.h>
 
 #define TCP_NAME "tcp"
 
@@ -1988,74 +1989,17 @@ static enum te_status tcp_opt_u64(struct tcp_inst *ti, const char *key, uint64_t
 				  uint64_t max, bool size_suffix, uint64_t *out)
 {
 	const char *s = ti->host->config_get(ti->ctx, key);
-	unsigned long long v;
-	uint64_t mult = 1;
-	char *end;
 
 	if (!s) {
 		*out = def;
 		return TE_OK;
 	}
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (end == s || errno != 0 || *s < '0' || *s > '9')
-		goto err_invalid;
-	if (size_suffix && *end) {
-		switch (*end) {
-		case 'k':
-		case 'K':
-			mult = 1ull << 10;
-			break;
-		case 'm':
-		case 'M':
-			mult = 1ull << 20;
-			break;
-		case 'g':
-		case 'G':
-			mult = 1ull << 30;
-			break;
-		default:
-			goto err_invalid;
-		}
-		end++;
-		if (*end == 'i')
-			end++;
-		if (*end == 'B' || *end == 'b')
-			end++;
-	}
-	if (*end != '\0' || (v != 0 && mult > UINT64_MAX / v))
-		goto err_invalid;
-	v *= mult;
-	if (v < min || v > max)
-		goto err_invalid;
-	*out = v;
-	return TE_OK;
-
-err_invalid:
+	if (te_plugin_parse_u64(s, size_suffix, min, max, out))
+		return TE_OK;
 	tcp_log(ti, TE_PLUGIN_LOG_ERROR,
 		"option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'", key,
-		size_suffix ? " (optional k/m/g suffix)" : "", min, max, s);
+		size_suffix ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min, max, s);
 	return TE_ERR_CONFIG;
-}
-
-struct tcp_unknown {
-	struct tcp_inst *ti;
-	bool bad;
-};
-
-static void tcp_check_key(void *user, const char *key, const char *value)
-{
-	struct tcp_unknown *u = user;
-
-	(void)value;
-	for (size_t i = 0; i < sizeof(tcp_option_names) / sizeof(tcp_option_names[0]); i++)
-		if (strcmp(key, tcp_option_names[i]) == 0)
-			return;
-	tcp_log(u->ti, TE_PLUGIN_LOG_ERROR,
-		"unknown option '%s' (known: bind, port, advertise, "
-		"lanes, workers, max_inflight, slice_size, connect_timeout_ms)",
-		key);
-	u->bad = true;
 }
 
 /* Resolve @host (numeric or a name, looked up once here) with @port into @ss. */
@@ -2101,7 +2045,6 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 {
 	const char *bind_s = ti->host->config_get(ti->ctx, "bind");
 	const char *adv_s = ti->host->config_get(ti->ctx, "advertise");
-	struct tcp_unknown unknown = { .ti = ti };
 	struct sockaddr_storage bsa, asa;
 	socklen_t blen, alen;
 	char text[72];
@@ -2109,10 +2052,14 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	enum te_status st;
 	int one = 1;
 
-	if (ti->host->config_foreach) {
-		ti->host->config_foreach(ti->ctx, tcp_check_key, &unknown);
-		if (unknown.bad)
-			return TE_ERR_CONFIG;
+	if (te_plugin_unknown_option(ti->host, ti->ctx, tcp_option_names,
+				     TE_PLUGIN_ARRAY_LEN(tcp_option_names), text, sizeof(text))) {
+		char known[256];
+
+		tcp_log(ti, TE_PLUGIN_LOG_ERROR, "unknown option '%s' (known: %s)", text,
+			te_plugin_join(tcp_option_names, TE_PLUGIN_ARRAY_LEN(tcp_option_names),
+				       known, sizeof(known)));
+		return TE_ERR_CONFIG;
 	}
 	if ((st = tcp_opt_u64(ti, "port", 0, 0, 65535, false, &port)) != TE_OK ||
 	    (st = tcp_opt_u64(ti, "lanes", 2, 1, TCP_MAX_LANES, false, &v)) != TE_OK)

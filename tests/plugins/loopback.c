@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include <te/te_plugin.h>
+#include <te/te_plugin_opts.h>
 
 #ifndef LOOPBACK_NAME
 #define LOOPBACK_NAME "loopback"
@@ -376,53 +377,17 @@ static enum te_status loopback_opt_u64(struct loopback_inst *li, const char *key
 				       uint64_t min, uint64_t max, bool size_suffix, uint64_t *out)
 {
 	const char *s = li->host->config_get(li->ctx, key);
-	unsigned long long v;
-	uint64_t mult = 1;
-	char *end;
 
 	if (!s) {
 		*out = def;
 		return TE_OK;
 	}
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (end == s || errno != 0 || *s == '-' || *s == '+' || *s == ' ')
-		goto err_invalid;
-	if (size_suffix && *end) {
-		switch (*end) {
-		case 'k':
-		case 'K':
-			mult = 1ull << 10;
-			break;
-		case 'm':
-		case 'M':
-			mult = 1ull << 20;
-			break;
-		case 'g':
-		case 'G':
-			mult = 1ull << 30;
-			break;
-		default:
-			goto err_invalid;
-		}
-		end++;
-		if (*end == 'i' || *end == 'I')
-			end++;
-		if (*end == 'b' || *end == 'B')
-			end++;
-	}
-	if (*end != '\0' || (v != 0 && mult > UINT64_MAX / v))
-		goto err_invalid;
-	v *= mult;
-	if (v < min || v > max)
-		goto err_invalid;
-	*out = v;
-	return TE_OK;
-
-err_invalid:
+	if (te_plugin_parse_u64(s, size_suffix, min, max, out))
+		return TE_OK;
 	loopback_log(li, TE_PLUGIN_LOG_ERROR,
 		     "option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'",
-		     key, size_suffix ? " (optional k/m/g suffix)" : "", min, max, s);
+		     key, size_suffix ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min,
+		     max, s);
 	return TE_ERR_CONFIG;
 }
 
@@ -443,37 +408,19 @@ static const char *const loopback_option_names[] = {
 };
 /* clang-format on */
 
-struct loopback_unknown {
-	struct loopback_inst *li;
-	bool bad;
-};
-
-static void loopback_check_key(void *user, const char *key, const char *value)
-{
-	struct loopback_unknown *u = user;
-
-	(void)value;
-	for (size_t i = 0; i < sizeof(loopback_option_names) / sizeof(loopback_option_names[0]);
-	     i++) {
-		if (strcmp(key, loopback_option_names[i]) == 0)
-			return;
-	}
-	loopback_log(u->li, TE_PLUGIN_LOG_ERROR, "unknown option '%s'", key);
-	u->bad = true;
-}
-
 static enum te_status loopback_parse_options(struct loopback_inst *li)
 {
 	const char *progress = li->host->config_get(li->ctx, "progress");
-	struct loopback_unknown unknown = { .li = li };
+	char bad[64];
 	uint64_t v;
 	enum te_status st;
 
 	/* A typo in a test's YAML must not silently run with defaults. */
-	if (li->host->config_foreach) {
-		li->host->config_foreach(li->ctx, loopback_check_key, &unknown);
-		if (unknown.bad)
-			return TE_ERR_CONFIG;
+	if (te_plugin_unknown_option(li->host, li->ctx, loopback_option_names,
+				     TE_PLUGIN_ARRAY_LEN(loopback_option_names), bad,
+				     sizeof(bad))) {
+		loopback_log(li, TE_PLUGIN_LOG_ERROR, "unknown option '%s'", bad);
+		return TE_ERR_CONFIG;
 	}
 
 	if (!progress || strcmp(progress, "auto") == 0) {

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * te_plugin_opts.h: parsing of a plugin's YAML options (host->config_get strings), header-only.
+ *
+ * A plugin cannot link libte, so these are static inline functions with libc only. They parse;
+ * the plugin reports the error its own way (host->set_error, host->log), naming the option.
+ *
+ *   const char *s = host->config_get(ctx, "window");
+ *   uint64_t window = 128;
+ *   if (s && !te_plugin_parse_u64(s, false, 1, 4096, &window))
+ *           ... "option 'window': expected an integer in [1, 4096], got '%s'" ...
+ */
+#ifndef TE_PLUGIN_OPTS_H
+#define TE_PLUGIN_OPTS_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <te/te_plugin.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Elements of a fixed array (the list of option names). */
+#define TE_PLUGIN_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* What te_plugin_parse_u64's @size_suffix accepts, for error messages. */
+#define TE_PLUGIN_SIZE_SUFFIXES "K/M/G/T"
+
+/*
+ * Decimal integer in [@min, @max] into *@out (untouched on failure). With @size_suffix an
+ * optional binary suffix follows: K, M, G or T, then optionally "i" and "B" (any case: 4k,
+ * 4KiB, 1MB = 2^20). No sign, no spaces, no hex, no overflow. true when valid.
+ */
+static inline bool te_plugin_parse_u64(const char *s, bool size_suffix, uint64_t min, uint64_t max,
+				       uint64_t *out)
+{
+	unsigned long long v;
+	uint64_t mult = 1;
+	char *end;
+
+	if (!s || *s < '0' || *s > '9')
+		return false;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (end == s || errno != 0)
+		return false;
+	if (size_suffix && *end) {
+		switch (*end) {
+		case 'k':
+		case 'K':
+			mult = 1ull << 10;
+			break;
+		case 'm':
+		case 'M':
+			mult = 1ull << 20;
+			break;
+		case 'g':
+		case 'G':
+			mult = 1ull << 30;
+			break;
+		case 't':
+		case 'T':
+			mult = 1ull << 40;
+			break;
+		default:
+			return false;
+		}
+		end++;
+		if (*end == 'i' || *end == 'I')
+			end++;
+		if (*end == 'b' || *end == 'B')
+			end++;
+	}
+	if (*end != '\0' || (v != 0 && mult > UINT64_MAX / v))
+		return false;
+	v *= mult;
+	if (v < min || v > max)
+		return false;
+	*out = (uint64_t)v;
+	return true;
+}
+
+/* true, yes, on, 1 / false, no, off, 0 (any case) into *@out. true when valid. */
+static inline bool te_plugin_parse_bool(const char *s, bool *out)
+{
+	static const char *const yes[] = { "true", "yes", "on", "1" };
+	static const char *const no[] = { "false", "no", "off", "0" };
+
+	for (size_t i = 0; s && i < sizeof(yes) / sizeof(yes[0]); i++) {
+		if (strcasecmp(s, yes[i]) == 0) {
+			*out = true;
+			return true;
+		}
+		if (strcasecmp(s, no[i]) == 0) {
+			*out = false;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Index of @s in the NULL-terminated @choices (exact match), or -1. */
+static inline int te_plugin_parse_enum(const char *s, const char *const *choices)
+{
+	for (int i = 0; s && choices[i]; i++)
+		if (strcmp(s, choices[i]) == 0)
+			return i;
+	return -1;
+}
+
+/* "a, b, c" from @n @names into @buf (cut short, never overflowing); returns @buf. */
+static inline char *te_plugin_join(const char *const *names, size_t n, char *buf, size_t len)
+{
+	size_t at = 0;
+
+	if (!len)
+		return buf;
+	buf[0] = '\0';
+	for (size_t i = 0; i < n && at + 1 < len; i++) {
+		int k = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", names[i]);
+
+		if (k < 0)
+			break;
+		at += (size_t)k < len - at ? (size_t)k : len - at - 1;
+	}
+	return buf;
+}
+
+struct te_plugin_unknown_ {
+	const char *const *names;
+	size_t n;
+	char *bad;
+	size_t bad_len;
+	bool found;
+};
+
+static inline void te_plugin_unknown_cb_(void *user, const char *key, const char *value)
+{
+	struct te_plugin_unknown_ *u = (struct te_plugin_unknown_ *)user;
+
+	(void)value;
+	if (u->found)
+		return;
+	for (size_t i = 0; i < u->n; i++)
+		if (strcmp(key, u->names[i]) == 0)
+			return;
+	u->found = true;
+	snprintf(u->bad, u->bad_len, "%s", key);
+}
+
+/*
+ * The first option of this instance's YAML that is not one of the @n @names: copied into
+ * @bad (@bad_len bytes) and true; false when every option is known.
+ */
+static inline bool te_plugin_unknown_option(const struct te_plugin_host *host,
+					    struct te_plugin_host_ctx *ctx,
+					    const char *const *names, size_t n, char *bad,
+					    size_t bad_len)
+{
+	struct te_plugin_unknown_ u = { names, n, bad, bad_len, false };
+
+	if (bad_len)
+		bad[0] = '\0';
+	if (host && host->config_foreach)
+		host->config_foreach(ctx, te_plugin_unknown_cb_, &u);
+	return u.found;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TE_PLUGIN_OPTS_H */
