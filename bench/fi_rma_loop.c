@@ -42,6 +42,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <te/te_plugin_opts.h>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -168,42 +170,14 @@ static uint64_t auto_write_flags(const char *prov)
 	return scope == 0 ? 0 : FI_DELIVERY_COMPLETE;
 }
 
+/* Bytes with an optional K/M/G/T suffix (te's plugin option syntax), or exit. */
 static uint64_t parse_size(const char *s)
 {
-	char *end;
-	unsigned long long v;
-	uint64_t mult = 1;
+	uint64_t v;
 
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s)
+	if (!te_plugin_parse_u64(s, true, 0, UINT64_MAX, &v))
 		die("not a size: '%s'", s);
-	switch (*end) {
-	case 'k':
-	case 'K':
-		mult = 1ull << 10;
-		break;
-	case 'm':
-	case 'M':
-		mult = 1ull << 20;
-		break;
-	case 'g':
-	case 'G':
-		mult = 1ull << 30;
-		break;
-	case '\0':
-		return v;
-	default:
-		die("not a size: '%s'", s);
-	}
-	end++;
-	if (*end == 'i')
-		end++;
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end)
-		die("not a size: '%s'", s);
-	return v * mult;
+	return v;
 }
 
 /* Open an RDM endpoint as the plugin does, register @len bytes (page aligned, touched). */
