@@ -15,6 +15,8 @@
 #define SLICE_AT(chunk, i) ((struct slice *)((chunk)->data + (size_t)(i) * (chunk)->stride))
 #define SLICE_OF(ps) ((struct slice *)(void *)(ps)) /* ps is the first member */
 #define POST_CHUNK 256
+/* te_batch_wait keeps polling manual transports this long after their last completion */
+#define BATCH_WAIT_SPIN_NS (2ull * 1000 * 1000)
 
 static bool batch_is_terminal(struct batch *b)
 {
@@ -1279,6 +1281,7 @@ enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 {
 	uint64_t start = engine_now_ns();
 	uint64_t end = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
+	uint64_t last_work = start;
 	unsigned idle = 0;
 	struct batch *b;
 	enum te_status st;
@@ -1295,10 +1298,25 @@ enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 			/* Drive manual-progress transports from the waiting thread. */
 			if (engine_progress_once(e, false)) {
 				idle = 0;
+				last_work = 0;
 				continue;
 			}
 			if (++idle < 64)
 				continue;
+			/*
+			 * Operations in flight that produced a completion lately: keep polling,
+			 * yielding the core between polls. Providers that move data only while
+			 * polled (libfabric's tcp) stall for as long as the waiter sleeps.
+			 * Nothing for BATCH_WAIT_SPIN_NS (a dead or frozen peer): sleep.
+			 */
+			now = engine_now_ns();
+			if (!last_work)
+				last_work = now;
+			if (now - last_work < BATCH_WAIT_SPIN_NS && engine_manual_in_flight(e)) {
+				g_thread_yield();
+				idle = 0;
+				continue;
+			}
 		}
 		now = engine_now_ns();
 		if (now >= end)

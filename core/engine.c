@@ -68,6 +68,19 @@ bool engine_user_driving(struct engine *e, uint64_t now)
 	       now - atomic_load_explicit(&e->last_drive_ns, memory_order_relaxed) < 1000000;
 }
 
+/* Whether a manual-progress transport has slices in flight. Relaxed, like the callers. */
+bool engine_manual_in_flight(struct engine *e)
+{
+	for (unsigned i = 0; i < e->n_tps; i++) {
+		struct transport *tp = e->tps[i];
+
+		if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+		    atomic_load_explicit(&tp->in_flight, memory_order_relaxed) > 0)
+			return true;
+	}
+	return false;
+}
+
 unsigned engine_progress_once(struct engine *e, bool from_worker)
 {
 	unsigned work = 0;

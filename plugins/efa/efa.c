@@ -36,6 +36,11 @@
  * thread sleeps on the CQ wait fd when the provider has one (after fi_trywait), otherwise for
  * poll_us; submit kicks a sleeping thread through an eventfd. Completions and CQ errors
  * (fi_cq_readerr, with fi_cq_strerror text in the detail) become host->slice_done calls.
+ * With progress 'caller' (the default on software providers) the plugin is manual-progress
+ * to the core: the thread waiting in te_batch_wait (else the core's worker) polls the CQs in
+ * efa_progress, so a completion reaches its batch with no hand-off between threads, and the
+ * progress threads stay away while the core polls (EFA_CALLER_NS); they still serve the
+ * passive side, where the core has nothing in flight and never calls progress.
  *
  * Lifetimes. A slice holds its local region (mem->inflight: dereg_mem answers TE_ERR_BUSY
  * meanwhile) and its peer handle (refcount) until its completion. RMA operations cannot be
@@ -102,6 +107,7 @@
 #define EFA_POST_HOLD_NS 10000ull /* ... and no new post after holding it this long */
 #define EFA_TICK_NS (100ull * 1000 * 1000)  /* sleep bound with nothing in flight */
 #define EFA_SAFETY_NS (10ull * 1000 * 1000) /* sleep bound with operations in flight */
+#define EFA_CALLER_NS (1000ull * 1000)	    /* progress 'caller': the thread stays away this long */
 #define EFA_DETAIL 256u
 #define EFA_PRIV_DETAIL 128u
 
@@ -283,6 +289,7 @@ struct efa_rkey {
 enum efa_progress_mode {
 	EFA_PROGRESS_ADAPTIVE,
 	EFA_PROGRESS_BUSY,
+	EFA_PROGRESS_CALLER,
 };
 
 struct efa_inst {
@@ -323,6 +330,8 @@ struct efa_inst {
 	atomic_uint n_defer;				 /* peeked without the lock */
 
 	atomic_bool stopping;
+	/* progress 'caller': when the core last called efa_progress (efa_now_ns) */
+	_Atomic uint64_t caller_ns;
 };
 
 /* --- small helpers ------------------------------------------------------------------ */
@@ -453,6 +462,17 @@ static void efa_nic_unlock(struct efa_nic *nic)
 	pthread_mutex_unlock(&nic->lock);
 }
 
+/*
+ * progress 'caller': whether the core drove efa_progress within EFA_CALLER_NS. Then it keeps
+ * doing so while it has slices in flight (te_batch_wait, or its worker), and the progress
+ * threads keep away from the CQs. Relaxed: a stale view costs one wake-up or one poll.
+ */
+static bool efa_caller_driving(struct efa_inst *ei, uint64_t now)
+{
+	return ei->progress == EFA_PROGRESS_CALLER &&
+	       now - atomic_load_explicit(&ei->caller_ns, memory_order_relaxed) < EFA_CALLER_NS;
+}
+
 /* Wake @p if it sleeps (or is about to). Any thread. */
 static void efa_prog_kick(struct efa_prog *p)
 {
@@ -460,6 +480,8 @@ static void efa_prog_kick(struct efa_prog *p)
 
 	/* seq_cst: pairs with the thread's store of sleeping before its last CQ check. */
 	if (!atomic_load(&p->sleeping))
+		return;
+	if (efa_caller_driving(p->ei, efa_now_ns()))
 		return;
 	if (write(p->kick_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 		efa_log(p->ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: cannot wake: %s", p->index,
@@ -882,6 +904,23 @@ out_awake:
 	atomic_store_explicit(&p->sleeping, 0, memory_order_relaxed);
 }
 
+/* Sleep on the kick fd alone, at most @ns. */
+static void efa_prog_nap(struct efa_prog *p, uint64_t ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
+			       .tv_nsec = (long)(ns % 1000000000ull) };
+
+	atomic_store(&p->sleeping, 1);
+	if (ppoll(p->pfds, 1, &ts, NULL) > 0 && (p->pfds[0].revents & POLLIN)) {
+		uint64_t v;
+
+		if (read(p->kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+			efa_log(p->ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: kick read: %s",
+				p->index, strerror(errno));
+	}
+	atomic_store_explicit(&p->sleeping, 0, memory_order_relaxed);
+}
+
 static void *efa_prog_main(void *arg)
 {
 	struct efa_prog *p = arg;
@@ -891,7 +930,16 @@ static void *efa_prog_main(void *arg)
 	while (!atomic_load_explicit(&ei->stopping, memory_order_acquire)) {
 		bool yielded = false;
 		uint32_t work = 0;
+		uint64_t now = efa_now_ns();
 
+		if (efa_caller_driving(ei, now)) {
+			/* The core polls for us: check back when it may have stopped. */
+			efa_prog_nap(p, EFA_CALLER_NS -
+						(now - atomic_load_explicit(&ei->caller_ns,
+									    memory_order_relaxed)));
+			last_work = efa_now_ns();
+			continue;
+		}
 		/*
 		 * A NIC whose lock a submit holds is skipped, not waited for (shm copies inside
 		 * the post call): the submit kicks this thread when it is done.
@@ -1123,7 +1171,7 @@ static bool efa_cma_usable(void)
 
 static enum te_status efa_options(struct efa_inst *ei)
 {
-	static const char *const progress[] = { "auto", "adaptive", "busy", NULL };
+	static const char *const progress[] = { "auto", "adaptive", "busy", "caller", NULL };
 	static const char *const completion[] = { "auto", "delivery", "transmit", NULL };
 	char bad[64], known[256];
 	const char *s, *iface, *node;
@@ -1184,9 +1232,14 @@ static enum te_status efa_options(struct efa_inst *ei)
 		return st;
 	if ((st = efa_opt_enum(ei, "progress", progress, 0, &prog)) != TE_OK)
 		return st;
-	/* auto: a real EFA device wants a dedicated polling core; emulations do not. */
+	/*
+	 * auto: a real EFA device wants a dedicated polling core. Software providers (tcp,
+	 * shm) do best when the waiting application thread polls: no hand-off per completion.
+	 */
 	if (prog == 2 || (prog == 0 && strcmp(ei->provider, "efa") == 0))
 		ei->progress = EFA_PROGRESS_BUSY;
+	else if (prog == 3 || prog == 0)
+		ei->progress = EFA_PROGRESS_CALLER;
 	else
 		ei->progress = EFA_PROGRESS_ADAPTIVE;
 	if ((st = efa_opt_u64(ei, "spin_us", 20, 0, 1000000, false, &v)) != TE_OK)
@@ -1762,7 +1815,9 @@ static enum te_status efa_init(const struct te_plugin_host *host, struct te_plug
 		", %s), window %u, slice %" PRIu64 ", progress %s, %s completion of WRITEs",
 		ei->prov_name, ei->n_nics, ei->nics[0].name, ei->nics[0].mr_mode,
 		ei->nics[0].wait_fd >= 0 ? "wait fd" : "polled", ei->nics[0].window, ei->slice_size,
-		ei->progress == EFA_PROGRESS_BUSY ? "busy" : "adaptive",
+		ei->progress == EFA_PROGRESS_BUSY     ? "busy"
+		: ei->progress == EFA_PROGRESS_CALLER ? "caller"
+						      : "adaptive",
 		ei->write_flags ? "delivery" : "transmit");
 	*inst_out = (struct te_plugin_inst *)ei;
 	return TE_OK;
@@ -1792,7 +1847,8 @@ static enum te_status efa_query_caps(struct te_plugin_inst *inst, struct te_plug
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, ops))
 		caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, progress))
-		caps->progress = TE_PLUGIN_PROGRESS_AUTO;
+		caps->progress = ei->progress == EFA_PROGRESS_CALLER ? TE_PLUGIN_PROGRESS_MANUAL
+								     : TE_PLUGIN_PROGRESS_AUTO;
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, thread_level))
 		caps->thread_level = TE_PLUGIN_THREAD_MULTI;
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, flags))
@@ -2494,6 +2550,26 @@ static enum te_status efa_retry_prepare(struct te_plugin_inst *inst, struct te_p
 	return TE_OK;
 }
 
+/*
+ * progress 'caller' (MANUAL to the core): the thread waiting in te_batch_wait, or the core's
+ * worker, reaps completions here, so a completion reaches its batch without a hand-off
+ * between threads. NICs whose lock a submit holds are skipped; the next call gets them.
+ */
+static uint32_t efa_progress(struct te_plugin_inst *inst, uint32_t budget)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	uint32_t done = 0;
+	bool busy = false;
+
+	if (!ei || atomic_load_explicit(&ei->stopping, memory_order_relaxed))
+		return 0;
+	atomic_store_explicit(&ei->caller_ns, efa_now_ns(), memory_order_relaxed);
+	for (uint32_t i = 0; i < ei->n_nics && done < budget; i++)
+		done += efa_nic_poll(&ei->nics[i], budget - done, &busy);
+	done += efa_flush_deferred(ei);
+	return done;
+}
+
 static const struct te_plugin_ops efa_ops = {
 	.size = sizeof(struct te_plugin_ops),
 	.init = efa_init,
@@ -2508,6 +2584,7 @@ static const struct te_plugin_ops efa_ops = {
 	.unpack_remote_key = efa_unpack_remote_key,
 	.release_remote_key = efa_release_remote_key,
 	.submit = efa_submit,
+	.progress = efa_progress,
 	.cancel = efa_cancel,
 	.retry_prepare = efa_retry_prepare,
 };

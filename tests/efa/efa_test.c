@@ -30,6 +30,7 @@
 #define S_NS (1000ll * MS_NS)
 #define REPLY_MS 30000		   /* a node's answer to one command */
 #define BATCH_WAIT_NS (120 * S_NS) /* a batch expected to complete */
+#define POLL_WAIT_NS (30 * S_NS)   /* 16 MiB, completion found by polling */
 #define KILL_TIMEOUT_MS 3000	   /* transfer.timeout_ms of the fault tests */
 #define DEADLINE_SLACK_MS 1500	   /* the engine checks deadlines on a timer */
 
@@ -103,21 +104,29 @@ static void dog_disarm(void)
 	g_mutex_unlock(&dog.lock);
 }
 
-/* Engine YAML with the efa transport on @prov (required). */
+/*
+ * Engine YAML with the efa transport on @prov (required). $TE_EFA_PROGRESS (caller, adaptive,
+ * busy) sets the progress option of both sides unless @extra_options names one.
+ */
 static char *efa_yaml(const char *prov, unsigned timeout_ms, const char *extra_options)
 {
 	/* TE_EFA_TEST_LOG=debug (or trace, info) shows both engines' logs on stderr. */
 	const char *level = g_getenv("TE_EFA_TEST_LOG");
+	const char *progress = g_getenv("TE_EFA_PROGRESS");
+	g_autofree char *prog = NULL;
 
+	if (progress && *progress && !(extra_options && strstr(extra_options, "progress:")))
+		prog = g_strdup_printf(", progress: %s", progress);
 	return g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
 			       "log: {level: %s}\n"
 			       "transfer: {timeout_ms: %u}\n"
 			       "transports:\n"
 			       "  - name: efa\n"
 			       "    required: true\n"
-			       "    options: {provider: \"%s\"%s%s}\n",
+			       "    options: {provider: \"%s\"%s%s%s}\n",
 			       level && *level ? level : "warn", timeout_ms, prov,
-			       extra_options ? ", " : "", extra_options ? extra_options : "");
+			       extra_options ? ", " : "", extra_options ? extra_options : "",
+			       prog ? prog : "");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -673,6 +682,123 @@ static void test_batch_1000(void)
 	node_free(n);
 }
 
+/* Poll te_batch_status (never te_batch_wait) until @b is terminal; it must complete. */
+static void poll_until_done(struct te_engine *e, te_batch_id b, uint32_t n, const char *what)
+{
+	int64_t deadline = now_ns() + POLL_WAIT_NS;
+	struct te_batch_info bi;
+
+	for (;;) {
+		check_ok(te_batch_status(e, b, &bi));
+		if (te_state_is_terminal(bi.state))
+			break;
+		if (now_ns() > deadline)
+			g_error("%s: batch not terminal after %lld s of polling", what,
+				POLL_WAIT_NS / S_NS);
+		g_usleep(200);
+	}
+	if (bi.state != TE_STATE_COMPLETED || bi.completed != n)
+		g_error("%s: batch %s with %u of %u completed: %s", what, te_state_str(bi.state),
+			bi.completed, n, te_last_error());
+}
+
+struct log_capture {
+	GMutex lock;
+	GString *text;
+};
+
+static void log_collect(void *user, enum te_log_level level, const char *msg)
+{
+	struct log_capture *c = user;
+
+	(void)level;
+	g_mutex_lock(&c->lock);
+	g_string_append_printf(c->text, "%s\n", msg);
+	g_mutex_unlock(&c->lock);
+}
+
+/*
+ * Every progress mode moves bytes, also when the application never calls te_batch_wait:
+ * with 'caller' the core's worker then polls the CQ (the plugin is manual-progress to it),
+ * with 'adaptive' and 'busy' the plugin's own thread does.
+ */
+static void test_progress_modes(void)
+{
+	static const char *const modes[] = { "caller", "adaptive", "busy" };
+	enum {
+		N = 8,
+		LEN = 1u << 20
+	};
+
+	if (!need_provider())
+		return;
+	for (size_t m = 0; m < G_N_ELEMENTS(modes); m++) {
+		g_autofree char *opts = g_strdup_printf("progress: %s", modes[m]);
+		g_autofree char *yaml = efa_yaml(provider, 60000, opts);
+		g_autofree char *plugin_says = g_strdup_printf(", progress %s,", modes[m]);
+		const char *core_says = m == 0 ? "(manual progress" : "(auto progress";
+		struct log_capture logs = { .text = g_string_new(NULL) };
+		struct te_engine_opts eo = { .size = sizeof(eo),
+					     .config_yaml = yaml,
+					     .config_yaml_len = strlen(yaml),
+					     .log_fn = log_collect,
+					     .log_user = &logs,
+					     .log_level = TE_LOG_INFO };
+		struct node *n = target_start(60000);
+		struct te_engine *e = NULL;
+		te_segment_id seg;
+		uint8_t *mirror = mirror_new(n);
+		struct te_request r[N];
+		struct lbuf l;
+		te_batch_id b;
+		uint64_t seed = 900 + m;
+
+		g_mutex_init(&logs.lock);
+		check_ok(te_engine_new(&eo, &e));
+		/* The mode is in force: the plugin names it, the core drives 'caller' itself. */
+		g_mutex_lock(&logs.lock);
+		if (!strstr(logs.text->str, plugin_says) || !strstr(logs.text->str, core_says))
+			g_error("%s: the engine log lacks \"%s\" or \"%s\":\n%s", opts, plugin_says,
+				core_says, logs.text->str);
+		g_mutex_unlock(&logs.lock);
+		seg = open_node(e, n);
+		lbuf_new(&l, e, (size_t)N * LEN);
+		for (unsigned i = 0; i < N; i++) {
+			uint64_t abs = n->guard + (uint64_t)i * LEN;
+
+			sysnode_fill(l.p + (size_t)i * LEN, abs, LEN, seed);
+			memcpy(mirror + abs, l.p + (size_t)i * LEN, LEN);
+			r[i] = (struct te_request){ TE_OP_WRITE, seg, l.p + (size_t)i * LEN,
+						    n->buf + (uint64_t)i * LEN, LEN };
+		}
+		check_ok(te_batch_new(e, N, &b));
+		check_ok(te_batch_submit(e, b, r, N));
+		poll_until_done(e, b, N, opts);
+		check_ok(te_batch_free(e, b));
+		check_node(n, mirror, opts);
+
+		node_fill(n, n->guard, (uint64_t)N * LEN, ++seed);
+		sysnode_fill(mirror + n->guard, n->guard, (uint64_t)N * LEN, seed);
+		memset(l.p, 0xee, l.len);
+		for (unsigned i = 0; i < N; i++)
+			r[i].opcode = TE_OP_READ;
+		check_ok(te_batch_new(e, N, &b));
+		check_ok(te_batch_submit(e, b, r, N));
+		poll_until_done(e, b, N, opts);
+		check_ok(te_batch_free(e, b));
+		check_bytes(l.p, mirror + n->guard, (size_t)N * LEN, opts);
+		g_test_message("%s: 8 x 1 MiB written and read back, completion by polling", opts);
+
+		lbuf_free(&l, e);
+		check_ok(te_segment_close(e, seg));
+		initiator_free(e);
+		g_string_free(logs.text, TRUE);
+		g_mutex_clear(&logs.lock);
+		g_free(mirror);
+		node_free(n);
+	}
+}
+
 /* One request that must be refused at submit: INVALID at once, nothing moved. */
 static void reject_one(struct te_engine *e, const struct te_request *r, const char *what)
 {
@@ -1217,6 +1343,7 @@ int main(int argc, char **argv)
 
 	g_test_add_func("/efa/transfer-sizes", test_transfer_sizes);
 	g_test_add_func("/efa/batch-1000", test_batch_1000);
+	g_test_add_func("/efa/progress-modes", test_progress_modes);
 	g_test_add_func("/efa/out-of-range", test_out_of_range);
 	g_test_add_func("/efa/unregistered", test_unregistered);
 	g_test_add_func("/efa/kill-mid-batch", test_kill_mid_batch);
