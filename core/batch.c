@@ -27,10 +27,18 @@ static bool batch_is_terminal(struct batch *b)
 
 static void batch_wake(struct batch *b)
 {
+	struct engine *e = b->engine;
+
 	if (atomic_load(&b->waiters) > 0) {
 		g_mutex_lock(&b->wait_lock);
 		g_cond_broadcast(&b->wait_cond);
 		g_mutex_unlock(&b->wait_lock);
+	}
+	/* Waiters standing by while another polls (te_batch_wait): few, woken together. */
+	if (e && atomic_load(&e->standby) > 0) {
+		g_mutex_lock(&e->standby_lock);
+		g_cond_broadcast(&e->standby_cond);
+		g_mutex_unlock(&e->standby_lock);
 	}
 }
 
@@ -1277,12 +1285,56 @@ static enum te_status batch_result(struct batch *b)
 	return TE_OK;
 }
 
+/*
+ * Poll manual-progress transports for @b as the engine's one polling waiter: while
+ * completions keep coming (within BATCH_WAIT_SPIN_NS of the last one, or of @start, when
+ * this wait began; providers like libfabric's tcp move data only while polled), yielding
+ * the core between empty polls. Returns when @b is terminal or when it is time to sleep
+ * (nothing completed lately: a dead or frozen peer; or @end passed).
+ */
+static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, uint64_t end)
+{
+	unsigned idle = 0;
+
+	while (!batch_is_terminal(b)) {
+		uint64_t now;
+
+		if (engine_progress_once(e, false)) {
+			idle = 0;
+			atomic_store_explicit(&e->manual_work_ns, engine_now_ns(),
+					      memory_order_relaxed);
+			continue;
+		}
+		if (++idle < 64)
+			continue;
+		idle = 0;
+		now = engine_now_ns();
+		/* Since the last completion, or since this wait began. */
+		if (now >= end ||
+		    now - MAX(start,
+			      atomic_load_explicit(&e->manual_work_ns, memory_order_relaxed)) >=
+			    BATCH_WAIT_SPIN_NS ||
+		    !engine_manual_in_flight(e))
+			return;
+		g_thread_yield();
+	}
+}
+
+/* Give up polling; wake the waiters standing by to take it over. */
+static void batch_wait_unpoll(struct engine *e)
+{
+	atomic_store(&e->polling, false);
+	if (atomic_load(&e->standby)) {
+		g_mutex_lock(&e->standby_lock);
+		g_cond_broadcast(&e->standby_cond);
+		g_mutex_unlock(&e->standby_lock);
+	}
+}
+
 enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 {
 	uint64_t start = engine_now_ns();
 	uint64_t end = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
-	uint64_t last_work = start;
-	unsigned idle = 0;
 	struct batch *b;
 	enum te_status st;
 
@@ -1294,27 +1346,32 @@ enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 	while (!batch_is_terminal(b)) {
 		uint64_t now;
 
+		/*
+		 * Drive manual-progress transports from the waiting thread, one waiter at a
+		 * time: several threads polling one queue only take turns on its lock and on
+		 * the CPUs the peers need. The others stand by until their batch ends (the
+		 * poller reports it), the poller lets go, or 200 us pass.
+		 */
 		if (e->has_manual) {
-			/* Drive manual-progress transports from the waiting thread. */
-			if (engine_progress_once(e, false)) {
-				idle = 0;
-				last_work = 0;
-				continue;
-			}
-			if (++idle < 64)
-				continue;
-			/*
-			 * Operations in flight that produced a completion lately: keep polling,
-			 * yielding the core between polls. Providers that move data only while
-			 * polled (libfabric's tcp) stall for as long as the waiter sleeps.
-			 * Nothing for BATCH_WAIT_SPIN_NS (a dead or frozen peer): sleep.
-			 */
-			now = engine_now_ns();
-			if (!last_work)
-				last_work = now;
-			if (now - last_work < BATCH_WAIT_SPIN_NS && engine_manual_in_flight(e)) {
-				g_thread_yield();
-				idle = 0;
+			if (!atomic_load_explicit(&e->polling, memory_order_relaxed) &&
+			    !atomic_exchange(&e->polling, true)) {
+				batch_wait_poll(e, b, start, end);
+				batch_wait_unpoll(e);
+				if (batch_is_terminal(b))
+					break;
+			} else {
+				now = engine_now_ns();
+				if (now >= end)
+					break;
+				atomic_fetch_add(&e->standby, 1);
+				g_mutex_lock(&e->standby_lock);
+				if (!batch_is_terminal(b) && atomic_load(&e->polling))
+					g_cond_wait_until(
+						&e->standby_cond, &e->standby_lock,
+						g_get_monotonic_time() +
+							(gint64)MIN((end - now) / 1000, 200));
+				g_mutex_unlock(&e->standby_lock);
+				atomic_fetch_sub(&e->standby, 1);
 				continue;
 			}
 		}
@@ -1333,7 +1390,6 @@ enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 		}
 		g_mutex_unlock(&b->wait_lock);
 		atomic_fetch_sub(&b->waiters, 1);
-		idle = 0;
 	}
 	if (e->has_manual) {
 		atomic_store_explicit(&e->last_drive_ns, engine_now_ns(), memory_order_relaxed);

@@ -421,6 +421,8 @@ static void engine_destroy(struct engine *e)
 	g_mutex_clear(&e->work_lock);
 	g_mutex_clear(&e->local_lock);
 	g_cond_clear(&e->work_cond);
+	g_mutex_clear(&e->standby_lock);
+	g_cond_clear(&e->standby_cond);
 	g_free(e);
 }
 
@@ -463,6 +465,8 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 	g_mutex_init(&e->local_lock);
 	g_mutex_init(&e->cache_lock);
 	g_cond_init(&e->work_cond);
+	g_mutex_init(&e->standby_lock);
+	g_cond_init(&e->standby_cond);
 	mem_table_init(&e->mem);
 	e->segments = g_ptr_array_new();
 	g_ptr_array_add(e->segments, NULL); /* id 0: local */

@@ -98,6 +98,12 @@ struct engine {
 	/* Threads driving manual progress in te_batch_wait: the worker stays out. */
 	_Atomic uint32_t drivers;
 	_Atomic uint64_t last_drive_ns;
+	/* te_batch_wait: one waiter polls manual transports, the others stand by */
+	_Atomic bool polling;
+	_Atomic uint64_t manual_work_ns; /* when the poller last saw a completion */
+	_Atomic uint32_t standby;
+	GMutex standby_lock;
+	GCond standby_cond;
 };
 
 /* Wake the worker (backlog, retry or manual progress needed). */

@@ -36,7 +36,7 @@
  * thread sleeps on the CQ wait fd when the provider has one (after fi_trywait), otherwise for
  * poll_us; submit kicks a sleeping thread through an eventfd. Completions and CQ errors
  * (fi_cq_readerr, with fi_cq_strerror text in the detail) become host->slice_done calls.
- * With progress 'caller' (the default on software providers) the plugin is manual-progress
+ * With progress 'caller' (the default on providers over IP) the plugin is manual-progress
  * to the core: the thread waiting in te_batch_wait (else the core's worker) polls the CQs in
  * efa_progress, so a completion reaches its batch with no hand-off between threads, and the
  * progress threads stay away while the core polls (EFA_CALLER_NS); they still serve the
@@ -1233,12 +1233,14 @@ static enum te_status efa_options(struct efa_inst *ei)
 	if ((st = efa_opt_enum(ei, "progress", progress, 0, &prog)) != TE_OK)
 		return st;
 	/*
-	 * auto: a real EFA device wants a dedicated polling core. Software providers (tcp,
-	 * shm) do best when the waiting application thread polls: no hand-off per completion.
+	 * auto: a real EFA device wants a dedicated polling core. Providers over IP move data
+	 * in software only while polled: the waiting application thread polls best (no
+	 * hand-off per completion). shm completes in the post call (CMA), so polling only
+	 * reaps, and with several submitting threads a poller takes a CPU from a copier.
 	 */
 	if (prog == 2 || (prog == 0 && strcmp(ei->provider, "efa") == 0))
 		ei->progress = EFA_PROGRESS_BUSY;
-	else if (prog == 3 || prog == 0)
+	else if (prog == 3 || (prog == 0 && efa_prov_is_ip(ei->provider)))
 		ei->progress = EFA_PROGRESS_CALLER;
 	else
 		ei->progress = EFA_PROGRESS_ADAPTIVE;
