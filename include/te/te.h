@@ -314,6 +314,7 @@ TE_API TE_NODISCARD enum te_status te_batch_status(struct te_engine *engine, te_
  * (negative: no limit). Drives the progress of manual-progress transports: polls
  * them, yielding the CPU between polls, while they have operations in flight and
  * completed one within the last 2 ms; then sleeps, waking every 200 us to poll again.
+ * One waiting thread polls at a time; the others sleep until their batch ends.
  * Returns TE_OK when all tasks COMPLETED, the first failed task's status when the
  * batch is terminal with failures, TE_INPROGRESS if the timeout expired first.
  * Thread-safe.

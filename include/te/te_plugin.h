@@ -82,7 +82,7 @@ enum te_plugin_opcode {
 
 enum te_plugin_progress {
 	TE_PLUGIN_PROGRESS_AUTO = 0,   /* the plugin completes slices from its own threads */
-	TE_PLUGIN_PROGRESS_MANUAL = 1, /* completions happen only inside progress() */
+	TE_PLUGIN_PROGRESS_MANUAL = 1, /* the core drives progress() while slices are in flight */
 };
 
 enum te_plugin_thread_level {
@@ -283,7 +283,12 @@ struct te_plugin_ops {
 	 */
 	enum te_status (*submit)(struct te_plugin_inst *inst, struct te_plugin_slice **slices,
 				 uint32_t n, uint32_t *accepted_out);
-	/* MANUAL plugins: make progress, at most @budget completions; returns how many. */
+	/*
+	 * MANUAL plugins: make progress, at most @budget completions; returns how many.
+	 * Must not block. Called while the plugin has slices in flight, from a thread
+	 * waiting in te_batch_wait or from the core's workers. A MULTI plugin may also
+	 * complete slices from a thread of its own (slice_done is thread-safe).
+	 */
 	uint32_t (*progress)(struct te_plugin_inst *inst, uint32_t budget);
 	/*
 	 * Best effort: finish @slice soon with TE_ERR_CANCELED (or its real outcome).
