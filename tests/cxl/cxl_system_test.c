@@ -28,38 +28,16 @@
 
 #include <te/te.h>
 
+#include "../system/sysnode_fixture.h"
 #include "cxlnode.h"
 
 #define MiB (1024ull * 1024ull)
-#define S_NS (1000ll * 1000 * 1000)
 
 /* Deadline for a node's line (a 256 MiB fill or check included), and for a batch. */
-#define NODE_REPLY_MS 60000
+#define NODE_WAIT_MS 60000
 #define BATCH_WAIT_NS (60 * S_NS)
 
-static char *node_path;
 static bool have_tcp; /* tcp.so along TE_PLUGIN_PATH */
-
-#define assert_status(call, expected)                                                              \
-	do {                                                                                       \
-		enum te_status st_ = (call);                                                       \
-		enum te_status ex_ = (expected);                                                   \
-		if (st_ != ex_)                                                                    \
-			g_error("%s:%d: %s returned %d (%s), expected %d (%s); last error: %s",    \
-				__FILE__, __LINE__, #call, st_, te_status_str(st_), ex_,           \
-				te_status_str(ex_), te_last_error());                              \
-	} while (0)
-
-#define assert_ok(call) assert_status(call, TE_OK)
-
-#define assert_contains(haystack, needle)                                                          \
-	do {                                                                                       \
-		const char *h_ = (haystack);                                                       \
-		const char *n_ = (needle);                                                         \
-		if (!h_ || !strstr(h_, n_))                                                        \
-			g_error("%s:%d: \"%s\" does not contain \"%s\"", __FILE__, __LINE__,       \
-				h_ ? h_ : "(null)", n_);                                           \
-	} while (0)
 
 /* --- window files ------------------------------------------------------------------------- */
 
@@ -145,92 +123,6 @@ static struct te_engine *engine_new(const char *yaml)
 
 /* --- nodes -------------------------------------------------------------------------------- */
 
-#define NODE_EOF "\x04eof"
-
-struct node {
-	GSubprocess *proc;
-	GOutputStream *in;
-	GAsyncQueue *lines;
-	GThread *out_thread, *err_thread;
-	char *name;
-	char *segment;
-	uint64_t buf;
-	uint64_t size;
-};
-
-static gpointer node_out_main(gpointer data)
-{
-	struct node *n = data;
-	g_autoptr(GDataInputStream) in =
-		g_data_input_stream_new(g_subprocess_get_stdout_pipe(n->proc));
-	char *line;
-
-	while ((line = g_data_input_stream_read_line(in, NULL, NULL, NULL)))
-		g_async_queue_push(n->lines, line);
-	g_async_queue_push(n->lines, g_strdup(NODE_EOF));
-	return NULL;
-}
-
-static gpointer node_err_main(gpointer data)
-{
-	struct node *n = data;
-	GInputStream *in = g_subprocess_get_stderr_pipe(n->proc);
-	char buf[4096];
-	gssize got;
-
-	/* Shown in the test log, so that a failure comes with the node's side of it. */
-	while ((got = g_input_stream_read(in, buf, sizeof(buf), NULL, NULL)) > 0)
-		fprintf(stderr, "[%s] %.*s", n->name, (int)got, buf);
-	return NULL;
-}
-
-static struct node *node_spawn(const char *name, const char *const *argv)
-{
-	struct node *n = g_new0(struct node, 1);
-	g_autoptr(GError) err = NULL;
-
-	n->name = g_strdup(name);
-	n->lines = g_async_queue_new_full(g_free);
-	n->proc = g_subprocess_newv(argv,
-				    G_SUBPROCESS_FLAGS_STDIN_PIPE | G_SUBPROCESS_FLAGS_STDOUT_PIPE |
-					    G_SUBPROCESS_FLAGS_STDERR_PIPE,
-				    &err);
-	if (!n->proc)
-		g_error("cannot start %s: %s", argv[0], err->message);
-	n->in = g_subprocess_get_stdin_pipe(n->proc);
-	n->out_thread = g_thread_new("node-out", node_out_main, n);
-	n->err_thread = g_thread_new("node-err", node_err_main, n);
-	return n;
-}
-
-/* The next line, which must start with @prefix: what follows it (g_free). */
-static char *node_expect(struct node *n, const char *prefix)
-{
-	g_autofree char *line = g_async_queue_timeout_pop(n->lines, NODE_REPLY_MS * 1000ull);
-
-	if (!line || !g_str_has_prefix(line, prefix))
-		g_error("%s: expected \"%s...\" within %d ms, got \"%s\"", n->name, prefix,
-			NODE_REPLY_MS, line ? line : "nothing");
-	return g_strdup(line + strlen(prefix));
-}
-
-static void node_send(struct node *n, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-
-static void node_send(struct node *n, const char *fmt, ...)
-{
-	g_autofree char *cmd = NULL;
-	g_autoptr(GError) err = NULL;
-	va_list ap;
-
-	va_start(ap, fmt);
-	cmd = g_strdup_vprintf(fmt, ap);
-	va_end(ap);
-	if (!g_output_stream_write_all(n->in, cmd, strlen(cmd), NULL, NULL, &err) ||
-	    !g_output_stream_write_all(n->in, "\n", 1, NULL, NULL, &err) ||
-	    !g_output_stream_flush(n->in, NULL, &err))
-		g_error("%s: cannot send \"%s\": %s", n->name, cmd, err->message);
-}
-
 /* End a node: "quit" (or EOF) for a target, then reap; the exit status must be 0. */
 static void node_end(struct node *n, bool quit)
 {
@@ -241,13 +133,7 @@ static void node_end(struct node *n, bool quit)
 	g_output_stream_close(n->in, NULL, NULL);
 	if (!g_subprocess_wait_check(n->proc, NULL, &err))
 		g_error("%s: %s", n->name, err->message);
-	g_thread_join(n->out_thread);
-	g_thread_join(n->err_thread);
-	g_object_unref(n->proc);
-	g_async_queue_unref(n->lines);
-	g_free(n->segment);
-	g_free(n->name);
-	g_free(n);
+	node_release(n);
 }
 
 /* A target cxl-node serving window bytes [@offset, +@size) filled with pattern @seed. */
@@ -262,14 +148,12 @@ static struct node *target_start(const struct win *w, bool tcp, uint64_t offset,
 	const char *argv[] = { node_path, "--yaml", yaml, "--window", w->path, "--offset",
 			       off,	  "--size", sz,	  "--seed",   sd,      NULL };
 	struct node *n = node_spawn("target", argv);
-	char *end = NULL;
 
-	n->segment = node_expect(n, "segment: ");
-	buf = node_expect(n, "buffer: ");
-	n->buf = g_ascii_strtoull(buf, &end, 16);
-	n->size = g_ascii_strtoull(end, NULL, 10);
+	n->segment = node_expect(n, "segment: ", NODE_WAIT_MS);
+	buf = node_expect(n, "buffer: ", NODE_WAIT_MS);
+	parse_range(buf, &n->buf, &n->size);
 	g_assert_cmpuint(n->size, ==, size);
-	g_free(node_expect(n, "ready"));
+	g_free(node_expect(n, "ready", NODE_WAIT_MS));
 	return n;
 }
 
@@ -279,7 +163,7 @@ static void target_check(struct node *t, uint64_t off, uint64_t len, uint64_t se
 	g_autofree char *got = NULL;
 
 	node_send(t, "check %" PRIu64 " %" PRIu64 " %" PRIu64, off, len, seed);
-	got = node_expect(t, "check ");
+	got = node_expect(t, "check ", NODE_WAIT_MS);
 	if (g_ascii_strtoull(got, NULL, 10) != len)
 		g_error("target: byte %s of [%" PRIu64 ", +%" PRIu64 ") is not pattern %" PRIu64,
 			got, off, len, seed);
@@ -288,7 +172,7 @@ static void target_check(struct node *t, uint64_t off, uint64_t len, uint64_t se
 static void target_fill(struct node *t, uint64_t off, uint64_t len, uint64_t seed)
 {
 	node_send(t, "fill %" PRIu64 " %" PRIu64 " %" PRIu64, off, len, seed);
-	g_free(node_expect(t, "ok"));
+	g_free(node_expect(t, "ok", NODE_WAIT_MS));
 }
 
 static enum te_status run(struct te_engine *e, const struct te_request *r, size_t n,
@@ -416,11 +300,11 @@ static void test_concurrent_writers(void)
 		wr[p] = node_spawn(p ? "writer1" : "writer0", argv);
 	}
 	for (int p = 0; p < 2; p++)
-		g_free(node_expect(wr[p], "ready"));
+		g_free(node_expect(wr[p], "ready", NODE_WAIT_MS));
 	for (int p = 0; p < 2; p++)
 		node_send(wr[p], "go");
 	for (int p = 0; p < 2; p++) {
-		g_autofree char *done = node_expect(wr[p], "done ");
+		g_autofree char *done = node_expect(wr[p], "done ", NODE_WAIT_MS);
 		char *end = NULL;
 
 		(void)g_ascii_strtoull(done, &end, 10);
@@ -551,18 +435,12 @@ static char *find_node(const char *argv0)
 	return p;
 }
 
-static bool find_plugin(const char *file)
+/* @file is in a directory of $TE_PLUGIN_PATH. */
+static bool have_plugin(const char *file)
 {
-	const char *env = g_getenv("TE_PLUGIN_PATH");
-	g_auto(GStrv) dirs = g_strsplit(env ? env : "", ":", -1);
+	g_autofree char *p = find_plugin(file);
 
-	for (size_t i = 0; dirs[i]; i++) {
-		g_autofree char *p = g_build_filename(dirs[i], file, NULL);
-
-		if (*dirs[i] && g_file_test(p, G_FILE_TEST_EXISTS))
-			return true;
-	}
-	return false;
+	return p != NULL;
 }
 
 int main(int argc, char **argv)
@@ -572,11 +450,11 @@ int main(int argc, char **argv)
 		printf("1..0 # SKIP no /dev/shm\n");
 		return 0;
 	}
-	if (!find_plugin("cxl.so")) {
+	if (!have_plugin("cxl.so")) {
 		printf("1..0 # SKIP cxl.so not found along TE_PLUGIN_PATH\n");
 		return 0;
 	}
-	have_tcp = find_plugin("tcp.so");
+	have_tcp = have_plugin("tcp.so");
 	node_path = find_node(argv[0]);
 	/* g_error traps (SIGTRAP) or aborts; meson's timeout terminates. */
 	signal(SIGABRT, on_fatal);

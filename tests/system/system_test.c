@@ -31,105 +31,17 @@
 #include <te/te.h>
 
 #include "sysnode.h"
+#include "sysnode_fixture.h"
 
-#define MS_NS (1000ll * 1000)
-#define S_NS (1000ll * MS_NS)
-
-/* Deadline for a node's answer to one command (a 64 MiB fill or checksum included). */
-#define NODE_REPLY_MS 30000
-/* Deadline for a node to print "ready" (a fresh 64 MiB costs ~0.3 s to touch). */
-#define NODE_READY_MS 30000
 /* Deadline of a batch that is expected to complete. */
 #define BATCH_WAIT_NS (60 * S_NS)
 /* transfer.timeout_ms of the initiators of the kill and restart tests. */
 #define KILL_TIMEOUT_MS 3000
 
-static char *node_path; /* te-node */
-static char *tcp_path;	/* tcp.so found along TE_PLUGIN_PATH, or NULL */
+static char *tcp_path; /* tcp.so found along TE_PLUGIN_PATH, or NULL */
 
 /* ---------------------------------------------------------------------------------------- */
 /* small helpers */
-
-static int64_t now_ns(void)
-{
-	return g_get_monotonic_time() * 1000;
-}
-
-static void sleep_ms(unsigned ms)
-{
-	g_usleep((gulong)ms * 1000);
-}
-
-#define assert_status(call, expected)                                                              \
-	do {                                                                                       \
-		enum te_status st_ = (call);                                                       \
-		enum te_status ex_ = (expected);                                                   \
-		if (st_ != ex_)                                                                    \
-			g_error("%s:%d: %s returned %d (%s), expected %d (%s); last error: %s",    \
-				__FILE__, __LINE__, #call, st_, te_status_str(st_), ex_,           \
-				te_status_str(ex_), te_last_error());                              \
-	} while (0)
-
-#define assert_ok(call) assert_status(call, TE_OK)
-
-#define assert_contains(haystack, needle)                                                          \
-	do {                                                                                       \
-		const char *h_ = (haystack);                                                       \
-		const char *n_ = (needle);                                                         \
-		if (!h_ || !strstr(h_, n_))                                                        \
-			g_error("%s:%d: \"%s\" does not contain \"%s\"", __FILE__, __LINE__,       \
-				h_ ? h_ : "(null)", n_);                                           \
-	} while (0)
-
-/*
- * Watchdog: a test arms it around a call that must not hang (te_batch_wait after a kill,
- * te_engine_free); if it is still armed at the deadline the process aborts and says which
- * call hung, instead of waiting for meson's timeout.
- */
-static struct {
-	GMutex lock;
-	GCond cond;
-	GThread *thread;
-	int64_t deadline_us; /* 0: disarmed */
-	char what[200];
-} wd;
-
-static gpointer watchdog_main(gpointer unused)
-{
-	g_mutex_lock(&wd.lock);
-	for (;;) {
-		if (wd.deadline_us == 0) {
-			g_cond_wait(&wd.cond, &wd.lock);
-			continue;
-		}
-		if (g_get_monotonic_time() >= wd.deadline_us) {
-			fprintf(stderr, "watchdog: %s did not return in time; aborting\n", wd.what);
-			fflush(stderr);
-			abort();
-		}
-		g_cond_wait_until(&wd.cond, &wd.lock, wd.deadline_us);
-	}
-	return NULL;
-}
-
-static void watchdog_arm(unsigned seconds, const char *what)
-{
-	g_mutex_lock(&wd.lock);
-	if (!wd.thread)
-		wd.thread = g_thread_new("watchdog", watchdog_main, NULL);
-	g_strlcpy(wd.what, what, sizeof(wd.what));
-	wd.deadline_us = g_get_monotonic_time() + (int64_t)seconds * G_USEC_PER_SEC;
-	g_cond_signal(&wd.cond);
-	g_mutex_unlock(&wd.lock);
-}
-
-static void watchdog_disarm(void)
-{
-	g_mutex_lock(&wd.lock);
-	wd.deadline_us = 0;
-	g_cond_signal(&wd.cond);
-	g_mutex_unlock(&wd.lock);
-}
 
 /* A TCP port nobody listens on right now (bound, then closed). */
 static unsigned free_port(void)
@@ -151,66 +63,6 @@ static unsigned free_port(void)
 /* ---------------------------------------------------------------------------------------- */
 /* te-node processes */
 
-#define NODE_EOF "\x04eof"
-
-struct node {
-	GSubprocess *proc;
-	GOutputStream *in;
-	GAsyncQueue *lines; /* stdout lines (g_free); NODE_EOF once stdout closed */
-	GThread *out_thread;
-	GThread *err_thread;
-	GMutex err_lock;
-	GString *err; /* everything the node wrote on stderr */
-	char *segment;
-	uint64_t base;	/* address of the mapping (guards included) */
-	uint64_t total; /* bytes of the mapping */
-	uint64_t buf;	/* address of the registered buffer */
-	uint64_t size;	/* registered bytes */
-	uint64_t guard; /* unregistered bytes on each side */
-	bool dead;	/* killed or exited: no more commands */
-};
-
-static gpointer node_out_main(gpointer data)
-{
-	struct node *n = data;
-	g_autoptr(GDataInputStream) in =
-		g_data_input_stream_new(g_subprocess_get_stdout_pipe(n->proc));
-	char *line;
-
-	while ((line = g_data_input_stream_read_line(in, NULL, NULL, NULL)))
-		g_async_queue_push(n->lines, line);
-	g_async_queue_push(n->lines, g_strdup(NODE_EOF));
-	return NULL;
-}
-
-static gpointer node_err_main(gpointer data)
-{
-	struct node *n = data;
-	GInputStream *in = g_subprocess_get_stderr_pipe(n->proc);
-	char buf[4096];
-	gssize got;
-
-	while ((got = g_input_stream_read(in, buf, sizeof(buf), NULL, NULL)) > 0) {
-		g_mutex_lock(&n->err_lock);
-		g_string_append_len(n->err, buf, got);
-		g_mutex_unlock(&n->err_lock);
-		/* Shown in the test log, so that a failure comes with the node's side of it. */
-		fprintf(stderr, "[te-node %s] %.*s", n->segment ? n->segment : "?", (int)got, buf);
-	}
-	return NULL;
-}
-
-/* A copy of what the node wrote on stderr so far. */
-static char *node_stderr(struct node *n)
-{
-	char *s;
-
-	g_mutex_lock(&n->err_lock);
-	s = g_strdup(n->err->str);
-	g_mutex_unlock(&n->err_lock);
-	return s;
-}
-
 /* Wait up to @ms for @needle in the node's stderr. */
 static bool node_stderr_wait(struct node *n, const char *needle, unsigned ms)
 {
@@ -225,155 +77,6 @@ static bool node_stderr_wait(struct node *n, const char *needle, unsigned ms)
 			return false;
 		sleep_ms(20);
 	}
-}
-
-/* The next stdout line within @ms (g_free), or NULL on timeout; NODE_EOF at the end. */
-static char *node_line(struct node *n, unsigned ms)
-{
-	return g_async_queue_timeout_pop(n->lines, (guint64)ms * 1000);
-}
-
-/* Next line, which must start with @prefix; returns what follows it (g_free). */
-static char *node_expect(struct node *n, const char *prefix, unsigned ms)
-{
-	g_autofree char *line = node_line(n, ms);
-	g_autofree char *err = NULL;
-
-	if (line && g_str_has_prefix(line, prefix))
-		return g_strdup(line + strlen(prefix));
-	err = node_stderr(n);
-	g_error("te-node %s: expected a line \"%s...\" within %u ms, got %s%s%s; its stderr:\n%s",
-		n->segment ? n->segment : "?", prefix, ms, line ? "\"" : "",
-		line ? line : "nothing", line ? "\"" : "", err);
-	return NULL;
-}
-
-static void node_send(struct node *n, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
-
-static void node_send(struct node *n, const char *fmt, ...)
-{
-	g_autofree char *cmd = NULL;
-	g_autoptr(GError) err = NULL;
-	va_list ap;
-
-	g_assert_false(n->dead);
-	va_start(ap, fmt);
-	cmd = g_strdup_vprintf(fmt, ap);
-	va_end(ap);
-	if (!g_output_stream_write_all(n->in, cmd, strlen(cmd), NULL, NULL, &err) ||
-	    !g_output_stream_write_all(n->in, "\n", 1, NULL, NULL, &err) ||
-	    !g_output_stream_flush(n->in, NULL, &err))
-		g_error("te-node %s: cannot send \"%s\": %s", n->segment, cmd, err->message);
-}
-
-static uint64_t parse_u64(const char *s, int base)
-{
-	char *end = NULL;
-	guint64 v;
-
-	errno = 0;
-	v = g_ascii_strtoull(s, &end, base);
-	if (errno || end == s)
-		g_error("not a number: \"%s\"", s);
-	return v;
-}
-
-/* Parse "0x<addr> <len>". */
-static void parse_range(const char *s, uint64_t *addr, uint64_t *len)
-{
-	g_auto(GStrv) f = g_strsplit(s, " ", 3);
-
-	g_assert_nonnull(f[0]);
-	g_assert_nonnull(f[1]);
-	*addr = parse_u64(f[0], 16);
-	*len = parse_u64(f[1], 10);
-}
-
-/*
- * Start te-node with engine YAML @yaml (NULL: tcp, listen on @listen) and the default
- * buffer; returns once it printed "ready".
- */
-static struct node *node_start(const char *yaml, const char *listen)
-{
-	struct node *n = g_new0(struct node, 1);
-	g_autoptr(GError) err = NULL;
-	g_autofree char *s = NULL;
-	uint64_t a, l;
-
-	g_mutex_init(&n->err_lock);
-	n->err = g_string_new(NULL);
-	n->lines = g_async_queue_new_full(g_free);
-	if (yaml)
-		n->proc = g_subprocess_new(G_SUBPROCESS_FLAGS_STDIN_PIPE |
-						   G_SUBPROCESS_FLAGS_STDOUT_PIPE |
-						   G_SUBPROCESS_FLAGS_STDERR_PIPE,
-					   &err, node_path, "--yaml", yaml, NULL);
-	else
-		n->proc = g_subprocess_new(G_SUBPROCESS_FLAGS_STDIN_PIPE |
-						   G_SUBPROCESS_FLAGS_STDOUT_PIPE |
-						   G_SUBPROCESS_FLAGS_STDERR_PIPE,
-					   &err, node_path, "--listen", listen, NULL);
-	if (!n->proc)
-		g_error("cannot start %s: %s", node_path, err->message);
-	n->in = g_subprocess_get_stdin_pipe(n->proc);
-	n->out_thread = g_thread_new("node-out", node_out_main, n);
-	n->err_thread = g_thread_new("node-err", node_err_main, n);
-	n->segment = node_expect(n, "segment: ", NODE_READY_MS);
-	s = node_expect(n, "base: ", NODE_READY_MS);
-	parse_range(s, &n->base, &n->total);
-	g_free(s);
-	s = node_expect(n, "buffer: ", NODE_READY_MS);
-	parse_range(s, &n->buf, &n->size);
-	g_free(s);
-	s = node_expect(n, "guard: ", NODE_READY_MS);
-	parse_range(s, &a, &l);
-	g_assert_cmphex(a, ==, n->base);
-	n->guard = l;
-	g_free(s);
-	s = node_expect(n, "guard: ", NODE_READY_MS);
-	parse_range(s, &a, &l);
-	g_assert_cmphex(a, ==, n->buf + n->size);
-	g_assert_cmpuint(l, ==, n->guard);
-	g_assert_cmpuint(n->total, ==, n->size + 2 * n->guard);
-	g_free(s);
-	s = node_expect(n, "ready", NODE_READY_MS);
-	g_test_message("te-node %s: pid %s, buffer 0x%" PRIx64 " + %" PRIu64, n->segment,
-		       g_subprocess_get_identifier(n->proc), n->buf, n->size);
-	return n;
-}
-
-static void node_wait_cb(GObject *src, GAsyncResult *res, gpointer data)
-{
-	gboolean *done = data;
-
-	(void)g_subprocess_wait_finish(G_SUBPROCESS(src), res, NULL);
-	*done = TRUE;
-}
-
-/* Wait up to @ms for the node to exit; false if it did not. */
-static bool node_wait_exit(struct node *n, unsigned ms)
-{
-	gboolean done = FALSE;
-	int64_t end = now_ns() + ms * MS_NS;
-
-	g_subprocess_wait_async(n->proc, NULL, node_wait_cb, &done);
-	while (!done && now_ns() < end) {
-		while (g_main_context_iteration(NULL, FALSE))
-			;
-		if (!done)
-			sleep_ms(5);
-	}
-	if (done)
-		return true;
-	/* The callback still points at done: the caller kills and waits again until it ran. */
-	g_subprocess_force_exit(n->proc);
-	while (!done) {
-		while (g_main_context_iteration(NULL, FALSE))
-			;
-		if (!done)
-			sleep_ms(5);
-	}
-	return false;
 }
 
 /* SIGSTOP the node and wait (5 s at most) until every thread of it is stopped. */
@@ -410,57 +113,10 @@ static void node_stop_wait(struct node *n)
 	}
 }
 
-/* SIGKILL the node and reap it. */
-static void node_kill(struct node *n)
-{
-	if (n->dead)
-		return;
-	g_subprocess_send_signal(n->proc, SIGKILL);
-	(void)node_wait_exit(n, 10000);
-	n->dead = true;
-}
-
 /* Stop the node (stdin EOF, then SIGKILL after 10 s), reap it and free everything. */
 static void node_free(struct node *n)
 {
-	if (!n)
-		return;
-	if (!n->dead) {
-		(void)g_output_stream_close(n->in, NULL, NULL);
-		if (!node_wait_exit(n, 10000))
-			g_test_message("te-node %s did not exit within 10 s of stdin EOF; killed",
-				       n->segment);
-		else if (!g_subprocess_get_if_exited(n->proc) ||
-			 g_subprocess_get_exit_status(n->proc) != 0)
-			g_error("te-node %s: did not exit with status 0 on stdin EOF", n->segment);
-		n->dead = true;
-	}
-	g_thread_join(n->out_thread);
-	g_thread_join(n->err_thread);
-	g_object_unref(n->proc);
-	g_async_queue_unref(n->lines);
-	g_string_free(n->err, TRUE);
-	g_mutex_clear(&n->err_lock);
-	g_free(n->segment);
-	g_free(n);
-}
-
-/* FNV checksum of the node's bytes [base + off, + len). */
-static uint64_t node_checksum(struct node *n, uint64_t off, uint64_t len)
-{
-	g_autofree char *s = NULL;
-
-	node_send(n, "checksum %" PRIu64 " %" PRIu64, off, len);
-	s = node_expect(n, "sum ", NODE_REPLY_MS);
-	return parse_u64(s, 16);
-}
-
-static void node_fill(struct node *n, uint64_t off, uint64_t len, uint64_t seed)
-{
-	g_autofree char *s = NULL;
-
-	node_send(n, "fill %" PRIu64 " %" PRIu64 " %" PRIu64, off, len, seed);
-	s = node_expect(n, "ok", NODE_REPLY_MS);
+	node_close_free(n, 10000, true);
 }
 
 /* The node's received notifies as "notify ..." lines (NULL-terminated, g_strfreev). */
@@ -515,13 +171,6 @@ static struct te_engine *initiator_new(bool tcp_required, unsigned timeout_ms)
 		g_error("initiator engine: %s: %s\nconfig:\n%s", te_status_str(st), te_last_error(),
 			yaml);
 	return e;
-}
-
-static void initiator_free(struct te_engine *e)
-{
-	watchdog_arm(30, "te_engine_free of the initiator");
-	te_engine_free(e);
-	watchdog_disarm();
 }
 
 #define NEED_TCP()                                                                                 \
@@ -808,128 +457,17 @@ static void raw_fetch_and_probe(const char *hostport, const char *segment)
 /* ---------------------------------------------------------------------------------------- */
 /* data helpers */
 
-/* A local buffer registered with the initiator, page aligned. */
-struct lbuf {
-	uint8_t *p;
-	size_t len;
-};
-
-static void lbuf_new(struct lbuf *b, struct te_engine *e, size_t len)
-{
-	b->len = len;
-	b->p = g_aligned_alloc(1, len, 4096);
-	memset(b->p, 0xee, len);
-	assert_ok(te_mem_register(e, b->p, len, "cpu", TE_MEM_LOCAL));
-}
-
-/*
- * Unregister and free. Right after te_batch_free the region may still be reported busy for
- * a moment (the core releases task references when the last slice reference drops, which
- * can be after te_batch_wait returned); /system/tcp/free-releases checks that strictly,
- * here a bounded wait keeps it from failing unrelated tests.
- */
-static void lbuf_free(struct lbuf *b, struct te_engine *e)
-{
-	int64_t t0 = now_ns();
-	enum te_status st;
-
-	while ((st = te_mem_unregister(e, b->p)) == TE_ERR_BUSY && now_ns() - t0 < 2 * S_NS)
-		sleep_ms(1);
-	if (st == TE_OK && now_ns() - t0 > MS_NS)
-		g_test_message("te_mem_unregister: busy for %.1f ms after te_batch_free",
-			       (now_ns() - t0) / 1e6);
-	assert_ok(st);
-	g_aligned_free(b->p);
-}
-
-/* What the node's mapping should hold: pattern 0, then every change the test made. */
-static uint8_t *mirror_new(const struct node *n)
-{
-	uint8_t *m = g_malloc(n->total);
-
-	sysnode_fill(m, 0, n->total, 0);
-	return m;
-}
-
-/* The whole mapping, guards included, equals @mirror: no byte changed that should not. */
-static void assert_node_is(struct node *n, const uint8_t *mirror, const char *when)
-{
-	uint64_t want = sysnode_fnv(mirror, n->guard);
-
-	if (node_checksum(n, 0, n->guard) != want)
-		g_error("%s: the guard zone before the buffer changed", when);
-	want = sysnode_fnv(mirror + n->guard + n->size, n->guard);
-	if (node_checksum(n, n->guard + n->size, n->guard) != want)
-		g_error("%s: the guard zone after the buffer changed", when);
-	want = sysnode_fnv(mirror + n->guard, n->size);
-	if (node_checksum(n, n->guard, n->size) != want)
-		g_error("%s: the registered buffer does not hold what the test wrote", when);
-}
-
 /* Submit @n requests in a new batch, wait, return the batch (caller frees) and status. */
 static te_batch_id run_batch(struct te_engine *e, const struct te_request *reqs, size_t n,
 			     enum te_status *submit_out, enum te_status *wait_out)
 {
-	te_batch_id b;
-
-	assert_ok(te_batch_new(e, (uint32_t)n, &b));
-	*submit_out = te_batch_submit(e, b, reqs, n);
-	watchdog_arm(BATCH_WAIT_NS / S_NS + 30, "te_batch_wait");
-	*wait_out = te_batch_wait(e, b, BATCH_WAIT_NS);
-	watchdog_disarm();
-	g_assert_cmpint(*wait_out, !=, TE_INPROGRESS);
-	return b;
+	return batch_run(e, reqs, n, BATCH_WAIT_NS, submit_out, wait_out);
 }
 
 /* Run @n requests that must all complete; reports the first failed task. */
 static void run_ok(struct te_engine *e, const struct te_request *reqs, size_t n)
 {
-	enum te_status sst, wst;
-	te_batch_id b = run_batch(e, reqs, n, &sst, &wst);
-	struct te_batch_info bi;
-
-	if (sst != TE_OK || wst != TE_OK) {
-		for (uint32_t i = 0; i < n; i++) {
-			struct te_task_info ti;
-
-			assert_ok(te_task_status(e, b, i, &ti));
-			if (ti.state != TE_STATE_COMPLETED)
-				g_error("task %u of %zu (%s of %" PRIu64 " bytes): %s, %s: %s", i,
-					n, reqs[i].opcode == TE_OP_READ ? "READ" : "WRITE",
-					reqs[i].length, te_state_str(ti.state),
-					te_status_str(ti.status), ti.detail);
-		}
-		g_error("batch: submit %s, wait %s, but every task completed?", te_status_str(sst),
-			te_status_str(wst));
-	}
-	assert_ok(te_batch_status(e, b, &bi));
-	g_assert_cmpint(bi.state, ==, TE_STATE_COMPLETED);
-	g_assert_cmpuint(bi.completed, ==, n);
-	for (uint32_t i = 0; i < n; i++) {
-		struct te_task_info ti;
-
-		assert_ok(te_task_status(e, b, i, &ti));
-		g_assert_cmpuint(ti.bytes, ==, reqs[i].length);
-		g_assert_cmpstr(ti.transport, ==, "tcp");
-	}
-	assert_ok(te_batch_free(e, b));
-}
-
-/* Open the node's segment from @e and check what it publishes. */
-static te_segment_id open_node(struct te_engine *e, struct node *n)
-{
-	struct te_buffer_info bufs[4];
-	te_segment_id seg = 0;
-	size_t nb = 0;
-
-	assert_ok(te_segment_open(e, n->segment, &seg));
-	g_assert_cmpuint(seg, !=, TE_SEGMENT_LOCAL);
-	assert_ok(te_segment_buffers(e, seg, bufs, G_N_ELEMENTS(bufs), &nb));
-	g_assert_cmpuint(nb, ==, 1);
-	g_assert_cmphex(bufs[0].addr, ==, n->buf);
-	g_assert_cmpuint(bufs[0].length, ==, n->size);
-	g_assert_cmpuint(bufs[0].access, ==, TE_MEM_REMOTE);
-	return seg;
+	batch_run_ok(e, reqs, n, BATCH_WAIT_NS, "tcp");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -1383,87 +921,20 @@ static void test_malformed_frames(void)
 /* ---------------------------------------------------------------------------------------- */
 /* data path over tcp */
 
-/* Compare @len bytes, reporting the first difference. */
-static void assert_bytes(const uint8_t *got, const uint8_t *want, size_t len, const char *what)
-{
-	if (memcmp(got, want, len) == 0)
-		return;
-	for (size_t k = 0; k < len; k++)
-		if (got[k] != want[k])
-			g_error("%s: byte %zu of %zu is 0x%02x, expected 0x%02x", what, k, len,
-				got[k], want[k]);
-}
-
-/* Every byte of @p[from, to) is still 0xee. */
-static void assert_untouched(const uint8_t *p, size_t from, size_t to, const char *what)
-{
-	for (size_t k = from; k < to; k++)
-		if (p[k] != 0xee)
-			g_error("%s: local byte %zu outside the read range changed to 0x%02x", what,
-				k, p[k]);
-}
-
 static void test_transfer_sizes(void)
 {
 	static const size_t sizes[] = { 1, 4096, 1u << 20, 64u << 20 };
 	struct node *n;
 	struct te_engine *e;
 	te_segment_id seg;
-	uint8_t *mirror;
-	struct lbuf l;
-	uint64_t seed = 100;
 
 	NEED_TCP();
 	n = node_start_tcp();
 	e = initiator_new(true, 30000);
 	seg = open_node(e, n);
-	mirror = mirror_new(n);
-	lbuf_new(&l, e, (64u << 20) + 8192);
-	for (size_t s = 0; s < G_N_ELEMENTS(sizes); s++) {
-		size_t len = sizes[s];
-		/* remote offset in the buffer, local offset: aligned, unaligned, at the end */
-		const uint64_t places[3][2] = { { 0, 0 }, { 4097, 3 }, { n->size - len, 4093 } };
-
-		for (size_t p = 0; p < G_N_ELEMENTS(places); p++) {
-			uint64_t roff = places[p][0], abs = n->guard + roff;
-			size_t loff = places[p][1];
-			g_autofree char *what = g_strdup_printf(
-				"%zu bytes at buffer+%" PRIu64 ", local+%zu", len, roff, loff);
-			struct te_request r;
-			int64_t t0;
-
-			/* WRITE: the node's bytes become ours, exactly there. */
-			sysnode_fill(l.p + loff, abs, len, ++seed);
-			r = (struct te_request){ TE_OP_WRITE, seg, l.p + loff, n->buf + roff, len };
-			t0 = now_ns();
-			run_ok(e, &r, 1);
-			g_test_message("WRITE %s: %.2f ms", what, (now_ns() - t0) / 1e6);
-			memcpy(mirror + abs, l.p + loff, len);
-			g_assert_cmphex(node_checksum(n, abs, len), ==,
-					sysnode_fnv(mirror + abs, len));
-			g_assert_cmphex(node_checksum(n, abs - 64, 64), ==,
-					sysnode_fnv(mirror + abs - 64, 64));
-			g_assert_cmphex(node_checksum(n, abs + len, 64), ==,
-					sysnode_fnv(mirror + abs + len, 64));
-
-			/* READ: our bytes become the node's, nothing around them changes. */
-			node_fill(n, abs, len, ++seed);
-			sysnode_fill(mirror + abs, abs, len, seed);
-			memset(l.p, 0xee, l.len);
-			r = (struct te_request){ TE_OP_READ, seg, l.p + loff, n->buf + roff, len };
-			t0 = now_ns();
-			run_ok(e, &r, 1);
-			g_test_message("READ %s: %.2f ms", what, (now_ns() - t0) / 1e6);
-			assert_bytes(l.p + loff, mirror + abs, len, what);
-			assert_untouched(l.p, 0, loff, what);
-			assert_untouched(l.p, loff + len, MIN(l.len, loff + len + 65536), what);
-		}
-	}
-	assert_node_is(n, mirror, "after every size");
-	lbuf_free(&l, e);
+	xfer_sizes(e, seg, n, sizes, G_N_ELEMENTS(sizes), BATCH_WAIT_NS, "tcp");
 	assert_ok(te_segment_close(e, seg));
 	initiator_free(e);
-	g_free(mirror);
 	node_free(n);
 }
 
@@ -1474,83 +945,15 @@ static void test_batch_1000(void)
 	struct node *n;
 	struct te_engine *e;
 	te_segment_id seg;
-	uint8_t *mirror;
-	struct lbuf l;
-	struct te_request *r = g_new0(struct te_request, N_BATCH);
-	uint64_t roff[N_BATCH], loff[N_BATCH], rc = 7, lc = 1, seed = 500;
-	uint32_t rseed = g_test_rand_int();
-	GRand *rnd = g_rand_new_with_seed(rseed);
 
 	NEED_TCP();
-	g_test_message("request layout seed %u", rseed);
 	n = node_start_tcp();
 	e = initiator_new(true, 30000);
 	seg = open_node(e, n);
-	mirror = mirror_new(n);
 	/* 1000 requests of 1..8192 bytes, unaligned, with gaps on both sides. */
-	for (unsigned i = 0; i < N_BATCH; i++) {
-		r[i].length = 1 + (uint64_t)g_rand_int_range(rnd, 0, 8192);
-		roff[i] = rc;
-		loff[i] = lc;
-		rc += r[i].length + (uint64_t)g_rand_int_range(rnd, 1, 16);
-		lc += r[i].length + (uint64_t)g_rand_int_range(rnd, 1, 16);
-	}
-	g_assert_cmpuint(rc, <, n->size);
-	lbuf_new(&l, e, lc + 4096);
-
-	/* 1000 WRITEs in one batch. */
-	for (unsigned i = 0; i < N_BATCH; i++) {
-		uint64_t abs = n->guard + roff[i];
-
-		sysnode_fill(l.p + loff[i], abs, r[i].length, seed);
-		r[i] = (struct te_request){ TE_OP_WRITE, seg, l.p + loff[i], n->buf + roff[i],
-					    r[i].length };
-		memcpy(mirror + abs, l.p + loff[i], r[i].length);
-	}
-	run_ok(e, r, N_BATCH);
-	assert_node_is(n, mirror, "after 1000 WRITEs");
-
-	/* 1000 READs in one batch, of fresh node data. */
-	node_fill(n, n->guard, rc, ++seed);
-	sysnode_fill(mirror + n->guard, n->guard, rc, seed);
-	memset(l.p, 0xee, l.len);
-	for (unsigned i = 0; i < N_BATCH; i++)
-		r[i].opcode = TE_OP_READ;
-	run_ok(e, r, N_BATCH);
-	for (unsigned i = 0; i < N_BATCH; i++) {
-		g_autofree char *what = g_strdup_printf("READ request %u", i);
-
-		assert_bytes(l.p + loff[i], mirror + n->guard + roff[i], r[i].length, what);
-		assert_untouched(l.p, i ? loff[i - 1] + r[i - 1].length : 0, loff[i], what);
-	}
-	assert_untouched(l.p, loff[N_BATCH - 1] + r[N_BATCH - 1].length, l.len, "after READs");
-
-	/* READs and WRITEs mixed in one batch, over disjoint ranges. */
-	node_fill(n, n->guard, rc, ++seed);
-	sysnode_fill(mirror + n->guard, n->guard, rc, seed);
-	memset(l.p, 0xee, l.len);
-	++seed;
-	for (unsigned i = 0; i < N_BATCH; i++) {
-		uint64_t abs = n->guard + roff[i];
-
-		r[i].opcode = i % 2 ? TE_OP_READ : TE_OP_WRITE;
-		if (r[i].opcode == TE_OP_WRITE) {
-			sysnode_fill(l.p + loff[i], abs, r[i].length, seed);
-			memcpy(mirror + abs, l.p + loff[i], r[i].length);
-		}
-	}
-	run_ok(e, r, N_BATCH);
-	for (unsigned i = 1; i < N_BATCH; i += 2)
-		assert_bytes(l.p + loff[i], mirror + n->guard + roff[i], r[i].length,
-			     "mixed batch READ");
-	assert_node_is(n, mirror, "after a mixed batch");
-
-	lbuf_free(&l, e);
+	xfer_batch(e, seg, n, N_BATCH, 8192, BATCH_WAIT_NS, "tcp");
 	assert_ok(te_segment_close(e, seg));
 	initiator_free(e);
-	g_rand_free(rnd);
-	g_free(r);
-	g_free(mirror);
 	node_free(n);
 }
 
@@ -1602,20 +1005,9 @@ static void test_out_of_range(void)
 	sysnode_fill(l.p, 0, l.len, 9);
 
 	{
-		const struct {
-			const char *what;
-			enum te_opcode op;
-			uint64_t addr, len;
-		} bad[] = {
-			{ "crosses the end", TE_OP_WRITE, n->buf + n->size - 10, 100 },
-			{ "first byte after the end", TE_OP_WRITE, n->buf + n->size, 1 },
-			{ "straddles the start", TE_OP_WRITE, n->buf - 1, 2 },
-			{ "inside the guard before", TE_OP_READ, n->buf - 4096, 16 },
-			{ "inside the guard after", TE_OP_READ, n->buf + n->size + 16, 16 },
-			{ "nowhere near", TE_OP_WRITE, 4096, 8 },
-			{ "1 MiB over the end", TE_OP_READ, n->buf + n->size - 4096, 1u << 20 },
-		};
+		struct bad_range bad[BAD_RANGES];
 
+		bad_ranges(n, bad);
 		for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
 			struct te_request q = { bad[i].op, seg, l.p, bad[i].addr, bad[i].len };
 
@@ -2523,37 +1915,12 @@ static void test_notify(void)
 	node_free(n);
 }
 
-/* ---------------------------------------------------------------------------------------- */
-
-/* "<dir>/<file>" for the first directory of $TE_PLUGIN_PATH holding @file, else NULL. */
-static char *find_plugin(const char *file)
-{
-	const char *path = g_getenv("TE_PLUGIN_PATH");
-	g_auto(GStrv) dirs = g_strsplit(path ? path : "", ":", -1);
-
-	for (char **d = dirs; *d; d++) {
-		char *p;
-
-		if (!**d)
-			continue;
-		p = g_build_filename(*d, file, NULL);
-		if (g_file_test(p, G_FILE_TEST_IS_REGULAR))
-			return p;
-		g_free(p);
-	}
-	return NULL;
-}
-
 int main(int argc, char **argv)
 {
-	const char *build = g_getenv("TE_BUILD_ROOT");
-
 	g_test_init(&argc, &argv, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	node_path = g_strdup(g_getenv("TE_NODE"));
-	if (!node_path && build)
-		node_path = g_build_filename(build, "tests", "system", "te-node", NULL);
-	if (!node_path || !g_file_test(node_path, G_FILE_TEST_IS_EXECUTABLE)) {
+	node_path = find_te_node();
+	if (!node_path) {
 		printf("1..0 # SKIP te-node not found (set TE_NODE or TE_BUILD_ROOT)\n");
 		return 77;
 	}
