@@ -1295,20 +1295,25 @@ static enum te_status batch_result(struct batch *b)
 static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, uint64_t end)
 {
 	unsigned idle = 0;
+	bool worked = false;
 
 	while (!batch_is_terminal(b)) {
 		uint64_t now;
 
 		if (engine_progress_once(e, false)) {
 			idle = 0;
-			atomic_store_explicit(&e->manual_work_ns, engine_now_ns(),
-					      memory_order_relaxed);
+			worked = true;
 			continue;
 		}
 		if (++idle < 64)
 			continue;
 		idle = 0;
 		now = engine_now_ns();
+		/* No clock read per completion: the last one was at most 64 polls ago. */
+		if (worked) {
+			atomic_store_explicit(&e->manual_work_ns, now, memory_order_relaxed);
+			worked = false;
+		}
 		/* Since the last completion, or since this wait began. */
 		if (now >= end ||
 		    now - MAX(start,
