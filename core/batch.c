@@ -17,6 +17,8 @@
 #define POST_CHUNK 256
 /* te_batch_wait keeps polling manual transports this long after their last completion */
 #define BATCH_WAIT_SPIN_NS (2ull * 1000 * 1000)
+/* ... blocking at most this long at a time in a plugin's wait op between polls */
+#define BATCH_WAIT_BLOCK_NS (500ull * 1000)
 
 static bool batch_is_terminal(struct batch *b)
 {
@@ -1288,8 +1290,8 @@ static enum te_status batch_result(struct batch *b)
 /*
  * Poll manual-progress transports for @b as the engine's one polling waiter: while
  * completions keep coming (within BATCH_WAIT_SPIN_NS of the last one, or of @start, when
- * this wait began; providers like libfabric's tcp move data only while polled), yielding
- * the core between empty polls. Returns when @b is terminal or when it is time to sleep
+ * this wait began; providers like libfabric's tcp move data only while polled), sleeping
+ * in the plugin's wait op (or yielding the CPU) between empty polls. Returns when @b is terminal or when it is time to sleep
  * (nothing completed lately: a dead or frozen peer; or @end passed).
  */
 static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, uint64_t end)
@@ -1321,7 +1323,8 @@ static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, u
 			    BATCH_WAIT_SPIN_NS ||
 		    !engine_manual_in_flight(e))
 			return;
-		g_thread_yield();
+		/* Sleep on the plugin's queues if it can (no spinning), never past @end. */
+		engine_manual_wait(e, MIN(BATCH_WAIT_BLOCK_NS, end - now));
 	}
 }
 

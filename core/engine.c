@@ -81,6 +81,31 @@ bool engine_manual_in_flight(struct engine *e)
 	return false;
 }
 
+/*
+ * Nothing to reap: block in the manual transport with slices in flight (ops.wait) for at
+ * most @timeout_ns when it is the only one and can; else yield the CPU. A serialized
+ * plugin is never blocked in: its call lock would stall every submitter meanwhile.
+ */
+void engine_manual_wait(struct engine *e, uint64_t timeout_ns)
+{
+	struct transport *only = NULL;
+
+	for (unsigned i = 0; i < e->n_tps; i++) {
+		struct transport *tp = e->tps[i];
+
+		if (tp->caps.progress != TE_PLUGIN_PROGRESS_MANUAL ||
+		    !atomic_load_explicit(&tp->in_flight, memory_order_relaxed))
+			continue;
+		if (only || tp->serialized) {
+			only = NULL;
+			break;
+		}
+		only = tp;
+	}
+	if (!only || only->plugin->ops.wait(only->inst, timeout_ns) == TE_ERR_UNSUPPORTED)
+		g_thread_yield();
+}
+
 unsigned engine_progress_once(struct engine *e, bool from_worker)
 {
 	unsigned work = 0;

@@ -124,6 +124,7 @@ unsigned engine_progress_once(struct engine *e, bool from_worker);
 /* Whether application threads drive manual progress now (te_batch_wait). */
 bool engine_user_driving(struct engine *e, uint64_t now);
 bool engine_manual_in_flight(struct engine *e);
+void engine_manual_wait(struct engine *e, uint64_t timeout_ns);
 
 /* Look up a live batch by handle, taking a reference (batch_unref). */
 enum te_status engine_batch_get(struct engine *e, te_batch_id id, struct batch **batch_out);

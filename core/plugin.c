@@ -56,6 +56,11 @@ static enum te_status stub_handshake(struct te_plugin_inst *inst, const char *pe
 	return TE_ERR_UNSUPPORTED;
 }
 
+static enum te_status stub_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
+{
+	return TE_ERR_UNSUPPORTED;
+}
+
 static const struct te_plugin_ops stub_ops = {
 	.size = sizeof(struct te_plugin_ops),
 	.query_devices = stub_query_devices,
@@ -64,6 +69,7 @@ static const struct te_plugin_ops stub_ops = {
 	.cancel = stub_cancel,
 	.retry_prepare = stub_retry_prepare,
 	.handshake = stub_handshake,
+	.wait = stub_wait,
 };
 
 /* Ops of ABI 1.0 that every plugin must provide, by name for the error message. */
@@ -81,7 +87,7 @@ static const struct {
 	REQUIRED(submit),
 };
 
-/* Ops of ABI 1.0 in the order they appear: all of struct te_plugin_ops today. */
+/* Ops of ABI 1.0 end with handshake; 1.1 added wait. */
 #define OPS_V1_0_SIZE (offsetof(struct te_plugin_ops, handshake) + sizeof(void *))
 #define DESC_V1_0_SIZE (offsetof(struct te_plugin_desc, ops) + sizeof(void *))
 

@@ -26,7 +26,7 @@ extern "C" {
  *   struct te_plugin_host.
  */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 0
+#define TE_PLUGIN_ABI_MINOR 1 /* 1.1: te_plugin_ops.wait */
 
 #define TE_PLUGIN_STR2(x) #x
 #define TE_PLUGIN_STR(x) TE_PLUGIN_STR2(x)
@@ -315,6 +315,17 @@ struct te_plugin_ops {
 	enum te_status (*handshake)(struct te_plugin_inst *inst, const char *peer_name,
 				    const void *req, size_t req_len, void *resp, size_t cap,
 				    size_t *resp_len_out);
+
+	/* --- since ABI 1.1 --- */
+	/*
+	 * MANUAL plugins, optional: block until progress() may find something to do (an
+	 * event on the plugin's queues: a CQ wait fd, a completion channel) or @timeout_ns
+	 * passed, instead of the caller spinning. The thread polling in te_batch_wait
+	 * calls it after empty polls while this plugin alone has slices in flight; it polls
+	 * again whatever the outcome. TE_OK: woken or timed out. TE_ERR_UNSUPPORTED: cannot
+	 * block now (the caller yields the CPU and polls). Never longer than @timeout_ns.
+	 */
+	enum te_status (*wait)(struct te_plugin_inst *inst, uint64_t timeout_ns);
 };
 
 /* What the entry point returns. Static storage; never freed. */

@@ -330,8 +330,9 @@ struct efa_inst {
 	atomic_uint n_defer;				 /* peeked without the lock */
 
 	atomic_bool stopping;
-	/* progress 'caller': when the core last called efa_progress (efa_now_ns) */
+	/* progress 'caller': when the core last called efa_progress or efa_wait (efa_now_ns) */
 	_Atomic uint64_t caller_ns;
+	bool all_fd; /* every NIC's CQ has a wait fd (efa_wait can sleep) */
 };
 
 /* --- small helpers ------------------------------------------------------------------ */
@@ -999,6 +1000,7 @@ static enum te_status efa_progs_start(struct efa_inst *ei)
 		}
 		p->pfds[0] = (struct pollfd){ .fd = p->kick_fd, .events = POLLIN };
 	}
+	ei->all_fd = ei->n_nics > 0;
 	for (uint32_t i = 0; i < ei->n_nics; i++) {
 		struct efa_prog *p = &ei->progs[i % n];
 		struct efa_nic *nic = &ei->nics[i];
@@ -1006,8 +1008,10 @@ static enum te_status efa_progs_start(struct efa_inst *ei)
 		nic->prog = p;
 		p->nics[p->n_nics] = nic;
 		p->pfds[1 + p->n_nics] = (struct pollfd){ .fd = nic->wait_fd, .events = POLLIN };
-		if (nic->wait_fd < 0)
+		if (nic->wait_fd < 0) {
 			p->all_fd = false;
+			ei->all_fd = false;
+		}
 		p->n_nics++;
 	}
 	for (uint32_t t = 0; t < n; t++) {
@@ -2572,6 +2576,42 @@ static uint32_t efa_progress(struct te_plugin_inst *inst, uint32_t budget)
 	return done;
 }
 
+/*
+ * progress 'caller', ABI 1.1: the core's polling waiter found nothing; sleep on the CQ wait
+ * fds (fi_trywait first: completions already queued end the wait at once), as the raw
+ * libfabric loop does, rather than spinning against the peers for the CPUs. Not with a
+ * provider without wait fds (shm), nor while a submit holds a NIC (it may be posting).
+ */
+static enum te_status efa_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+	struct pollfd pfd[EFA_MAX_NICS];
+	struct timespec ts;
+
+	if (!ei || ei->progress != EFA_PROGRESS_CALLER || !ei->all_fd)
+		return TE_ERR_UNSUPPORTED;
+	atomic_store_explicit(&ei->caller_ns, efa_now_ns(), memory_order_relaxed);
+	if (atomic_load_explicit(&ei->n_defer, memory_order_relaxed))
+		return TE_OK; /* failures to report: progress() flushes them */
+	for (uint32_t i = 0; i < ei->n_nics; i++) {
+		struct efa_nic *nic = &ei->nics[i];
+		int rc;
+
+		if (pthread_mutex_trylock(&nic->lock) != 0)
+			return TE_OK;
+		rc = fi_trywait(nic->fabric, &nic->cq_fid, 1);
+		efa_nic_unlock(nic);
+		if (rc != FI_SUCCESS)
+			return TE_OK;
+		pfd[i] = (struct pollfd){ .fd = nic->wait_fd, .events = POLLIN };
+	}
+	ts.tv_sec = (time_t)(timeout_ns / 1000000000ull);
+	ts.tv_nsec = (long)(timeout_ns % 1000000000ull);
+	if (ppoll(pfd, ei->n_nics, &ts, NULL) < 0 && errno != EINTR)
+		return TE_ERR_UNSUPPORTED;
+	return TE_OK;
+}
+
 static const struct te_plugin_ops efa_ops = {
 	.size = sizeof(struct te_plugin_ops),
 	.init = efa_init,
@@ -2589,6 +2629,7 @@ static const struct te_plugin_ops efa_ops = {
 	.progress = efa_progress,
 	.cancel = efa_cancel,
 	.retry_prepare = efa_retry_prepare,
+	.wait = efa_wait,
 };
 
 static const struct te_plugin_desc efa_desc = {

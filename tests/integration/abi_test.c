@@ -161,6 +161,39 @@ static void test_required_failure_after_good_one(void)
 	itest_assert_contains(te_last_error(), "submit");
 }
 
+/*
+ * A plugin built for ABI 1.0 (minor 0, an ops table without 1.1's wait) loads into this
+ * core and moves bytes with manual progress: the missing op answers as a stub and the
+ * waiting thread yields instead of blocking in it.
+ */
+static void test_abi_1_0_plugin(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r[2];
+	te_batch_id bid;
+
+	itest_pair_new(&p, "abi_1_0", "progress: manual", "slice_size: 4096, timeout_ms: 60000");
+	itest_buf_new(&la, 1u << 20, 4096, 0x10);
+	itest_buf_new(&rb, 1u << 20, 4096, 0x20);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 300000 };
+	r[1] = (struct te_request){ TE_OP_READ, p.seg, la.data + 600000, itest_raddr(&rb, 600000),
+				    300000 };
+	itest_ok(te_batch_new(p.a, 2, &bid));
+	itest_ok(te_batch_submit(p.a, bid, r, 2));
+	itest_ok(itest_wait(p.a, bid));
+	g_assert_true(itest_range_is(&rb, 0, 300000, &la, 0));
+	g_assert_true(itest_range_is(&la, 600000, 300000, &rb, 600000));
+	g_assert_cmpuint(itest_batch(p.a, bid).bytes, ==, 600000);
+	itest_ok(te_batch_free(p.a, bid));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
@@ -170,6 +203,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/abi/search-path-env", test_search_path_env);
 	g_test_add_func("/abi/required-failure-after-good-one",
 			test_required_failure_after_good_one);
+	g_test_add_func("/abi/abi-1.0-plugin", test_abi_1_0_plugin);
 	for (size_t i = 0; i < G_N_ELEMENTS(abi_cases); i++) {
 		g_autofree char *p1 = g_strdup_printf("/abi/path/%s", abi_cases[i].plugin);
 		g_autofree char *p2 = g_strdup_printf("/abi/name/%s", abi_cases[i].plugin);

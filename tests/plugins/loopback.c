@@ -13,6 +13,7 @@
  *   LOOPBACK_FAULT_LATE_CANCEL     cancel() reports TE_OK ~late_ms later, from a thread
  *   LOOPBACK_FAULT_INIT_FAIL       init fails with TE_ERR_NO_DEVICE
  *   LOOPBACK_DESC_ABI_MAJOR=n, LOOPBACK_DESC_ABI_MINOR=n, LOOPBACK_DESC_SIZE=n
+ *   LOOPBACK_OPS_SIZE=n            ops table size (an older ABI's table)
  *                                  lie in the descriptor
  *   LOOPBACK_OMIT_SUBMIT           leave the required submit op NULL
  *   LOOPBACK_ENTRY_SYMBOL=sym      export sym instead of TE_PLUGIN_ENTRY
@@ -52,6 +53,9 @@
 #endif
 #ifndef LOOPBACK_DESC_SIZE
 #define LOOPBACK_DESC_SIZE sizeof(struct te_plugin_desc)
+#endif
+#ifndef LOOPBACK_OPS_SIZE
+#define LOOPBACK_OPS_SIZE sizeof(struct te_plugin_ops)
 #endif
 
 /* Fault plugins whose slices never run on their own: no workers, progress() is a no-op. */
@@ -1367,7 +1371,7 @@ static enum te_status loopback_retry_prepare(struct te_plugin_inst *inst,
 }
 
 static const struct te_plugin_ops loopback_ops = {
-	.size = sizeof(struct te_plugin_ops),
+	.size = LOOPBACK_OPS_SIZE,
 	.init = loopback_init,
 	.fini = loopback_fini,
 	.query_caps = loopback_query_caps,
