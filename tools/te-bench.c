@@ -954,8 +954,10 @@ static bool bench_worker_verify(struct bench_worker *w, bool wr, uint64_t i)
 
 /*
  * --depth N: keep N batches in flight (the next ones are submitted before the oldest is
- * waited for), so that the pipe never drains at a batch boundary. No --verify here: batches
- * in flight share the thread's data area.
+ * waited for), so that the pipe never drains at a batch boundary. Each batch in flight has
+ * its own local and remote areas, as distinct blocks (KV pages) would: 128 READs in flight
+ * into one 16 MiB area ran a median 8% slower than into 128 MiB, for the raw libfabric loop too.
+ * No --verify here: it checks one batch area per thread.
  */
 static void bench_worker_pipelined(struct bench_worker *w, uint64_t deadline)
 {
@@ -978,8 +980,12 @@ static void bench_worker_pipelined(struct bench_worker *w, uint64_t deadline)
 			bool wr =
 				c->op == BENCH_OP_WRITE || (c->op == BENCH_OP_MIX && (started & 1));
 
-			p = &q[(head + inflight) % o->depth];
-			if (bench_batch_start(w, wr ? w->wr : w->rd, c->batch, p) != TE_OK) {
+			uint32_t slot = (head + inflight) % o->depth;
+
+			p = &q[slot];
+			/* Each slot has its own areas, like distinct blocks in flight. */
+			if (bench_batch_start(w, (wr ? w->wr : w->rd) + (size_t)slot * c->batch,
+					      c->batch, p) != TE_OK) {
 				w->failed = true;
 				break;
 			}
@@ -1064,21 +1070,29 @@ out:
 	return NULL;
 }
 
+/* Local areas of batch x block per thread: one per batch in flight, or data + check-back. */
+static uint64_t bench_local_slots(uint32_t depth)
+{
+	return depth > 1 ? depth : 2;
+}
+
 static void bench_worker_setup(struct bench_worker *w, struct bench_init *c, uint32_t t)
 {
 	uint64_t bb = c->block * c->batch;
+	uint32_t slots = c->o->depth;
 	uint32_t cap = MAX(BENCH_MAX_SAMPLES / c->threads, 1024u);
 
 	w->c = c;
 	w->idx = t;
-	w->data = c->local + 2 * bb * t;
+	w->data = c->local + bench_local_slots(slots) * bb * t;
 	w->back = w->data + bb;
-	w->roff = bb * t;
-	w->woff = c->rhalf + bb * t;
-	w->rd = g_new0(struct te_request, c->batch);
-	w->wr = g_new0(struct te_request, c->batch);
+	w->roff = bb * slots * t;
+	w->woff = c->rhalf + bb * slots * t;
+	/* --depth: one run of requests per batch in flight, on its own local/remote areas */
+	w->rd = g_new0(struct te_request, (size_t)slots * c->batch);
+	w->wr = g_new0(struct te_request, (size_t)slots * c->batch);
 	w->chk = g_new0(struct te_request, c->batch);
-	for (uint32_t k = 0; k < c->batch; k++) {
+	for (uint32_t k = 0; k < slots * c->batch; k++) {
 		uint64_t d = (uint64_t)k * c->block;
 
 		w->rd[k] = (struct te_request){ .opcode = TE_OP_READ,
@@ -1091,11 +1105,12 @@ static void bench_worker_setup(struct bench_worker *w, struct bench_init *c, uin
 						.local = w->data + d,
 						.remote = c->raddr + w->woff + d,
 						.length = c->block };
-		w->chk[k] = (struct te_request){ .opcode = TE_OP_READ,
-						 .segment = c->seg,
-						 .local = w->back + d,
-						 .remote = c->raddr + w->woff + d,
-						 .length = c->block };
+		if (k < c->batch)
+			w->chk[k] = (struct te_request){ .opcode = TE_OP_READ,
+							 .segment = c->seg,
+							 .local = w->back + d,
+							 .remote = c->raddr + w->woff + d,
+							 .length = c->block };
 	}
 	w->lat.cap = cap;
 	w->lat.v = g_new(uint64_t, cap);
@@ -1311,14 +1326,14 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 	c.rhalf = bench_zone_half(rb.length);
 
 	for (size_t i = 0; i < n_sizes; i++) {
-		uint32_t b = bench_fit_batch(c.rhalf, o->threads, sizes[i], o->batch);
+		uint32_t b = bench_fit_batch(c.rhalf, o->threads * o->depth, sizes[i], o->batch);
 
-		need = MAX(need, 2 * (uint64_t)o->threads * b * sizes[i]);
+		need = MAX(need, (uint64_t)o->threads * bench_local_slots(o->depth) * b * sizes[i]);
 	}
 	if (!need) {
-		bench_err("%s-byte blocks do not fit: each thread needs 2 x batch x block bytes of "
-			  "the target buffer (%s bytes at 0x%" PRIx64 "); use a smaller "
-			  "--block-size or --threads, or a larger target --buffer-size",
+		bench_err("%s-byte blocks do not fit: each thread needs 2 x depth x batch x block "
+			  "bytes of the target buffer (%s bytes at 0x%" PRIx64 "); use a smaller "
+			  "--block-size, --threads or --depth, or a larger target --buffer-size",
 			  bench_size_str(sizes[0], sz, sizeof(sz)),
 			  bench_size_str(rb.length, sz2, sizeof(sz2)), rb.addr);
 		goto out_segment;
@@ -1339,13 +1354,13 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 	rc = BENCH_EXIT_OK;
 	for (size_t i = 0; i < n_sizes && !bench_signalled; i++) {
 		struct bench_row r;
-		uint32_t b = bench_fit_batch(c.rhalf, o->threads, sizes[i], o->batch);
+		uint32_t b = bench_fit_batch(c.rhalf, o->threads * o->depth, sizes[i], o->batch);
 
 		if (b == 0) {
 			bench_note(o,
-				   "skipping %s: %" PRIu32 " thread(s) x 2 x block do not fit the "
-				   "target buffer (%s)",
-				   bench_size_str(sizes[i], sz, sizeof(sz)), o->threads,
+				   "skipping %s: %" PRIu32 " thread(s) x depth %" PRIu32
+				   " x 2 x block do not fit the target buffer (%s)",
+				   bench_size_str(sizes[i], sz, sizeof(sz)), o->threads, o->depth,
 				   bench_size_str(rb.length, sz2, sizeof(sz2)));
 			continue;
 		}
@@ -1558,7 +1573,8 @@ static uint64_t bench_loopback_buffer(const struct bench_opts *o)
 	if (o->buffer_size)
 		return o->buffer_size;
 	for (size_t i = 0; i < n; i++)
-		need = MAX(need, 2 * (uint64_t)o->threads * o->batch * sizes[i] + 2 * 4096);
+		need = MAX(need,
+			   2 * (uint64_t)o->threads * o->depth * o->batch * sizes[i] + 2 * 4096);
 	need = CLAMP(need, BENCH_LOOPBACK_MIN_BUFFER, BENCH_LOOPBACK_MAX_BUFFER);
 	return (need + BENCH_MIB - 1) & ~(BENCH_MIB - 1);
 }
@@ -2165,8 +2181,8 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	if (depth > 1 && (core || target))
 		return bench_usage("--depth works with --initiator and --loopback");
 	if (depth > 1 && verify)
-		return bench_usage("--depth %d cannot be combined with --verify (batches in "
-				   "flight share a thread's buffers)",
+		return bench_usage("--depth %d cannot be combined with --verify (it checks one "
+				   "batch area per thread)",
 				   depth);
 	o->depth = (uint32_t)depth;
 	/* The --core buffers hold every request of every thread at once. */
