@@ -53,26 +53,14 @@ static inline bool te_plugin_parse_u64(const char *s, bool size_suffix, uint64_t
 	if (end == s || errno != 0)
 		return false;
 	if (size_suffix && *end) {
-		switch (*end) {
-		case 'k':
-		case 'K':
-			mult = 1ull << 10;
-			break;
-		case 'm':
-		case 'M':
-			mult = 1ull << 20;
-			break;
-		case 'g':
-		case 'G':
-			mult = 1ull << 30;
-			break;
-		case 't':
-		case 'T':
-			mult = 1ull << 40;
-			break;
-		default:
+		/* K, M, G, T (either case): powers of 1024 */
+		static const char units[] = "KMGT";
+		char c = (*end >= 'a' && *end <= 'z') ? (char)(*end - 'a' + 'A') : *end;
+		const char *unit = strchr(units, c);
+
+		if (!unit)
 			return false;
-		}
+		mult = 1ull << (10 * (unit - units + 1));
 		end++;
 		if (*end == 'i' || *end == 'I')
 			end++;

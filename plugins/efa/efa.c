@@ -846,11 +846,30 @@ static bool efa_prog_busy_nics(const struct efa_prog *p)
  * Sleep until a CQ wait fd fires, a kick comes or the timeout passes. @yielded: a submit was
  * posting on one of our NICs (we left its CQ alone): wait for its kick only, briefly.
  */
+static struct timespec efa_timespec(uint64_t ns)
+{
+	return (struct timespec){ .tv_sec = (time_t)(ns / 1000000000ull),
+				  .tv_nsec = (long)(ns % 1000000000ull) };
+}
+
+/* ppoll the first @n of @p's fds (the kick fd, then CQ wait fds) for @ns; take a kick. */
+static void efa_prog_ppoll(struct efa_prog *p, nfds_t n, uint64_t ns)
+{
+	struct timespec ts = efa_timespec(ns);
+
+	if (ppoll(p->pfds, n, &ts, NULL) > 0 && (p->pfds[0].revents & POLLIN)) {
+		uint64_t v;
+
+		if (read(p->kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+			efa_log(p->ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: kick read: %s",
+				p->index, strerror(errno));
+	}
+}
+
 static void efa_prog_sleep(struct efa_prog *p, bool yielded)
 {
 	struct efa_inst *ei = p->ei;
 	uint64_t timeout_ns;
-	struct timespec ts;
 	nfds_t n = 1;
 
 	/* seq_cst: pairs with efa_prog_kick's load after posting. */
@@ -892,15 +911,7 @@ static void efa_prog_sleep(struct efa_prog *p, bool yielded)
 		 */
 		timeout_ns = ei->poll_ns;
 	}
-	ts.tv_sec = (time_t)(timeout_ns / 1000000000ull);
-	ts.tv_nsec = (long)(timeout_ns % 1000000000ull);
-	if (ppoll(p->pfds, n, &ts, NULL) > 0 && (p->pfds[0].revents & POLLIN)) {
-		uint64_t v;
-
-		if (read(p->kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-			efa_log(ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: kick read: %s",
-				p->index, strerror(errno));
-	}
+	efa_prog_ppoll(p, n, timeout_ns);
 out_awake:
 	atomic_store_explicit(&p->sleeping, 0, memory_order_relaxed);
 }
@@ -908,17 +919,8 @@ out_awake:
 /* Sleep on the kick fd alone, at most @ns. */
 static void efa_prog_nap(struct efa_prog *p, uint64_t ns)
 {
-	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull),
-			       .tv_nsec = (long)(ns % 1000000000ull) };
-
 	atomic_store(&p->sleeping, 1);
-	if (ppoll(p->pfds, 1, &ts, NULL) > 0 && (p->pfds[0].revents & POLLIN)) {
-		uint64_t v;
-
-		if (read(p->kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-			efa_log(p->ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: kick read: %s",
-				p->index, strerror(errno));
-	}
+	efa_prog_ppoll(p, 1, ns);
 	atomic_store_explicit(&p->sleeping, 0, memory_order_relaxed);
 }
 
@@ -2586,7 +2588,7 @@ static enum te_status efa_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 {
 	struct efa_inst *ei = efa_inst_of(inst);
 	struct pollfd pfd[EFA_MAX_NICS];
-	struct timespec ts;
+	struct timespec ts = efa_timespec(timeout_ns);
 
 	if (!ei || ei->progress != EFA_PROGRESS_CALLER || !ei->all_fd)
 		return TE_ERR_UNSUPPORTED;
@@ -2605,8 +2607,6 @@ static enum te_status efa_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 			return TE_OK;
 		pfd[i] = (struct pollfd){ .fd = nic->wait_fd, .events = POLLIN };
 	}
-	ts.tv_sec = (time_t)(timeout_ns / 1000000000ull);
-	ts.tv_nsec = (long)(timeout_ns % 1000000000ull);
 	if (ppoll(pfd, ei->n_nics, &ts, NULL) < 0 && errno != EINTR)
 		return TE_ERR_UNSUPPORTED;
 	return TE_OK;
