@@ -65,7 +65,8 @@ void engine_queue_retry(struct engine *e, struct slice *s)
 bool engine_user_driving(struct engine *e, uint64_t now)
 {
 	return atomic_load_explicit(&e->drivers, memory_order_relaxed) ||
-	       now - atomic_load_explicit(&e->last_drive_ns, memory_order_relaxed) < 1000000;
+	       now - atomic_load_explicit(&e->last_drive_ns, memory_order_relaxed) <
+		       ENGINE_DRIVE_NS;
 }
 
 /* Whether a manual-progress transport has slices in flight. Relaxed, like the callers. */
@@ -205,6 +206,11 @@ static gpointer engine_worker(gpointer data)
 		wake = MIN(next_retry, atomic_load(&e->next_deadline_ns));
 		if (engine_has_pending_io(e))
 			wake = MIN(wake, now + 50000); /* keep manual progress going at 50 us */
+		else if (!atomic_load(&e->drivers) && engine_manual_in_flight(e))
+			/* te_batch_wait drove them and returned: take over when that lapses. */
+			wake = MIN(wake, MAX(now, atomic_load_explicit(&e->last_drive_ns,
+								       memory_order_relaxed) +
+							  ENGINE_DRIVE_NS));
 		wake = MIN(wake, now + 100000000ull);
 		g_mutex_lock(&e->work_lock);
 		atomic_store(&e->sleeping, engine_has_pending_io(e) ? 1 : 2);

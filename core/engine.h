@@ -121,7 +121,11 @@ void engine_queue_retry(struct engine *e, struct slice *s);
  */
 unsigned engine_progress_once(struct engine *e, bool from_worker);
 
-/* Whether application threads drive manual progress now (te_batch_wait). */
+/*
+ * Whether application threads drive manual progress (te_batch_wait now, or within
+ * ENGINE_DRIVE_NS; the worker takes over when that lapses).
+ */
+#define ENGINE_DRIVE_NS 1000000ull
 bool engine_user_driving(struct engine *e, uint64_t now);
 bool engine_manual_in_flight(struct engine *e);
 void engine_manual_wait(struct engine *e, uint64_t timeout_ns);
