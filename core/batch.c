@@ -17,8 +17,12 @@
 #define POST_CHUNK 256
 /* te_batch_wait keeps polling manual transports this long after their last completion */
 #define BATCH_WAIT_SPIN_NS (2ull * 1000 * 1000)
-/* ... blocking at most this long at a time in a plugin's wait op between polls */
+/* ... back to back for this long, then blocking in a plugin's wait op between polls */
+#define BATCH_WAIT_BUSY_NS (20ull * 1000)
+/* ... at most this long at a time */
 #define BATCH_WAIT_BLOCK_NS (500ull * 1000)
+/* ... reading the clock once per this many empty polls */
+#define BATCH_WAIT_IDLE_POLLS 4
 
 static bool batch_is_terminal(struct batch *b)
 {
@@ -1290,9 +1294,10 @@ static enum te_status batch_result(struct batch *b)
 /*
  * Poll manual-progress transports for @b as the engine's one polling waiter: while
  * completions keep coming (within BATCH_WAIT_SPIN_NS of the last one, or of @start, when
- * this wait began; providers like libfabric's tcp move data only while polled), sleeping
- * in the plugin's wait op (or yielding the CPU) between empty polls. Returns when @b is terminal or when it is time to sleep
- * (nothing completed lately: a dead or frozen peer; or @end passed).
+ * this wait began; providers like libfabric's tcp move data only while polled): back to
+ * back for BATCH_WAIT_BUSY_NS after a completion, then sleeping in the plugin's wait op
+ * (or yielding the CPU) between empty polls. Returns when @b is terminal or when it is
+ * time to sleep (nothing completed lately: a dead or frozen peer; or @end passed).
  */
 static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, uint64_t end)
 {
@@ -1300,31 +1305,35 @@ static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, u
 	bool worked = false;
 
 	while (!batch_is_terminal(b)) {
-		uint64_t now;
+		uint64_t now, quiet;
 
 		if (engine_progress_once(e, false)) {
 			idle = 0;
 			worked = true;
 			continue;
 		}
-		if (++idle < 64)
+		if (++idle < BATCH_WAIT_IDLE_POLLS)
 			continue;
 		idle = 0;
 		now = engine_now_ns();
-		/* No clock read per completion: the last one was at most 64 polls ago. */
+		/* No clock read per completion: the last one was at most a few polls ago. */
 		if (worked) {
 			atomic_store_explicit(&e->manual_work_ns, now, memory_order_relaxed);
 			worked = false;
 		}
 		/* Since the last completion, or since this wait began. */
-		if (now >= end ||
-		    now - MAX(start,
-			      atomic_load_explicit(&e->manual_work_ns, memory_order_relaxed)) >=
-			    BATCH_WAIT_SPIN_NS ||
-		    !engine_manual_in_flight(e))
+		quiet = now -
+			MAX(start, atomic_load_explicit(&e->manual_work_ns, memory_order_relaxed));
+		if (now >= end || quiet >= BATCH_WAIT_SPIN_NS || !engine_manual_in_flight(e))
 			return;
-		/* Sleep on the plugin's queues if it can (no spinning), never past @end. */
-		engine_manual_wait(e, MIN(BATCH_WAIT_BLOCK_NS, end - now));
+		/*
+		 * A burst usually has more: poll back to back for a moment, as the raw provider
+		 * loops do. Then sleep on the plugin's queues if it can, never past @end: a
+		 * waiter polling an empty queue (libfabric's tcp: one epoll_wait per poll) takes
+		 * the CPU and the socket locks from the peer that is sending.
+		 */
+		if (quiet >= BATCH_WAIT_BUSY_NS)
+			engine_manual_wait(e, MIN(BATCH_WAIT_BLOCK_NS, end - now));
 	}
 }
 

@@ -312,9 +312,10 @@ TE_API TE_NODISCARD enum te_status te_batch_status(struct te_engine *engine, te_
 /*
  * te_batch_wait - block until every task is terminal or @timeout_ns passed
  * (negative: no limit). Drives the progress of manual-progress transports: polls
- * them, sleeping on the transport's queues (or yielding the CPU) between empty
- * polls, while they have operations in flight and completed one within the last
- * 2 ms; then sleeps, waking every 200 us to poll again.
+ * them back to back for 20 us after a completion, then sleeping on the transport's
+ * queues (or yielding the CPU) between empty polls, while they have operations in
+ * flight and completed one within the last 2 ms; then sleeps, waking every 200 us to
+ * poll again.
  * One waiting thread polls at a time; the others sleep until their batch ends.
  * Returns TE_OK when all tasks COMPLETED, the first failed task's status when the
  * batch is terminal with failures, TE_INPROGRESS if the timeout expired first.
