@@ -39,8 +39,9 @@
  * With progress 'caller' (the default on providers over IP) the plugin is manual-progress
  * to the core: the thread waiting in te_batch_wait (else the core's worker) polls the CQs in
  * efa_progress, so a completion reaches its batch with no hand-off between threads, and the
- * progress threads stay away while the core polls (EFA_CALLER_NS); they still serve the
- * passive side, where the core has nothing in flight and never calls progress.
+ * progress threads stay away while the core polls (EFA_CALLER_NS; parked until the core
+ * reaps the last operation in flight, efa_prog_park); they still serve the passive side,
+ * where the core has nothing in flight and never calls progress.
  *
  * Lifetimes. A slice holds its local region (mem->inflight: dereg_mem answers TE_ERR_BUSY
  * meanwhile) and its peer handle (refcount) until its completion. RMA operations cannot be
@@ -226,6 +227,8 @@ struct efa_prog {
 	bool started;
 	int kick_fd;
 	atomic_int sleeping;
+	/* progress 'caller': asleep while the core polls our operations; woken when done */
+	atomic_int parked;
 	struct efa_nic **nics;
 	uint32_t n_nics;
 	bool all_fd; /* every CQ of this thread has a wait fd */
@@ -474,19 +477,25 @@ static bool efa_caller_driving(struct efa_inst *ei, uint64_t now)
 	       now - atomic_load_explicit(&ei->caller_ns, memory_order_relaxed) < EFA_CALLER_NS;
 }
 
-/* Wake @p if it sleeps (or is about to). Any thread. */
-static void efa_prog_kick(struct efa_prog *p)
+/* End @p's sleep, or its next one. Any thread. */
+static void efa_prog_wake(struct efa_prog *p)
 {
 	uint64_t one = 1;
 
+	if (write(p->kick_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		efa_log(p->ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: cannot wake: %s", p->index,
+			strerror(errno));
+}
+
+/* Wake @p if it sleeps (or is about to) and the core does not poll for it. Any thread. */
+static void efa_prog_kick(struct efa_prog *p)
+{
 	/* seq_cst: pairs with the thread's store of sleeping before its last CQ check. */
 	if (!atomic_load(&p->sleeping))
 		return;
 	if (efa_caller_driving(p->ei, efa_now_ns()))
 		return;
-	if (write(p->kick_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-		efa_log(p->ei, TE_PLUGIN_LOG_ERROR, "progress thread %u: cannot wake: %s", p->index,
-			strerror(errno));
+	efa_prog_wake(p);
 }
 
 /* --- in-flight window ----------------------------------------------------------------- */
@@ -924,6 +933,42 @@ static void efa_prog_nap(struct efa_prog *p, uint64_t ns)
 	atomic_store_explicit(&p->sleeping, 0, memory_order_relaxed);
 }
 
+/*
+ * progress 'caller', the core polling: with operations of ours in flight it keeps doing so
+ * (the waiter, else its worker), and its polls serve the passive side too, so sleep until
+ * efa_progress has reaped the last of them (efa_progs_unpark) instead of checking back
+ * every EFA_CALLER_NS: that wake-up took the waiter's CPU 1000 times a second. Whether
+ * parked.
+ */
+static bool efa_prog_park(struct efa_prog *p)
+{
+	atomic_store_explicit(&p->parked, 1, memory_order_relaxed);
+	/* Pairs with the fence in efa_progs_unpark: one of the two sees the other. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (!efa_prog_busy_nics(p)) {
+		atomic_store_explicit(&p->parked, 0, memory_order_relaxed);
+		return false;
+	}
+	efa_prog_nap(p, EFA_SAFETY_NS);
+	atomic_store_explicit(&p->parked, 0, memory_order_relaxed);
+	return true;
+}
+
+/* After completions from the core's poll: wake parked threads with nothing left in flight. */
+static void efa_progs_unpark(struct efa_inst *ei)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+	for (uint32_t t = 0; t < ei->n_progs; t++) {
+		struct efa_prog *p = &ei->progs[t];
+
+		if (!atomic_load_explicit(&p->parked, memory_order_relaxed) ||
+		    efa_prog_busy_nics(p) ||
+		    !atomic_exchange_explicit(&p->parked, 0, memory_order_relaxed))
+			continue;
+		efa_prog_wake(p);
+	}
+}
+
 static void *efa_prog_main(void *arg)
 {
 	struct efa_prog *p = arg;
@@ -936,7 +981,11 @@ static void *efa_prog_main(void *arg)
 		uint64_t now = efa_now_ns();
 
 		if (efa_caller_driving(ei, now)) {
-			/* The core polls for us: check back when it may have stopped. */
+			if (efa_prog_park(p)) {
+				last_work = efa_now_ns();
+				continue;
+			}
+			/* Nothing of ours in flight: check back when the core may have stopped. */
 			efa_prog_nap(p, EFA_CALLER_NS -
 						(now - atomic_load_explicit(&ei->caller_ns,
 									    memory_order_relaxed)));
@@ -1669,8 +1718,7 @@ static void efa_destroy(struct efa_inst *ei)
 		struct efa_prog *p = &ei->progs[t];
 
 		if (p->started) {
-			atomic_store(&p->sleeping, 1);
-			efa_prog_kick(p);
+			efa_prog_wake(p);
 			pthread_join(p->thread, NULL);
 			p->started = false;
 		}
@@ -2575,6 +2623,8 @@ static uint32_t efa_progress(struct te_plugin_inst *inst, uint32_t budget)
 	for (uint32_t i = 0; i < ei->n_nics && done < budget; i++)
 		done += efa_nic_poll(&ei->nics[i], budget - done, &busy);
 	done += efa_flush_deferred(ei);
+	if (done)
+		efa_progs_unpark(ei);
 	return done;
 }
 
