@@ -10,8 +10,10 @@
 #   default one submitting thread like the raw loop, keeping 8 batches of 16 in flight so that
 #   the pipe does not drain at a batch boundary (the raw loop never drains it). The two
 #   alternate which runs first; then a table with the median GB/s of both and the median of
-#   the per-round ratios te/raw (robust to load drifting between rounds). --check exits 1
-#   when a ratio is below MIN_RATIO.
+#   the per-round ratios te/raw (robust to load drifting between rounds), and the ratio of
+#   the best rounds (load from other sessions only slows a run down, so the best round is
+#   the nearest to what the code can do). --check exits 1 when a median ratio is below
+#   MIN_RATIO.
 #   Env: BUILD (build), PROVIDERS ("tcp;ofi_rxm shm"), SIZES ("64K 1M"), OPS ("read write"),
 #   WINDOW (128), THREADS (1), DEPTH (8), DURATION (2 s per measurement), ROUNDS (7: on two
 #   shared vCPUs single rounds ranged 0.68-1.26 at one setting, and a median of 3 moved by
@@ -32,7 +34,7 @@ while [ $# -gt 0 ]; do
 		check=1
 		;;
 	-h | --help)
-		sed -n '3,20p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*)
@@ -159,17 +161,19 @@ for line in open(sys.argv[1]):
 min_ratio, check = float(sys.argv[2]), sys.argv[3] == "1"
 low = []
 print(f"{'provider':<12} {'block':>6} {'op':<5} {'raw GB/s':>9} {'te GB/s':>9} {'te/raw':>7}"
-      f"  {'min..max ratio':>15}")
+      f"  {'min..max ratio':>15}  {'best te/best raw':>16}")
 for key in order:
     raw, te = statistics.median(rows[key][0]), statistics.median(rows[key][1])
     ratios = [t / r for r, t in zip(*rows[key]) if r > 0]
     ratio = statistics.median(ratios) if ratios else float("nan")
     spread = f"{min(ratios):.2f}..{max(ratios):.2f}" if ratios else "-"
+    # Load from other sessions only slows a run down: the best rounds tell capacity.
+    best = max(rows[key][1]) / max(rows[key][0]) if max(rows[key][0]) > 0 else float("nan")
     flag = "" if ratio >= min_ratio else f"  < {min_ratio}"
     if ratio < min_ratio:
         low.append(key)
     print(f"{key[0]:<12} {key[1]:>6} {key[2]:<5} {raw:9.3f} {te:9.3f} {ratio:7.2f}"
-          f"  {spread:>15}{flag}")
+          f"  {spread:>15}  {best:16.2f}{flag}")
 if check and low:
     sys.exit(1)
 PY
