@@ -39,9 +39,9 @@
  * With progress 'caller' (the default on providers over IP) the plugin is manual-progress
  * to the core: the thread waiting in te_batch_wait (else the core's worker) polls the CQs in
  * efa_progress, so a completion reaches its batch with no hand-off between threads, and the
- * progress threads stay away while the core polls (EFA_CALLER_NS; parked until the core
- * reaps the last operation in flight, efa_prog_park); they still serve the passive side,
- * where the core has nothing in flight and never calls progress.
+ * progress threads stay away: parked while operations are in flight (the core polls them,
+ * efa_prog_park), then for EFA_CALLER_NS after the core's last poll; they still serve the
+ * passive side, where the core has nothing in flight and never calls progress.
  *
  * Lifetimes. A slice holds its local region (mem->inflight: dereg_mem answers TE_ERR_BUSY
  * meanwhile) and its peer handle (refcount) until its completion. RMA operations cannot be
@@ -493,7 +493,9 @@ static void efa_prog_kick(struct efa_prog *p)
 	/* seq_cst: pairs with the thread's store of sleeping before its last CQ check. */
 	if (!atomic_load(&p->sleeping))
 		return;
-	if (efa_caller_driving(p->ei, efa_now_ns()))
+	/* Parked: the core polls what was posted (progress 'caller'). */
+	if (atomic_load_explicit(&p->parked, memory_order_relaxed) ||
+	    efa_caller_driving(p->ei, efa_now_ns()))
 		return;
 	efa_prog_wake(p);
 }
@@ -934,11 +936,13 @@ static void efa_prog_nap(struct efa_prog *p, uint64_t ns)
 }
 
 /*
- * progress 'caller', the core polling: with operations of ours in flight it keeps doing so
- * (the waiter, else its worker), and its polls serve the passive side too, so sleep until
- * efa_progress has reaped the last of them (efa_progs_unpark) instead of checking back
- * every EFA_CALLER_NS: that wake-up took the waiter's CPU 1000 times a second. Whether
- * parked.
+ * progress 'caller': while operations of ours are in flight the core polls them (the thread
+ * in te_batch_wait, else its worker, at most ENGINE_DRIVE_NS after the waiter left), and
+ * its polls serve the passive side too, so sleep until efa_progress has reaped the last of
+ * them (efa_progs_unpark). Checking back every EFA_CALLER_NS took the waiter's CPU 1000
+ * times a second, and taking over whenever the core had not polled for 1 ms (a thread busy
+ * submitting 64K WRITEs, whose posts copy) woke this thread 5000 times a second on the
+ * CPUs the peers needed. Whether parked.
  */
 static bool efa_prog_park(struct efa_prog *p)
 {
@@ -980,11 +984,11 @@ static void *efa_prog_main(void *arg)
 		uint32_t work = 0;
 		uint64_t now = efa_now_ns();
 
+		if (ei->progress == EFA_PROGRESS_CALLER && efa_prog_park(p)) {
+			last_work = efa_now_ns();
+			continue;
+		}
 		if (efa_caller_driving(ei, now)) {
-			if (efa_prog_park(p)) {
-				last_work = efa_now_ns();
-				continue;
-			}
 			/* Nothing of ours in flight: check back when the core may have stopped. */
 			efa_prog_nap(p, EFA_CALLER_NS -
 						(now - atomic_load_explicit(&ei->caller_ns,
