@@ -938,38 +938,38 @@ static void efa_prog_nap(struct efa_prog *p, uint64_t ns)
 /*
  * progress 'caller': while operations of ours are in flight the core polls them (the thread
  * in te_batch_wait, else its worker, at most ENGINE_DRIVE_NS after the waiter left), and
- * its polls serve the passive side too, so sleep until efa_progress has reaped the last of
- * them (efa_progs_unpark). Checking back every EFA_CALLER_NS took the waiter's CPU 1000
- * times a second, and taking over whenever the core had not polled for 1 ms (a thread busy
- * submitting 64K WRITEs, whose posts copy) woke this thread 5000 times a second on the
- * CPUs the peers needed. Whether parked.
+ * its polls serve the passive side too: sleep until efa_progress has reaped the last of
+ * them (efa_progs_unpark) rather than wake up to check. Whether parked.
  */
 static bool efa_prog_park(struct efa_prog *p)
 {
+	bool park;
+
 	atomic_store_explicit(&p->parked, 1, memory_order_relaxed);
 	/* Pairs with the fence in efa_progs_unpark: one of the two sees the other. */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (!efa_prog_busy_nics(p)) {
-		atomic_store_explicit(&p->parked, 0, memory_order_relaxed);
-		return false;
-	}
-	efa_prog_nap(p, EFA_SAFETY_NS);
+	park = efa_prog_busy_nics(p);
+	if (park)
+		efa_prog_nap(p, EFA_SAFETY_NS);
 	atomic_store_explicit(&p->parked, 0, memory_order_relaxed);
-	return true;
+	return park;
 }
 
-/* After completions from the core's poll: wake parked threads with nothing left in flight. */
+/*
+ * After completions from the core's poll: wake parked threads with nothing left in flight.
+ * The fence only where a thread's NICs drained: the poll that drained them saw its own
+ * decrement, and a later one sees every earlier one.
+ */
 static void efa_progs_unpark(struct efa_inst *ei)
 {
-	atomic_thread_fence(memory_order_seq_cst);
 	for (uint32_t t = 0; t < ei->n_progs; t++) {
 		struct efa_prog *p = &ei->progs[t];
 
-		if (!atomic_load_explicit(&p->parked, memory_order_relaxed) ||
-		    efa_prog_busy_nics(p) ||
-		    !atomic_exchange_explicit(&p->parked, 0, memory_order_relaxed))
+		if (efa_prog_busy_nics(p))
 			continue;
-		efa_prog_wake(p);
+		atomic_thread_fence(memory_order_seq_cst);
+		if (atomic_exchange_explicit(&p->parked, 0, memory_order_relaxed))
+			efa_prog_wake(p);
 	}
 }
 
