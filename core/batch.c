@@ -140,6 +140,19 @@ void batch_release_slice(struct slice *s)
 	batch_unref(s->task->batch);
 }
 
+/* Why the core gave up on @s (deadline or te_batch_cancel), for its task's detail. */
+static void slice_abort_why(const struct slice *s, enum te_status status, char *buf, size_t len)
+{
+	if (status == TE_ERR_TIMEOUT)
+		snprintf(buf, len,
+			 "%s: deadline of %" PRIu64 " ms passed (slice at remote 0x%" PRIx64
+			 ", %" PRIu64 " bytes, attempt %u)",
+			 s->tp->plugin->name, s->task->batch->engine->cfg->timeout_ms, s->ps.remote,
+			 s->ps.length, s->ps.attempt + 1);
+	else
+		snprintf(buf, len, "canceled by te_batch_cancel");
+}
+
 /* --- posting to plugins ----------------------------------------------------- */
 
 static void backlog_push(struct transport *tp, struct te_plugin_slice **ps, uint32_t n,
@@ -196,10 +209,19 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 	 */
 	for (uint32_t i = 0; i < *n_io; i++) {
 		struct slice *s = SLICE_OF(ps[i]);
+		int32_t abort;
 
 		atomic_store(&s->in_plugin, 1);
-		if (atomic_load(&s->term)) {
+		/* seq_cst: pairs with batch_abort_slices (abort_status, then in_plugin). */
+		abort = atomic_load(&s->abort_status);
+		if (atomic_load(&s->term) || abort) {
 			atomic_store(&s->in_plugin, 0);
+			if (abort) {
+				char why[TE_DETAIL_MAX];
+
+				slice_abort_why(s, abort, why, sizeof(why));
+				slice_fail(s, abort, why);
+			}
 			batch_release_slice(s);
 			continue;
 		}
@@ -436,11 +458,37 @@ void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_
 	struct batch *b = t->batch;
 	struct engine *e = b->engine;
 
+	int32_t abort;
+
+	/*
+	 * release only: if batch_abort_slices reads in_plugin before this store and this
+	 * thread reads abort_status before its store, the slice ends with the plugin's own
+	 * outcome (a report and a give-up at the same moment; never a retry: the deadline
+	 * passed or the batch is canceled). Nothing waits on the slice either way.
+	 */
 	atomic_store_explicit(&s->in_plugin, 0, memory_order_release);
 	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL)
 		atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
 	if (ps->device < TRANSPORT_MAX_DEVICES)
 		atomic_store_explicit(&t->last_device, ps->device, memory_order_relaxed);
+	abort = atomic_load_explicit(&s->abort_status, memory_order_acquire);
+	if (abort) {
+		/*
+		 * The core gave up on it (deadline, te_batch_cancel) and waited for the plugin
+		 * to let go: the outcome is the core's, whatever the report says (a WRITE
+		 * reported TIMEOUT may have landed in part or in full, never later).
+		 */
+		char why[TE_DETAIL_MAX], core[TE_DETAIL_MAX];
+
+		slice_abort_why(s, abort, core, sizeof(core));
+		if (status != TE_OK && detail && *detail)
+			snprintf(why, sizeof(why), "%s; %s", core, detail);
+		else
+			snprintf(why, sizeof(why), "%s", core);
+		slice_fail(s, abort, why);
+		batch_release_slice(s);
+		return;
+	}
 
 	if (status == TE_OK && bytes == ps->length) {
 		uint32_t d = ps->device;
@@ -522,6 +570,15 @@ void batch_retry_slice(struct engine *e, struct slice *s)
 	enum te_status st;
 
 	if (atomic_load_explicit(&s->term, memory_order_acquire)) {
+		batch_release_slice(s);
+		return;
+	}
+	if (atomic_load(&s->abort_status)) {
+		char why[TE_DETAIL_MAX];
+		int32_t abort = atomic_load(&s->abort_status);
+
+		slice_abort_why(s, abort, why, sizeof(why));
+		slice_fail(s, abort, why);
 		batch_release_slice(s);
 		return;
 	}
@@ -1142,6 +1199,8 @@ rejected:
 			s->retry_at_ns = 0;
 			atomic_init(&s->term, 0);
 			atomic_init(&s->in_plugin, 0);
+			atomic_init(&s->abort_status, 0);
+			atomic_init(&s->abort_ns, 0);
 			s->seg_tp = tpi;
 			off += len;
 		}
@@ -1423,16 +1482,26 @@ enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
 	return st;
 }
 
-/* Finish every live slice of @b with @status and ask plugins to drop them. */
+/*
+ * Give up on every live slice of @b with @status (only those past their deadline when
+ * @only_expired). A slice no plugin holds ends now. One a plugin holds is canceled there and
+ * ends when the plugin hands it back (batch_slice_done), so that a task is never reported
+ * while its bytes may still move (a WRITE reported TIMEOUT or CANCELED never lands later);
+ * a plugin that has not let go cancel_grace_ms after max(cancel, deadline) is reported
+ * anyway, and the slice's memory stays pinned until the plugin lets go.
+ */
 static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t now,
 			       bool only_expired, uint64_t *next_deadline_out)
 {
-	uint64_t next = UINT64_MAX;
+	struct engine *e = b->engine;
+	uint64_t next = UINT64_MAX, grace_ns = e->cfg->cancel_grace_ms * 1000000ull;
 
 	for (struct slice_chunk *c = b->chunks; c; c = c->next) {
 		for (uint32_t i = 0; i < c->n; i++) {
 			struct slice *s = SLICE_AT(c, i);
 			char why[TE_DETAIL_MAX];
+			int32_t expect = 0, abort;
+			uint64_t since, force_at;
 
 			if (atomic_load_explicit(&s->term, memory_order_acquire))
 				continue;
@@ -1440,16 +1509,19 @@ static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t 
 				next = MIN(next, s->ps.deadline_ns);
 				continue;
 			}
-			if (status == TE_ERR_TIMEOUT)
-				snprintf(why, sizeof(why),
-					 "%s: deadline of %" PRIu64 " ms passed (slice at remote "
-					 "0x%" PRIx64 ", %" PRIu64 " bytes, attempt %u)",
-					 s->tp->plugin->name, b->engine->cfg->timeout_ms,
-					 s->ps.remote, s->ps.length, s->ps.attempt + 1);
-			else
-				snprintf(why, sizeof(why), "canceled by te_batch_cancel");
-			slice_fail(s, status, why);
-			if (atomic_load_explicit(&s->in_plugin, memory_order_acquire)) {
+			/* The first reason wins: a cancel stays a cancel past the deadline. */
+			if (atomic_compare_exchange_strong(&s->abort_status, &expect, status))
+				atomic_store_explicit(&s->abort_ns, now ? now : engine_now_ns(),
+						      memory_order_relaxed);
+			abort = atomic_load(&s->abort_status);
+			slice_abort_why(s, abort, why, sizeof(why));
+			/* seq_cst: pairs with post() and batch_slice_done (in_plugin first). */
+			if (!atomic_load(&s->in_plugin)) {
+				slice_fail(s, abort, why);
+				continue;
+			}
+			since = atomic_load_explicit(&s->abort_ns, memory_order_relaxed);
+			if (expect == 0) {
 				struct transport *tp = s->tp;
 
 				/* The plugin may have just finished it: cancel tolerates that. */
@@ -1458,6 +1530,19 @@ static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t 
 				(void)tp->plugin->ops.cancel(tp->inst, &s->ps);
 				if (tp->serialized)
 					g_mutex_unlock(&tp->call_lock);
+			}
+			force_at = MAX(since, s->ps.deadline_ns) + grace_ns;
+			if (now >= force_at && atomic_load(&s->in_plugin)) {
+				char late[TE_DETAIL_MAX];
+
+				snprintf(late, sizeof(late),
+					 "%s; %s did not hand the slice back within %" PRIu64
+					 " ms (its memory stays in use until it does)",
+					 why, s->tp->plugin->name, e->cfg->cancel_grace_ms);
+				ENGINE_LOG(e, TE_LOG_WARN, "%s", late);
+				slice_fail(s, abort, late);
+			} else if (!atomic_load_explicit(&s->term, memory_order_acquire)) {
+				next = MIN(next, force_at);
 			}
 		}
 	}

@@ -33,6 +33,13 @@ struct slice {
 	uint64_t retry_at_ns;
 	_Atomic uint32_t term;	    /* 0 live; 1 its terminal outcome is accounted */
 	_Atomic uint32_t in_plugin; /* 1 while a plugin owns the current attempt */
+	/*
+	 * TE_ERR_TIMEOUT or TE_ERR_CANCELED once the core gave up on the slice while a plugin
+	 * held it (0 before): the outcome it ends with when the plugin hands it back, or when
+	 * cancel_grace_ms passes (abort_ns: when the core asked).
+	 */
+	_Atomic int32_t abort_status;
+	_Atomic uint64_t abort_ns;
 	uint32_t seg_tp;	    /* index of tp in the segview */
 };
 

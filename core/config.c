@@ -717,6 +717,7 @@ static const struct field transfer_fields[] = {
 	RANGED("timeout_ms", F_U64, CFG(timeout_ms), 1, 86400000),
 	RANGED("quarantine_ms", F_U64, CFG(quarantine_ms), 0, 3600000),
 	RANGED("quarantine_after", F_U32, CFG(quarantine_after), 1, 1000),
+	RANGED("cancel_grace_ms", F_U64, CFG(cancel_grace_ms), 0, 600000),
 	RANGED("worker_threads", F_U32, CFG(worker_threads), 1, 64),
 	RANGED("max_batches", F_U32, CFG(max_batches), 1, 1048576),
 	RANGED("max_batch_size", F_U32, CFG(max_batch_size), 1, 16777216),
@@ -1115,6 +1116,7 @@ static void config_set_defaults(struct config *cfg)
 	cfg->timeout_ms = 30000;
 	cfg->quarantine_ms = 1000;
 	cfg->quarantine_after = 3;
+	cfg->cancel_grace_ms = 2000;
 	cfg->worker_threads = 1;
 	cfg->max_batches = 1024;
 	cfg->max_batch_size = 65536;
@@ -1326,6 +1328,7 @@ char *config_to_yaml(const struct config *cfg)
 			       "  timeout_ms: %" PRIu64 "\n"
 			       "  quarantine_ms: %" PRIu64 "\n"
 			       "  quarantine_after: %" PRIu32 "\n"
+			       "  cancel_grace_ms: %" PRIu64 "\n"
 			       "  worker_threads: %" PRIu32 "\n"
 			       "  max_batches: %" PRIu32 "\n"
 			       "  max_batch_size: %" PRIu32 "\n"
@@ -1333,7 +1336,7 @@ char *config_to_yaml(const struct config *cfg)
 			       cfg->slice_size, cfg->slice_size ? "" : "  # from transport caps",
 			       cfg->max_slices_per_task, cfg->retries, cfg->retry_backoff_us,
 			       cfg->retry_backoff_max_us, cfg->timeout_ms, cfg->quarantine_ms,
-			       cfg->quarantine_after, cfg->worker_threads, cfg->max_batches,
+			       cfg->quarantine_after, cfg->cancel_grace_ms, cfg->worker_threads, cfg->max_batches,
 			       cfg->max_batch_size, cfg->fallback ? "true" : "false");
 
 	g_string_append(o, "transports:");

@@ -59,6 +59,8 @@ struct config {
 	uint64_t timeout_ms;	       /* per task deadline, default 30000 */
 	uint64_t quarantine_ms;	       /* pause after mark_failed, default 1000 */
 	uint32_t quarantine_after;     /* consecutive failures before quarantine, default 3 */
+	uint64_t cancel_grace_ms;      /* a canceled slice's transport must hand it back by
+					* max(cancel, deadline) + this, default 2000 */
 	uint32_t worker_threads;       /* default 1 */
 	uint32_t max_batches;	       /* live batch slots, default 1024 */
 	uint32_t max_batch_size;       /* requests per batch, default 65536 */

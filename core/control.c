@@ -262,6 +262,7 @@ enum te_status control_start(struct engine *e, char **err_out)
 			return TE_ERR_CONFIG;
 		}
 	}
+	e->secret_len = e->secret ? strlen(e->secret) : 0;
 	st = rpc_client_new(e->secret, &e->log, &e->rpc_client);
 	if (st != TE_OK) {
 		*err_out = g_strdup("control plane: cannot create the client");

@@ -60,7 +60,9 @@ struct engine {
 	_Atomic uint64_t next_deadline_ns;
 
 	/* Control plane, metadata and notifies (core/control.c). */
-	char *secret; /* auth shared secret or NULL */
+	/* auth shared secret: secret_len bytes (any byte, NUL included), or NULL: no auth */
+	char *secret;
+	size_t secret_len;
 	struct rpc_server *rpc;
 	struct rpc_client *rpc_client;
 	struct metadata *md;

@@ -194,6 +194,63 @@ static const char *host_local_name(struct te_plugin_host_ctx *ctx)
 	return tp->engine && tp->engine->name ? tp->engine->name : "";
 }
 
+/* HMAC-SHA256(secret, "te-plugin-auth-v1" NUL plugin NUL msg). */
+static enum te_status host_auth_compute(struct transport *tp, const void *msg, size_t len,
+					uint8_t mac[TE_PLUGIN_MAC_SIZE])
+{
+	static const char label[] = "te-plugin-auth-v1";
+	struct engine *e = tp->engine;
+	const char *name = tp->plugin->name;
+	gsize n = TE_PLUGIN_MAC_SIZE;
+	GHmac *h;
+
+	if (!e || !e->secret || !e->secret_len)
+		return TE_ERR_UNSUPPORTED;
+	if ((!msg && len) || len > G_MAXSSIZE)
+		return TE_ERR_INVALID_ARG;
+	h = g_hmac_new(G_CHECKSUM_SHA256, (const guchar *)e->secret, e->secret_len);
+	g_hmac_update(h, (const guchar *)label, sizeof(label)); /* with its NUL */
+	g_hmac_update(h, (const guchar *)name, (gssize)strlen(name) + 1);
+	if (len)
+		g_hmac_update(h, msg, (gssize)len);
+	g_hmac_get_digest(h, mac, &n);
+	g_hmac_unref(h);
+	return n == TE_PLUGIN_MAC_SIZE ? TE_OK : TE_ERR_INTERNAL;
+}
+
+static enum te_status host_auth_mac(struct te_plugin_host_ctx *ctx, const void *msg, size_t len,
+				    uint8_t mac_out[TE_PLUGIN_MAC_SIZE])
+{
+	uint8_t mac[TE_PLUGIN_MAC_SIZE];
+	enum te_status st;
+
+	if (!mac_out)
+		return TE_ERR_INVALID_ARG;
+	st = host_auth_compute(ctx_tp(ctx), msg, len, mac);
+	if (st == TE_OK)
+		memcpy(mac_out, mac, sizeof(mac));
+	explicit_bzero(mac, sizeof(mac));
+	return st;
+}
+
+static enum te_status host_auth_check(struct te_plugin_host_ctx *ctx, const void *msg, size_t len,
+				      const uint8_t mac[TE_PLUGIN_MAC_SIZE])
+{
+	uint8_t want[TE_PLUGIN_MAC_SIZE], diff = 0;
+	enum te_status st;
+
+	if (!mac)
+		return TE_ERR_INVALID_ARG;
+	st = host_auth_compute(ctx_tp(ctx), msg, len, want);
+	if (st != TE_OK)
+		return st;
+	/* Constant time: a mismatch position must not show in the timing. */
+	for (size_t i = 0; i < TE_PLUGIN_MAC_SIZE; i++)
+		diff |= (uint8_t)(want[i] ^ mac[i]);
+	explicit_bzero(want, sizeof(want));
+	return diff ? TE_ERR_AUTH : TE_OK;
+}
+
 void transport_pause_device(struct transport *tp, uint32_t dev, uint64_t until_ns)
 {
 	uint64_t cur;
@@ -224,6 +281,8 @@ const struct te_plugin_host transport_host = {
 	.local_name = host_local_name,
 	.peer_handshake = host_peer_handshake,
 	.set_error = host_set_error,
+	.auth_mac = host_auth_mac,
+	.auth_check = host_auth_check,
 };
 
 enum te_status transport_start(struct engine *engine, struct plugin *plugin,

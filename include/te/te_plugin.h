@@ -26,7 +26,7 @@ extern "C" {
  *   struct te_plugin_host.
  */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 1 /* 1.1: te_plugin_ops.wait */
+#define TE_PLUGIN_ABI_MINOR 2 /* 1.1: te_plugin_ops.wait; 1.2: host auth_mac, auth_check */
 
 #define TE_PLUGIN_STR2(x) #x
 #define TE_PLUGIN_STR(x) TE_PLUGIN_STR2(x)
@@ -151,6 +151,9 @@ enum te_plugin_event {
 	TE_PLUGIN_EVENT_UP = 1,
 };
 
+/* Bytes of a host->auth_mac MAC (HMAC-SHA256). Since ABI 1.2. */
+#define TE_PLUGIN_MAC_SIZE 32u
+
 /* Callback for host->config_foreach. */
 typedef void (*te_plugin_option_fn)(void *user, const char *key, const char *value);
 
@@ -216,6 +219,27 @@ struct te_plugin_host {
 	 */
 	void (*set_error)(struct te_plugin_host_ctx *ctx, const char *fmt, ...)
 		TE_PLUGIN_PRINTF(2, 3);
+
+	/* --- since ABI 1.2 --- */
+	/*
+	 * Authentication of data connections with the engine's shared secret (auth.secret or
+	 * auth.secret_file), which plugins never see. When this returns TE_OK, a plugin that
+	 * accepts data connections must serve no request on one before its client proved the
+	 * secret, and a client must refuse a server that does not prove it.
+	 *
+	 * auth_mac: *mac_out = HMAC-SHA256(secret, "te-plugin-auth-v1" NUL <plugin name> NUL
+	 * @msg[0..@len)), so MACs of different plugins never collide. @msg is the plugin's
+	 * transcript: a direction label, fresh nonces of both sides and whatever binds the
+	 * proof to this instance and connection. TE_OK; TE_ERR_UNSUPPORTED when the engine
+	 * has no secret (authentication is off; @mac_out untouched); TE_ERR_INVALID_ARG.
+	 * auth_check: the same MAC compared with @mac in constant time: TE_OK, TE_ERR_AUTH
+	 * when they differ, TE_ERR_UNSUPPORTED without a secret.
+	 * Thread-safe, non-blocking; callable from any op and any plugin thread.
+	 */
+	enum te_status (*auth_mac)(struct te_plugin_host_ctx *ctx, const void *msg, size_t len,
+				   uint8_t mac_out[TE_PLUGIN_MAC_SIZE]);
+	enum te_status (*auth_check)(struct te_plugin_host_ctx *ctx, const void *msg, size_t len,
+				     const uint8_t mac[TE_PLUGIN_MAC_SIZE]);
 };
 
 /*

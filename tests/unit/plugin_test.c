@@ -147,13 +147,13 @@ static void test_rejections(void)
 	d = good_desc(&ops);
 	d.abi_major = 2;
 	g_assert_cmpint(check(&d, &err), ==, TE_ERR_ABI_MISMATCH);
-	g_assert_cmpstr(err, ==, "/x/fake.so: ABI major 2 is not supported (core ABI 1.1)");
+	g_assert_cmpstr(err, ==, "/x/fake.so: ABI major 2 is not supported (core ABI 1.2)");
 	g_free(err);
 
 	d = good_desc(&ops);
 	d.abi_minor = TE_PLUGIN_ABI_MINOR + 1;
 	g_assert_cmpint(check(&d, &err), ==, TE_ERR_ABI_MISMATCH);
-	g_assert_cmpstr(err, ==, "/x/fake.so: ABI minor 2 is newer than the core's 1.1");
+	g_assert_cmpstr(err, ==, "/x/fake.so: ABI minor 3 is newer than the core's 1.2");
 	g_free(err);
 
 	d = good_desc(&ops);
