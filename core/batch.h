@@ -40,7 +40,7 @@ struct slice {
 	 */
 	_Atomic int32_t abort_status;
 	_Atomic uint64_t abort_ns;
-	uint32_t seg_tp;	    /* index of tp in the segview */
+	uint32_t seg_tp; /* index of tp in the segview */
 };
 
 struct task {

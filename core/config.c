@@ -1336,8 +1336,9 @@ char *config_to_yaml(const struct config *cfg)
 			       cfg->slice_size, cfg->slice_size ? "" : "  # from transport caps",
 			       cfg->max_slices_per_task, cfg->retries, cfg->retry_backoff_us,
 			       cfg->retry_backoff_max_us, cfg->timeout_ms, cfg->quarantine_ms,
-			       cfg->quarantine_after, cfg->cancel_grace_ms, cfg->worker_threads, cfg->max_batches,
-			       cfg->max_batch_size, cfg->fallback ? "true" : "false");
+			       cfg->quarantine_after, cfg->cancel_grace_ms, cfg->worker_threads,
+			       cfg->max_batches, cfg->max_batch_size,
+			       cfg->fallback ? "true" : "false");
 
 	g_string_append(o, "transports:");
 	if (!cfg->n_transports)

@@ -709,11 +709,12 @@ static void test_unknown_keys(void)
 	expect_err("metadata:\n  kind: p2p\n",
 		   "t.yaml:2:3: metadata.kind: unknown key (expected one of: type, endpoints, "
 		   "namespace, ttl_s)");
-	expect_err("transfer:\n  retry: 1\n",
-		   "t.yaml:2:3: transfer.retry: unknown key (expected one of: slice_size, "
-		   "max_slices_per_task, retries, retry_backoff_us, retry_backoff_max_us, "
-		   "timeout_ms, quarantine_ms, quarantine_after, cancel_grace_ms, worker_threads, max_batches, "
-		   "max_batch_size, fallback)");
+	expect_err(
+		"transfer:\n  retry: 1\n",
+		"t.yaml:2:3: transfer.retry: unknown key (expected one of: slice_size, "
+		"max_slices_per_task, retries, retry_backoff_us, retry_backoff_max_us, "
+		"timeout_ms, quarantine_ms, quarantine_after, cancel_grace_ms, worker_threads, max_batches, "
+		"max_batch_size, fallback)");
 	/* Keys that are not identifiers are quoted in the path. */
 	expect_err("engine:\n  \"a.b\": x\n",
 		   "t.yaml:2:3: engine.\"a.b\": unknown key (expected one of: name, listen)");
