@@ -84,13 +84,15 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 			if (!key)
 				continue;
 			data = g_bytes_get_data(key, &len);
+			transport_clear_error();
 			st = tp->plugin->ops.unpack_remote_key(tp->inst, vt->peer, data, len,
 							       db->addr, db->length, &rk);
 			if (st != TE_OK) {
 				ENGINE_LOG(e, TE_LOG_WARN,
-					   "segment %s: %s: key of buffer 0x%llx rejected: %s",
+					   "segment %s: %s: key of buffer 0x%llx rejected: %s%s%s",
 					   desc->name, tp->plugin->name,
-					   (unsigned long long)db->addr, te_status_str(st));
+					   (unsigned long long)db->addr, te_status_str(st),
+					   *transport_error(tp) ? ": " : "", transport_error(tp));
 				continue;
 			}
 			v->rkeys[b * e->n_tps + t] = rk;
@@ -172,6 +174,32 @@ static struct segment *segment_find_name_locked(struct engine *e, const char *na
 	return NULL;
 }
 
+/*
+ * Whether @a and @b publish different transport blobs: a refresh that finds them changed
+ * within one generation (a transport instance of the peer was replaced, or its address
+ * answered with another instance) loads the peer anew instead of keeping stale handles.
+ */
+static bool segment_blobs_differ(const struct descriptor *a, const struct descriptor *b)
+{
+	if (a->n_transports != b->n_transports)
+		return true;
+	for (size_t i = 0; i < a->n_transports; i++) {
+		GBytes *o = descriptor_find_blob(b->transports, b->n_transports,
+						 a->transports[i].transport);
+
+		if (!o || !g_bytes_equal(o, a->transports[i].blob))
+			return true;
+	}
+	return false;
+}
+
+/* The open segment's view may stay: same generation, and (on a refresh) the same blobs. */
+static bool segment_same_view(const struct segview *v, const struct descriptor *d, bool refresh)
+{
+	return v->desc->generation == d->generation &&
+	       !(refresh && segment_blobs_differ(v->desc, d));
+}
+
 enum te_status segment_import_desc(struct engine *e, const char *key, struct descriptor *desc,
 				   bool refresh, te_segment_id *id_out)
 {
@@ -183,12 +211,12 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 
 	g_rw_lock_reader_lock(&e->seg_lock);
 	s = segment_find_name_locked(e, name);
-	if (s && s->view->desc->generation == desc->generation) {
+	if (s && segment_same_view(s->view, desc, refresh)) {
 		/* Same incarnation: just another reference. */
 		g_rw_lock_reader_unlock(&e->seg_lock);
 		g_rw_lock_writer_lock(&e->seg_lock);
 		s = segment_find_name_locked(e, name);
-		if (s && s->view->desc->generation == desc->generation) {
+		if (s && segment_same_view(s->view, desc, refresh)) {
 			if (!refresh)
 				s->open_count++;
 			*id_out = s->id;
@@ -210,11 +238,18 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 	g_rw_lock_writer_lock(&e->seg_lock);
 	s = segment_find_name_locked(e, name);
 	if (s) {
-		if (s->view->desc->generation != v->desc->generation) {
-			ENGINE_LOG(e, TE_LOG_INFO,
-				   "segment %s: generation %llu replaces %llu (peer restarted)",
-				   s->name, (unsigned long long)v->desc->generation,
-				   (unsigned long long)s->view->desc->generation);
+		if (!segment_same_view(s->view, v->desc, refresh)) {
+			if (s->view->desc->generation != v->desc->generation)
+				ENGINE_LOG(e, TE_LOG_INFO,
+					   "segment %s: generation %llu replaces %llu (peer "
+					   "restarted)",
+					   s->name, (unsigned long long)v->desc->generation,
+					   (unsigned long long)s->view->desc->generation);
+			else
+				ENGINE_LOG(e, TE_LOG_INFO,
+					   "segment %s: transports changed within generation "
+					   "%llu: peers loaded anew",
+					   s->name, (unsigned long long)v->desc->generation);
 			old = s->view;
 			old->stale = true;
 			s->view = v;

@@ -70,16 +70,39 @@
 #define TCP_MAX_WORKERS 64u
 #define TCP_MAX_INFLIGHT 4096u	   /* slot index must fit the low 16 bits of a request id */
 #define TCP_MAX_FRAME (1ull << 30) /* longest READ/WRITE a server accepts */
-#define TCP_MAX_CONNS 1024u	   /* accepted connections per instance (~75 KiB each) */
 #define TCP_DEF_SLICE (1ull << 20) /* chosen by measurement: see README.md */
 
 #define TCP_WIRE_MAGIC 0x31504354u /* bytes "TCP1" */
-#define TCP_WIRE_VERSION 1u
+#define TCP_WIRE_VERSION 2u
 #define TCP_HDR_LEN 32u
 #define TCP_OP_READ 0u
 #define TCP_OP_WRITE 1u
 #define TCP_OP_HELLO 2u
+#define TCP_OP_AUTH 3u
 #define TCP_DETAIL_WIRE 200u /* longest error detail a server sends */
+#define TCP_NONCE 32u	     /* fresh random bytes per connection and side */
+#define TCP_HELLO_REQ 56u    /* client id, epoch, lane, flags, client nonce */
+#define TCP_HELLO_ANS 72u    /* flags, reserved, server nonce, server MAC */
+#define TCP_HELLO_SECRET 1u  /* HELLO flags: the client has a secret; answer: auth required */
+#define TCP_NO_DEADLINE 0xffffffffu /* request deadline field: none */
+/* Every answer to an unauthenticated client: the same words whatever it asked (no oracle). */
+#define TCP_NOT_AUTHED TCP_NAME ": not authenticated"
+#define TCP_AUTH_FAILED TCP_NAME ": authentication failed"
+
+/* Serving-side limits (options; README.md): defaults safe on a public network. */
+#define TCP_DEF_MAX_CONNS 1024u
+#define TCP_DEF_MAX_CONNS_HOST 64u
+#define TCP_DEF_MAX_UNAUTH 128u
+#define TCP_DEF_HELLO_MS 5000u
+#define TCP_DEF_IDLE_MS 300000u
+#define TCP_DEF_FRAME_MS 60000u
+#define TCP_FENCES 4096u /* lane epochs remembered (client id, lane) */
+/*
+ * After a HELLO answered by another instance, submits to that peer fail at once for this
+ * long; then a lane tries again (the core fetches the descriptor meanwhile; a peer whose
+ * address answers with its own instance again is usable again).
+ */
+#define TCP_RESTART_HOLD_MS 1000u
 
 #define TCP_BLOB_MAGIC 0x31424354u /* "TCB1": published endpoint */
 #define TCP_BLOB_LEN 40u
@@ -87,6 +110,7 @@
 #define TCP_KEY_LEN 24u
 
 #define TCP_RBUF 8192u /* header buffer per connection; >= TCP_HDR_LEN + TCP_DETAIL_WIRE */
+#define TCP_CTL 256u   /* handshake bytes queued per connection (>= 2 frames, or 1 + detail) */
 #define TCP_SCRATCH (256u << 10) /* per worker: where discarded payloads go */
 #define TCP_LANE_IOV 512u	 /* iovecs per client sendmsg (<= UIO_MAXIOV) */
 #define TCP_SRV_IOV 1024u	 /* iovecs per server sendmsg (UIO_MAXIOV) */
@@ -163,12 +187,18 @@ struct tcp_rx {
 /* Per-slice plugin state, in slice->priv. */
 #define TCP_PRIV_DETAIL 176
 struct tcp_spriv {
-	struct te_plugin_slice *next; /* send queue or deferred-failure list */
+	struct te_plugin_slice *next; /* send queue, deferred-failure, fence or report list */
 	/* Read by cancel without the lane lock: a slice's lane only changes between attempts. */
 	_Atomic(struct tcp_lane *) lane;
 	_Atomic uint32_t slot;
 	uint32_t req_id;
 	int32_t status; /* result kept until the slot can complete */
+	/*
+	 * On its lane's fence list (under the lane lock): a WRITE whose bytes may be in the
+	 * network or the server's socket; reported once the server fenced its connection, or
+	 * its deadline passed (tcp_lane_break).
+	 */
+	bool fencing;
 	uint8_t hdr[TCP_HDR_LEN];
 	char detail[TCP_PRIV_DETAIL];
 };
@@ -198,6 +228,13 @@ enum tcp_lane_state {
 	TCP_LANE_BROKEN, /* failed; its worker will report and close */
 };
 
+/* Handshake of a lane's connection (client side). */
+enum tcp_hs {
+	TCP_HS_HELLO, /* HELLO queued or sent; requests wait for its answer */
+	TCP_HS_AUTH,  /* AUTH queued behind it; requests may follow it */
+	TCP_HS_READY, /* the server accepted this connection (and fenced older ones of the lane) */
+};
+
 struct tcp_peer;
 struct tcp_worker;
 
@@ -220,16 +257,28 @@ struct tcp_lane {
 
 	struct te_plugin_slice *sq_head, *sq_tail; /* requests not completely sent */
 	uint64_t sq_off;			   /* bytes of sq_head's frame already sent */
-	uint8_t hello[TCP_HDR_LEN];
-	uint32_t hello_left; /* bytes of the hello still to send; it precedes every request */
-	bool hello_ok;	     /* the server accepted the hello */
+	/* HELLO and AUTH bytes not yet sent; they precede every request. */
+	uint8_t ctl[TCP_CTL];
+	uint32_t ctl_len, ctl_off;
+	enum tcp_hs hs;
+	uint64_t epoch;	  /* of the current (or last) connection; each connect takes the next */
+	uint64_t base_ns; /* when its HELLO answer arrived: request deadlines count from it */
+	uint8_t nonce_c[TCP_NONCE];
+	bool refused;	  /* the last connect was refused: nobody listens at the address */
+	bool peer_closed; /* the server closed or reset this connection (EOF, ECONNRESET) */
+	/* A WRITE waits for a fence from a connection the server did not close itself. */
+	bool fence_unclosed;
+
+	/* WRITEs of torn-down connections waiting for the server's fence (tcp_spriv.fencing). */
+	struct te_plugin_slice *fence_head, *fence_tail;
+	uint32_t n_fence;
+	uint64_t fence_connect_ns; /* when a reconnect for the fence last started */
 
 	struct tcp_slot *slots;
 	uint32_t *free_ids;
 	uint32_t n_free;
 	uint32_t n_orphan;
 	uint32_t n_canceled;
-	struct te_plugin_slice **reports; /* scratch for lane failures (worker and fini only) */
 
 	/*
 	 * Held by the worker around each read into a slice's destination. cancel sets
@@ -242,6 +291,7 @@ struct tcp_lane {
 	/* Worker only. */
 	struct tcp_rx rx;
 	uint32_t rx_slot;
+	bool rx_flush; /* the handshake advanced: send what waited for it */
 	uint64_t seen_progress;
 	uint32_t stall_ticks;
 	/* relaxed: a progress counter compared across housekeeping ticks only */
@@ -259,9 +309,12 @@ struct tcp_peer {
 	char addr_text[72]; /* "[addr]:port" for details */
 	struct sockaddr_storage sa;
 	socklen_t salen;
-	uint64_t nonce;
+	uint64_t nonce; /* the server instance its blob names */
+	uint64_t cid;	/* random: names this peer object's lanes to the server (fences) */
 	atomic_uint rr;
-	atomic_bool restarted; /* the address answers with another instance */
+	atomic_bool restarted; /* the address answered with another instance (reported once) */
+	/* Until then submits fail at once (relaxed: a hint; the next HELLO decides). */
+	_Atomic uint64_t restarted_until_ns;
 	atomic_uint lanes_open;
 	struct tcp_peer *prev, *next; /* instance list, under ti->lock */
 	uint32_t n_lanes;
@@ -280,24 +333,55 @@ struct tcp_resp {
 	char detail[TCP_DETAIL_WIRE];
 };
 
+/* Handshake of an accepted connection (server side). */
+enum tcp_chs {
+	TCP_CHS_HELLO, /* waiting for the client's HELLO */
+	TCP_CHS_AUTH,  /* HELLO answered with a challenge; waiting for AUTH */
+	TCP_CHS_READY, /* serving requests */
+};
+
 struct tcp_conn {
 	struct tcp_ep ep;
 	struct tcp_worker *w;
 	int fd;
 	char who[72];
-	bool hello_done;
-	bool closing;	/* answer what is queued, then close */
-	bool rx_paused; /* ring full: stop reading until responses drain */
+	uint8_t host[16]; /* the client's address (IPv4 as v4-mapped IPv6): per-host limit */
+	enum tcp_chs hs;  /* written under w->lock (fencers of other workers read it) */
+	bool closing;	  /* answer what is queued, then close */
+	bool rx_paused;	  /* ring full: stop reading until responses drain */
+	bool abort;	  /* close with a reset: unread bytes are never applied */
+	/* Set under the region write lock by a newer connection of the same lane. */
+	atomic_bool fenced;
+	/* From its HELLO, under w->lock: the client's lane and that lane's epoch. */
+	uint64_t cid, epoch;
+	uint32_t lane;
+	uint8_t nonce_c[TCP_NONCE], nonce_s[TCP_NONCE];
+	uint64_t accept_ns; /* HELLO/AUTH must complete within hello_timeout_ms of it */
+	uint64_t base_ns;   /* when the HELLO answer was built: request deadlines count from it */
+	uint64_t frame_start_ns; /* first byte of the frame being received; 0: none */
+	uint64_t active_ns;	 /* last complete frame (idle timeout) */
+	uint64_t frames;	 /* complete frames so far */
+	uint8_t ctl[TCP_CTL];	 /* handshake answers, sent before any response */
+	uint32_t ctl_len, ctl_off;
 	struct tcp_rx rx;
 	/* The WRITE whose payload is being received. */
 	uint32_t cur;	   /* its ring index */
 	uint64_t cur_ver;  /* region table version its destination was checked at */
 	uint64_t cur_addr; /* start of the request, for details */
 	uint64_t cur_len;
-	struct tcp_resp ring[TCP_SRV_RING];
+	uint64_t cur_deadline; /* this side's clock; UINT64_MAX: none */
+	struct tcp_resp *ring; /* TCP_SRV_RING entries, allocated once READY */
 	uint32_t head, count;
 	uint64_t tx_off; /* bytes of ring[head] already sent */
 	struct tcp_conn *prev, *next;
+};
+
+/* The newest epoch seen of one client lane (lane fencing). */
+struct tcp_fence {
+	uint64_t cid;
+	uint64_t epoch;
+	uint64_t used_ns;
+	uint32_t lane;
 };
 
 struct tcp_worker {
@@ -318,6 +402,8 @@ struct tcp_worker {
 	uint32_t n_conns;
 
 	/* Worker thread only. */
+	uint64_t warn_ns; /* tcp_warn_limited */
+	uint32_t warn_quiet;
 	uint8_t *scratch;
 	struct tcp_ep **again;
 	uint32_t n_again, cap_again;
@@ -335,6 +421,19 @@ struct tcp_inst {
 	uint64_t slice_size;
 	uint64_t connect_timeout_ms;
 	uint64_t sockbuf; /* SO_SNDBUF/SO_RCVBUF; 0: kernel autotuning */
+	uint64_t max_conns, max_conns_per_host, max_unauth;
+	uint64_t hello_timeout_ms, idle_timeout_ms, frame_timeout_ms;
+
+	bool auth;	      /* the engine has a secret: data connections authenticate */
+	atomic_uint n_conns;  /* accepted connections open */
+	atomic_uint n_unauth; /* of them, not READY yet */
+	/* Refused connections: one warning per second at most (accepting worker only). */
+	uint64_t refuse_log_ns;
+	uint32_t refused_quiet;
+
+	pthread_mutex_t fence_lock;
+	struct tcp_fence *fences;
+	uint32_t n_fences;
 
 	int listen_fd;
 	struct tcp_ep listen_ep;
@@ -362,6 +461,12 @@ struct tcp_inst {
 
 /* The host prefixes every line with the plugin name. */
 #define tcp_log(ti, level, ...) (ti)->host->log((ti)->ctx, (level), __VA_ARGS__)
+/* Why the op running on this thread fails: the core quotes it to the user. */
+#define tcp_set_error(ti, ...)                                                                     \
+	do {                                                                                       \
+		if ((ti)->host->set_error)                                                         \
+			(ti)->host->set_error((ti)->ctx, __VA_ARGS__);                             \
+	} while (0)
 
 static inline struct tcp_inst *tcp_inst_of(struct te_plugin_inst *inst)
 {
@@ -490,6 +595,42 @@ static void tcp_copy_detail(char *dst, size_t cap, const uint8_t *src, size_t le
 	dst[n] = '\0';
 }
 
+/* Fresh random bytes (nonces, client ids); false when the kernel cannot give them. */
+static bool tcp_random(void *buf, size_t len)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = getrandom((uint8_t *)buf + done, len - done, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return false;
+		done += (size_t)n;
+	}
+	return true;
+}
+
+/*
+ * What a side proves with its MAC (host->auth_mac): its role, the server instance, the
+ * client's lane and epoch and both fresh nonces, so a proof is good for this connection only.
+ */
+#define TCP_TRANSCRIPT (16 + 8 + 8 + 8 + 4 + 2 * TCP_NONCE)
+static void tcp_transcript(uint8_t out[TCP_TRANSCRIPT], bool server, uint64_t instance,
+			   uint64_t cid, uint64_t epoch, uint32_t lane, const uint8_t *nonce_c,
+			   const uint8_t *nonce_s)
+{
+	memset(out, 0, 16);
+	memcpy(out, server ? "tcp-v2 server" : "tcp-v2 client", 14);
+	tcp_put_u64(out + 16, instance);
+	tcp_put_u64(out + 24, cid);
+	tcp_put_u64(out + 32, epoch);
+	tcp_put_u32(out + 40, lane);
+	memcpy(out + 44, nonce_c, TCP_NONCE);
+	memcpy(out + 44 + TCP_NONCE, nonce_s, TCP_NONCE);
+}
+
 /* --- region table (serving side) ------------------------------------------------------ */
 
 /* Index of the first region whose end is above @addr. Under reg_lock. */
@@ -616,6 +757,32 @@ static void tcp_again_remove(struct tcp_worker *w, struct tcp_ep *ep)
 	ep->again = false;
 }
 
+/* A warning that floods can repeat: at most one a second per worker, with a count. */
+static void tcp_warn_limited(struct tcp_inst *ti, struct tcp_worker *w, const char *fmt, ...)
+	TE_PLUGIN_PRINTF(3, 4);
+static void tcp_warn_limited(struct tcp_inst *ti, struct tcp_worker *w, const char *fmt, ...)
+{
+	uint64_t now = tcp_now_ns();
+	char line[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (now - w->warn_ns < 1000000000ull) {
+		w->warn_quiet++;
+		tcp_log(ti, TE_PLUGIN_LOG_DEBUG, "%s", line);
+		return;
+	}
+	if (w->warn_quiet)
+		tcp_log(ti, TE_PLUGIN_LOG_WARN, "%s (and %u more like it in the last second)", line,
+			w->warn_quiet);
+	else
+		tcp_log(ti, TE_PLUGIN_LOG_WARN, "%s", line);
+	w->warn_ns = now;
+	w->warn_quiet = 0;
+}
+
 /* --- initiator side: slots and completion ------------------------------------------- */
 
 static void tcp_report(struct tcp_inst *ti, struct te_plugin_slice *s, enum te_status st,
@@ -683,8 +850,9 @@ static void tcp_report_priv(struct tcp_inst *ti, struct te_plugin_slice *s)
 
 /*
  * Record why @l failed and mark it BROKEN; the caller then gets its worker to run
- * tcp_lane_break (directly, or with tcp_kick_lane). Under lane lock. The socket is shut
- * down, not closed (another thread may be inside a syscall on it), so every user notices.
+ * tcp_lane_break (directly, or with tcp_kick_lane). Under lane lock. The socket stays open
+ * until the worker aborts it: only the worker closes a lane's socket, and another thread
+ * may be inside a (non-blocking) syscall on it.
  */
 static void tcp_lane_fail_locked(struct tcp_lane *l, enum te_status st, const char *fmt, ...)
 	TE_PLUGIN_PRINTF(3, 4);
@@ -701,21 +869,125 @@ static void tcp_lane_fail_locked(struct tcp_lane *l, enum te_status st, const ch
 		va_end(ap);
 	}
 	l->state = TCP_LANE_BROKEN;
-	if (l->fd >= 0)
-		shutdown(l->fd, SHUT_RDWR);
+}
+
+/* Close @fd with a reset: the kernel drops what it still holds to send, now. */
+static void tcp_sock_abort(int fd)
+{
+	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+
+	(void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	close(fd);
+}
+
+/* A list of slices to report, linked through tcp_spriv.next; reported without locks held. */
+struct tcp_rlist {
+	struct te_plugin_slice *head, *tail;
+};
+
+static void tcp_rlist_add(struct tcp_rlist *r, struct te_plugin_slice *s)
+{
+	tcp_priv(s)->next = NULL;
+	if (r->tail)
+		tcp_priv(r->tail)->next = s;
+	else
+		r->head = s;
+	r->tail = s;
+}
+
+static void tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r)
+{
+	struct te_plugin_slice *s = r->head;
+
+	r->head = r->tail = NULL;
+	while (s) {
+		/* Read first: once reported, the core may hand the slice out again at once. */
+		struct te_plugin_slice *next = tcp_priv(s)->next;
+
+		tcp_report_priv(ti, s);
+		s = next;
+	}
+}
+
+static void tcp_fence_add_locked(struct tcp_lane *l, struct te_plugin_slice *s)
+{
+	struct tcp_spriv *p = tcp_priv(s);
+
+	p->fencing = true;
+	p->next = NULL;
+	if (l->fence_tail)
+		tcp_priv(l->fence_tail)->next = s;
+	else
+		l->fence_head = s;
+	l->fence_tail = s;
+	l->n_fence++;
+}
+
+static void tcp_fence_unlink_locked(struct tcp_lane *l, struct te_plugin_slice *prev,
+				    struct te_plugin_slice *s)
+{
+	struct te_plugin_slice *next = tcp_priv(s)->next;
+
+	if (prev)
+		tcp_priv(prev)->next = next;
+	else
+		l->fence_head = next;
+	if (l->fence_tail == s)
+		l->fence_tail = prev;
+	l->n_fence--;
+	tcp_priv(s)->fencing = false;
+	if (!l->n_fence)
+		l->fence_unclosed = false;
 }
 
 /*
- * Fail everything @l holds with its recorded reason and close its socket; the lane is DOWN
- * afterwards and reconnects on demand. Its worker only (or fini). When a sender is still in
- * its loop the lane stays BROKEN: the sender kicks the worker when it leaves.
+ * Move the slices waiting for a fence to @out: all of them (the server fenced their
+ * connections, or cannot apply them any more), or those whose deadline passed by @now (the
+ * server drops request bytes that arrive after the deadline stamped in them). Under lane lock.
+ */
+static void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tcp_rlist *out)
+{
+	struct te_plugin_slice *s = l->fence_head, *prev = NULL;
+
+	while (s) {
+		struct te_plugin_slice *next = tcp_priv(s)->next;
+
+		if (all || now >= s->deadline_ns) {
+			tcp_fence_unlink_locked(l, prev, s);
+			tcp_rlist_add(out, s);
+		} else {
+			prev = s;
+		}
+		s = next;
+	}
+}
+
+static void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l);
+
+/*
+ * Abort @l's connection (a reset: the kernel drops what it has not sent) and end what it
+ * held; the lane is DOWN afterwards and reconnects on demand. Its worker only (or fini).
+ * When a sender is still in its loop the lane stays BROKEN: the sender kicks the worker when
+ * it leaves.
+ *
+ * No WRITE lands after it was reported: one whose bytes reached the socket and got no answer
+ * may still be in the network or in the server's socket buffer, so it is reported only once
+ * that cannot land any more: when a newer connection of this lane was accepted (the server
+ * fenced the older ones first), when the server is gone (nobody listens where the old
+ * connection was closed by the server, or another instance answers there), or when its
+ * deadline passed (the server discards request bytes past the deadline stamped in them).
+ * Such a lane reconnects at once to get the fence. Everything else is reported now.
  */
 static void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st,
 			   const char *detail)
 {
+	struct tcp_rlist now_list = { 0 };
 	char why[TCP_PRIV_DETAIL];
-	uint32_t n = 0;
+	uint32_t n = 0, fenced = 0;
+	uint64_t now = tcp_now_ns();
+	struct te_plugin_slice *partial;
 	enum te_status rst;
+	bool gone, closed_by_peer, reconnect = false;
 
 	pthread_mutex_lock(&l->lock);
 	if (l->state == TCP_LANE_DOWN) {
@@ -728,48 +1000,78 @@ static void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_stat
 	}
 	if (l->sending) {
 		l->state = TCP_LANE_BROKEN;
-		if (l->fd >= 0)
-			shutdown(l->fd, SHUT_RDWR);
 		pthread_mutex_unlock(&l->lock);
 		return;
 	}
 	rst = l->err_status;
 	snprintf(why, sizeof(why), "%s", l->err_detail);
+	closed_by_peer = l->peer_closed;
+	gone = rst == TE_ERR_PEER_RESTARTED || (l->refused && !l->fence_unclosed) || l->closing ||
+	       atomic_load_explicit(&ti->stopping, memory_order_relaxed);
+	partial = l->sq_off ? l->sq_head : NULL;
 	if (l->fd >= 0) {
 		epoll_ctl(l->w->epfd, EPOLL_CTL_DEL, l->fd, NULL);
-		close(l->fd);
+		tcp_sock_abort(l->fd);
 	}
 	l->fd = -1;
 	l->state = TCP_LANE_DOWN;
 	l->err_status = TE_OK;
 	l->err_detail[0] = '\0';
 	l->out_kick = false;
-	l->hello_left = 0;
-	l->hello_ok = false;
+	l->peer_closed = false;
+	l->refused = false;
+	l->ctl_len = l->ctl_off = 0;
+	l->hs = TCP_HS_HELLO;
 	l->sq_head = l->sq_tail = NULL;
 	l->sq_off = 0;
 	for (uint32_t id = 0; id < ti->max_inflight; id++) {
 		struct tcp_slot *slot = &l->slots[id];
+		struct te_plugin_slice *s = slot->slice;
+		bool on_wire, canceled;
 
 		if (!(slot->flags & TCP_SLOT_USED))
 			continue;
-		if (slot->slice)
-			l->reports[n++] = slot->slice;
+		on_wire = slot->op == TCP_OP_WRITE && !(slot->flags & TCP_SLOT_ANSWERED) &&
+			  ((slot->flags & TCP_SLOT_SENT) || (s && s == partial));
+		canceled = (slot->flags & TCP_SLOT_CANCELED) != 0;
 		tcp_slot_free_locked(l, id);
+		if (!s)
+			continue; /* orphan: already reported */
+		n++;
+		tcp_priv(s)->status = canceled ? TE_ERR_CANCELED : rst;
+		snprintf(tcp_priv(s)->detail, TCP_PRIV_DETAIL, "%s",
+			 canceled ? TCP_NAME ": canceled while in flight" : why);
+		if (on_wire && !gone && now < s->deadline_ns) {
+			tcp_fence_add_locked(l, s);
+			fenced++;
+		} else {
+			tcp_rlist_add(&now_list, s);
+		}
 	}
+	if (fenced && !closed_by_peer)
+		l->fence_unclosed = true;
+	tcp_fence_take_locked(l, gone, now, &now_list);
 	l->rx.pos = l->rx.end = 0;
 	l->rx.payload = false;
 	l->rx.left = 0;
 	l->rx.dst = NULL;
 	l->rx.bulk = false;
 	l->stall_ticks = 0;
+	if (l->n_fence && now - l->fence_connect_ns >= TCP_TICK_MS * 1000000ull) {
+		l->fence_connect_ns = now;
+		tcp_lane_connect_locked(ti, l);
+		reconnect = l->state == TCP_LANE_BROKEN;
+	}
 	pthread_mutex_unlock(&l->lock);
 
 	if (n || rst != TE_ERR_CANCELED)
-		tcp_log(ti, TE_PLUGIN_LOG_DEBUG, "lane %u to %s closed, %u request(s) failed: %s",
-			l->index, l->peer->name, n, why);
-	for (uint32_t i = 0; i < n; i++)
-		tcp_report(ti, l->reports[i], rst, why);
+		tcp_log(ti, TE_PLUGIN_LOG_DEBUG,
+			"lane %u to %s closed, %u request(s) failed (%u wait for the server's "
+			"fence): %s",
+			l->index, l->peer->name, n, fenced, why);
+	tcp_rlist_report(ti, &now_list);
+	if (reconnect)
+		tcp_kick_lane(l); /* the connect failed at once: break again (no fence yet) */
 }
 
 /* --- initiator side: sending ---------------------------------------------------------- */
@@ -789,11 +1091,13 @@ static uint32_t tcp_lane_advance_locked(struct tcp_lane *l, uint64_t sent,
 {
 	uint32_t n = 0;
 
-	if (l->hello_left) {
-		uint64_t take = TCP_MIN(sent, (uint64_t)l->hello_left);
+	if (l->ctl_off < l->ctl_len) {
+		uint64_t take = TCP_MIN(sent, (uint64_t)(l->ctl_len - l->ctl_off));
 
-		l->hello_left -= (uint32_t)take;
+		l->ctl_off += (uint32_t)take;
 		sent -= take;
+		if (l->ctl_off == l->ctl_len)
+			l->ctl_off = l->ctl_len = 0;
 	}
 	while (sent && l->sq_head) {
 		struct te_plugin_slice *s = l->sq_head;
@@ -814,8 +1118,9 @@ static uint32_t tcp_lane_advance_locked(struct tcp_lane *l, uint64_t sent,
 		slot->flags = (uint16_t)((slot->flags & ~TCP_SLOT_IN_IOV) | TCP_SLOT_SENT);
 		if (slot->flags & TCP_SLOT_ANSWERED)
 			rep[n++] = tcp_slot_finish_locked(l, id);
-		else if ((slot->flags & TCP_SLOT_CANCELED) && !(slot->flags & TCP_SLOT_RECV))
-			rep[n++] = tcp_slot_orphan_locked(l, id);
+		else if ((slot->flags & TCP_SLOT_CANCELED) && !(slot->flags & TCP_SLOT_RECV) &&
+			 slot->op == TCP_OP_READ)
+			rep[n++] = tcp_slot_orphan_locked(l, id); /* a WRITE waits for its fence */
 	}
 	/* Gathered but not (completely) sent: cancel may unqueue them again. */
 	for (struct te_plugin_slice *s = l->sq_head; s; s = tcp_priv(s)->next) {
@@ -827,6 +1132,30 @@ static uint32_t tcp_lane_advance_locked(struct tcp_lane *l, uint64_t sent,
 		slot->flags &= (uint16_t)~TCP_SLOT_IN_IOV;
 	}
 	return n;
+}
+
+/* Whether @l has bytes to send: handshake frames, or requests once the HELLO was answered. */
+static bool tcp_lane_has_output_locked(const struct tcp_lane *l)
+{
+	return l->ctl_off < l->ctl_len || (l->hs != TCP_HS_HELLO && l->sq_head);
+}
+
+/*
+ * The request deadline field of @s on @l: milliseconds from the connection's base (when its
+ * HELLO answer arrived here), rounded down. The server counts them from when it built that
+ * answer, which is earlier in real time, so the server's deadline falls at or before the
+ * slice's: a WRITE byte it takes in before its deadline was taken in before the slice's.
+ */
+static uint32_t tcp_deadline_field(const struct tcp_lane *l, const struct te_plugin_slice *s)
+{
+	uint64_t ms;
+
+	if (!s->deadline_ns || s->deadline_ns == UINT64_MAX)
+		return TCP_NO_DEADLINE;
+	if (s->deadline_ns <= l->base_ns)
+		return 0;
+	ms = (s->deadline_ns - l->base_ns) / 1000000u;
+	return ms >= TCP_NO_DEADLINE ? TCP_NO_DEADLINE - 1 : (uint32_t)ms;
 }
 
 /*
@@ -847,12 +1176,12 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 		pthread_mutex_unlock(&l->lock);
 		return;
 	}
-	if (l->state != TCP_LANE_UP || (!l->sq_head && !l->hello_left)) {
+	if (l->state != TCP_LANE_UP || !tcp_lane_has_output_locked(l)) {
 		pthread_mutex_unlock(&l->lock);
 		return;
 	}
 	l->sending = true;
-	while (l->state == TCP_LANE_UP && (l->sq_head || l->hello_left)) {
+	while (l->state == TCP_LANE_UP && tcp_lane_has_output_locked(l)) {
 		struct msghdr msg = { .msg_iov = iov };
 		uint64_t off = l->sq_off;
 		uint32_t n_iov = 0, n_rep;
@@ -860,15 +1189,18 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 		ssize_t r;
 
 		l->out_kick = false;
-		if (l->hello_left)
-			iov[n_iov++] = (struct iovec){ l->hello + TCP_HDR_LEN - l->hello_left,
-						       l->hello_left };
-		for (struct te_plugin_slice *s = l->sq_head; s && n_iov + 2 <= TCP_LANE_IOV;
-		     s = tcp_priv(s)->next) {
+		if (l->ctl_off < l->ctl_len)
+			iov[n_iov++] =
+				(struct iovec){ l->ctl + l->ctl_off, l->ctl_len - l->ctl_off };
+		for (struct te_plugin_slice *s = l->hs != TCP_HS_HELLO ? l->sq_head : NULL;
+		     s && n_iov + 2 <= TCP_LANE_IOV; s = tcp_priv(s)->next) {
 			struct tcp_spriv *p = tcp_priv(s);
 			uint32_t id = atomic_load_explicit(&p->slot, memory_order_relaxed);
 
 			l->slots[id].flags |= TCP_SLOT_IN_IOV;
+			/* Stamped while no byte of the frame left (again, to the same value). */
+			if (off == 0)
+				tcp_put_u32(p->hdr + 12, tcp_deadline_field(l, s));
 			if (off < TCP_HDR_LEN)
 				iov[n_iov++] = (struct iovec){ p->hdr + off, TCP_HDR_LEN - off };
 			if (s->opcode == TE_PLUGIN_OP_WRITE) {
@@ -901,6 +1233,8 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 				continue;
 			break;
 		}
+		if (err == EPIPE || err == ECONNRESET)
+			l->peer_closed = true;
 		tcp_lane_fail_locked(l, TE_ERR_CONN_RESET,
 				     TCP_NAME ": send to %s (%s) lane %u failed: %s", l->peer->name,
 				     l->peer->addr_text, l->index, strerror(err));
@@ -924,20 +1258,39 @@ static void tcp_sock_tune(const struct tcp_inst *ti, int fd)
 	}
 }
 
-/* Open @l's socket and start connecting. Under lane lock; the lane is DOWN. */
+/*
+ * Open @l's socket and start connecting, with a HELLO queued: the next epoch of this lane, a
+ * fresh client nonce. Under lane lock; the lane is DOWN.
+ */
 static void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l)
 {
 	struct tcp_peer *peer = l->peer;
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
 				  .data.ptr = &l->ep };
+	uint8_t *b = l->ctl + TCP_HDR_LEN;
 	int fd;
 
 	l->err_status = TE_OK;
 	l->err_detail[0] = '\0';
 	l->connect_start_ns = tcp_now_ns();
-	l->hello_ok = false;
-	tcp_encode(l->hello, TCP_OP_HELLO, 0, 0, peer->nonce, 0);
-	l->hello_left = TCP_HDR_LEN;
+	l->refused = false;
+	l->peer_closed = false;
+	l->hs = TCP_HS_HELLO;
+	l->epoch++;
+	if (!tcp_random(l->nonce_c, TCP_NONCE)) {
+		l->state = TCP_LANE_CONNECTING; /* so that fail records the reason */
+		tcp_lane_fail_locked(l, TE_ERR_SYSTEM, TCP_NAME ": no random bytes for a nonce: %s",
+				     strerror(errno));
+		return;
+	}
+	tcp_encode(l->ctl, TCP_OP_HELLO, 0, 0, peer->nonce, TCP_HELLO_REQ);
+	tcp_put_u64(b, peer->cid);
+	tcp_put_u64(b + 8, l->epoch);
+	tcp_put_u32(b + 16, l->index);
+	tcp_put_u32(b + 20, ti->auth ? TCP_HELLO_SECRET : 0);
+	memcpy(b + 24, l->nonce_c, TCP_NONCE);
+	l->ctl_len = TCP_HDR_LEN + TCP_HELLO_REQ;
+	l->ctl_off = 0;
 	fd = socket(peer->sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0) {
 		l->state = TCP_LANE_CONNECTING; /* so that fail records the reason */
@@ -954,6 +1307,7 @@ static void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l)
 		l->state = TCP_LANE_CONNECTING;
 	} else {
 		l->state = TCP_LANE_CONNECTING;
+		l->refused = errno == ECONNREFUSED;
 		tcp_lane_fail_locked(l, TE_ERR_PEER_UNREACHABLE,
 				     TCP_NAME ": connect to %s (%s) failed: %s", peer->name,
 				     peer->addr_text, strerror(errno));
@@ -1069,7 +1423,117 @@ enum tcp_parse {
 	TCP_PARSE_MORE,	   /* need more bytes (*need says how many for exact reads) */
 	TCP_PARSE_PAYLOAD, /* a payload is being received */
 	TCP_PARSE_FAIL,	   /* the lane must break: *st and why say how */
+	TCP_PARSE_NEXT,	   /* a frame was handled: go on */
 };
+
+/*
+ * The answer to this connection's HELLO or AUTH. Worker only. The server proves the secret
+ * in its HELLO answer before this side proves it (and before any request leaves); a READY
+ * connection means the server fenced every older connection of this lane, so the WRITEs
+ * waiting for that are reported here.
+ */
+static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l,
+					 const struct tcp_hdr *h, uint32_t avail, size_t *need,
+					 enum te_status *st, char *why, size_t why_len)
+{
+	struct tcp_rx *rx = &l->rx;
+	struct tcp_peer *peer = l->peer;
+	uint8_t want = l->hs == TCP_HS_HELLO ? TCP_OP_HELLO : TCP_OP_AUTH;
+	uint64_t ok_len = want == TCP_OP_HELLO ? TCP_HELLO_ANS : 0;
+	struct tcp_rlist fenced = { 0 };
+	const uint8_t *b;
+
+	*st = TE_ERR_CONN_RESET;
+	if (h->op != want || h->req_id != 0 || (h->status == TE_OK && h->length != ok_len) ||
+	    (h->status != TE_OK &&
+	     (h->status > -1 || h->status < -139 || h->length > TCP_DETAIL_WIRE))) {
+		snprintf(why, why_len,
+			 TCP_NAME ": protocol error from %s (%s): bad answer to %s (op %u, status "
+				  "%" PRId32 ", %" PRIu64 " bytes)",
+			 peer->name, peer->addr_text, want == TCP_OP_HELLO ? "HELLO" : "AUTH",
+			 h->op, h->status, h->length);
+		return TCP_PARSE_FAIL;
+	}
+	if (avail < TCP_HDR_LEN + h->length) {
+		*need = TCP_HDR_LEN + (size_t)h->length - avail;
+		return TCP_PARSE_MORE;
+	}
+	b = rx->buf + rx->pos + TCP_HDR_LEN;
+	if (h->status != TE_OK || (want == TCP_OP_HELLO && h->addr != peer->nonce)) {
+		char text[TCP_DETAIL_WIRE + 1];
+
+		*st = h->status == TE_OK ? TE_ERR_PEER_RESTARTED : (enum te_status)h->status;
+		tcp_copy_detail(text, sizeof(text), b, h->status == TE_OK ? 0 : (size_t)h->length);
+		if (*st == TE_ERR_PEER_RESTARTED)
+			snprintf(why, why_len,
+				 TCP_NAME ": %s (%s) is another instance now (restarted; expected "
+					  "instance %016" PRIx64 ")",
+				 peer->name, peer->addr_text, peer->nonce);
+		else
+			snprintf(why, why_len, TCP_NAME ": %s (%s) refused the connection: %s",
+				 peer->name, peer->addr_text, text);
+		return TCP_PARSE_FAIL;
+	}
+	if (want == TCP_OP_HELLO && (tcp_get_u32(b) & TCP_HELLO_SECRET)) {
+		uint8_t tr[TCP_TRANSCRIPT], mac[TE_PLUGIN_MAC_SIZE];
+
+		*st = TE_ERR_AUTH;
+		if (!ti->auth) {
+			snprintf(why, why_len,
+				 TCP_NAME
+				 ": %s (%s) requires authentication on its data port; this "
+				 "engine has no secret (auth.secret)",
+				 peer->name, peer->addr_text);
+			return TCP_PARSE_FAIL;
+		}
+		tcp_transcript(tr, true, peer->nonce, peer->cid, l->epoch, l->index, l->nonce_c,
+			       b + 8);
+		if (ti->host->auth_check(ti->ctx, tr, sizeof(tr), b + 8 + TCP_NONCE) != TE_OK) {
+			snprintf(why, why_len,
+				 TCP_NAME ": %s (%s) did not prove the shared secret on its data "
+					  "port: refused",
+				 peer->name, peer->addr_text);
+			return TCP_PARSE_FAIL;
+		}
+		tcp_transcript(tr, false, peer->nonce, peer->cid, l->epoch, l->index, l->nonce_c,
+			       b + 8);
+		if (ti->host->auth_mac(ti->ctx, tr, sizeof(tr), mac) != TE_OK) {
+			snprintf(why, why_len, TCP_NAME ": cannot compute the proof for %s (%s)",
+				 peer->name, peer->addr_text);
+			return TCP_PARSE_FAIL;
+		}
+		pthread_mutex_lock(&l->lock);
+		/* Behind what is left of the HELLO (the answer may overtake the bookkeeping). */
+		tcp_encode(l->ctl + l->ctl_len, TCP_OP_AUTH, 0, 0, 0, TE_PLUGIN_MAC_SIZE);
+		memcpy(l->ctl + l->ctl_len + TCP_HDR_LEN, mac, sizeof(mac));
+		l->ctl_len += TCP_HDR_LEN + TE_PLUGIN_MAC_SIZE;
+		l->hs = TCP_HS_AUTH;
+		l->base_ns = tcp_now_ns();
+		pthread_mutex_unlock(&l->lock);
+	} else {
+		if (want == TCP_OP_HELLO && ti->auth) {
+			*st = TE_ERR_AUTH;
+			snprintf(why, why_len,
+				 TCP_NAME ": %s (%s) serves its data port without authentication, "
+					  "but this engine has a secret: refused",
+				 peer->name, peer->addr_text);
+			return TCP_PARSE_FAIL;
+		}
+		pthread_mutex_lock(&l->lock);
+		if (want == TCP_OP_HELLO)
+			l->base_ns = tcp_now_ns();
+		l->hs = TCP_HS_READY;
+		tcp_fence_take_locked(l, true, 0, &fenced);
+		/* Its own instance answers again: a later restart is news again. */
+		atomic_store_explicit(&peer->restarted, false, memory_order_relaxed);
+		pthread_mutex_unlock(&l->lock);
+	}
+	rx->pos += TCP_HDR_LEN + (uint32_t)h->length;
+	rx->bulk = true;
+	l->rx_flush = true;
+	tcp_rlist_report(ti, &fenced);
+	return TCP_PARSE_NEXT;
+}
 
 /*
  * Handle every complete response in @l's buffer. Worker only. Validates each header
@@ -1102,24 +1566,13 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 				 peer->name, peer->addr_text, h.magic, h.version);
 			return TCP_PARSE_FAIL;
 		}
-		if (!l->hello_ok) {
-			if (h.op != TCP_OP_HELLO || h.length) {
-				snprintf(why, why_len,
-					 TCP_NAME ": protocol error from %s (%s): no hello answer",
-					 peer->name, peer->addr_text);
-				return TCP_PARSE_FAIL;
-			}
-			if (h.status != TE_OK || h.addr != peer->nonce) {
-				*st = TE_ERR_PEER_RESTARTED;
-				snprintf(why, why_len,
-					 TCP_NAME ": %s (%s) is another instance now (restarted; "
-						  "nonce %016" PRIx64 ", expected %016" PRIx64 ")",
-					 peer->name, peer->addr_text, h.addr, peer->nonce);
-				return TCP_PARSE_FAIL;
-			}
-			l->hello_ok = true;
-			rx->pos += TCP_HDR_LEN;
-			rx->bulk = true;
+		/* hs changes only on this thread while the lane is UP. */
+		if (l->hs != TCP_HS_READY) {
+			enum tcp_parse r =
+				tcp_lane_handshake(ti, l, &h, avail, need, st, why, why_len);
+
+			if (r != TCP_PARSE_NEXT)
+				return r;
 			continue;
 		}
 		id = h.req_id & 0xffffu;
@@ -1215,6 +1668,11 @@ static void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_la
 		if (!l->rx.payload &&
 		    tcp_lane_parse(ti, l, &need, &st, why, sizeof(why)) == TCP_PARSE_FAIL)
 			goto fail;
+		if (l->rx_flush) {
+			/* The handshake advanced: its AUTH, or requests that waited for it. */
+			l->rx_flush = false;
+			tcp_lane_flush(ti, l);
+		}
 		if (budget == 0) {
 			tcp_again_add(w, &l->ep);
 			return;
@@ -1232,6 +1690,12 @@ static void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_la
 			return;
 		if (r <= 0) {
 			st = TE_ERR_CONN_RESET;
+			if (r == 0 || r == -ECONNRESET) {
+				/* The server's side ended: it applies nothing more from it. */
+				pthread_mutex_lock(&l->lock);
+				l->peer_closed = true;
+				pthread_mutex_unlock(&l->lock);
+			}
 			if (r == 0)
 				snprintf(why, sizeof(why),
 					 TCP_NAME
@@ -1251,7 +1715,10 @@ static void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_la
 
 fail:
 	if (st == TE_ERR_PEER_RESTARTED &&
-	    !atomic_exchange_explicit(&peer->restarted, true, memory_order_relaxed)) {
+	    (atomic_store_explicit(&peer->restarted_until_ns,
+				   tcp_now_ns() + TCP_RESTART_HOLD_MS * 1000000ull,
+				   memory_order_relaxed),
+	     !atomic_exchange_explicit(&peer->restarted, true, memory_order_relaxed))) {
 		tcp_log(ti, TE_PLUGIN_LOG_WARN, "%s", why + strlen(TCP_NAME ": "));
 		if (ti->host->peer_event)
 			ti->host->peer_event(ti->ctx, (struct te_plugin_peer *)peer,
@@ -1273,11 +1740,12 @@ static void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp
 
 		if (getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
 			err = errno;
-		if (err)
+		if (err) {
+			l->refused = err == ECONNREFUSED;
 			tcp_lane_fail_locked(l, TE_ERR_PEER_UNREACHABLE,
 					     TCP_NAME ": connect to %s (%s) failed: %s",
 					     l->peer->name, l->peer->addr_text, strerror(err));
-		else if (getpeername(l->fd, (struct sockaddr *)&sa, &salen) == 0)
+		} else if (getpeername(l->fd, (struct sockaddr *)&sa, &salen) == 0)
 			l->state = TCP_LANE_UP;
 		/* else: an event of an earlier socket of this lane; still connecting */
 	}
@@ -1298,12 +1766,23 @@ static void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp
 
 /* --- serving side ------------------------------------------------------------------- */
 
+static void tcp_conn_free(struct tcp_conn *c)
+{
+	free(c->rx.buf);
+	free(c->ring);
+	free(c);
+}
+
 static void tcp_conn_close(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c,
 			   enum te_plugin_log_level level, const char *why)
 {
 	if (why)
 		tcp_log(ti, level, "closing connection from %s: %s", c->who, why);
-	close(c->fd); /* also leaves the epoll set: the descriptor is never duplicated */
+	/* Also leaves the epoll set: the descriptor is never duplicated. */
+	if (c->abort)
+		tcp_sock_abort(c->fd);
+	else
+		close(c->fd);
 	pthread_mutex_lock(&w->lock);
 	if (c->prev)
 		c->prev->next = c->next;
@@ -1313,9 +1792,12 @@ static void tcp_conn_close(struct tcp_inst *ti, struct tcp_worker *w, struct tcp
 		c->next->prev = c->prev;
 	w->n_conns--;
 	pthread_mutex_unlock(&w->lock);
+	/* relaxed: counters for the accept limits only */
+	atomic_fetch_sub_explicit(&ti->n_conns, 1, memory_order_relaxed);
+	if (c->hs != TCP_CHS_READY)
+		atomic_fetch_sub_explicit(&ti->n_unauth, 1, memory_order_relaxed);
 	tcp_again_remove(w, &c->ep);
-	free(c->rx.buf);
-	free(c);
+	tcp_conn_free(c);
 }
 
 static struct tcp_resp *tcp_conn_reserve(struct tcp_conn *c, uint32_t *index_out)
@@ -1346,9 +1828,11 @@ static void tcp_resp_error(struct tcp_resp *e, uint8_t op, uint32_t req_id, enum
 }
 
 /*
- * Under reg_lock (read): if regions changed since the current WRITE's destination was
- * checked, check the rest of it again; when it is gone, discard the rest and answer with an
- * error instead.
+ * Under reg_lock (read), before any byte of the current WRITE reaches registered memory:
+ * stop receiving into memory when the connection was fenced (a newer connection of its lane
+ * took over), when the request's deadline passed (its client reports it from then on), or
+ * when its destination was deregistered; the rest is discarded and the answer is an error.
+ * The fence and deregistration take the write lock, so no receive straddles them.
  */
 static void tcp_conn_recheck_locked(struct tcp_inst *ti, struct tcp_conn *c)
 {
@@ -1356,7 +1840,26 @@ static void tcp_conn_recheck_locked(struct tcp_inst *ti, struct tcp_conn *c)
 	struct tcp_resp *e = &c->ring[c->cur];
 	char detail[TCP_DETAIL_WIRE];
 
-	if (!c->rx.dst || ver == c->cur_ver)
+	if (!c->rx.dst)
+		return;
+	/* relaxed: set under the write lock this thread's read lock is ordered after */
+	if (atomic_load_explicit(&c->fenced, memory_order_relaxed)) {
+		c->rx.dst = NULL;
+		tcp_resp_error(e, TCP_OP_WRITE, tcp_get_u32(e->hdr + 8), TE_ERR_CONN_RESET,
+			       TCP_NAME ": connection replaced by a newer one of its lane");
+		return;
+	}
+	if (c->cur_deadline != UINT64_MAX && tcp_now_ns() >= c->cur_deadline) {
+		snprintf(detail, sizeof(detail),
+			 TCP_NAME ": WRITE [0x%" PRIx64 ", +%" PRIu64
+				  ") passed its deadline after %" PRIu64
+				  " bytes; the rest was discarded",
+			 c->cur_addr, c->cur_len, c->cur_len - c->rx.left);
+		c->rx.dst = NULL;
+		tcp_resp_error(e, TCP_OP_WRITE, tcp_get_u32(e->hdr + 8), TE_ERR_TIMEOUT, detail);
+		return;
+	}
+	if (ver == c->cur_ver)
 		return;
 	if (tcp_region_allows(ti, (uint64_t)(uintptr_t)c->rx.dst, c->rx.left,
 			      TE_PLUGIN_ACCESS_REMOTE_WRITE)) {
@@ -1374,6 +1877,7 @@ static void tcp_conn_payload_done(struct tcp_conn *c)
 	c->rx.payload = false;
 	c->rx.dst = NULL;
 	c->ring[c->cur].ready = true;
+	c->frames++;
 }
 
 /* Copy buffered bytes of the WRITE just announced; registered memory only under the lock. */
@@ -1396,7 +1900,235 @@ enum tcp_srv {
 	TCP_SRV_PAYLOAD, /* a WRITE payload is being received */
 	TCP_SRV_FULL,	 /* the response ring is full */
 	TCP_SRV_CLOSE,	 /* malformed input: close the connection */
+	TCP_SRV_NEXT,	 /* a handshake frame was handled: go on */
 };
+
+/* Queue a handshake answer: one header and @len body bytes, sent before any response. */
+static void tcp_conn_ctl(struct tcp_conn *c, uint8_t op, int32_t status, uint64_t addr,
+			 const void *body, uint32_t len)
+{
+	uint8_t *p = c->ctl + c->ctl_len;
+
+	/* Callers queue at most one HELLO answer (104 bytes) and one refusal (232). */
+	if (c->ctl_len + TCP_HDR_LEN + len > TCP_CTL)
+		return;
+	tcp_encode(p, op, 0, status, addr, len);
+	if (len)
+		memcpy(p + TCP_HDR_LEN, body, len);
+	c->ctl_len += TCP_HDR_LEN + len;
+}
+
+/* Refuse @c with one error frame and close it once that is sent; nothing else is read. */
+static void tcp_conn_refuse(struct tcp_conn *c, uint8_t op, enum te_status st, uint64_t addr,
+			    const char *text)
+{
+	tcp_conn_ctl(c, op, st, addr, text, (uint32_t)strnlen(text, TCP_DETAIL_WIRE));
+	c->closing = true;
+}
+
+/*
+ * A frame that has no place before the connection is authenticated. With a secret every such
+ * frame gets the same generic refusal, whatever it asked (no range check, no oracle); without
+ * one it is a protocol error that closes the connection.
+ */
+static enum tcp_srv tcp_conn_unauth(struct tcp_inst *ti, struct tcp_conn *c,
+				    const struct tcp_hdr *h, char *why, size_t why_len,
+				    const char *what)
+{
+	if (!ti->auth) {
+		snprintf(why, why_len, "%s (op %u, %" PRIu64 " bytes)", what, h->op, h->length);
+		return TCP_SRV_CLOSE;
+	}
+	tcp_log(ti, TE_PLUGIN_LOG_DEBUG, "connection from %s: %s (op %u): refused", c->who, what,
+		h->op);
+	tcp_conn_refuse(c, h->op <= TCP_OP_AUTH ? h->op : TCP_OP_HELLO, TE_ERR_AUTH, 0,
+			TCP_NOT_AUTHED);
+	return TCP_SRV_NEXT;
+}
+
+/*
+ * Lane fencing. Record @c's (client id, lane, epoch) as the lane's newest, mark @c READY, and
+ * stop every older READY connection of that lane from applying anything more: their flag is
+ * set, then the region write lock waits for the serving syscall in progress, and every later
+ * one re-checks (reg_ver) and finds the flag. false (nothing changed): a newer epoch of the
+ * lane was seen already (*newest_out), so @c is a stale reconnect. Worker of @c.
+ */
+static bool tcp_fence(struct tcp_inst *ti, struct tcp_conn *c, uint64_t *newest_out)
+{
+	uint64_t now = tcp_now_ns();
+	struct tcp_fence *f = NULL;
+	uint32_t n_fenced = 0;
+
+	pthread_mutex_lock(&ti->fence_lock);
+	for (uint32_t i = 0; i < ti->n_fences; i++) {
+		if (ti->fences[i].cid == c->cid && ti->fences[i].lane == c->lane) {
+			f = &ti->fences[i];
+			break;
+		}
+	}
+	if (f && f->epoch >= c->epoch) {
+		*newest_out = f->epoch;
+		pthread_mutex_unlock(&ti->fence_lock);
+		return false;
+	}
+	if (!f && ti->n_fences < TCP_FENCES) {
+		f = &ti->fences[ti->n_fences++];
+	} else if (!f) {
+		/* Full: forget the lane used longest ago (its deadlines still protect it). */
+		f = &ti->fences[0];
+		for (uint32_t i = 1; i < ti->n_fences; i++)
+			if (ti->fences[i].used_ns < f->used_ns)
+				f = &ti->fences[i];
+	}
+	*f = (struct tcp_fence){
+		.cid = c->cid, .epoch = c->epoch, .used_ns = now, .lane = c->lane
+	};
+	pthread_mutex_lock(&c->w->lock);
+	c->hs = TCP_CHS_READY;
+	pthread_mutex_unlock(&c->w->lock);
+	atomic_fetch_sub_explicit(&ti->n_unauth, 1, memory_order_relaxed);
+	for (uint32_t k = 0; k < ti->n_workers; k++) {
+		struct tcp_worker *w = &ti->workers[k];
+
+		pthread_mutex_lock(&w->lock);
+		for (struct tcp_conn *o = w->conns; o; o = o->next) {
+			if (o != c && o->hs == TCP_CHS_READY && o->cid == c->cid &&
+			    o->lane == c->lane && o->epoch < c->epoch) {
+				atomic_store_explicit(&o->fenced, true, memory_order_relaxed);
+				n_fenced++;
+			}
+		}
+		pthread_mutex_unlock(&w->lock);
+	}
+	if (n_fenced) {
+		pthread_rwlock_wrlock(&ti->reg_lock);
+		/* relaxed: readers load it under the read lock, which orders it */
+		atomic_fetch_add_explicit(&ti->reg_ver, 1, memory_order_relaxed);
+		pthread_rwlock_unlock(&ti->reg_lock);
+		/* Their workers close them at the next tick; nothing of theirs lands meanwhile. */
+		tcp_log(ti, TE_PLUGIN_LOG_DEBUG,
+			"connection from %s (lane %u, epoch %" PRIu64 ") fenced %u older one(s)",
+			c->who, c->lane, c->epoch, n_fenced);
+	}
+	pthread_mutex_unlock(&ti->fence_lock);
+	return true;
+}
+
+/* The client proved itself (or no secret is configured): fence, then serve. */
+static enum tcp_srv tcp_conn_ready(struct tcp_inst *ti, struct tcp_conn *c, uint8_t op, char *why,
+				   size_t why_len)
+{
+	uint8_t body[TCP_HELLO_ANS] = { 0 };
+	uint64_t newest = 0;
+
+	c->ring = calloc(TCP_SRV_RING, sizeof(*c->ring));
+	if (!c->ring) {
+		snprintf(why, why_len, "no memory for its response ring");
+		return TCP_SRV_CLOSE;
+	}
+	if (!tcp_fence(ti, c, &newest)) {
+		char text[TCP_DETAIL_WIRE];
+
+		snprintf(text, sizeof(text),
+			 TCP_NAME ": lane %u epoch %" PRIu64
+				  " is older than the lane's newest (%" PRIu64 "): refused",
+			 c->lane, c->epoch, newest);
+		tcp_log(ti, TE_PLUGIN_LOG_INFO, "connection from %s: %s", c->who, text);
+		tcp_conn_refuse(c, op, TE_ERR_CONN_RESET, 0, text);
+		return TCP_SRV_NEXT;
+	}
+	c->active_ns = tcp_now_ns();
+	c->rx.bulk = true;
+	if (op == TCP_OP_HELLO)
+		tcp_conn_ctl(c, TCP_OP_HELLO, TE_OK, ti->nonce, body, sizeof(body));
+	else
+		tcp_conn_ctl(c, TCP_OP_AUTH, TE_OK, 0, NULL, 0);
+	tcp_log(ti, TE_PLUGIN_LOG_DEBUG, "connection from %s ready (lane %u, epoch %" PRIu64 ")%s",
+		c->who, c->lane, c->epoch, ti->auth ? ", authenticated" : "");
+	return TCP_SRV_NEXT;
+}
+
+/*
+ * The client's HELLO, then (with a secret) its AUTH. Nothing is served before; frames are read
+ * one at a time, exactly (no read-ahead), so an unauthenticated client costs the 8 KiB header
+ * buffer at most.
+ */
+static enum tcp_srv tcp_conn_handshake(struct tcp_inst *ti, struct tcp_conn *c,
+				       const struct tcp_hdr *h, uint32_t avail, size_t *need,
+				       char *why, size_t why_len)
+{
+	struct tcp_rx *rx = &c->rx;
+	uint8_t want = c->hs == TCP_CHS_HELLO ? TCP_OP_HELLO : TCP_OP_AUTH;
+	uint64_t body_len = want == TCP_OP_HELLO ? TCP_HELLO_REQ : TE_PLUGIN_MAC_SIZE;
+	uint8_t tr[TCP_TRANSCRIPT];
+	const uint8_t *b;
+
+	if (h->magic != TCP_WIRE_MAGIC || h->version != TCP_WIRE_VERSION || h->flags || h->status ||
+	    h->req_id || h->op != want || h->length != body_len)
+		return tcp_conn_unauth(ti, c, h, why, why_len,
+				       want == TCP_OP_HELLO ? "first frame is not a valid HELLO"
+							    : "expected AUTH");
+	if (avail < TCP_HDR_LEN + body_len) {
+		*need = TCP_HDR_LEN + (size_t)body_len - avail;
+		return TCP_SRV_MORE;
+	}
+	b = rx->buf + rx->pos + TCP_HDR_LEN;
+	rx->pos += TCP_HDR_LEN + (uint32_t)body_len;
+	c->frames++;
+	if (want == TCP_OP_AUTH) {
+		tcp_transcript(tr, false, ti->nonce, c->cid, c->epoch, c->lane, c->nonce_c,
+			       c->nonce_s);
+		if (ti->host->auth_check(ti->ctx, tr, sizeof(tr), b) != TE_OK) {
+			tcp_warn_limited(ti, c->w,
+					 "connection from %s: wrong proof of the shared secret: "
+					 "refused",
+					 c->who);
+			tcp_conn_refuse(c, TCP_OP_AUTH, TE_ERR_AUTH, 0, TCP_AUTH_FAILED);
+			return TCP_SRV_NEXT;
+		}
+		return tcp_conn_ready(ti, c, TCP_OP_AUTH, why, why_len);
+	}
+	if (h->addr != ti->nonce) {
+		/* Meant for an earlier instance at this address: run nothing. */
+		tcp_log(ti, TE_PLUGIN_LOG_INFO,
+			"connection from %s expects instance %016" PRIx64 ", this is %016" PRIx64
+			": refused",
+			c->who, h->addr, ti->nonce);
+		tcp_conn_refuse(c, TCP_OP_HELLO, TE_ERR_PEER_RESTARTED, ti->auth ? 0 : ti->nonce,
+				TCP_NAME ": another instance serves this address now (restarted)");
+		return TCP_SRV_NEXT;
+	}
+	c->cid = tcp_get_u64(b);
+	c->epoch = tcp_get_u64(b + 8);
+	c->lane = tcp_get_u32(b + 16);
+	memcpy(c->nonce_c, b + 24, TCP_NONCE);
+	if (!c->cid || !c->epoch)
+		return tcp_conn_unauth(ti, c, h, why, why_len,
+				       "HELLO without a client id or epoch");
+	c->base_ns = tcp_now_ns();
+	if (ti->auth) {
+		uint8_t body[TCP_HELLO_ANS] = { 0 };
+
+		if (!tcp_random(c->nonce_s, TCP_NONCE)) {
+			snprintf(why, why_len, "no random bytes for a nonce: %s", strerror(errno));
+			return TCP_SRV_CLOSE;
+		}
+		tcp_transcript(tr, true, ti->nonce, c->cid, c->epoch, c->lane, c->nonce_c,
+			       c->nonce_s);
+		tcp_put_u32(body, TCP_HELLO_SECRET);
+		memcpy(body + 8, c->nonce_s, TCP_NONCE);
+		if (ti->host->auth_mac(ti->ctx, tr, sizeof(tr), body + 8 + TCP_NONCE) != TE_OK) {
+			snprintf(why, why_len, "cannot compute the proof of the secret");
+			return TCP_SRV_CLOSE;
+		}
+		tcp_conn_ctl(c, TCP_OP_HELLO, TE_OK, ti->nonce, body, sizeof(body));
+		pthread_mutex_lock(&c->w->lock);
+		c->hs = TCP_CHS_AUTH;
+		pthread_mutex_unlock(&c->w->lock);
+		return TCP_SRV_NEXT;
+	}
+	return tcp_conn_ready(ti, c, TCP_OP_HELLO, why, why_len);
+}
 
 /*
  * Handle every complete request in @c's buffer. Every header field is checked; anything
@@ -1422,39 +2154,21 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 			*need = TCP_HDR_LEN - avail;
 			return TCP_SRV_MORE;
 		}
+		tcp_hdr_decode(rx->buf + rx->pos, &h);
+		if (c->hs != TCP_CHS_READY) {
+			enum tcp_srv r = tcp_conn_handshake(ti, c, &h, avail, need, why, why_len);
+
+			if (r != TCP_SRV_NEXT)
+				return r;
+			continue;
+		}
 		if (c->count == TCP_SRV_RING)
 			return TCP_SRV_FULL;
-		tcp_hdr_decode(rx->buf + rx->pos, &h);
-		if (h.magic != TCP_WIRE_MAGIC || h.version != TCP_WIRE_VERSION || h.flags ||
-		    h.status) {
+		if (h.magic != TCP_WIRE_MAGIC || h.version != TCP_WIRE_VERSION || h.flags) {
 			snprintf(why, why_len,
-				 "bad frame header (magic 0x%08" PRIx32 ", version %u, flags 0x%x, "
-				 "status %" PRId32 ")",
-				 h.magic, h.version, h.flags, h.status);
+				 "bad frame header (magic 0x%08" PRIx32 ", version %u, flags 0x%x)",
+				 h.magic, h.version, h.flags);
 			return TCP_SRV_CLOSE;
-		}
-		if (!c->hello_done) {
-			if (h.op != TCP_OP_HELLO || h.length) {
-				snprintf(why, why_len, "first frame is not a hello (op %u)", h.op);
-				return TCP_SRV_CLOSE;
-			}
-			e = tcp_conn_reserve(c, NULL);
-			if (h.addr == ti->nonce) {
-				tcp_encode(e->hdr, TCP_OP_HELLO, h.req_id, TE_OK, ti->nonce, 0);
-			} else {
-				/* Meant for an earlier instance at this address: run nothing. */
-				tcp_encode(e->hdr, TCP_OP_HELLO, h.req_id, TE_ERR_PEER_RESTARTED,
-					   ti->nonce, 0);
-				c->closing = true;
-				tcp_log(ti, TE_PLUGIN_LOG_INFO,
-					"connection from %s expects instance %016" PRIx64
-					", this is %016" PRIx64 ": refused",
-					c->who, h.addr, ti->nonce);
-			}
-			c->hello_done = true;
-			rx->pos += TCP_HDR_LEN;
-			rx->bulk = true;
-			continue;
 		}
 		if (h.op != TCP_OP_READ && h.op != TCP_OP_WRITE) {
 			snprintf(why, why_len, "unexpected op %u", h.op);
@@ -1489,6 +2203,7 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 				e->ver = ver;
 			}
 			rx->bulk = true;
+			c->frames++;
 			continue;
 		}
 		if (ok)
@@ -1498,6 +2213,10 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 		c->cur_ver = ver;
 		c->cur_addr = h.addr;
 		c->cur_len = h.length;
+		/* Deadlines count from this side's clock when the HELLO answer was built. */
+		c->cur_deadline = (uint32_t)h.status == TCP_NO_DEADLINE
+					  ? UINT64_MAX
+					  : c->base_ns + (uint64_t)(uint32_t)h.status * 1000000ull;
 		rx->payload = true;
 		rx->dst = ok ? (uint8_t *)(uintptr_t)h.addr : NULL;
 		rx->left = h.length;
@@ -1510,6 +2229,31 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 	return TCP_SRV_MORE;
 }
 
+/* Send queued handshake bytes. Returns false when @c was closed; *blocked when the socket is full. */
+static bool tcp_conn_tx_ctl(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c,
+			    bool *blocked)
+{
+	*blocked = false;
+	while (c->ctl_off < c->ctl_len) {
+		ssize_t r = send(c->fd, c->ctl + c->ctl_off, c->ctl_len - c->ctl_off,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			*blocked = true;
+			return true;
+		}
+		if (r < 0) {
+			tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_DEBUG, strerror(errno));
+			return false;
+		}
+		c->ctl_off += (uint32_t)r;
+	}
+	c->ctl_off = c->ctl_len = 0;
+	return true;
+}
+
 /*
  * Send ready responses until the ring is empty or the socket is full. READ payloads go
  * from registered memory, re-checked and sent under the region read lock. Returns false
@@ -1518,7 +2262,12 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 {
 	struct iovec iov[TCP_SRV_IOV];
+	bool blocked;
 
+	if (!tcp_conn_tx_ctl(ti, w, c, &blocked))
+		return false;
+	if (blocked)
+		return true;
 	while (c->count && c->ring[c->head].ready) {
 		struct msghdr msg = { .msg_iov = iov };
 		uint32_t n_iov = 0, k, n_mem = 0;
@@ -1614,10 +2363,32 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 	return true;
 }
 
+/*
+ * After a read: a frame still incomplete started when the last complete one ended (or in
+ * this wake-up); frame_timeout_ms counts from there, however slowly its bytes trickle in.
+ */
+static void tcp_conn_frame_clock(struct tcp_conn *c, uint64_t frames_before)
+{
+	bool partial = c->rx.payload || c->rx.end != c->rx.pos;
+	uint64_t now;
+
+	if (!partial && c->frames == frames_before) {
+		c->frame_start_ns = 0;
+		return;
+	}
+	now = tcp_now_ns();
+	if (c->frames != frames_before)
+		c->active_ns = now;
+	if (!partial)
+		c->frame_start_ns = 0;
+	else if (!c->frame_start_ns || c->frames != frames_before)
+		c->frame_start_ns = now;
+}
+
 /* Read and serve requests on @c until its socket is drained. Returns false when closed. */
 static bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 {
-	uint64_t budget = TCP_RX_BUDGET;
+	uint64_t budget = TCP_RX_BUDGET, frames_before = c->frames;
 	char why[160];
 
 	while (!c->closing && !c->rx_paused) {
@@ -1628,6 +2399,7 @@ static bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 			enum tcp_srv pr = tcp_conn_parse(ti, c, &need, why, sizeof(why));
 
 			if (pr == TCP_SRV_CLOSE) {
+				c->abort = true;
 				tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_INFO, why);
 				return false;
 			}
@@ -1637,6 +2409,12 @@ static bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 			}
 			if (c->closing)
 				break;
+		}
+		if (atomic_load_explicit(&c->fenced, memory_order_relaxed)) {
+			c->abort = true;
+			tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_DEBUG,
+				       "replaced by a newer connection of its lane (fenced)");
+			return false;
 		}
 		if (budget == 0) {
 			tcp_again_add(w, &c->ep);
@@ -1667,6 +2445,7 @@ static bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 		if (c->rx.payload && c->rx.left == 0)
 			tcp_conn_payload_done(c);
 	}
+	tcp_conn_frame_clock(c, frames_before);
 	return tcp_conn_tx(ti, w, c);
 }
 
@@ -1679,7 +2458,51 @@ static void tcp_conn_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp
 		tcp_conn_rx(ti, w, c);
 }
 
-static void tcp_accept(struct tcp_inst *ti)
+/* A client address as 16 bytes (IPv4 as v4-mapped IPv6), for the per-host limit. */
+static void tcp_host_of(const struct sockaddr_storage *sa, uint8_t host[16])
+{
+	memset(host, 0, 16);
+	if (sa->ss_family == AF_INET6) {
+		memcpy(host, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+	} else {
+		host[10] = host[11] = 0xff;
+		memcpy(host + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	}
+}
+
+/* Why a connection from @host would go over a limit, or NULL. Accepting worker. */
+static const char *tcp_accept_limit(struct tcp_inst *ti, const uint8_t host[16], char *text,
+				    size_t cap)
+{
+	uint32_t same = 0;
+
+	/* relaxed: counters; a slot freed a moment ago is simply counted next time */
+	if (atomic_load_explicit(&ti->n_conns, memory_order_relaxed) >= ti->max_conns) {
+		snprintf(text, cap, "%" PRIu64 " connections open (max_conns)", ti->max_conns);
+		return text;
+	}
+	if (atomic_load_explicit(&ti->n_unauth, memory_order_relaxed) >= ti->max_unauth) {
+		snprintf(text, cap, "%" PRIu64 " connections not yet past their %s (max_unauth)",
+			 ti->max_unauth, ti->auth ? "HELLO and AUTH" : "HELLO");
+		return text;
+	}
+	for (uint32_t k = 0; k < ti->n_workers; k++) {
+		struct tcp_worker *w = &ti->workers[k];
+
+		pthread_mutex_lock(&w->lock);
+		for (struct tcp_conn *c = w->conns; c; c = c->next)
+			same += memcmp(c->host, host, 16) == 0;
+		pthread_mutex_unlock(&w->lock);
+	}
+	if (same >= ti->max_conns_per_host) {
+		snprintf(text, cap, "%" PRIu32 " connections from this host (max_conns_per_host)",
+			 same);
+		return text;
+	}
+	return NULL;
+}
+
+static void tcp_accept(struct tcp_inst *ti, struct tcp_worker *w0)
 {
 	for (;;) {
 		struct sockaddr_storage sa;
@@ -1687,6 +2510,8 @@ static void tcp_accept(struct tcp_inst *ti)
 		struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET };
 		struct tcp_worker *w;
 		struct tcp_conn *c;
+		char who[72], text[128];
+		uint8_t host[16];
 		int fd;
 
 		fd = accept4(ti->listen_fd, (struct sockaddr *)&sa, &len,
@@ -1698,6 +2523,13 @@ static void tcp_accept(struct tcp_inst *ti)
 				tcp_log(ti, TE_PLUGIN_LOG_WARN, "accept: %s", strerror(errno));
 			return;
 		}
+		tcp_sa_text(&sa, who, sizeof(who));
+		tcp_host_of(&sa, host);
+		if (tcp_accept_limit(ti, host, text, sizeof(text))) {
+			tcp_warn_limited(ti, w0, "connection from %s refused: %s", who, text);
+			tcp_sock_abort(fd);
+			continue;
+		}
 		tcp_sock_tune(ti, fd);
 		c = calloc(1, sizeof(*c));
 		if (c)
@@ -1705,28 +2537,26 @@ static void tcp_accept(struct tcp_inst *ti)
 		if (!c || !c->rx.buf) {
 			tcp_log(ti, TE_PLUGIN_LOG_WARN, "no memory for a connection");
 			if (c)
-				free(c);
+				tcp_conn_free(c);
 			close(fd);
 			continue;
 		}
 		c->ep.kind = TCP_EP_CONN;
 		c->fd = fd;
-		tcp_sa_text(&sa, c->who, sizeof(c->who));
+		memcpy(c->who, who, sizeof(c->who));
+		memcpy(c->host, host, sizeof(c->host));
+		c->hs = TCP_CHS_HELLO;
+		c->accept_ns = tcp_now_ns();
+		atomic_init(&c->fenced, false);
 		/* relaxed: a round-robin counter */
 		w = &ti->workers[atomic_fetch_add_explicit(&ti->next_conn_worker, 1,
 							   memory_order_relaxed) %
 				 ti->n_workers];
 		c->w = w;
+		/* relaxed: counters for the accept limits only */
+		atomic_fetch_add_explicit(&ti->n_conns, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&ti->n_unauth, 1, memory_order_relaxed);
 		pthread_mutex_lock(&w->lock);
-		if (w->n_conns * ti->n_workers >= TCP_MAX_CONNS) {
-			pthread_mutex_unlock(&w->lock);
-			tcp_log(ti, TE_PLUGIN_LOG_WARN, "connection from %s refused: %u open",
-				c->who, TCP_MAX_CONNS);
-			close(fd);
-			free(c->rx.buf);
-			free(c);
-			continue;
-		}
 		c->next = w->conns;
 		if (w->conns)
 			w->conns->prev = c;
@@ -1737,19 +2567,12 @@ static void tcp_accept(struct tcp_inst *ti)
 		/* From here the connection belongs to w's thread: do not touch it. */
 		ev.data.ptr = &c->ep;
 		if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
-			tcp_log(ti, TE_PLUGIN_LOG_WARN, "epoll_ctl: %s", strerror(errno));
+			/* w's thread owns it now: its next tick closes it (handshake deadline). */
+			tcp_log(ti, TE_PLUGIN_LOG_WARN, "epoll_ctl for %s: %s", who,
+				strerror(errno));
 			pthread_mutex_lock(&w->lock);
-			if (c->prev)
-				c->prev->next = c->next;
-			else
-				w->conns = c->next;
-			if (c->next)
-				c->next->prev = c->prev;
-			w->n_conns--;
+			c->accept_ns = 0;
 			pthread_mutex_unlock(&w->lock);
-			close(fd);
-			free(c->rx.buf);
-			free(c);
 		}
 	}
 }
@@ -1773,7 +2596,6 @@ static void tcp_peer_free(struct tcp_inst *ti, struct tcp_peer *peer)
 		pthread_mutex_destroy(&l->rx_lock);
 		free(l->slots);
 		free(l->free_ids);
-		free(l->reports);
 		free(l->rx.buf);
 	}
 	free(peer->name);
@@ -1862,10 +2684,87 @@ static void tcp_worker_todo(struct tcp_inst *ti, struct tcp_worker *w)
 	}
 }
 
-/* Periodic checks: connect timeouts, and lanes stuck with canceled requests. */
+/*
+ * The serving side's time limits: HELLO/AUTH within hello_timeout_ms of accept, each request
+ * frame within frame_timeout_ms of its first byte (whatever trickles in), idle connections
+ * after idle_timeout_ms; fenced connections go at once. Worker only (it owns its conns).
+ */
+static void tcp_conns_tick(struct tcp_inst *ti, struct tcp_worker *w, uint64_t now)
+{
+	enum {
+		WHY_FENCED,
+		WHY_HELLO,
+		WHY_FRAME,
+		WHY_IDLE
+	};
+	struct tcp_conn *hit[256];
+	uint8_t why[256];
+	uint32_t n = 0;
+
+	pthread_mutex_lock(&w->lock);
+	for (struct tcp_conn *c = w->conns; c && n < 256; c = c->next) {
+		if (atomic_load_explicit(&c->fenced, memory_order_relaxed))
+			why[n] = WHY_FENCED;
+		else if (c->hs != TCP_CHS_READY &&
+			 now - c->accept_ns > ti->hello_timeout_ms * 1000000ull)
+			why[n] = WHY_HELLO;
+		else if (c->frame_start_ns &&
+			 now - c->frame_start_ns > ti->frame_timeout_ms * 1000000ull)
+			why[n] = WHY_FRAME;
+		else if (ti->idle_timeout_ms && c->hs == TCP_CHS_READY && !c->frame_start_ns &&
+			 !c->count && !c->rx.payload &&
+			 now - c->active_ns > ti->idle_timeout_ms * 1000000ull)
+			why[n] = WHY_IDLE;
+		else
+			continue;
+		hit[n++] = c;
+	}
+	pthread_mutex_unlock(&w->lock);
+	for (uint32_t i = 0; i < n; i++) {
+		struct tcp_conn *c = hit[i];
+		char text[160];
+
+		switch (why[i]) {
+		case WHY_FENCED:
+			c->abort = true;
+			tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_DEBUG,
+				       "replaced by a newer connection of its lane (fenced)");
+			break;
+		case WHY_HELLO:
+			snprintf(text, sizeof(text),
+				 "connection from %s did not complete its %s within %" PRIu64
+				 " ms (hello_timeout_ms): closed",
+				 c->who, ti->auth ? "HELLO and AUTH" : "HELLO",
+				 ti->hello_timeout_ms);
+			tcp_warn_limited(ti, w, "%s", text);
+			c->abort = true;
+			tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_DEBUG, "handshake timeout");
+			break;
+		case WHY_FRAME:
+			snprintf(text, sizeof(text),
+				 "connection from %s: a request frame was not complete %" PRIu64
+				 " ms after its first byte (frame_timeout_ms): closed",
+				 c->who, ti->frame_timeout_ms);
+			tcp_warn_limited(ti, w, "%s", text);
+			c->abort = true;
+			tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_DEBUG, "frame timeout");
+			break;
+		default:
+			tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_DEBUG, "idle (idle_timeout_ms)");
+			break;
+		}
+	}
+}
+
+/*
+ * Periodic checks: connect timeouts, lanes stuck with canceled requests, WRITEs waiting for a
+ * fence (reported when their deadline passed; their lane reconnects to get the fence), and
+ * the serving side's time limits.
+ */
 static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 {
 	struct tcp_lane *hit[64];
+	struct tcp_rlist expired = { 0 };
 	uint64_t now = tcp_now_ns();
 	uint32_t n = 0;
 
@@ -1900,14 +2799,25 @@ static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 		} else if (l->state == TCP_LANE_BROKEN && !l->sending) {
 			bad = true; /* normally handled by a kick already */
 		}
+		if (l->n_fence) {
+			tcp_fence_take_locked(l, false, now, &expired);
+			if (l->n_fence && l->state == TCP_LANE_DOWN && !l->closing &&
+			    now - l->fence_connect_ns >= TCP_TICK_MS * 1000000ull) {
+				l->fence_connect_ns = now;
+				tcp_lane_connect_locked(ti, l);
+				bad = bad || l->state == TCP_LANE_BROKEN;
+			}
+		}
 		pthread_mutex_unlock(&l->lock);
 		if (bad)
 			hit[n++] = l;
 	}
 	pthread_mutex_unlock(&w->lock);
 	/* Reported without the worker lock: slice_done may call unload_peer, which takes it. */
+	tcp_rlist_report(ti, &expired);
 	for (uint32_t i = 0; i < n; i++)
 		tcp_lane_break(ti, hit[i], TE_ERR_CONN_RESET, TCP_NAME ": connection broken");
+	tcp_conns_tick(ti, w, now);
 }
 
 static void tcp_run_again(struct tcp_inst *ti, struct tcp_worker *w)
@@ -1963,7 +2873,7 @@ static void *tcp_worker_main(void *arg)
 						w->index, strerror(errno));
 				break;
 			case TCP_EP_LISTEN:
-				tcp_accept(ti);
+				tcp_accept(ti, w);
 				break;
 			case TCP_EP_LANE:
 				tcp_lane_event(ti, w, (struct tcp_lane *)ep, evs[i].events);
@@ -1981,8 +2891,21 @@ static void *tcp_worker_main(void *arg)
 /* --- options ------------------------------------------------------------------------- */
 
 static const char *const tcp_option_names[] = {
-	"bind",		"port",	      "advertise",	    "lanes",   "workers",
-	"max_inflight", "slice_size", "connect_timeout_ms", "sockbuf",
+	"bind",
+	"port",
+	"advertise",
+	"lanes",
+	"workers",
+	"max_inflight",
+	"slice_size",
+	"connect_timeout_ms",
+	"sockbuf",
+	"max_conns",
+	"max_conns_per_host",
+	"max_unauth",
+	"hello_timeout_ms",
+	"idle_timeout_ms",
+	"frame_timeout_ms",
 };
 
 static enum te_status tcp_opt_u64(struct tcp_inst *ti, const char *key, uint64_t def, uint64_t min,
@@ -2075,7 +2998,19 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 			      &ti->slice_size)) != TE_OK ||
 	    (st = tcp_opt_u64(ti, "connect_timeout_ms", 3000, 1, 600000, false,
 			      &ti->connect_timeout_ms)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "sockbuf", 0, 0, 1ull << 30, true, &ti->sockbuf)) != TE_OK)
+	    (st = tcp_opt_u64(ti, "sockbuf", 0, 0, 1ull << 30, true, &ti->sockbuf)) != TE_OK ||
+	    (st = tcp_opt_u64(ti, "max_conns", TCP_DEF_MAX_CONNS, 1, 1u << 20, false,
+			      &ti->max_conns)) != TE_OK ||
+	    (st = tcp_opt_u64(ti, "max_conns_per_host", TCP_DEF_MAX_CONNS_HOST, 1, 1u << 20, false,
+			      &ti->max_conns_per_host)) != TE_OK ||
+	    (st = tcp_opt_u64(ti, "max_unauth", TCP_DEF_MAX_UNAUTH, 1, 1u << 20, false,
+			      &ti->max_unauth)) != TE_OK ||
+	    (st = tcp_opt_u64(ti, "hello_timeout_ms", TCP_DEF_HELLO_MS, 10, 600000, false,
+			      &ti->hello_timeout_ms)) != TE_OK ||
+	    (st = tcp_opt_u64(ti, "idle_timeout_ms", TCP_DEF_IDLE_MS, 0, 86400000, false,
+			      &ti->idle_timeout_ms)) != TE_OK ||
+	    (st = tcp_opt_u64(ti, "frame_timeout_ms", TCP_DEF_FRAME_MS, 10, 86400000, false,
+			      &ti->frame_timeout_ms)) != TE_OK)
 		return st;
 
 	if (!bind_s || !*bind_s)
@@ -2242,9 +3177,17 @@ static void tcp_destroy(struct tcp_inst *ti)
 		struct tcp_peer *peer = ti->peers;
 
 		peers++;
-		for (uint32_t i = 0; i < peer->n_lanes; i++)
-			tcp_lane_break(ti, &peer->lanes[i], TE_ERR_CANCELED,
-				       TCP_NAME ": instance shut down");
+		for (uint32_t i = 0; i < peer->n_lanes; i++) {
+			struct tcp_lane *l = &peer->lanes[i];
+			struct tcp_rlist rest = { 0 };
+
+			tcp_lane_break(ti, l, TE_ERR_CANCELED, TCP_NAME ": instance shut down");
+			/* WRITEs still waiting for a fence: shutting down, nobody waits longer. */
+			pthread_mutex_lock(&l->lock);
+			tcp_fence_take_locked(l, true, 0, &rest);
+			pthread_mutex_unlock(&l->lock);
+			tcp_rlist_report(ti, &rest);
+		}
 		tcp_peer_free(ti, peer);
 	}
 	for (uint32_t i = 0; ti->workers && i < ti->n_workers; i++) {
@@ -2255,8 +3198,7 @@ static void tcp_destroy(struct tcp_inst *ti)
 
 			w->conns = c->next;
 			close(c->fd);
-			free(c->rx.buf);
-			free(c);
+			tcp_conn_free(c);
 		}
 		while (w->defer_head) {
 			struct te_plugin_slice *s = w->defer_head;
@@ -2288,8 +3230,10 @@ static void tcp_destroy(struct tcp_inst *ti)
 			mems);
 	free(ti->regions);
 	free(ti->workers);
+	free(ti->fences);
 	pthread_rwlock_destroy(&ti->reg_lock);
 	pthread_mutex_destroy(&ti->lock);
+	pthread_mutex_destroy(&ti->fence_lock);
 	free(ti);
 }
 
@@ -2312,6 +3256,14 @@ static enum te_status tcp_init(const struct te_plugin_host *host, struct te_plug
 	ti->listen_fd = -1;
 	ti->listen_ep.kind = TCP_EP_LISTEN;
 	pthread_mutex_init(&ti->lock, NULL);
+	pthread_mutex_init(&ti->fence_lock, NULL);
+	/* Since ABI 1.2 the host authenticates with the engine's secret, which we never see. */
+	if (TE_PLUGIN_HAS(host, struct te_plugin_host, auth_check) && host->auth_mac &&
+	    host->auth_check) {
+		uint8_t probe[TE_PLUGIN_MAC_SIZE];
+
+		ti->auth = host->auth_mac(ctx, NULL, 0, probe) == TE_OK;
+	}
 	pthread_rwlockattr_init(&attr);
 	/*
 	 * Serving syscalls hold the read side back to back under load; without writer
@@ -2320,6 +3272,11 @@ static enum te_status tcp_init(const struct te_plugin_host *host, struct te_plug
 	pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
 	pthread_rwlock_init(&ti->reg_lock, &attr);
 	pthread_rwlockattr_destroy(&attr);
+	ti->fences = calloc(TCP_FENCES, sizeof(*ti->fences));
+	if (!ti->fences) {
+		st = TE_ERR_NOMEM;
+		goto err_destroy;
+	}
 
 	st = tcp_setup(ti, blob);
 	if (st != TE_OK)
@@ -2518,8 +3475,26 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		return TE_ERR_INVALID_ARG;
 	if (len != TCP_BLOB_LEN || tcp_get_u32(b) != TCP_BLOB_MAGIC || b[4] != 1 ||
 	    (b[5] != 4 && b[5] != 6) || tcp_get_u16(b + 6) == 0 || tcp_get_u32(b + 36) != 0) {
-		tcp_log(ti, TE_PLUGIN_LOG_INFO, "peer %s: malformed transport blob (%zu bytes)",
-			peer_name, len);
+		char why[160];
+
+		if (len != TCP_BLOB_LEN)
+			snprintf(why, sizeof(why), "%zu bytes, expected %u", len, TCP_BLOB_LEN);
+		else if (tcp_get_u32(b) != TCP_BLOB_MAGIC || b[4] != 1)
+			snprintf(why, sizeof(why),
+				 "magic 0x%08" PRIx32 " version %u, expected "
+				 "0x%08x version 1",
+				 tcp_get_u32(b), b[4], TCP_BLOB_MAGIC);
+		else if (b[5] != 4 && b[5] != 6)
+			snprintf(why, sizeof(why), "address family %u, expected 4 or 6", b[5]);
+		else if (tcp_get_u16(b + 6) == 0)
+			snprintf(why, sizeof(why), "port 0");
+		else
+			snprintf(why, sizeof(why), "reserved field 0x%08" PRIx32 " is not 0",
+				 tcp_get_u32(b + 36));
+		tcp_set_error(ti, TCP_NAME ": peer %s: malformed transport blob (%s)", peer_name,
+			      why);
+		tcp_log(ti, TE_PLUGIN_LOG_DEBUG, "peer %s: malformed transport blob (%s)",
+			peer_name, why);
 		return TE_ERR_METADATA_MALFORMED;
 	}
 	port = tcp_get_u16(b + 6);
@@ -2529,6 +3504,12 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 	peer->ti = ti;
 	peer->name = strdup(peer_name);
 	peer->nonce = tcp_get_u64(b + 8);
+	if (!tcp_random(&peer->cid, sizeof(peer->cid)) || !peer->cid) {
+		tcp_set_error(ti, TCP_NAME ": peer %s: no random bytes for a client id", peer_name);
+		free(peer->name);
+		free(peer);
+		return TE_ERR_SYSTEM;
+	}
 	peer->n_lanes = ti->lanes;
 	if (b[5] == 6) {
 		struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&peer->sa;
@@ -2564,7 +3545,6 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		pthread_mutex_init(&l->rx_lock, NULL);
 		l->slots = calloc(ti->max_inflight, sizeof(*l->slots));
 		l->free_ids = malloc(ti->max_inflight * sizeof(*l->free_ids));
-		l->reports = malloc(ti->max_inflight * sizeof(*l->reports));
 		l->rx.buf = malloc(TCP_RBUF);
 		/* Lowest ids on top: a lightly used lane keeps touching the same slots. */
 		for (uint32_t k = 0; l->free_ids && k < ti->max_inflight; k++)
@@ -2574,14 +3554,13 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 	for (uint32_t i = 0; i < peer->n_lanes; i++) {
 		struct tcp_lane *l = &peer->lanes[i];
 
-		if (!peer->name || !l->slots || !l->free_ids || !l->reports || !l->rx.buf) {
+		if (!peer->name || !l->slots || !l->free_ids || !l->rx.buf) {
 			/* Not yet visible to anyone: free it directly. */
 			for (uint32_t k = 0; k < peer->n_lanes; k++) {
 				pthread_mutex_destroy(&peer->lanes[k].lock);
 				pthread_mutex_destroy(&peer->lanes[k].rx_lock);
 				free(peer->lanes[k].slots);
 				free(peer->lanes[k].free_ids);
-				free(peer->lanes[k].reports);
 				free(peer->lanes[k].rx.buf);
 			}
 			free(peer->name);
@@ -2674,7 +3653,11 @@ static enum te_status tcp_unpack_remote_key(struct te_plugin_inst *inst,
 	return TE_OK;
 
 err_malformed:
-	tcp_log(ti, TE_PLUGIN_LOG_INFO,
+	tcp_set_error(ti,
+		      TCP_NAME ": peer %s: malformed key (%zu bytes) for buffer [0x%" PRIx64
+			       ", +%" PRIu64 ")",
+		      ((struct tcp_peer *)peer)->name, len, addr, length);
+	tcp_log(ti, TE_PLUGIN_LOG_DEBUG,
 		"peer %s: malformed key (%zu bytes) for buffer [0x%" PRIx64 ", +%" PRIu64 ")",
 		((struct tcp_peer *)peer)->name, len, addr, length);
 	return TE_ERR_METADATA_MALFORMED;
@@ -2743,6 +3726,7 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 	slot->op = s->opcode == TE_PLUGIN_OP_READ ? TCP_OP_READ : TCP_OP_WRITE;
 	slot->length = s->length;
 	p->next = NULL;
+	p->fencing = false;
 	p->req_id = (uint32_t)slot->gen << 16 | id;
 	p->status = TE_OK;
 	p->detail[0] = '\0';
@@ -2816,7 +3800,9 @@ static enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_s
 		}
 		s->device = 0;
 		bad = tcp_check_slice(s, why, sizeof(why));
-		if (bad == TE_OK && atomic_load_explicit(&peer->restarted, memory_order_relaxed)) {
+		if (bad == TE_OK && atomic_load_explicit(&peer->restarted, memory_order_relaxed) &&
+		    tcp_now_ns() <
+			    atomic_load_explicit(&peer->restarted_until_ns, memory_order_relaxed)) {
 			bad = TE_ERR_PEER_RESTARTED;
 			snprintf(why, sizeof(why),
 				 TCP_NAME ": %s (%s) was restarted; its descriptor is stale",
@@ -2863,11 +3849,19 @@ static enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_s
 	return ret;
 }
 
+/*
+ * Cancel: a request not on the wire is removed and reported at once. A READ in flight is
+ * reported at once too: its answer is drained when it comes, and once cancel returns no byte
+ * of it reaches the destination. A WRITE whose bytes reached the socket cannot be recalled:
+ * its lane is aborted and the WRITE is reported once it cannot land any more (see
+ * tcp_lane_break): at once when its deadline passed, else when the server fenced the old
+ * connection (one round trip to a live server) or, at the latest, at its deadline.
+ */
 static enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s)
 {
 	struct tcp_inst *ti = tcp_inst_of(inst);
 	struct te_plugin_slice *report = NULL;
-	bool redirect = false;
+	bool redirect = false, abort = false;
 	struct tcp_spriv *p;
 	struct tcp_slot *slot;
 	struct tcp_lane *l;
@@ -2882,6 +3876,26 @@ static enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 	if (!l || id >= ti->max_inflight)
 		return TE_ERR_NOT_FOUND; /* never queued, or a deferred failure on its way */
 	pthread_mutex_lock(&l->lock);
+	if (p->fencing) {
+		/* Waiting for the fence of a torn-down connection: its deadline also ends it. */
+		if (tcp_now_ns() >= s->deadline_ns) {
+			struct te_plugin_slice *prev = NULL;
+
+			for (struct te_plugin_slice *q = l->fence_head; q && q != s;
+			     q = tcp_priv(q)->next)
+				prev = q;
+			tcp_fence_unlink_locked(l, prev, s);
+			p->status = TE_ERR_CANCELED;
+			snprintf(p->detail, sizeof(p->detail),
+				 TCP_NAME ": canceled; its deadline passed before the server "
+					  "could be reached to fence it");
+			report = s;
+		}
+		pthread_mutex_unlock(&l->lock);
+		if (report)
+			tcp_report_priv(ti, report);
+		return TE_OK;
+	}
 	slot = &l->slots[id];
 	if (!(slot->flags & TCP_SLOT_USED) || slot->slice != s) {
 		pthread_mutex_unlock(&l->lock);
@@ -2907,30 +3921,42 @@ static enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 		p->status = TE_ERR_CANCELED;
 		snprintf(p->detail, sizeof(p->detail), TCP_NAME ": canceled before it was sent");
 		report = s;
-	} else if ((slot->flags & TCP_SLOT_SENT) &&
-		   !(slot->flags & (TCP_SLOT_RECV | TCP_SLOT_ANSWERED))) {
-		/* Waiting for its response: report now, discard the response later. */
+	} else if (slot->op == TCP_OP_WRITE) {
+		/*
+		 * Its bytes may be anywhere between here and the server's memory: abort the
+		 * connection (its worker resets it and reports the WRITE once fenced).
+		 */
+		slot->flags |= TCP_SLOT_CANCELED;
+		l->n_canceled++;
+		tcp_lane_fail_locked(l, TE_ERR_CONN_RESET,
+				     TCP_NAME ": lane %u to %s (%s) aborted to cancel a WRITE in "
+					      "flight",
+				     l->index, l->peer->name, l->peer->addr_text);
+		abort = true;
+	} else if ((slot->flags & TCP_SLOT_SENT) && !(slot->flags & TCP_SLOT_ANSWERED)) {
+		/*
+		 * A READ waiting for (or receiving) its answer: report now, drain the answer
+		 * later. A payload being received stops reaching the destination below.
+		 */
+		redirect = (slot->flags & TCP_SLOT_RECV) != 0;
+		if (redirect)
+			atomic_store_explicit(&l->rx_redirect, true, memory_order_relaxed);
 		slot->flags |= TCP_SLOT_CANCELED;
 		l->n_canceled++;
 		report = tcp_slot_orphan_locked(l, id);
 	} else {
-		/*
-		 * Bytes of it are moving right now: it completes as canceled when they stop. A
-		 * READ's remaining payload is discarded instead of written, and once the read in
-		 * progress (non-blocking, short) is over no byte reaches the destination. A WRITE
-		 * being sent still reads its source until its frame is out.
-		 */
+		/* A READ request partly sent: reported (orphaned) as soon as it is all out. */
 		slot->flags |= TCP_SLOT_CANCELED;
 		l->n_canceled++;
-		redirect = (slot->flags & TCP_SLOT_RECV) != 0;
-		if (redirect)
-			atomic_store_explicit(&l->rx_redirect, true, memory_order_relaxed);
 	}
 	pthread_mutex_unlock(&l->lock);
 	if (redirect) {
+		/* The read in progress (non-blocking, short) ends; later ones see the redirect. */
 		pthread_mutex_lock(&l->rx_lock);
 		pthread_mutex_unlock(&l->rx_lock);
 	}
+	if (abort)
+		tcp_kick_lane(l);
 	if (report)
 		tcp_report_priv(ti, report);
 	return TE_OK;

@@ -1159,10 +1159,12 @@ static void test_free_releases(void)
 
 /*
  * A raw tcp-transport client (wire format of plugins/tcp/README.md, written independently):
- * 32-byte little-endian headers {magic "TCP1", version 1, op, flags 0, request id, status,
- * addr, length}; a HELLO carrying the instance nonce of the target's published endpoint comes
- * first; a WRITE header is followed by its payload; answers echo op and request id, with
- * status 0 and (READ) the data, or an error status and a detail text of `length` bytes.
+ * 32-byte little-endian headers {magic "TCP1", version 2, op, flags 0, request id, status
+ * (requests: a deadline in ms, 0xffffffff none), addr, length}; a HELLO carrying the instance
+ * nonce of the target's published endpoint and a 56-byte body {client id, epoch, lane, flags,
+ * nonce} comes first and is answered (72-byte body) before requests; a WRITE header is
+ * followed by its payload; answers echo op and request id, with status 0 and (READ) the
+ * data, or an error status and a detail text of `length` bytes.
  */
 #define TCPW_HDR 32
 enum {
@@ -1209,9 +1211,11 @@ static struct tcpw_hdr tcpw_get(const uint8_t *p)
 
 static struct tcpw_hdr tcpw_req(uint8_t op, uint32_t id, uint64_t addr, uint64_t length)
 {
-	struct tcpw_hdr h = { .version = 1, .op = op, .id = id, .addr = addr, .length = length };
+	struct tcpw_hdr h = { .version = 2, .op = op, .id = id, .addr = addr, .length = length };
 
 	h.magic = (uint32_t)le_get((const uint8_t *)"TCP1", 4);
+	if (op != TCPW_HELLO)
+		h.status = -1; /* no deadline */
 	return h;
 }
 
@@ -1254,19 +1258,25 @@ static void tcpw_endpoint(struct node *n, struct tcpw_endpoint *ep)
 /* Connect and say hello with @nonce; returns the fd and the answer's status in *st. */
 static int tcpw_connect(const struct tcpw_endpoint *ep, uint64_t nonce, int32_t *st)
 {
+	static uint64_t next_client = 1;
 	int64_t deadline = now_ns() + 10 * S_NS;
-	struct tcpw_hdr h = tcpw_req(TCPW_HELLO, 0, nonce, 0);
-	uint8_t hb[TCPW_HDR];
+	struct tcpw_hdr h = tcpw_req(TCPW_HELLO, 0, nonce, 56);
+	uint8_t hb[TCPW_HDR + 200] = { 0 };
 	int fd = raw_connect(ep->addr);
 
 	if (fd < 0)
 		g_error("connect to the tcp endpoint %s: %s", ep->addr, g_strerror(errno));
 	tcpw_put(hb, &h);
-	g_assert_true(raw_send(fd, hb, sizeof(hb)));
-	if (raw_recv(fd, hb, sizeof(hb), deadline) != TCPW_HDR)
+	le_put(hb + TCPW_HDR, 0x5e57000000000000ull + next_client++, 8); /* client id */
+	le_put(hb + TCPW_HDR + 8, 1, 8);				 /* epoch */
+	g_assert_true(raw_send(fd, hb, TCPW_HDR + 56));
+	if (raw_recv(fd, hb, TCPW_HDR, deadline) != TCPW_HDR)
 		g_error("no HELLO answer from %s", ep->addr);
 	h = tcpw_get(hb);
 	g_assert_cmpuint(h.op, ==, TCPW_HELLO);
+	g_assert_cmpuint(h.length, <=, 200);
+	if (h.length)
+		g_assert_cmpint(raw_recv(fd, hb + TCPW_HDR, h.length, deadline), ==, h.length);
 	*st = h.status;
 	return fd;
 }

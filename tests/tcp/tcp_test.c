@@ -19,11 +19,20 @@
 
 /* Wire format as README.md documents it, written out independently of the plugin. */
 #define W_MAGIC 0x31504354u
-#define W_VERSION 1u
+#define W_VERSION 2u
 #define W_READ 0u
 #define W_WRITE 1u
 #define W_HELLO 2u
+#define W_AUTH 3u
 #define W_HDR 32u
+#define W_HELLO_REQ 56u
+#define W_HELLO_ANS 72u
+#define W_NONCE 32u
+#define W_MAC 32u
+#define W_NO_DEADLINE 0xffffffffu
+#define W_TRANSCRIPT (16 + 8 + 8 + 8 + 4 + 2 * W_NONCE)
+/* At least 16 bytes, as the engine requires. */
+#define SECRET "tcp-test shared secret 0123456789"
 
 static const char *const default_transfer = "timeout_ms: 60000";
 
@@ -198,16 +207,26 @@ static void put_le(uint8_t *p, uint64_t v, int n)
 		p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void frame(uint8_t *h, uint32_t magic, uint8_t version, uint8_t op, uint32_t req_id,
-		  uint64_t addr, uint64_t length)
+/* A frame header with an explicit status (requests: deadline) field. */
+static void frame_st(uint8_t *h, uint32_t magic, uint8_t version, uint8_t op, uint32_t req_id,
+		     uint32_t status, uint64_t addr, uint64_t length)
 {
 	memset(h, 0, W_HDR);
 	put_le(h, magic, 4);
 	h[4] = version;
 	h[5] = op;
 	put_le(h + 8, req_id, 4);
+	put_le(h + 12, status, 4);
 	put_le(h + 16, addr, 8);
 	put_le(h + 24, length, 8);
+}
+
+/* A frame header; READ and WRITE requests carry no deadline. */
+static void frame(uint8_t *h, uint32_t magic, uint8_t version, uint8_t op, uint32_t req_id,
+		  uint64_t addr, uint64_t length)
+{
+	frame_st(h, magic, version, op, req_id, op == W_READ || op == W_WRITE ? W_NO_DEADLINE : 0,
+		 addr, length);
 }
 
 static void send_all(int fd, const void *buf, size_t len)
@@ -268,6 +287,8 @@ struct reply {
 	uint64_t addr;
 	uint64_t length;
 	char detail[256];
+	uint8_t body[W_HELLO_ANS]; /* a HELLO answer's */
+	uint8_t raw[W_HDR];	   /* the header as received */
 };
 
 static bool recv_reply(int fd, struct reply *r)
@@ -277,6 +298,7 @@ static bool recv_reply(int fd, struct reply *r)
 	memset(r, 0, sizeof(*r));
 	if (!recv_all(fd, h, sizeof(h)))
 		return false;
+	memcpy(r->raw, h, sizeof(h));
 	g_assert_cmphex(le64(h) & 0xffffffffu, ==, W_MAGIC);
 	r->op = h[5];
 	r->req_id = (uint32_t)(le64(h + 8) & 0xffffffffu);
@@ -287,23 +309,105 @@ static bool recv_reply(int fd, struct reply *r)
 		g_assert_cmpuint(r->length, <, sizeof(r->detail));
 		if (!recv_all(fd, r->detail, (size_t)r->length))
 			return false;
+	} else if (r->op == W_HELLO) {
+		g_assert_cmpuint(r->length, ==, W_HELLO_ANS);
+		if (!recv_all(fd, r->body, W_HELLO_ANS))
+			return false;
 	}
 	return true;
 }
 
-static int raw_hello(const struct endpoint *ep)
+/* A raw client's lane identity: client id, lane, epoch and its nonce. */
+struct lane_id {
+	uint64_t cid;
+	uint64_t epoch;
+	uint32_t lane;
+	uint8_t nonce[W_NONCE];
+};
+
+static struct lane_id lane_new(void)
+{
+	static atomic_uint_fast64_t next = 1;
+	struct lane_id id = { .cid = 0x7e57000000000000ull + atomic_fetch_add(&next, 1),
+			      .epoch = 1 };
+
+	for (unsigned i = 0; i < W_NONCE; i++)
+		id.nonce[i] = (uint8_t)g_random_int();
+	return id;
+}
+
+/* The HELLO of @id to instance @nonce: header and body. */
+static void hello_frame(uint8_t *b, const struct lane_id *id, uint64_t nonce, uint32_t flags)
+{
+	frame(b, W_MAGIC, W_VERSION, W_HELLO, 0, nonce, W_HELLO_REQ);
+	put_le(b + W_HDR, id->cid, 8);
+	put_le(b + W_HDR + 8, id->epoch, 8);
+	put_le(b + W_HDR + 16, id->lane, 4);
+	put_le(b + W_HDR + 20, flags, 4);
+	memcpy(b + W_HDR + 24, id->nonce, W_NONCE);
+}
+
+/*
+ * The MAC the host computes for the tcp plugin, written out independently:
+ * HMAC-SHA256(secret, "te-plugin-auth-v1" NUL "tcp" NUL transcript).
+ */
+static void auth_mac(const char *secret, bool server, uint64_t instance, const struct lane_id *id,
+		     const uint8_t *nonce_s, uint8_t mac[W_MAC])
+{
+	GHmac *h = g_hmac_new(G_CHECKSUM_SHA256, (const guchar *)secret, strlen(secret));
+	uint8_t tr[W_TRANSCRIPT] = { 0 };
+	gsize n = W_MAC;
+
+	memcpy(tr, server ? "tcp-v2 server" : "tcp-v2 client", 14);
+	put_le(tr + 16, instance, 8);
+	put_le(tr + 24, id->cid, 8);
+	put_le(tr + 32, id->epoch, 8);
+	put_le(tr + 40, id->lane, 4);
+	memcpy(tr + 44, id->nonce, W_NONCE);
+	memcpy(tr + 44 + W_NONCE, nonce_s, W_NONCE);
+	g_hmac_update(h, (const guchar *)"te-plugin-auth-v1", 18);
+	g_hmac_update(h, (const guchar *)"tcp", 4);
+	g_hmac_update(h, tr, sizeof(tr));
+	g_hmac_get_digest(h, mac, &n);
+	g_hmac_unref(h);
+	g_assert_cmpuint(n, ==, W_MAC);
+}
+
+/* Connect as @id and complete the handshake (with @secret when the server asks for it). */
+static int raw_hello_as(const struct endpoint *ep, const struct lane_id *id, const char *secret)
 {
 	int fd = raw_connect(ep);
-	uint8_t h[W_HDR];
+	uint8_t h[W_HDR + W_HELLO_REQ], mac[W_MAC];
 	struct reply r;
 
-	frame(h, W_MAGIC, W_VERSION, W_HELLO, 0, ep->nonce, 0);
+	hello_frame(h, id, ep->nonce, secret ? 1 : 0);
 	send_all(fd, h, sizeof(h));
 	g_assert_true(recv_reply(fd, &r));
 	g_assert_cmpuint(r.op, ==, W_HELLO);
 	g_assert_cmpint(r.status, ==, 0);
 	g_assert_cmphex(r.addr, ==, ep->nonce);
+	g_assert_cmpuint(le64(r.body) & 1, ==, secret ? 1 : 0);
+	if (!secret)
+		return fd;
+	/* The server proves the secret first. */
+	auth_mac(secret, true, ep->nonce, id, r.body + 8, mac);
+	g_assert_cmpmem(r.body + 8 + W_NONCE, W_MAC, mac, W_MAC);
+	auth_mac(secret, false, ep->nonce, id, r.body + 8, mac);
+	frame(h, W_MAGIC, W_VERSION, W_AUTH, 0, 0, W_MAC);
+	memcpy(h + W_HDR, mac, W_MAC);
+	send_all(fd, h, W_HDR + W_MAC);
+	g_assert_true(recv_reply(fd, &r));
+	g_assert_cmpuint(r.op, ==, W_AUTH);
+	g_assert_cmpint(r.status, ==, 0);
+	g_assert_cmpuint(r.length, ==, 0);
 	return fd;
+}
+
+static int raw_hello(const struct endpoint *ep)
+{
+	struct lane_id id = lane_new();
+
+	return raw_hello_as(ep, &id, NULL);
 }
 
 /* True when the server closed @fd (end of stream or reset), without sending anything. */
@@ -704,7 +808,8 @@ static void test_hello_stale(void)
 	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
 	struct itest_buf rw;
 	struct endpoint ep;
-	uint8_t h[2 * W_HDR];
+	struct lane_id id;
+	uint8_t h[2 * W_HDR + W_HELLO_REQ];
 	struct reply rep;
 	int fd;
 
@@ -712,9 +817,11 @@ static void test_hello_stale(void)
 	itest_buf_register(&rw, b, TE_MEM_REMOTE);
 	ep = endpoint_of(b);
 	fd = raw_connect(&ep);
-	frame(h, W_MAGIC, W_VERSION, W_HELLO, 0, ep.nonce ^ 1, 0);
+	id = lane_new();
+	hello_frame(h, &id, ep.nonce ^ 1, 0);
 	/* A pipelined WRITE behind it must not run. */
-	frame(h + W_HDR, W_MAGIC, W_VERSION, W_WRITE, 1, (uint64_t)(uintptr_t)rw.data, 8);
+	frame(h + W_HDR + W_HELLO_REQ, W_MAGIC, W_VERSION, W_WRITE, 1, (uint64_t)(uintptr_t)rw.data,
+	      8);
 	send_rejected(fd, h, sizeof(h));
 	send_rejected(fd, "XXXXXXXX", 8);
 	g_assert_true(recv_reply(fd, &rep));
@@ -776,8 +883,10 @@ static void make_flags(uint8_t *b, size_t *len, uint64_t target)
 
 static void make_second_hello(uint8_t *b, size_t *len, uint64_t target)
 {
-	frame(b, W_MAGIC, W_VERSION, W_HELLO, 0, target, 0);
-	*len = W_HDR;
+	struct lane_id id = lane_new();
+
+	hello_frame(b, &id, target, 0);
+	*len = W_HDR + W_HELLO_REQ;
 }
 
 static void make_random(uint8_t *b, size_t *len, uint64_t target)
@@ -1122,6 +1231,7 @@ struct fake {
 	int fd;
 	uint16_t port;
 	uint64_t nonce;
+	uint64_t cid, epoch; /* of the last HELLO */
 };
 
 /* B's descriptor with its tcp endpoint moved to @port (same instance nonce). */
@@ -1160,6 +1270,8 @@ static void fake_pair(struct itest_pair *p, struct fake *f, struct itest_buf *la
 	g_autofree char *json = NULL;
 
 	itest_pair_new(p, "tcp", "lanes: 1", transfer);
+	if (g_getenv("TCP_TEST_DEBUG"))
+		te_engine_set_log_level(p->a, TE_LOG_DEBUG);
 	itest_buf_register(la, p->a, TE_MEM_LOCAL);
 	itest_buf_register(rb, p->b, TE_MEM_REMOTE);
 	f->fd = -1;
@@ -1175,25 +1287,46 @@ static void fake_pair(struct itest_pair *p, struct fake *f, struct itest_buf *la
 	itest_ok(te_segment_import(p->a, json, strlen(json), &p->seg));
 }
 
-/* Accept the initiator's lane and answer its hello. */
-static void fake_accept(struct fake *f)
+/* Accept the initiator's lane and read its HELLO (not answered yet). */
+static void fake_accept_hello(struct fake *f)
 {
 	struct timeval tv = { .tv_sec = 30 };
-	uint8_t h[W_HDR];
+	uint8_t h[W_HDR + W_HELLO_REQ];
 
 	f->fd = accept(f->lfd, NULL, NULL);
 	g_assert_cmpint(f->fd, >=, 0);
 	setsockopt(f->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	g_assert_true(recv_all(f->fd, h, sizeof(h)));
+	g_assert_cmpuint(h[4], ==, W_VERSION);
 	g_assert_cmpuint(h[5], ==, W_HELLO);
 	g_assert_cmphex(le64(h + 16), ==, f->nonce);
-	frame(h, W_MAGIC, W_VERSION, W_HELLO, 0, f->nonce, 0);
+	g_assert_cmpuint(le64(h + 24), ==, W_HELLO_REQ);
+	f->cid = le64(h + W_HDR);
+	f->epoch = le64(h + W_HDR + 8);
+	g_assert_cmphex(f->cid, !=, 0);
+	g_assert_cmpuint(f->epoch, >, 0);
+}
+
+/* Answer the HELLO read by fake_accept_hello: no authentication. */
+static void fake_answer_hello(struct fake *f)
+{
+	uint8_t h[W_HDR + W_HELLO_ANS] = { 0 };
+
+	frame(h, W_MAGIC, W_VERSION, W_HELLO, 0, f->nonce, W_HELLO_ANS);
 	send_all(f->fd, h, sizeof(h));
+}
+
+/* Accept the initiator's lane and answer its hello. */
+static void fake_accept(struct fake *f)
+{
+	fake_accept_hello(f);
+	fake_answer_hello(f);
 }
 
 struct fake_req {
 	uint8_t op;
 	uint32_t req_id;
+	uint32_t deadline_ms;
 	uint64_t addr;
 	uint64_t length;
 };
@@ -1207,6 +1340,7 @@ static struct fake_req fake_request(struct fake *f)
 	g_assert_cmphex(le64(h) & 0xffffffffu, ==, W_MAGIC);
 	r.op = h[5];
 	r.req_id = (uint32_t)(le64(h + 8) & 0xffffffffu);
+	r.deadline_ms = (uint32_t)(le64(h + 12) & 0xffffffffu);
 	r.addr = le64(h + 16);
 	r.length = le64(h + 24);
 	return r;
@@ -1247,7 +1381,7 @@ static void test_cancel_mid_payload(void)
 	q = fake_request(&f);
 	g_assert_cmpuint(q.op, ==, W_READ);
 	g_assert_cmpuint(q.length, ==, 2 * half);
-	frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, q.length);
+	frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, q.length);
 	send_all(f.fd, h, sizeof(h));
 	send_all(f.fd, junk, half);
 	for (int i = 0; i < 30000 && la.data[half - 1] != 0xaa; i++)
@@ -1268,7 +1402,7 @@ static void test_cancel_mid_payload(void)
 	q = fake_request(&f);
 	g_assert_cmpuint(q.length, ==, 16);
 	memset(small, 0xbb, sizeof(small));
-	frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 16);
+	frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, 16);
 	send_all(f.fd, h, sizeof(h));
 	send_all(f.fd, small, sizeof(small));
 	itest_ok(itest_wait(p.a, bid2));
@@ -1321,12 +1455,12 @@ static void test_bad_reply(gconstpointer data)
 	q = fake_request(&f);
 	switch (kind) {
 	case BAD_REPLY_UNKNOWN_ID:
-		frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id ^ 0x10000u, 0, 4096);
+		frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id ^ 0x10000u, 0, 0, 4096);
 		send_all(f.fd, h, sizeof(h));
-		send_all(f.fd, junk, 4096);
+		send_rejected(f.fd, junk, 4096); /* the initiator may reset at once */
 		break;
 	case BAD_REPLY_TOO_LONG:
-		frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 8192);
+		frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, 8192);
 		send_all(f.fd, h, sizeof(h));
 		send_rejected(f.fd, junk, 8192);
 		break;
@@ -1334,7 +1468,7 @@ static void test_bad_reply(gconstpointer data)
 		send_all(f.fd, junk, 64);
 		break;
 	case BAD_REPLY_ERROR_TOO_LONG:
-		frame(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 100000);
+		frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, 100000);
 		put_le(h + 12, (uint32_t)TE_ERR_REMOTE_ACCESS, 4);
 		send_all(f.fd, h, sizeof(h));
 		break;
@@ -1357,6 +1491,549 @@ static void test_bad_reply(gconstpointer data)
 	itest_pair_free(&p);
 	fake_close(&f);
 	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* --- v2: authentication, fences, deadlines and limits of the serving side -------------- */
+
+/* An engine with one tcp transport and, when @secret is set, auth.secret. */
+static struct te_engine *engine_secret(const char *name, const char *options, const char *transfer,
+				       const char *secret)
+{
+	struct itest_transport t = { .name = "tcp", .required = true, .options = options };
+	g_autofree char *yaml = itest_yaml(name, &t, 1, transfer);
+	g_autofree char *full = secret ? g_strdup_printf("%sauth: {secret: \"%s\"}\n", yaml, secret)
+				       : g_strdup(yaml);
+
+	return itest_engine(full);
+}
+
+/* Read one reply and the close that must follow it; returns the reply. */
+static struct reply refusal_of(int fd)
+{
+	struct reply rep;
+
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_true(closed_by_peer(fd));
+	return rep;
+}
+
+/* A raw client that knows the secret completes the handshake and reads and writes. */
+static void test_auth_raw_client(void)
+{
+	struct te_engine *b = engine_secret("B", NULL, NULL, SECRET);
+	struct itest_buf rw;
+	struct lane_id id = lane_new();
+	struct endpoint ep;
+	uint8_t h[W_HDR], got[64];
+	struct reply rep;
+	int fd;
+
+	itest_buf_new(&rw, 65536, GUARD, 0x31);
+	itest_buf_register(&rw, b, TE_MEM_REMOTE);
+	ep = endpoint_of(b);
+	fd = raw_hello_as(&ep, &id, SECRET);
+	frame(h, W_MAGIC, W_VERSION, W_READ, 1, itest_raddr(&rw, 100), sizeof(got));
+	send_all(fd, h, sizeof(h));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_true(recv_all(fd, got, sizeof(got)));
+	g_assert_cmpmem(got, sizeof(got), rw.data + 100, sizeof(got));
+	memset(got, 0x5e, sizeof(got));
+	frame(h, W_MAGIC, W_VERSION, W_WRITE, 2, itest_raddr(&rw, 200), sizeof(got));
+	send_all(fd, h, sizeof(h));
+	send_all(fd, got, sizeof(got));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_cmpmem(rw.data + 200, sizeof(got), got, sizeof(got));
+	close(fd);
+	te_engine_free(b);
+	itest_buf_free(&rw);
+}
+
+/*
+ * Without the secret nothing is served, and every attempt gets the same generic refusal: a
+ * READ before HELLO, a READ after HELLO without AUTH (of a registered and of an unregistered
+ * address: byte-identical answers, no oracle), a wrong proof, a HELLO naming instance 0 (the
+ * instance nonce is not given away). The buffer never changes.
+ */
+static void test_auth_no_oracle(void)
+{
+	struct te_engine *b = engine_secret("B", NULL, NULL, SECRET);
+	struct itest_buf rw;
+	struct endpoint ep;
+	uint8_t h[W_HDR + W_HELLO_REQ + W_HDR + 64], out[W_HDR + W_HELLO_ANS + 256];
+	struct reply rep, first;
+	struct lane_id id;
+	size_t n;
+	int fd;
+
+	itest_buf_new(&rw, 65536, GUARD, 0x32);
+	itest_buf_register(&rw, b, TE_MEM_REMOTE);
+	ep = endpoint_of(b);
+
+	/* READ (and a pipelined WRITE) before HELLO. */
+	fd = raw_connect(&ep);
+	frame(h, W_MAGIC, W_VERSION, W_READ, 9, itest_raddr(&rw, 0), 16);
+	frame(h + W_HDR, W_MAGIC, W_VERSION, W_WRITE, 10, itest_raddr(&rw, 0), 16);
+	memset(h + 2 * W_HDR, 0x66, 16);
+	send_rejected(fd, h, 2 * W_HDR + 16);
+	rep = refusal_of(fd);
+	close(fd);
+	g_assert_cmpint(rep.status, ==, TE_ERR_AUTH);
+	g_assert_cmpstr(rep.detail, ==, "tcp: not authenticated");
+
+	/* HELLO, then READs without AUTH: of a registered and of an unregistered address. */
+	for (int k = 0; k < 2; k++) {
+		uint64_t addr = k ? 0x1000 : itest_raddr(&rw, 0);
+
+		id = lane_new();
+		fd = raw_connect(&ep);
+		hello_frame(h, &id, ep.nonce, 0);
+		frame(h + W_HDR + W_HELLO_REQ, W_MAGIC, W_VERSION, W_READ, 9, addr, 16);
+		send_rejected(fd, h, W_HDR + W_HELLO_REQ + W_HDR);
+		g_assert_true(recv_reply(fd, &rep)); /* the challenge */
+		g_assert_cmpint(rep.status, ==, 0);
+		g_assert_cmpuint(le64(rep.body) & 1, ==, 1);
+		rep = refusal_of(fd);
+		close(fd);
+		g_assert_cmpint(rep.status, ==, TE_ERR_AUTH);
+		g_assert_cmpstr(rep.detail, ==, "tcp: not authenticated");
+		if (k == 0)
+			first = rep;
+		else
+			g_assert_cmpmem(rep.raw, W_HDR, first.raw, W_HDR);
+	}
+
+	/* A wrong proof. */
+	id = lane_new();
+	fd = raw_connect(&ep);
+	hello_frame(h, &id, ep.nonce, 1);
+	send_all(fd, h, W_HDR + W_HELLO_REQ);
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	frame(h, W_MAGIC, W_VERSION, W_AUTH, 0, 0, W_MAC);
+	memset(h + W_HDR, 0xab, W_MAC);
+	send_rejected(fd, h, W_HDR + W_MAC);
+	rep = refusal_of(fd);
+	close(fd);
+	g_assert_cmpuint(rep.op, ==, W_AUTH);
+	g_assert_cmpint(rep.status, ==, TE_ERR_AUTH);
+	g_assert_cmpstr(rep.detail, ==, "tcp: authentication failed");
+
+	/* The right proof for another connection's challenge does not pass either. */
+	{
+		struct lane_id a = lane_new(), c = lane_new();
+		uint8_t mac[W_MAC];
+		int fa = raw_connect(&ep), fc = raw_connect(&ep);
+
+		hello_frame(h, &a, ep.nonce, 1);
+		send_all(fa, h, W_HDR + W_HELLO_REQ);
+		g_assert_true(recv_reply(fa, &rep));
+		auth_mac(SECRET, false, ep.nonce, &a, rep.body + 8, mac);
+		hello_frame(h, &c, ep.nonce, 1);
+		send_all(fc, h, W_HDR + W_HELLO_REQ);
+		g_assert_true(recv_reply(fc, &rep));
+		frame(h, W_MAGIC, W_VERSION, W_AUTH, 0, 0, W_MAC);
+		memcpy(h + W_HDR, mac, W_MAC);
+		send_rejected(fc, h, W_HDR + W_MAC);
+		rep = refusal_of(fc);
+		g_assert_cmpstr(rep.detail, ==, "tcp: authentication failed");
+		close(fa);
+		close(fc);
+	}
+
+	/* HELLO with instance 0: refused as "restarted", and the nonce is not in the answer. */
+	id = lane_new();
+	fd = raw_connect(&ep);
+	hello_frame(h, &id, 0, 0);
+	send_rejected(fd, h, W_HDR + W_HELLO_REQ);
+	n = 0;
+	for (;;) {
+		ssize_t r = recv(fd, out + n, sizeof(out) - n, 0);
+
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+	}
+	close(fd);
+	g_assert_cmpuint(n, >=, W_HDR);
+	g_assert_cmpint((int32_t)(uint32_t)(le64(out + 12) & 0xffffffffu), ==,
+			TE_ERR_PEER_RESTARTED);
+	for (size_t i = 0; i + 8 <= n; i++)
+		g_assert_cmphex(le64(out + i), !=, ep.nonce);
+
+	te_engine_free(b);
+	g_assert_true(itest_untouched_outside(&rw, NULL, NULL, 0));
+	itest_buf_free(&rw);
+}
+
+/*
+ * Engines with different secrets (descriptors imported, so the control plane is not
+ * involved): the data port refuses, with the reason on each side of the mismatch.
+ */
+static void test_auth_engines_mismatch(void)
+{
+	static const struct {
+		const char *a, *b, *want;
+	} cases[] = {
+		{ SECRET, "another secret of 16+ bytes", "did not prove the shared secret" },
+		{ NULL, SECRET,
+		  "requires authentication on its data port; this engine has no secret" },
+		{ SECRET, NULL, "serves its data port without authentication" },
+		{ SECRET, SECRET, NULL },
+	};
+
+	for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+		struct itest_pair p;
+		struct itest_buf la, rb;
+		struct te_request r;
+		struct te_task_info ti;
+		te_batch_id bid;
+
+		p.a = engine_secret("A", NULL, "timeout_ms: 10000, retries: 0", cases[i].a);
+		p.b = engine_secret("B", NULL, NULL, cases[i].b);
+		itest_buf_new(&la, 65536, GUARD, 0x33);
+		itest_buf_new(&rb, 65536, GUARD, 0x34);
+		itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+		itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+		itest_pair_connect(&p);
+		r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 8192 };
+		if (!cases[i].want) {
+			run_ok(&p, &r, 1);
+			g_assert_true(itest_range_is(&rb, 0, 8192, &la, 0));
+		} else {
+			g_assert_cmpint(run_batch(&p, &r, 1, &bid), ==, TE_ERR_AUTH);
+			ti = itest_task(p.a, bid, 0);
+			g_assert_cmpint(ti.status, ==, TE_ERR_AUTH);
+			itest_assert_contains(ti.detail, cases[i].want);
+			itest_ok(te_batch_free(p.a, bid));
+			g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
+		}
+		itest_pair_free(&p);
+		itest_buf_free(&la);
+		itest_buf_free(&rb);
+	}
+}
+
+/*
+ * Lane fencing on the serving side: a WRITE half received on a connection of lane (c, 0)
+ * epoch 1 stops landing the moment a connection of the same lane with epoch 2 is accepted;
+ * the rest of its payload never reaches memory, and a late HELLO of epoch 1 is refused.
+ */
+static void test_fence_server(void)
+{
+	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
+	struct itest_buf rw;
+	struct lane_id id = lane_new();
+	struct endpoint ep;
+	uint8_t h[W_HDR + W_HELLO_REQ], *old = g_malloc(MiB), fresh[4096];
+	struct reply rep;
+	int f1, f2, f3;
+
+	itest_buf_new(&rw, 2 * MiB, GUARD, 0x35);
+	itest_buf_register(&rw, b, TE_MEM_REMOTE);
+	ep = endpoint_of(b);
+	memset(old, 0x0d, MiB);
+	memset(fresh, 0x4e, sizeof(fresh));
+
+	f1 = raw_hello_as(&ep, &id, NULL);
+	frame(h, W_MAGIC, W_VERSION, W_WRITE, 1, itest_raddr(&rw, 0), MiB);
+	send_all(f1, h, W_HDR);
+	send_all(f1, old, MiB / 2);
+	/* The first half lands (the server is not fenced yet). */
+	for (int i = 0; i < 30000 && rw.data[MiB / 2 - 1] != 0x0d; i++)
+		itest_sleep_ms(1);
+	g_assert_cmphex(rw.data[MiB / 2 - 1], ==, 0x0d);
+
+	id.epoch = 2;
+	for (unsigned i = 0; i < W_NONCE; i++)
+		id.nonce[i] ^= 0x5a;
+	f2 = raw_hello_as(&ep, &id, NULL);
+	/* Epoch 2 was accepted: epoch 1 is fenced. Its second half must not land. */
+	send_rejected(f1, old + MiB / 2, MiB / 2);
+	frame(h, W_MAGIC, W_VERSION, W_WRITE, 1, itest_raddr(&rw, MiB / 2), sizeof(fresh));
+	send_all(f2, h, W_HDR);
+	send_all(f2, fresh, sizeof(fresh));
+	g_assert_true(recv_reply(f2, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_true(closed_by_peer(f1));
+	close(f1);
+	itest_sleep_ms(100);
+	g_assert_cmpmem(rw.data + MiB / 2, sizeof(fresh), fresh, sizeof(fresh));
+	for (size_t k = MiB / 2 + sizeof(fresh); k < MiB; k++)
+		if (rw.data[k] != itest_pattern(rw.seed, rw.guard + k))
+			g_error("byte %zu of the fenced WRITE landed (0x%02x)", k, rw.data[k]);
+
+	/* A HELLO of the older epoch (a delayed reconnect) is refused. */
+	id.epoch = 1;
+	f3 = raw_connect(&ep);
+	hello_frame(h, &id, ep.nonce, 0);
+	send_rejected(f3, h, sizeof(h));
+	rep = refusal_of(f3);
+	close(f3);
+	g_assert_cmpint(rep.status, ==, TE_ERR_CONN_RESET);
+	itest_assert_contains(rep.detail, "epoch 1 is older than the lane's newest (2)");
+	close(f2);
+	te_engine_free(b);
+	g_free(old);
+	itest_buf_free(&rw);
+}
+
+/*
+ * The serving side honours the deadline a request carries: a WRITE whose deadline passes in
+ * the middle of its payload keeps what arrived before and discards the rest; one that arrives
+ * after its deadline changes nothing. Both are answered TIMEOUT.
+ */
+static void test_server_deadline(void)
+{
+	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
+	struct itest_buf rw;
+	struct endpoint ep;
+	uint8_t h[W_HDR], *data = g_malloc(MiB);
+	struct reply rep;
+	int fd;
+
+	itest_buf_new(&rw, 2 * MiB, GUARD, 0x36);
+	itest_buf_register(&rw, b, TE_MEM_REMOTE);
+	ep = endpoint_of(b);
+	memset(data, 0x3b, MiB);
+	fd = raw_hello(&ep);
+	/* 300 ms after the HELLO answer; half now, the rest after the deadline. */
+	frame_st(h, W_MAGIC, W_VERSION, W_WRITE, 1, 300, itest_raddr(&rw, 0), MiB);
+	send_all(fd, h, sizeof(h));
+	send_all(fd, data, MiB / 2);
+	for (int i = 0; i < 30000 && rw.data[MiB / 2 - 1] != 0x3b; i++)
+		itest_sleep_ms(1);
+	g_assert_cmphex(rw.data[MiB / 2 - 1], ==, 0x3b);
+	itest_sleep_ms(600);
+	send_all(fd, data + MiB / 2, MiB / 2);
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, TE_ERR_TIMEOUT);
+	itest_assert_contains(rep.detail, "passed its deadline after 524288 bytes");
+	for (size_t k = MiB / 2; k < MiB; k++)
+		g_assert_cmphex(rw.data[k], ==, itest_pattern(rw.seed, rw.guard + k));
+	/* Deadline 0: already passed when it arrives. */
+	frame_st(h, W_MAGIC, W_VERSION, W_WRITE, 2, 0, itest_raddr(&rw, MiB), 4096);
+	send_all(fd, h, sizeof(h));
+	send_all(fd, data, 4096);
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, TE_ERR_TIMEOUT);
+	for (size_t k = MiB; k < MiB + 4096; k++)
+		g_assert_cmphex(rw.data[k], ==, itest_pattern(rw.seed, rw.guard + k));
+	close(fd);
+	te_engine_free(b);
+	g_free(data);
+	itest_buf_free(&rw);
+}
+
+/*
+ * Initiator side: a WRITE that reached the socket and is canceled is reported only after the
+ * server fenced its connection. The fake server reads part of the WRITE and stalls; after
+ * the cancel the initiator resets that connection and reconnects the lane (epoch + 1); the
+ * task stays PENDING until the fake answers that HELLO, then ends CANCELED.
+ */
+static void test_cancel_write_fenced(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct fake f;
+	struct fake_req q;
+	struct te_request r;
+	uint8_t junk[65536];
+	uint64_t epoch1;
+	int old_fd;
+	te_batch_id bid;
+
+	itest_buf_new(&la, 8 * MiB, GUARD, 0x37);
+	itest_buf_new(&rb, 8 * MiB, GUARD, 0x38);
+	fake_pair(&p, &f, &la, &rb, "timeout_ms: 60000, retries: 0");
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 8 * MiB };
+	itest_ok(te_batch_new(p.a, 1, &bid));
+	itest_ok(te_batch_submit(p.a, bid, &r, 1));
+	fake_accept(&f);
+	g_test_message("first connection: epoch %" PRIu64, f.epoch);
+	epoch1 = f.epoch;
+	q = fake_request(&f);
+	g_assert_cmpuint(q.op, ==, W_WRITE);
+	/* Stamped with a deadline: about 60 s out, counted from the HELLO answer. */
+	g_assert_cmpuint(q.deadline_ms, >, 50000);
+	g_assert_cmpuint(q.deadline_ms, <=, 60000);
+	g_assert_true(recv_all(f.fd, junk, sizeof(junk)));
+	itest_ok(te_batch_cancel(p.a, bid));
+	old_fd = f.fd;
+	/* The old connection is reset (its unsent bytes dropped), and the lane reconnects. */
+	fake_accept_hello(&f);
+	g_assert_cmpuint(f.epoch, ==, epoch1 + 1);
+	itest_sleep_ms(200);
+	g_assert_cmpint(itest_task(p.a, bid, 0).state, ==, TE_STATE_PENDING);
+	fake_answer_hello(&f);
+	g_assert_cmpint(itest_wait(p.a, bid), ==, TE_ERR_CANCELED);
+	g_assert_cmpint(itest_task(p.a, bid, 0).state, ==, TE_STATE_CANCELED);
+	itest_ok(te_batch_free(p.a, bid));
+	{
+		/* The old connection ends with a reset, not with the rest of the WRITE. */
+		size_t drained = 0;
+
+		for (;;) {
+			ssize_t n = recv(old_fd, junk, sizeof(junk), 0);
+
+			if (n <= 0) {
+				g_assert_true(n == 0 || errno == ECONNRESET);
+				break;
+			}
+			drained += (size_t)n;
+		}
+		g_assert_cmpuint(drained, <, 8 * MiB - sizeof(junk));
+		close(old_fd);
+	}
+	itest_pair_free(&p);
+	fake_close(&f);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* Same, but nobody answers the reconnect: the WRITE is reported at its deadline. */
+static void test_cancel_write_deadline(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct fake f;
+	struct te_request r;
+	uint8_t junk[65536];
+	te_batch_id bid;
+	int old_fd;
+
+	itest_buf_new(&la, 8 * MiB, GUARD, 0x39);
+	itest_buf_new(&rb, 8 * MiB, GUARD, 0x3a);
+	fake_pair(&p, &f, &la, &rb, "timeout_ms: 1500, retries: 0");
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 8 * MiB };
+	itest_ok(te_batch_new(p.a, 1, &bid));
+	itest_ok(te_batch_submit(p.a, bid, &r, 1));
+	fake_accept(&f);
+	(void)fake_request(&f);
+	g_assert_true(recv_all(f.fd, junk, sizeof(junk)));
+	itest_ok(te_batch_cancel(p.a, bid));
+	old_fd = f.fd;
+	fake_accept_hello(&f); /* and never answered */
+	g_assert_cmpint(itest_wait(p.a, bid), ==, TE_ERR_CANCELED);
+	itest_ok(te_batch_free(p.a, bid));
+	close(old_fd);
+	itest_pair_free(&p);
+	fake_close(&f);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* Limits: connections per host, handshake deadline, frame deadline, idle connections. */
+static void test_limits(void)
+{
+	struct te_engine *b = itest_engine1("B", "tcp",
+					    "max_conns_per_host: 3, hello_timeout_ms: 300, "
+					    "frame_timeout_ms: 400, idle_timeout_ms: 600",
+					    NULL);
+	struct itest_buf rw;
+	struct endpoint ep;
+	uint8_t h[W_HDR], got[16];
+	struct reply rep;
+	int fd[4], silent, slow, idle;
+
+	itest_buf_new(&rw, 65536, GUARD, 0x3c);
+	itest_buf_register(&rw, b, TE_MEM_REMOTE);
+	ep = endpoint_of(b);
+
+	/* Three from this host are served; a fourth is closed at once. */
+	for (int i = 0; i < 3; i++)
+		fd[i] = raw_hello(&ep);
+	fd[3] = raw_connect(&ep);
+	g_assert_true(closed_by_peer(fd[3]));
+	close(fd[3]);
+	for (int i = 0; i < 3; i++)
+		close(fd[i]);
+
+	/* A connection that says nothing is closed after hello_timeout_ms. */
+	itest_sleep_ms(100); /* the three above are gone from the server's count */
+	silent = raw_connect(&ep);
+	g_assert_true(closed_by_peer(silent));
+	close(silent);
+
+	/* A frame trickling in is closed frame_timeout_ms after its first byte. */
+	slow = raw_hello(&ep);
+	frame(h, W_MAGIC, W_VERSION, W_READ, 1, itest_raddr(&rw, 0), 16);
+	for (size_t i = 0; i < W_HDR - 1; i++) {
+		if (send(slow, h + i, 1, MSG_NOSIGNAL) != 1)
+			break; /* closed: as expected, sooner or later */
+		itest_sleep_ms(50);
+	}
+	g_assert_true(closed_by_peer(slow));
+	close(slow);
+
+	/* An idle connection goes after idle_timeout_ms; one in use is served first. */
+	idle = raw_hello(&ep);
+	frame(h, W_MAGIC, W_VERSION, W_READ, 2, itest_raddr(&rw, 0), sizeof(got));
+	send_all(idle, h, sizeof(h));
+	g_assert_true(recv_reply(idle, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_true(recv_all(idle, got, sizeof(got)));
+	g_assert_true(closed_by_peer(idle));
+	close(idle);
+	te_engine_free(b);
+	itest_buf_free(&rw);
+}
+
+/* The engine's own lanes survive the serving side's idle timeout: they reconnect. */
+static void test_idle_lanes_reconnect(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r;
+
+	itest_pair_new(&p, "tcp", "lanes: 2, idle_timeout_ms: 200", default_transfer);
+	itest_buf_new(&la, 65536, GUARD, 0x3d);
+	itest_buf_new(&rb, 65536, GUARD, 0x3e);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (int i = 0; i < 3; i++) {
+		r = (struct te_request){ TE_OP_WRITE, p.seg, la.data + i * 1024,
+					 itest_raddr(&rb, (size_t)i * 1024), 1024 };
+		run_ok(&p, &r, 1);
+		itest_sleep_ms(500); /* the server closes the idle lanes meanwhile */
+	}
+	g_assert_true(itest_range_is(&rb, 0, 3072, &la, 0));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* A malformed published blob: the error names what is wrong with it. */
+static void test_bad_blob_reason(void)
+{
+	g_autoptr(JsonParser) parser = json_parser_new();
+	g_autoptr(JsonGenerator) gen = json_generator_new();
+	struct te_engine *a = itest_engine1("A", "tcp", NULL, NULL);
+	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
+	struct itest_buf rb;
+	g_autofree char *out = NULL;
+	char *json = NULL;
+	size_t len = 0;
+	JsonObject *tps;
+	te_segment_id seg;
+
+	itest_buf_new(&rb, 4096, 0, 0x3f);
+	itest_buf_register(&rb, b, TE_MEM_REMOTE);
+	itest_ok(te_segment_export(b, &json, &len));
+	g_assert_true(json_parser_load_from_data(parser, json, (gssize)len, NULL));
+	te_free(json);
+	tps = json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
+					    "transports");
+	json_object_set_string_member(tps, "tcp", "AAAA"); /* 3 bytes */
+	json_generator_set_root(gen, json_parser_get_root(parser));
+	out = json_generator_to_data(gen, NULL);
+	itest_assert_status(te_segment_import(a, out, strlen(out), &seg), TE_ERR_NO_TRANSPORT);
+	itest_assert_contains(te_last_error(), "malformed transport blob (3 bytes, expected 40)");
+	te_engine_free(a);
+	te_engine_free(b);
 	itest_buf_free(&rb);
 }
 
@@ -1491,6 +2168,16 @@ int main(int argc, char **argv)
 			     GINT_TO_POINTER(BAD_REPLY_ERROR_TOO_LONG), test_bad_reply);
 	g_test_add_data_func("/tcp/client/bad-reply/silent", GINT_TO_POINTER(BAD_REPLY_SILENT),
 			     test_bad_reply);
+	g_test_add_func("/tcp/auth/raw-client", test_auth_raw_client);
+	g_test_add_func("/tcp/auth/no-oracle", test_auth_no_oracle);
+	g_test_add_func("/tcp/auth/engines-mismatch", test_auth_engines_mismatch);
+	g_test_add_func("/tcp/fence/server", test_fence_server);
+	g_test_add_func("/tcp/fence/server-deadline", test_server_deadline);
+	g_test_add_func("/tcp/fence/cancel-write", test_cancel_write_fenced);
+	g_test_add_func("/tcp/fence/cancel-write-deadline", test_cancel_write_deadline);
+	g_test_add_func("/tcp/limits/serving", test_limits);
+	g_test_add_func("/tcp/limits/idle-lanes-reconnect", test_idle_lanes_reconnect);
+	g_test_add_func("/tcp/failure/bad-blob-reason", test_bad_blob_reason);
 	g_test_add_func("/tcp/options/bad", test_bad_options);
 	g_test_add_func("/tcp/options/good", test_good_options);
 	g_test_add_data_func("/tcp/options/wildcard-v4",
