@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* config.c: parse the YAML node configuration (libyaml events -> node tree -> schema walk). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* explicit_bzero; meson sets it, fuzz/run-libfuzzer.sh does not */
+#endif
 #include "core/config.h"
 
 #include <assert.h>
@@ -27,7 +30,7 @@
 #define MAX_TRANSPORT_NAME 64
 /* Longest user text quoted in an error message, in bytes. */
 #define MSG_TEXT_MAX 64
-/* Most fields in one schema table (transfer has 12). */
+/* Most fields in one schema table (transfer has 13, control 11). */
 #define MAX_FIELDS 16
 
 #define SIZE_K (UINT64_C(1) << 10)
@@ -108,7 +111,7 @@ struct pctx {
 	char *err;
 	size_t n_nodes;
 	/* Value nodes kept for the checks that span keys (see check_cross). */
-	struct node *slot[8];
+	struct node *slot[16];
 };
 
 enum slot {
@@ -119,6 +122,8 @@ enum slot {
 	SLOT_SECRET,
 	SLOT_SECRET_FILE,
 	SLOT_TRANSPORTS,
+	SLOT_MAX_FRAME,
+	SLOT_MAX_BUFFERED,
 };
 
 /* Append user text in double quotes, escaped and bounded. */
@@ -641,6 +646,7 @@ enum ftype {
 	F_OPTIONS,    /* mapping of scalars kept as text */
 	F_ENDPOINTS,  /* sequence of strings, or one string */
 	F_STRING,     /* non-empty text */
+	F_SECRET,     /* text of at least CONFIG_MIN_SECRET bytes */
 	F_TOKEN,      /* non-empty text without blanks or control characters */
 	F_LISTEN,     /* host:port */
 	F_TNAME,      /* transport name */
@@ -729,11 +735,37 @@ static const struct field log_fields[] = {
 };
 
 static const struct field auth_fields[] = {
-	{ .key = "secret", .type = F_STRING, .off = CFG(auth_secret), .slot = SLOT_SECRET },
+	{ .key = "secret", .type = F_SECRET, .off = CFG(auth_secret), .slot = SLOT_SECRET },
 	{ .key = "secret_file",
 	  .type = F_STRING,
 	  .off = CFG(auth_secret_file),
 	  .slot = SLOT_SECRET_FILE },
+};
+
+/* Ranges: docs/config.md, "control"; the defaults are in config_set_defaults. */
+static const struct field control_fields[] = {
+	RANGED("max_connections", F_U32, CFG(control_max_connections), 1, 1048576),
+	RANGED("max_connections_per_host", F_U32, CFG(control_max_connections_per_host), 1,
+	       1048576),
+	RANGED("max_unauthenticated", F_U32, CFG(control_max_unauthenticated), 1, 1048576),
+	RANGED("auth_timeout_ms", F_U32, CFG(control_auth_timeout_ms), 1, 3600000),
+	RANGED("idle_timeout_ms", F_U32, CFG(control_idle_timeout_ms), 1, 86400000),
+	RANGED("frame_timeout_ms", F_U32, CFG(control_frame_timeout_ms), 1, 3600000),
+	{ .key = "max_frame",
+	  .type = F_SIZE,
+	  .off = CFG(control_max_frame),
+	  .min = 64 * SIZE_K,
+	  .max = SIZE_G,
+	  .slot = SLOT_MAX_FRAME },
+	{ .key = "max_buffered",
+	  .type = F_SIZE,
+	  .off = CFG(control_max_buffered),
+	  .min = 64 * SIZE_K,
+	  .max = 64 * SIZE_G,
+	  .slot = SLOT_MAX_BUFFERED },
+	RANGED("notify_inbox", F_U32, CFG(control_notify_inbox), 1, 16777216),
+	RANGED("notify_per_sender", F_U32, CFG(control_notify_per_sender), 1, 16777216),
+	RANGED("notify_per_host", F_U32, CFG(control_notify_per_host), 1, 16777216),
 };
 
 static const struct field transport_fields[] = {
@@ -750,6 +782,7 @@ static const struct field root_fields[] = {
 	{ .key = "transports", .type = F_TRANSPORTS, .slot = SLOT_TRANSPORTS },
 	SECTION("log", log_fields),
 	SECTION("auth", auth_fields),
+	SECTION("control", control_fields),
 };
 
 static bool walk_fields(struct pctx *p, const struct node *map, const char *path,
@@ -784,6 +817,10 @@ static bool set_string(struct pctx *p, const struct node *v, const char *path, c
 {
 	if (v->len == 0)
 		return fail(p, v, path, "must not be empty");
+	/* A short shared secret falls to guessing; the engine holds a file to the same rule. */
+	if (t == F_SECRET && v->len < CONFIG_MIN_SECRET)
+		return fail(p, v, path, "%zu byte%s is too short (at least %d)", v->len,
+			    v->len == 1 ? "" : "s", CONFIG_MIN_SECRET);
 	if (t == F_TOKEN && has_space_or_control(v->text, v->len)) {
 		g_autoptr(GString) q = g_string_new(NULL);
 
@@ -998,6 +1035,7 @@ static bool set_field(struct pctx *p, const struct field *f, const struct node *
 		return fail_type(p, v, path, field_expect(f->type));
 	switch (f->type) {
 	case F_STRING:
+	case F_SECRET:
 	case F_TOKEN:
 	case F_LISTEN:
 	case F_TNAME:
@@ -1092,6 +1130,21 @@ static bool check_cross(struct pctx *p, struct config *cfg)
 			    "metadata type %s needs at least one endpoint",
 			    metadata_types[cfg->metadata_type]);
 	}
+	if (cfg->control_max_buffered < cfg->control_max_frame) {
+		/* An implicit budget follows an explicit frame size, as the backoff does. */
+		if (!p->slot[SLOT_MAX_BUFFERED]) {
+			cfg->control_max_buffered = cfg->control_max_frame;
+		} else {
+			g_autofree char *buffered = format_size(cfg->control_max_buffered);
+			g_autofree char *frame = format_size(cfg->control_max_frame);
+
+			n = p->slot[SLOT_MAX_BUFFERED];
+			return fail(p, n, "control.max_buffered",
+				    "value %s is below control.max_frame (%s): a largest frame "
+				    "must fit",
+				    buffered, frame);
+		}
+	}
 	if (cfg->auth_secret && cfg->auth_secret_file) {
 		const struct node *a = p->slot[SLOT_SECRET], *b = p->slot[SLOT_SECRET_FILE];
 
@@ -1121,6 +1174,18 @@ static void config_set_defaults(struct config *cfg)
 	cfg->max_batches = 1024;
 	cfg->max_batch_size = 65536;
 	cfg->fallback = false;
+	/* Safe on a public network: docs/config.md, "Limits on a public network". */
+	cfg->control_max_connections = 1024;
+	cfg->control_max_connections_per_host = 128;
+	cfg->control_max_unauthenticated = 256;
+	cfg->control_auth_timeout_ms = 5000;
+	cfg->control_idle_timeout_ms = 10000;
+	cfg->control_frame_timeout_ms = 10000;
+	cfg->control_max_frame = 16 * SIZE_M;
+	cfg->control_max_buffered = 64 * SIZE_M;
+	cfg->control_notify_inbox = 65536;
+	cfg->control_notify_per_sender = 1024;
+	cfg->control_notify_per_host = 8192;
 	cfg->log_level = TE_LOG_WARN;
 }
 
@@ -1373,7 +1438,30 @@ char *config_to_yaml(const struct config *cfg)
 	emit_string(o, cfg->auth_secret);
 	g_string_append(o, "\n  secret_file: ");
 	emit_string(o, cfg->auth_secret_file);
-	g_string_append_c(o, '\n');
+	{
+		g_autofree char *frame = format_size(cfg->control_max_frame);
+		g_autofree char *buffered = format_size(cfg->control_max_buffered);
+
+		g_string_append_printf(
+			o,
+			"\ncontrol:\n"
+			"  max_connections: %" PRIu32 "\n"
+			"  max_connections_per_host: %" PRIu32 "\n"
+			"  max_unauthenticated: %" PRIu32 "\n"
+			"  auth_timeout_ms: %" PRIu32 "\n"
+			"  idle_timeout_ms: %" PRIu32 "\n"
+			"  frame_timeout_ms: %" PRIu32 "\n"
+			"  max_frame: %s\n"
+			"  max_buffered: %s\n"
+			"  notify_inbox: %" PRIu32 "\n"
+			"  notify_per_sender: %" PRIu32 "\n"
+			"  notify_per_host: %" PRIu32 "\n",
+			cfg->control_max_connections, cfg->control_max_connections_per_host,
+			cfg->control_max_unauthenticated, cfg->control_auth_timeout_ms,
+			cfg->control_idle_timeout_ms, cfg->control_frame_timeout_ms, frame,
+			buffered, cfg->control_notify_inbox, cfg->control_notify_per_sender,
+			cfg->control_notify_per_host);
+	}
 	return g_string_free(o, FALSE);
 }
 
@@ -1407,6 +1495,8 @@ void config_free(struct config *cfg)
 		}
 		g_free(t->options);
 	}
+	if (cfg->auth_secret)
+		explicit_bzero(cfg->auth_secret, strlen(cfg->auth_secret));
 	g_free(cfg->auth_secret);
 	g_free(cfg->auth_secret_file);
 	g_free(cfg);

@@ -70,14 +70,30 @@ struct config {
 	struct config_transport transports[CONFIG_MAX_TRANSPORTS];
 	size_t n_transports;
 
+	/* control: limits of the control-plane listener (docs/config.md, "control") */
+	uint32_t control_max_connections;	   /* default 1024 */
+	uint32_t control_max_connections_per_host; /* default 128 */
+	uint32_t control_max_unauthenticated;	   /* default 256 */
+	uint32_t control_auth_timeout_ms;	   /* default 5000, from accept */
+	uint32_t control_idle_timeout_ms;	   /* default 10000 */
+	uint32_t control_frame_timeout_ms;	   /* default 10000, from a frame's first byte */
+	uint64_t control_max_frame;		   /* body bytes of one frame, default 16M */
+	uint64_t control_max_buffered;		   /* body bytes of all frames held, default 64M */
+	uint32_t control_notify_inbox;		   /* received notifies held, default 65536 */
+	uint32_t control_notify_per_sender;	   /* ... per (source address, sender), 1024 */
+	uint32_t control_notify_per_host;	   /* ... per source address, default 8192 */
+
 	/* log: */
 	int log_level; /* enum te_log_level, default TE_LOG_WARN */
 
 	/* auth: */
 	/* At most one of these is set; both NULL: no authentication. */
-	char *auth_secret;	/* auth.secret: the shared secret itself */
+	char *auth_secret;	/* auth.secret: the secret itself, >= CONFIG_MIN_SECRET bytes */
 	char *auth_secret_file; /* auth.secret_file: path the engine reads the secret from */
 };
+
+/* Shortest shared secret, in bytes (auth.secret, and auth.secret_file's content). */
+#define CONFIG_MIN_SECRET 16
 
 /*
  * config_parse - parse and validate YAML @buf of @len bytes (need not be

@@ -1,7 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* control.c: serve descriptors, handshakes, notifies and probes; call peers for them. */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/batch.h"
 #include "core/control.h"
@@ -13,9 +18,35 @@
 #include "core/transport.h"
 
 #define CONTROL_TIMEOUT_MS 5000u
-#define CONTROL_INBOX_MAX 65536u
 #define CONTROL_SEEN_MAX 8192u
 #define NOTIFY_HDR 16u /* generation u64 + sequence u64 ahead of the message */
+/* Quota warnings per second (a flood repeats them); the rest go to debug. */
+#define CONTROL_WARN_QUOTA_PER_S 1u
+/* Bytes of a peer's refusal text quoted in the sender's log. */
+#define CONTROL_REFUSAL_TEXT_MAX 200u
+
+/* A received notify, held until te_notify_recv takes it. */
+struct inbox_msg {
+	char *host;   /* source address of the connection it came on: a quota key */
+	char *sender; /* the name the client gave (te_notify.sender) */
+	size_t len;
+	uint8_t msg[]; /* len bytes */
+};
+
+/*
+ * Notifies held per source, so that a flood from one host (or one sender) leaves
+ * room for the others. Sender names are the client's choice, so a sender is counted
+ * per (source address, name) and each address has a cap of its own. Under
+ * e->notify_lock.
+ */
+struct control_quota {
+	uint32_t inbox_max;	 /* control.notify_inbox */
+	uint32_t per_sender_max; /* control.notify_per_sender */
+	uint32_t per_host_max;	 /* control.notify_per_host */
+	GHashTable *per_sender;	 /* "host sender" -> messages held (GUINT_TO_POINTER) */
+	GHashTable *per_host;	 /* host -> messages held */
+	struct rpc_ratelimit warn;
+};
 
 /* A queued outgoing notify. */
 struct outgoing {
@@ -104,32 +135,106 @@ static enum te_status control_serve_handshake(struct engine *e, const struct rpc
 	return st;
 }
 
-static enum te_status control_serve_notify(struct engine *e, const struct rpc_request *req)
+static guint quota_count(GHashTable *t, const char *key)
 {
-	struct te_notify *msg;
-	g_autofree char *key = NULL;
-	enum te_status st = TE_OK;
+	return GPOINTER_TO_UINT(g_hash_table_lookup(t, key));
+}
+
+/* Add @delta to @key's count; a key at 0 is removed, so the tables hold only senders
+ * with messages waiting. */
+static void quota_add(GHashTable *t, const char *key, int delta)
+{
+	guint n = quota_count(t, key);
+
+	assert(delta > 0 || n > 0);
+	n = (guint)((int)n + delta);
+	if (n == 0)
+		g_hash_table_remove(t, key);
+	else
+		g_hash_table_insert(t, g_strdup(key), GUINT_TO_POINTER(n));
+}
+
+static char *quota_sender_key(const char *host, const char *sender)
+{
+	/* A host has no blank, so the first one separates the parts. */
+	return g_strdup_printf("%s %s", host, sender);
+}
+
+static void inbox_msg_free(gpointer data)
+{
+	struct inbox_msg *m = data;
+
+	g_free(m->host);
+	g_free(m->sender);
+	g_free(m);
+}
+
+/* Under notify_lock: why the inbox takes no more from (@host, @sender), or NULL. */
+static char *control_quota_full(struct engine *e, const char *host, const char *sender_key,
+				const char *sender)
+{
+	struct control_quota *q = e->inbox_quota;
+	guint n;
+
+	n = quota_count(q->per_sender, sender_key);
+	if (n >= q->per_sender_max)
+		return g_strdup_printf("notify refused: %u messages from sender \"%s\" at %s wait "
+				       "in the inbox, the per-sender limit "
+				       "(control.notify_per_sender); the receiver takes them with "
+				       "te_notify_recv",
+				       n, sender, host);
+	n = quota_count(q->per_host, host);
+	if (n >= q->per_host_max)
+		return g_strdup_printf("notify refused: %u messages from %s wait in the inbox, the "
+				       "per-host limit (control.notify_per_host); the receiver "
+				       "takes them with te_notify_recv",
+				       n, host);
+	n = g_queue_get_length(e->inbox);
+	if (n >= q->inbox_max)
+		return g_strdup_printf("notify refused: the inbox holds %u messages, its limit "
+				       "(control.notify_inbox); the receiver takes them with "
+				       "te_notify_recv",
+				       n);
+	return NULL;
+}
+
+static enum te_status control_serve_notify(struct engine *e, const struct rpc_request *req,
+					   GByteArray *reply)
+{
+	g_autofree char *key = NULL, *sender_key = NULL, *full = NULL;
+	struct inbox_msg *msg;
+	uint32_t demoted = 0;
+	bool warn = false;
 	size_t len;
 
 	if (req->payload_len < NOTIFY_HDR || req->payload_len - NOTIFY_HDR > TE_NOTIFY_MAX)
 		return TE_ERR_PROTOCOL;
 	len = req->payload_len - NOTIFY_HDR;
-	key = g_strdup_printf("%s/%016" PRIx64 "/%" PRIu64, req->name, get_u64(req->payload),
-			      get_u64(req->payload + 8));
+	/* The source address is part of the key: a client cannot mark another host's
+	 * notifies as already delivered by using its sender name. */
+	key = g_strdup_printf("%s/%s/%016" PRIx64 "/%" PRIu64, req->host, req->name,
+			      get_u64(req->payload), get_u64(req->payload + 8));
+	sender_key = quota_sender_key(req->host, req->name);
 	g_mutex_lock(&e->notify_lock);
 	if (g_hash_table_contains(e->inbox_seen, key)) {
 		/* A resend whose first copy arrived: exactly once. */
 		goto out;
 	}
-	if (g_queue_get_length(e->inbox) >= CONTROL_INBOX_MAX) {
-		st = TE_ERR_BUSY;
+	full = control_quota_full(e, req->host, sender_key, req->name);
+	if (full) {
+		warn = rpc_ratelimit_pass(&e->inbox_quota->warn, CONTROL_WARN_QUOTA_PER_S,
+					  g_get_monotonic_time(), &demoted);
 		goto out;
 	}
-	msg = g_new0(struct te_notify, 1);
-	g_strlcpy(msg->sender, req->name, sizeof(msg->sender));
+	msg = g_malloc(sizeof(*msg) + len);
+	msg->host = g_strdup(req->host);
+	msg->sender = g_strdup(req->name);
 	msg->len = len;
-	memcpy(msg->msg, req->payload + NOTIFY_HDR, len);
+	if (len)
+		memcpy(msg->msg, req->payload + NOTIFY_HDR, len);
 	g_queue_push_tail(e->inbox, msg);
+	quota_add(e->inbox_quota->per_sender, sender_key, 1);
+	quota_add(e->inbox_quota->per_host, req->host, 1);
 	g_hash_table_add(e->inbox_seen, g_strdup(key));
 	g_queue_push_tail(e->inbox_seen_order, g_strdup(key));
 	while (g_queue_get_length(e->inbox_seen_order) > CONTROL_SEEN_MAX) {
@@ -140,10 +245,17 @@ static enum te_status control_serve_notify(struct engine *e, const struct rpc_re
 	}
 out:
 	g_mutex_unlock(&e->notify_lock);
-	if (st != TE_OK)
-		ENGINE_LOG(e, TE_LOG_WARN, "notify from %s dropped: inbox full (%u messages)",
-			   req->name, CONTROL_INBOX_MAX);
-	return st;
+	if (!full)
+		return TE_OK;
+	if (warn && demoted)
+		ENGINE_LOG(e, TE_LOG_WARN,
+			   "%s (and %" PRIu32 " more refused since the last warning, logged at "
+			   "debug level)",
+			   full, demoted);
+	else
+		ENGINE_LOG(e, warn ? TE_LOG_WARN : TE_LOG_DEBUG, "%s", full);
+	g_byte_array_append(reply, (const guint8 *)full, (guint)strlen(full));
+	return TE_ERR_BUSY;
 }
 
 static enum te_status control_handle(void *user, const struct rpc_request *req, GByteArray *reply)
@@ -156,7 +268,7 @@ static enum te_status control_handle(void *user, const struct rpc_request *req, 
 	case RPC_HANDSHAKE:
 		return control_serve_handshake(e, req, reply);
 	case RPC_NOTIFY:
-		return control_serve_notify(e, req);
+		return control_serve_notify(e, req, reply);
 	case RPC_PROBE: {
 		g_autofree char *s = g_strdup_printf("%s %016" PRIx64, e->name, e->generation);
 
@@ -234,8 +346,115 @@ const struct metadata_ops metadata_p2p_ops = {
 
 /* --- lifetime ------------------------------------------------------------------ */
 
+static const char *control_file_kind(mode_t mode)
+{
+	if (S_ISDIR(mode))
+		return "directory";
+	if (S_ISCHR(mode))
+		return "character device";
+	if (S_ISBLK(mode))
+		return "block device";
+	if (S_ISFIFO(mode))
+		return "FIFO";
+	if (S_ISSOCK(mode))
+		return "socket";
+	return "not a regular file";
+}
+
+enum te_status control_secret_load(const char *path, char **secret_out, size_t *len_out,
+				   char **err_out)
+{
+	/* One byte over the cap tells "too large" without trusting st_size. */
+	char *buf = g_malloc(RPC_MAX_SECRET + 1);
+	enum te_status st = TE_ERR_CONFIG;
+	struct stat sb;
+	size_t len = 0;
+	int fd;
+
+	/* O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below. */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0) {
+		*err_out = g_strdup_printf("auth.secret_file: cannot open %s: %s", path,
+					   g_strerror(errno));
+		goto out;
+	}
+	if (fstat(fd, &sb) < 0) {
+		*err_out = g_strdup_printf("auth.secret_file: cannot stat %s: %s", path,
+					   g_strerror(errno));
+		goto out_close;
+	}
+	if (!S_ISREG(sb.st_mode)) {
+		*err_out = g_strdup_printf("auth.secret_file: %s is not a regular file (%s)", path,
+					   control_file_kind(sb.st_mode));
+		goto out_close;
+	}
+	if (sb.st_mode & 077) {
+		const char *how = (sb.st_mode & 044) && (sb.st_mode & 022) ? "readable and writable"
+				  : (sb.st_mode & 044)			   ? "readable"
+				  : (sb.st_mode & 022)			   ? "writable"
+									   : "accessible";
+
+		*err_out = g_strdup_printf("auth.secret_file: %s is %s by group or others (mode "
+					   "%04o); run chmod 600 %s",
+					   path, how, (unsigned)(sb.st_mode & 07777), path);
+		goto out_close;
+	}
+	if (sb.st_size > (off_t)RPC_MAX_SECRET) {
+		*err_out =
+			g_strdup_printf("auth.secret_file: %s is %jd bytes, over the %u-byte limit",
+					path, (intmax_t)sb.st_size, RPC_MAX_SECRET);
+		goto out_close;
+	}
+	while (len < RPC_MAX_SECRET + 1) {
+		ssize_t n = read(fd, buf + len, RPC_MAX_SECRET + 1 - len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			*err_out = g_strdup_printf("auth.secret_file: cannot read %s: %s", path,
+						   g_strerror(errno));
+			goto out_close;
+		}
+		if (n == 0)
+			break;
+		len += (size_t)n;
+	}
+	if (len > RPC_MAX_SECRET) {
+		*err_out = g_strdup_printf("auth.secret_file: %s is over the %u-byte limit", path,
+					   RPC_MAX_SECRET);
+		goto out_close;
+	}
+	/* Bytes as they are, NUL included; only one final newline goes ("echo s > f"). */
+	if (len && buf[len - 1] == '\n') {
+		len--;
+		if (len && buf[len - 1] == '\r')
+			len--;
+	}
+	if (len == 0) {
+		*err_out = g_strdup_printf("auth.secret_file: %s is empty", path);
+		goto out_close;
+	}
+	if (len < CONFIG_MIN_SECRET) {
+		*err_out = g_strdup_printf("auth.secret_file: %s holds %zu byte%s, too short (at "
+					   "least %d; a final newline does not count)",
+					   path, len, len == 1 ? "" : "s", CONFIG_MIN_SECRET);
+		goto out_close;
+	}
+	*secret_out = g_malloc(len);
+	memcpy(*secret_out, buf, len);
+	*len_out = len;
+	st = TE_OK;
+out_close:
+	close(fd);
+out:
+	explicit_bzero(buf, RPC_MAX_SECRET + 1);
+	g_free(buf);
+	return st;
+}
+
 enum te_status control_start(struct engine *e, char **err_out)
 {
+	const struct config *cfg = e->cfg;
 	struct rpc_server_config rc = { 0 };
 	enum te_status st;
 
@@ -244,35 +463,43 @@ enum te_status control_start(struct engine *e, char **err_out)
 	e->outbox = g_queue_new();
 	e->inbox_seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	e->inbox_seen_order = g_queue_new();
+	e->inbox_quota = g_new0(struct control_quota, 1);
+	e->inbox_quota->inbox_max = cfg->control_notify_inbox;
+	e->inbox_quota->per_sender_max = cfg->control_notify_per_sender;
+	e->inbox_quota->per_host_max = cfg->control_notify_per_host;
+	e->inbox_quota->per_sender = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
+	e->inbox_quota->per_host = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 
-	if (e->cfg->auth_secret) {
-		e->secret = g_strdup(e->cfg->auth_secret);
-	} else if (e->cfg->auth_secret_file) {
-		g_autoptr(GError) gerr = NULL;
-		char *s = NULL;
-
-		if (!g_file_get_contents(e->cfg->auth_secret_file, &s, NULL, &gerr)) {
-			*err_out = g_strdup_printf("auth.secret_file: %s", gerr->message);
-			return TE_ERR_CONFIG;
-		}
-		e->secret = g_strstrip(s);
-		if (!*e->secret) {
-			*err_out = g_strdup_printf("auth.secret_file: %s is empty",
-						   e->cfg->auth_secret_file);
-			return TE_ERR_CONFIG;
-		}
+	/* The secret is bytes (secret_len of them, NUL included), never a C string. */
+	if (cfg->auth_secret) {
+		e->secret_len = strlen(cfg->auth_secret);
+		e->secret = g_malloc(e->secret_len);
+		memcpy(e->secret, cfg->auth_secret, e->secret_len);
+	} else if (cfg->auth_secret_file) {
+		st = control_secret_load(cfg->auth_secret_file, &e->secret, &e->secret_len,
+					 err_out);
+		if (st != TE_OK)
+			return st;
 	}
-	e->secret_len = e->secret ? strlen(e->secret) : 0;
-	st = rpc_client_new(e->secret, &e->log, &e->rpc_client);
+	st = rpc_client_new(e->secret, e->secret_len, &e->log, &e->rpc_client);
 	if (st != TE_OK) {
 		*err_out = g_strdup("control plane: cannot create the client");
 		return st;
 	}
-	rc.listen_addr = e->cfg->listen;
+	rc.listen_addr = cfg->listen;
 	rc.secret = e->secret;
+	rc.secret_len = e->secret_len;
 	rc.handle = control_handle;
 	rc.user = e;
 	rc.log = &e->log;
+	rc.max_body = (uint32_t)cfg->control_max_frame;
+	rc.max_buffered = cfg->control_max_buffered;
+	rc.idle_timeout_ms = cfg->control_idle_timeout_ms;
+	rc.frame_timeout_ms = cfg->control_frame_timeout_ms;
+	rc.auth_timeout_ms = cfg->control_auth_timeout_ms;
+	rc.max_connections = cfg->control_max_connections;
+	rc.max_connections_per_host = cfg->control_max_connections_per_host;
+	rc.max_unauthenticated = cfg->control_max_unauthenticated;
 	st = rpc_server_start(&rc, &e->rpc, err_out);
 	if (st != TE_OK)
 		return st;
@@ -289,7 +516,7 @@ void control_stop(struct engine *e)
 	rpc_client_free(e->rpc_client);
 	e->rpc_client = NULL;
 	if (e->inbox) {
-		g_queue_free_full(e->inbox, g_free);
+		g_queue_free_full(e->inbox, inbox_msg_free);
 		while (!g_queue_is_empty(e->outbox)) {
 			struct outgoing *o = g_queue_pop_head(e->outbox);
 
@@ -301,10 +528,16 @@ void control_stop(struct engine *e)
 		g_queue_free(e->outbox);
 		g_hash_table_destroy(e->inbox_seen);
 		g_queue_free_full(e->inbox_seen_order, g_free);
+		g_hash_table_destroy(e->inbox_quota->per_sender);
+		g_hash_table_destroy(e->inbox_quota->per_host);
+		g_clear_pointer(&e->inbox_quota, g_free);
 		g_mutex_clear(&e->notify_lock);
 		e->inbox = NULL;
 	}
-	g_free(e->secret);
+	if (e->secret)
+		explicit_bzero(e->secret, e->secret_len);
+	g_clear_pointer(&e->secret, g_free);
+	e->secret_len = 0;
 }
 
 /* --- calling peers ------------------------------------------------------------- */
@@ -447,6 +680,8 @@ unsigned control_send_notifies(struct engine *e)
 		if (!o)
 			break;
 		/* Resends are safe: the receiver drops duplicates by (sender, gen, seq). */
+		g_autofree char *refusal = NULL;
+
 		for (int attempt = 0; attempt < 3; attempt++) {
 			g_autofree char *err = NULL;
 			GBytes *reply = NULL;
@@ -455,6 +690,17 @@ unsigned control_send_notifies(struct engine *e)
 
 			st = rpc_client_call(e->rpc_client, o->addr, RPC_NOTIFY, data, len,
 					     CONTROL_TIMEOUT_MS, &reply, &status, &err);
+			if (st == TE_OK && status != TE_OK) {
+				gsize rlen = 0;
+				const char *text = g_bytes_get_data(reply, &rlen);
+
+				refusal =
+					g_strndup(text, MIN(rlen, (gsize)CONTROL_REFUSAL_TEXT_MAX));
+				/* Printable only: the text is the peer's. */
+				for (char *c = refusal; *c; c++)
+					if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
+						*c = '?';
+			}
 			if (reply)
 				g_bytes_unref(reply);
 			if (st == TE_OK)
@@ -465,8 +711,8 @@ unsigned control_send_notifies(struct engine *e)
 				break;
 		}
 		if (st == TE_OK && status != TE_OK)
-			ENGINE_LOG(e, TE_LOG_WARN, "notify %s to %s refused: %s", o->key, o->addr,
-				   te_status_str(status));
+			ENGINE_LOG(e, TE_LOG_WARN, "notify %s to %s refused (%s): %s", o->key,
+				   o->addr, te_status_str(status), refusal ? refusal : "");
 		g_free(o->addr);
 		g_free(o->key);
 		g_bytes_unref(o->body);
@@ -488,10 +734,17 @@ enum te_status te_notify_recv(struct te_engine *engine, struct te_notify *msgs, 
 		return log_error(TE_ERR_INVALID_ARG, "te_notify_recv: NULL argument");
 	g_mutex_lock(&e->notify_lock);
 	while (n < max && !g_queue_is_empty(e->inbox)) {
-		struct te_notify *m = g_queue_pop_head(e->inbox);
+		struct inbox_msg *m = g_queue_pop_head(e->inbox);
+		g_autofree char *sender_key = quota_sender_key(m->host, m->sender);
+		struct te_notify *out = &msgs[n++];
 
-		memcpy(&msgs[n++], m, sizeof(*m));
-		g_free(m);
+		memset(out, 0, sizeof(*out));
+		g_strlcpy(out->sender, m->sender, sizeof(out->sender));
+		out->len = m->len;
+		memcpy(out->msg, m->msg, m->len);
+		quota_add(e->inbox_quota->per_sender, sender_key, -1);
+		quota_add(e->inbox_quota->per_host, m->host, -1);
+		inbox_msg_free(m);
 	}
 	g_mutex_unlock(&e->notify_lock);
 	*n_out = n;

@@ -3,6 +3,7 @@
 #ifndef TE_CORE_CONTROL_H
 #define TE_CORE_CONTROL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <glib.h>
@@ -15,6 +16,18 @@ struct descriptor;
 
 /* Start the listener and the client (engine start). On failure *err_out says why. */
 enum te_status control_start(struct engine *e, char **err_out);
+
+/*
+ * control_secret_load - read the shared secret of auth.secret_file at @path: a
+ * regular file, neither readable nor writable by group or others, at most
+ * RPC_MAX_SECRET bytes, read as bytes (NUL included) with one final "\n" or "\r\n"
+ * dropped, then at least CONFIG_MIN_SECRET bytes. TE_OK: *secret_out (g_free after
+ * explicit_bzero) holds *len_out bytes. TE_ERR_CONFIG: *err_out says what, where
+ * and why ("auth.secret_file: <path> is ..."). Reads at most RPC_MAX_SECRET + 1
+ * bytes, whatever the file is. Thread-safe.
+ */
+enum te_status control_secret_load(const char *path, char **secret_out, size_t *len_out,
+				   char **err_out);
 
 /* Stop serving and free the client (engine teardown). */
 void control_stop(struct engine *e);

@@ -68,10 +68,11 @@ struct engine {
 	struct metadata *md;
 	_Atomic uint32_t refresh_pending; /* segments flagged stale */
 	GMutex notify_lock;
-	GQueue *inbox;		/* struct te_notify * received */
-	GHashTable *inbox_seen; /* dedup keys "sender/gen/seq" */
+	GQueue *inbox;		/* struct inbox_msg * received (core/control.c) */
+	GHashTable *inbox_seen; /* dedup keys "host/sender/gen/seq" */
 	GQueue *inbox_seen_order;
-	GQueue *outbox; /* notifies to send */
+	struct control_quota *inbox_quota; /* notifies held per source (core/control.c) */
+	GQueue *outbox;			   /* notifies to send */
 	_Atomic uint64_t notify_seq;
 
 	/* Finished batches kept for reuse (batch_recycle). */

@@ -335,12 +335,38 @@ static bool rpc_random(uint8_t *buf, size_t len)
 	return true;
 }
 
-static void rpc_secret_free(char *secret)
+/* A copy of a secret (any bytes), wiped by rpc_secret_free. */
+static char *rpc_secret_dup(const void *secret, size_t len)
+{
+	char *copy = g_malloc(len);
+
+	memcpy(copy, secret, len);
+	return copy;
+}
+
+static void rpc_secret_free(char *secret, size_t len)
 {
 	if (!secret)
 		return;
-	explicit_bzero(secret, strlen(secret));
+	explicit_bzero(secret, len);
 	g_free(secret);
+}
+
+bool rpc_ratelimit_pass(struct rpc_ratelimit *rl, uint32_t burst, int64_t now_us,
+			uint32_t *demoted_out)
+{
+	if (now_us - rl->window_us >= G_USEC_PER_SEC || rl->window_us == 0) {
+		rl->window_us = now_us;
+		rl->passed = 0;
+	}
+	if (rl->passed >= burst) {
+		rl->demoted++;
+		return false;
+	}
+	rl->passed++;
+	*demoted_out = rl->demoted;
+	rl->demoted = 0;
+	return true;
 }
 
 /*
@@ -385,20 +411,28 @@ static bool rpc_addr_split(const char *addr, char **host_out, char **port_out, c
 	return true;
 }
 
-/* "a.b.c.d:port" or "[v6]:port" of a socket address. */
-static void rpc_sockaddr_str(const struct sockaddr *sa, socklen_t len, char *out, size_t size)
+/*
+ * "a.b.c.d:port" or "[v6]:port" of a socket address into @out, and the address alone
+ * ("a.b.c.d", "v6") into @host_out when not NULL; "?" when it has no numeric form.
+ */
+static void rpc_sockaddr_str(const struct sockaddr *sa, socklen_t len, char *out, size_t size,
+			     char *host_out, size_t host_size)
 {
 	char host[NI_MAXHOST], port[NI_MAXSERV];
 
 	if (getnameinfo(sa, len, host, sizeof(host), port, sizeof(port),
 			NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
 		snprintf(out, size, "?");
+		if (host_out)
+			snprintf(host_out, host_size, "?");
 		return;
 	}
 	if (sa->sa_family == AF_INET6)
 		snprintf(out, size, "[%s]:%s", host, port);
 	else
 		snprintf(out, size, "%s:%s", host, port);
+	if (host_out)
+		snprintf(host_out, host_size, "%s", host);
 }
 
 static bool rpc_sockaddr_is_loopback(const struct sockaddr_storage *ss)
@@ -427,25 +461,60 @@ static void rpc_set_nodelay(int fd)
 
 /* --- server ---------------------------------------------------------------------------- */
 
+/* Server: warnings per second that a flood could repeat (refusals, faults); rest: debug. */
+#define RPC_WARN_REFUSED_PER_S 1u
+#define RPC_WARN_FAULT_PER_S 20u
+
+/* Why a connection's deadline passed (rpc_conn_deadline). */
+enum rpc_expiry {
+	RPC_EXPIRE_NONE,  /* a handler holds it: no deadline */
+	RPC_EXPIRE_DRAIN, /* closing after an error; the client did not hang up */
+	RPC_EXPIRE_AUTH,  /* not established within auth_timeout_ms of accept */
+	RPC_EXPIRE_SEND,  /* output not taken within frame_timeout_ms */
+	RPC_EXPIRE_FRAME, /* a frame not complete within frame_timeout_ms of its first byte */
+	RPC_EXPIRE_IDLE,  /* nothing in flight for idle_timeout_ms */
+};
+
 struct rpc_conn {
-	int fd;		     /* -1 once closed */
-	bool authed;	     /* true from the start without a secret */
-	bool busy;	     /* a handler holds a job of this connection */
-	bool closing;	     /* after an error: send what is queued, then drain and close */
-	bool draining;	     /* closing, write side shut: discard input until EOF */
-	uint32_t events;     /* epoll interest now */
-	int64_t deadline_us; /* monotonic; ignored while busy */
-	GByteArray *rbuf;    /* received, not yet consumed */
-	GByteArray *wbuf;    /* queued for sending from woff */
+	int fd;		  /* -1 once closed */
+	bool authed;	  /* may send requests: true from the start without a secret */
+	bool established; /* authenticated, or (no secret) sent a complete request */
+	bool busy;	  /* a handler holds a job of this connection */
+	bool closing;	  /* after an error: send what is queued, then drain and close */
+	bool draining;	  /* closing, write side shut: discard input until EOF */
+	uint32_t events;  /* epoll interest now */
+	/*
+	 * Deadlines (monotonic µs) follow from these; no single byte moves any of them,
+	 * so a client trickling bytes cannot hold the connection (rpc_conn_deadline).
+	 */
+	int64_t accepted_us;	/* auth_timeout_ms counts from here */
+	int64_t idle_since_us;	/* last complete frame in or reply out */
+	int64_t frame_since_us; /* first byte of the frame being received */
+	int64_t send_since_us;	/* when the output now queued started */
+	int64_t drain_until_us;
+	/*
+	 * Input, one frame at a time: the header gathers in @head; once it is valid the
+	 * whole frame is allocated at its exact size, its body reserved in srv->buffered,
+	 * and nothing beyond it is read until it is consumed.
+	 */
+	uint8_t head[RPC_HEADER_SIZE];
+	size_t head_len;
+	uint8_t *frame;		     /* header and body, or NULL */
+	struct rpc_frame_header hdr; /* of @frame */
+	size_t frame_got;	     /* bytes of @frame in, header included */
+	GByteArray *wbuf;	     /* queued for sending from woff */
 	size_t woff;
+	size_t wreserved; /* bytes of srv->buffered the reply in wbuf holds */
 	uint8_t nonce[RPC_NONCE_SIZE];
 	char peer[RPC_PEER_MAX];
+	char host[RPC_PEER_MAX]; /* the peer's address without the port: the per-host key */
 };
 
 struct rpc_job {
 	struct rpc_conn *conn; /* alive until the job comes back (busy) */
 	struct rpc_request req;
-	uint8_t *body;
+	uint8_t *frame;	 /* header and body; req.body points into it */
+	size_t reserved; /* bytes of srv->buffered, released when the job comes back */
 	GByteArray *reply;
 	enum te_status status;
 };
@@ -457,8 +526,13 @@ struct rpc_server {
 	void *user;
 	struct log_sink *log;
 	uint32_t max_body;
+	size_t max_buffered;
 	uint32_t idle_timeout_ms;
+	uint32_t frame_timeout_ms;
+	uint32_t auth_timeout_ms;
 	uint32_t max_connections;
+	uint32_t max_per_host;
+	uint32_t max_unauthenticated;
 	char address[RPC_PEER_MAX];
 
 	int listen_fd;
@@ -472,8 +546,13 @@ struct rpc_server {
 	atomic_bool stop;
 
 	/* Only the I/O thread touches these. */
-	GPtrArray *conns;     /* every struct rpc_conn not yet freed, closed-but-busy included */
-	GPtrArray *graveyard; /* closed, freed after the current batch of events */
+	GPtrArray *conns;	/* every struct rpc_conn not yet freed, closed-but-busy included */
+	GPtrArray *graveyard;	/* closed, freed after the current batch of events */
+	GHashTable *per_host;	/* host -> connections in conns from it (GUINT_TO_POINTER) */
+	uint32_t unestablished; /* open connections not yet established */
+	size_t buffered;	/* body bytes reserved, <= max_buffered */
+	struct rpc_ratelimit warn_refused;
+	struct rpc_ratelimit warn_fault;
 
 	GMutex done_lock;
 	GQueue done; /* struct rpc_job handed back by handler threads */
@@ -483,9 +562,37 @@ struct rpc_server {
 	char wake_tag;
 };
 
+static void rpc_server_log(struct rpc_server *srv, struct rpc_ratelimit *rl, uint32_t burst,
+			   const char *fmt, ...) G_GNUC_PRINTF(4, 5);
+
+/* A warning a flood could repeat: rate-limited, the excess at debug level and counted. */
+static void rpc_server_log(struct rpc_server *srv, struct rpc_ratelimit *rl, uint32_t burst,
+			   const char *fmt, ...)
+{
+	g_autofree char *text = NULL;
+	uint32_t demoted = 0;
+	bool pass = rpc_ratelimit_pass(rl, burst, rpc_now_us(), &demoted);
+	va_list ap;
+
+	if (!log_enabled(srv->log, pass ? TE_LOG_WARN : TE_LOG_DEBUG))
+		return;
+	va_start(ap, fmt);
+	text = g_strdup_vprintf(fmt, ap);
+	va_end(ap);
+	if (!pass)
+		log_msg(srv->log, TE_LOG_DEBUG, "%s", text);
+	else if (demoted)
+		log_msg(srv->log, TE_LOG_WARN,
+			"%s (and %" PRIu32 " more like it since the last warning, logged at debug "
+			"level)",
+			text, demoted);
+	else
+		log_msg(srv->log, TE_LOG_WARN, "%s", text);
+}
+
 static void rpc_job_free(struct rpc_job *job)
 {
-	g_free(job->body);
+	g_free(job->frame);
 	g_byte_array_unref(job->reply);
 	g_free(job);
 }
@@ -493,20 +600,109 @@ static void rpc_job_free(struct rpc_job *job)
 static void rpc_conn_free(struct rpc_conn *conn)
 {
 	assert(conn->fd < 0);
-	g_byte_array_unref(conn->rbuf);
+	g_free(conn->frame);
 	g_byte_array_unref(conn->wbuf);
 	g_free(conn);
 }
 
-static void rpc_conn_touch(struct rpc_server *srv, struct rpc_conn *conn)
+static bool rpc_conn_frame_ready(const struct rpc_conn *conn)
 {
-	conn->deadline_us = rpc_now_us() + (int64_t)srv->idle_timeout_ms * 1000;
-	srv->next_sweep_us = MIN(srv->next_sweep_us, conn->deadline_us);
+	return conn->frame && conn->frame_got == RPC_HEADER_SIZE + (size_t)conn->hdr.body_len;
+}
+
+static bool rpc_conn_sending(const struct rpc_conn *conn)
+{
+	return conn->woff < conn->wbuf->len;
+}
+
+/*
+ * When @conn is closed, or acted upon, if nothing happens first, and why. No single
+ * byte moves a deadline: idle time counts from the last complete frame or reply, a
+ * frame's time from its first byte, and authentication's from accept.
+ */
+static int64_t rpc_conn_deadline(const struct rpc_server *srv, const struct rpc_conn *conn,
+				 enum rpc_expiry *why_out)
+{
+	int64_t at;
+
+	if (conn->draining) {
+		*why_out = RPC_EXPIRE_DRAIN;
+		return conn->drain_until_us;
+	}
+	if (conn->busy) {
+		*why_out = RPC_EXPIRE_NONE;
+		return INT64_MAX;
+	}
+	if (rpc_conn_sending(conn)) {
+		*why_out = RPC_EXPIRE_SEND;
+		at = conn->send_since_us + (int64_t)srv->frame_timeout_ms * 1000;
+	} else if (conn->head_len || conn->frame) {
+		*why_out = RPC_EXPIRE_FRAME;
+		at = conn->frame_since_us + (int64_t)srv->frame_timeout_ms * 1000;
+	} else {
+		*why_out = RPC_EXPIRE_IDLE;
+		at = conn->idle_since_us + (int64_t)srv->idle_timeout_ms * 1000;
+	}
+	if (!conn->established && conn->accepted_us + (int64_t)srv->auth_timeout_ms * 1000 <= at) {
+		*why_out = RPC_EXPIRE_AUTH;
+		at = conn->accepted_us + (int64_t)srv->auth_timeout_ms * 1000;
+	}
+	return at;
+}
+
+/* The sweep must not sleep past @conn's deadline. */
+static void rpc_conn_arm(struct rpc_server *srv, const struct rpc_conn *conn)
+{
+	enum rpc_expiry why;
+
+	srv->next_sweep_us = MIN(srv->next_sweep_us, rpc_conn_deadline(srv, conn, &why));
+}
+
+static void rpc_conn_establish(struct rpc_server *srv, struct rpc_conn *conn)
+{
+	if (conn->established)
+		return;
+	conn->established = true;
+	assert(srv->unestablished > 0);
+	srv->unestablished--;
+}
+
+/* Drop a partly or wholly received frame and its reservation. */
+static void rpc_conn_drop_input(struct rpc_server *srv, struct rpc_conn *conn)
+{
+	if (conn->frame) {
+		assert(srv->buffered >= conn->hdr.body_len);
+		srv->buffered -= conn->hdr.body_len;
+		g_clear_pointer(&conn->frame, g_free);
+	}
+	conn->frame_got = 0;
+	conn->head_len = 0;
+}
+
+static void rpc_conn_release_output(struct rpc_server *srv, struct rpc_conn *conn)
+{
+	assert(srv->buffered >= conn->wreserved);
+	srv->buffered -= conn->wreserved;
+	conn->wreserved = 0;
+}
+
+/* Output is about to be queued: its send time counts from now unless some is pending. */
+static void rpc_conn_out_begin(struct rpc_conn *conn)
+{
+	if (!rpc_conn_sending(conn))
+		conn->send_since_us = rpc_now_us();
 }
 
 /* Forget @conn; it is freed after the current batch of events (one may still name it). */
 static void rpc_conn_bury(struct rpc_server *srv, struct rpc_conn *conn)
 {
+	guint n = GPOINTER_TO_UINT(g_hash_table_lookup(srv->per_host, conn->host));
+
+	assert(n > 0);
+	if (n <= 1)
+		g_hash_table_remove(srv->per_host, conn->host);
+	else
+		g_hash_table_insert(srv->per_host, g_strdup(conn->host), GUINT_TO_POINTER(n - 1));
 	g_ptr_array_remove_fast(srv->conns, conn);
 	g_ptr_array_add(srv->graveyard, conn);
 }
@@ -514,22 +710,30 @@ static void rpc_conn_bury(struct rpc_server *srv, struct rpc_conn *conn)
 static void rpc_conn_close(struct rpc_server *srv, struct rpc_conn *conn, enum te_log_level level,
 			   const char *fmt, ...) G_GNUC_PRINTF(4, 5);
 
+/* Close @conn, logging why: faults (warn) through the rate limit, the rest at @level. */
 static void rpc_conn_close(struct rpc_server *srv, struct rpc_conn *conn, enum te_log_level level,
 			   const char *fmt, ...)
 {
 	va_list ap;
 
-	if (log_enabled(srv->log, level)) {
+	if (log_enabled(srv->log, level) || level == TE_LOG_WARN) {
 		g_autofree char *why = NULL;
 
 		va_start(ap, fmt);
 		why = g_strdup_vprintf(fmt, ap);
 		va_end(ap);
-		log_msg(srv->log, level, "rpc: %s: %s; connection closed", conn->peer, why);
+		if (level == TE_LOG_WARN)
+			rpc_server_log(srv, &srv->warn_fault, RPC_WARN_FAULT_PER_S,
+				       "rpc: %s: %s; connection closed", conn->peer, why);
+		else
+			log_msg(srv->log, level, "rpc: %s: %s; connection closed", conn->peer, why);
 	}
 	(void)epoll_ctl(srv->epoll_fd, EPOLL_CTL_DEL, conn->fd, NULL);
 	close(conn->fd);
 	conn->fd = -1;
+	rpc_conn_establish(srv, conn); /* no longer counts as waiting to authenticate */
+	rpc_conn_drop_input(srv, conn);
+	rpc_conn_release_output(srv, conn);
 	/* A handler still holds the connection: the job's return buries it. */
 	if (!conn->busy)
 		rpc_conn_bury(srv, conn);
@@ -538,15 +742,15 @@ static void rpc_conn_close(struct rpc_server *srv, struct rpc_conn *conn, enum t
 /* Interest follows the state: one thing at a time keeps every buffer bounded. */
 static void rpc_conn_update(struct rpc_server *srv, struct rpc_conn *conn)
 {
-	bool pending = conn->woff < conn->wbuf->len;
 	uint32_t want = 0;
 	struct epoll_event ev;
 
 	if (conn->fd < 0)
 		return;
-	if (pending)
+	rpc_conn_arm(srv, conn);
+	if (rpc_conn_sending(conn))
 		want = EPOLLOUT;
-	else if (!conn->busy)
+	else if (!conn->busy && !rpc_conn_frame_ready(conn))
 		want = EPOLLIN;
 	if (want == conn->events)
 		return;
@@ -561,7 +765,7 @@ static void rpc_conn_update(struct rpc_server *srv, struct rpc_conn *conn)
 
 static void rpc_conn_flush(struct rpc_server *srv, struct rpc_conn *conn)
 {
-	while (conn->woff < conn->wbuf->len) {
+	while (rpc_conn_sending(conn)) {
 		ssize_t n = send(conn->fd, conn->wbuf->data + conn->woff,
 				 conn->wbuf->len - conn->woff, MSG_NOSIGNAL | MSG_DONTWAIT);
 
@@ -574,8 +778,6 @@ static void rpc_conn_flush(struct rpc_server *srv, struct rpc_conn *conn)
 			return;
 		}
 		conn->woff += (size_t)n;
-		if (!conn->closing)
-			rpc_conn_touch(srv, conn);
 	}
 	/* Do not keep a big reply's allocation for the connection's lifetime. */
 	if (conn->wbuf->len > RPC_READ_CHUNK) {
@@ -585,6 +787,8 @@ static void rpc_conn_flush(struct rpc_server *srv, struct rpc_conn *conn)
 		g_byte_array_set_size(conn->wbuf, 0);
 	}
 	conn->woff = 0;
+	rpc_conn_release_output(srv, conn);
+	conn->idle_since_us = rpc_now_us();
 	if (conn->closing && !conn->draining) {
 		/*
 		 * Close gracefully: a close() with unread input sends a reset that may
@@ -593,7 +797,7 @@ static void rpc_conn_flush(struct rpc_server *srv, struct rpc_conn *conn)
 		 */
 		conn->draining = true;
 		(void)shutdown(conn->fd, SHUT_WR);
-		rpc_conn_touch(srv, conn);
+		conn->drain_until_us = rpc_now_us() + (int64_t)srv->idle_timeout_ms * 1000;
 	}
 }
 
@@ -610,10 +814,12 @@ static void rpc_conn_fail(struct rpc_server *srv, struct rpc_conn *conn, enum te
 	va_start(ap, fmt);
 	why = g_strdup_vprintf(fmt, ap);
 	va_end(ap);
-	log_msg(srv->log, TE_LOG_WARN, "rpc: %s: %s; closing the connection", conn->peer, why);
+	rpc_server_log(srv, &srv->warn_fault, RPC_WARN_FAULT_PER_S,
+		       "rpc: %s: %s; closing the connection", conn->peer, why);
+	rpc_conn_drop_input(srv, conn);
+	rpc_conn_out_begin(conn);
 	rpc_frame_append(conn->wbuf, RPC_ERROR, 0, status, why, strlen(why));
 	conn->closing = true;
-	rpc_conn_touch(srv, conn);
 	rpc_conn_flush(srv, conn);
 }
 
@@ -638,15 +844,20 @@ static void rpc_conn_auth(struct rpc_server *srv, struct rpc_conn *conn,
 		return;
 	}
 	conn->authed = true;
+	rpc_conn_establish(srv, conn);
 	rpc_mac(srv->secret, srv->secret_len, rpc_label_server, conn->nonce, body, mac);
+	rpc_conn_out_begin(conn);
 	rpc_frame_append(conn->wbuf, RPC_AUTH_OK, hdr->request_id, TE_OK, mac, sizeof(mac));
 	log_msg(srv->log, TE_LOG_DEBUG, "rpc: %s: authenticated", conn->peer);
 	rpc_conn_flush(srv, conn);
 }
 
-/* Hand a request to the handler pool; the connection waits (busy) until it returns. */
+/*
+ * Hand a request to the handler pool; the connection waits (busy) until it returns.
+ * The job takes @frame and its reservation of hdr->body_len bytes.
+ */
 static void rpc_conn_submit(struct rpc_server *srv, struct rpc_conn *conn,
-			    const struct rpc_frame_header *hdr, const uint8_t *body)
+			    const struct rpc_frame_header *hdr, uint8_t *frame)
 {
 	g_autofree char *why = NULL;
 	g_autoptr(GError) gerr = NULL;
@@ -655,21 +866,22 @@ static void rpc_conn_submit(struct rpc_server *srv, struct rpc_conn *conn,
 
 	job = g_new0(struct rpc_job, 1);
 	job->conn = conn;
-	job->body = hdr->body_len ? g_malloc(hdr->body_len) : NULL;
-	if (hdr->body_len)
-		memcpy(job->body, body, hdr->body_len);
+	job->frame = frame;
+	job->reserved = hdr->body_len;
 	job->reply = g_byte_array_new();
 	req = &job->req;
 	req->type = hdr->type;
 	req->id = hdr->request_id;
 	req->peer = conn->peer;
-	req->body = job->body;
+	req->host = conn->host;
+	req->body = hdr->body_len ? frame + RPC_HEADER_SIZE : NULL;
 	req->len = hdr->body_len;
-	req->payload = job->body;
+	req->payload = req->body;
 	req->payload_len = hdr->body_len;
 	if ((hdr->type == RPC_HANDSHAKE || hdr->type == RPC_NOTIFY) &&
-	    rpc_body_unpack(job->body, hdr->body_len, &req->name, &req->payload, &req->payload_len,
+	    rpc_body_unpack(req->body, hdr->body_len, &req->name, &req->payload, &req->payload_len,
 			    &why) != TE_OK) {
+		srv->buffered -= job->reserved;
 		rpc_job_free(job);
 		rpc_conn_fail(srv, conn, TE_ERR_PROTOCOL, "%s body: %s", rpc_type_str(hdr->type),
 			      why);
@@ -678,91 +890,127 @@ static void rpc_conn_submit(struct rpc_server *srv, struct rpc_conn *conn,
 	conn->busy = true;
 	if (!g_thread_pool_push(srv->pool, job, &gerr)) {
 		conn->busy = false;
+		srv->buffered -= job->reserved;
 		rpc_job_free(job);
 		rpc_conn_fail(srv, conn, TE_ERR_SYSTEM, "cannot queue the request: %s",
 			      gerr ? gerr->message : "?");
 	}
 }
 
-static void rpc_conn_frame(struct rpc_server *srv, struct rpc_conn *conn,
-			   const struct rpc_frame_header *hdr, const uint8_t *body)
-{
-	if (!conn->authed)
-		rpc_conn_auth(srv, conn, hdr, body);
-	else if (rpc_type_is_request(hdr->type))
-		rpc_conn_submit(srv, conn, hdr, body);
-	else
-		rpc_conn_fail(srv, conn, TE_ERR_PROTOCOL, "unexpected %s frame from a client",
-			      rpc_type_str(hdr->type));
-}
-
-/* Act on the complete frames buffered, while the connection is free to. */
+/* Act on the complete frame received, once the connection is free to. */
 static void rpc_conn_process(struct rpc_server *srv, struct rpc_conn *conn)
 {
-	size_t off = 0;
+	struct rpc_frame_header hdr;
+	uint8_t *frame;
 
-	while (conn->fd >= 0 && !conn->busy && !conn->closing && conn->woff == conn->wbuf->len) {
-		size_t limit = conn->authed ? srv->max_body : RPC_AUTH_BODY;
-		g_autofree char *why = NULL;
-		struct rpc_frame_header hdr;
-		enum te_status st;
-		size_t flen;
-
-		st = rpc_frame_decode(conn->rbuf->data + off, conn->rbuf->len - off, limit, &hdr,
-				      &flen, &why);
-		if (st == TE_INPROGRESS)
-			break;
-		if (st != TE_OK) {
-			rpc_conn_fail(srv, conn, TE_ERR_PROTOCOL, "%s", why);
-			break;
-		}
-		off += flen;
-		rpc_conn_frame(srv, conn, &hdr, conn->rbuf->data + off - flen + RPC_HEADER_SIZE);
-	}
-	if (!off)
+	if (conn->fd < 0 || conn->busy || conn->closing || rpc_conn_sending(conn) ||
+	    !rpc_conn_frame_ready(conn))
 		return;
-	g_byte_array_remove_range(conn->rbuf, 0, (guint)off);
-	if (conn->rbuf->len == 0 && off > RPC_READ_CHUNK) {
-		g_byte_array_unref(conn->rbuf);
-		conn->rbuf = g_byte_array_new();
+	hdr = conn->hdr;
+	frame = g_steal_pointer(&conn->frame);
+	conn->frame_got = 0;
+	conn->idle_since_us = rpc_now_us();
+	if (conn->authed && rpc_type_is_request(hdr.type)) {
+		rpc_conn_establish(srv, conn);
+		rpc_conn_submit(srv, conn, &hdr, frame);
+		return;
 	}
+	if (!conn->authed)
+		rpc_conn_auth(srv, conn, &hdr, frame + RPC_HEADER_SIZE);
+	else
+		rpc_conn_fail(srv, conn, TE_ERR_PROTOCOL, "unexpected %s frame from a client",
+			      rpc_type_str(hdr.type));
+	srv->buffered -= hdr.body_len;
+	g_free(frame);
+}
+
+/* The header in conn->head is complete or refused: reserve and allocate the frame. */
+static void rpc_conn_take_header(struct rpc_server *srv, struct rpc_conn *conn)
+{
+	/* Before authentication nothing bigger than an AUTH frame is accepted. */
+	size_t limit = conn->authed ? srv->max_body : RPC_AUTH_BODY;
+	g_autofree char *why = NULL;
+	struct rpc_frame_header hdr;
+	enum te_status st;
+
+	st = rpc_header_decode(conn->head, conn->head_len, limit, &hdr, &why);
+	if (st == TE_INPROGRESS)
+		return;
+	if (st != TE_OK) {
+		rpc_conn_fail(srv, conn, TE_ERR_PROTOCOL, "%s", why);
+		return;
+	}
+	if (hdr.body_len > srv->max_buffered - srv->buffered) {
+		rpc_conn_fail(
+			srv, conn, TE_ERR_BUSY,
+			"server busy: a %" PRIu32 "-byte %s body does not fit in the memory "
+			"for frames (%zu of %zu bytes in use, control.max_buffered); try again",
+			hdr.body_len, rpc_type_str(hdr.type), srv->buffered, srv->max_buffered);
+		return;
+	}
+	srv->buffered += hdr.body_len;
+	log_msg(srv->log, TE_LOG_TRACE,
+		"rpc: %s: %s frame, %" PRIu32 "-byte body reserved (%zu of %zu bytes in use)",
+		conn->peer, rpc_type_str(hdr.type), hdr.body_len, srv->buffered, srv->max_buffered);
+	conn->frame = g_malloc(RPC_HEADER_SIZE + (size_t)hdr.body_len);
+	memcpy(conn->frame, conn->head, RPC_HEADER_SIZE);
+	conn->frame_got = RPC_HEADER_SIZE;
+	conn->hdr = hdr;
+	conn->head_len = 0;
 }
 
 static void rpc_conn_read(struct rpc_server *srv, struct rpc_conn *conn)
 {
-	size_t old = conn->rbuf->len, chunk;
-	ssize_t n;
+	size_t budget = RPC_READ_CHUNK; /* per wakeup: one big frame must not starve others */
 
 	if (conn->draining) {
 		uint8_t sink[4096];
+		ssize_t n = recv(conn->fd, sink, sizeof(sink), MSG_DONTWAIT);
 
-		n = recv(conn->fd, sink, sizeof(sink), MSG_DONTWAIT);
 		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
 			rpc_conn_close(srv, conn, TE_LOG_DEBUG, "closed after an error");
 		return;
 	}
-	/* Before authentication nothing bigger than an AUTH frame is read or kept. */
-	chunk = conn->authed ? RPC_READ_CHUNK : RPC_HEADER_SIZE + RPC_AUTH_BODY - old;
-	assert(chunk > 0);
-	g_byte_array_set_size(conn->rbuf, (guint)(old + chunk));
-	n = recv(conn->fd, conn->rbuf->data + old, chunk, MSG_DONTWAIT);
-	g_byte_array_set_size(conn->rbuf, (guint)(old + (n > 0 ? (size_t)n : 0)));
-	if (n < 0) {
-		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+	while (budget > 0 && conn->fd >= 0 && !conn->closing && !rpc_conn_frame_ready(conn)) {
+		size_t have = conn->frame ? conn->frame_got : conn->head_len, want;
+		uint8_t *dst;
+		ssize_t n;
+
+		if (conn->frame) {
+			dst = conn->frame + conn->frame_got;
+			want = MIN(RPC_HEADER_SIZE + (size_t)conn->hdr.body_len - conn->frame_got,
+				   budget);
+		} else {
+			dst = conn->head + conn->head_len;
+			want = RPC_HEADER_SIZE - conn->head_len;
+		}
+		n = recv(conn->fd, dst, want, MSG_DONTWAIT);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				rpc_conn_close(srv, conn, TE_LOG_DEBUG, "recv: %s",
+					       g_strerror(errno));
 			return;
-		rpc_conn_close(srv, conn, TE_LOG_DEBUG, "recv: %s", g_strerror(errno));
-		return;
+		}
+		if (n == 0) {
+			if (have)
+				rpc_conn_close(srv, conn, TE_LOG_WARN,
+					       "peer closed mid-frame, %zu bytes into it", have);
+			else
+				rpc_conn_close(srv, conn, TE_LOG_DEBUG, "peer closed");
+			return;
+		}
+		budget -= MIN((size_t)n, budget);
+		if (!have)
+			conn->frame_since_us = rpc_now_us();
+		if (conn->frame) {
+			conn->frame_got += (size_t)n;
+		} else {
+			conn->head_len += (size_t)n;
+			rpc_conn_take_header(srv, conn);
+		}
 	}
-	if (n == 0) {
-		/* Complete frames are consumed at once, so what remains is a partial one. */
-		if (old)
-			rpc_conn_close(srv, conn, TE_LOG_WARN,
-				       "peer closed mid-frame, %zu bytes into it", old);
-		else
-			rpc_conn_close(srv, conn, TE_LOG_DEBUG, "peer closed");
-		return;
-	}
-	rpc_conn_touch(srv, conn);
 }
 
 static void rpc_conn_event(struct rpc_server *srv, struct rpc_conn *conn, uint32_t events)
@@ -779,12 +1027,14 @@ static void rpc_conn_event(struct rpc_server *srv, struct rpc_conn *conn, uint32
 	rpc_conn_update(srv, conn);
 }
 
-/* Queue a finished job's reply. */
+/* Queue a finished job's reply, if the memory budget takes it. */
 static void rpc_conn_reply(struct rpc_server *srv, struct rpc_conn *conn, struct rpc_job *job)
 {
 	enum te_status st = job->status;
 	GByteArray *body = job->reply;
 	g_autofree char *text = NULL;
+	const void *out;
+	size_t len;
 
 	if (body->len > srv->max_body) {
 		log_msg(srv->log, TE_LOG_WARN, "rpc: %s: %s reply of %u bytes over limit %" PRIu32,
@@ -792,15 +1042,25 @@ static void rpc_conn_reply(struct rpc_server *srv, struct rpc_conn *conn, struct
 		text = g_strdup_printf("reply of %u bytes over limit %" PRIu32, body->len,
 				       srv->max_body);
 		st = TE_ERR_TOO_LARGE;
+	} else if (body->len > srv->max_buffered - srv->buffered) {
+		text = g_strdup_printf(
+			"server busy: a %u-byte reply does not fit in the memory for "
+			"frames (%zu of %zu bytes in use, control.max_buffered); "
+			"try again",
+			body->len, srv->buffered, srv->max_buffered);
+		rpc_server_log(srv, &srv->warn_fault, RPC_WARN_FAULT_PER_S, "rpc: %s: %s %s",
+			       conn->peer, rpc_type_str(job->req.type), text);
+		st = TE_ERR_BUSY;
 	} else if (st != TE_OK && body->len == 0) {
 		text = g_strdup(te_status_str(st));
 	}
-	if (text)
-		rpc_frame_append(conn->wbuf, (uint8_t)(job->req.type + 1), job->req.id, st, text,
-				 strlen(text));
-	else
-		rpc_frame_append(conn->wbuf, (uint8_t)(job->req.type + 1), job->req.id, st,
-				 body->data, body->len);
+	out = text ? (const void *)text : (const void *)body->data;
+	len = text ? strlen(text) : body->len;
+	/* A short text always fits: the budget is at least max_body, and texts are small. */
+	conn->wreserved = MIN(len, srv->max_buffered - srv->buffered);
+	srv->buffered += conn->wreserved;
+	rpc_conn_out_begin(conn);
+	rpc_frame_append(conn->wbuf, (uint8_t)(job->req.type + 1), job->req.id, st, out, len);
 }
 
 /* Runs on a handler thread. */
@@ -834,12 +1094,14 @@ static void rpc_server_complete(struct rpc_server *srv)
 	while ((job = g_queue_pop_head(&done))) {
 		struct rpc_conn *conn = job->conn;
 
+		/* The request's memory is free before the reply's is taken. */
+		assert(srv->buffered >= job->reserved);
+		srv->buffered -= job->reserved;
 		conn->busy = false;
 		if (conn->fd < 0) {
 			rpc_conn_bury(srv, conn);
 		} else {
 			rpc_conn_reply(srv, conn, job);
-			rpc_conn_touch(srv, conn);
 			rpc_conn_flush(srv, conn);
 			rpc_conn_process(srv, conn);
 			rpc_conn_update(srv, conn);
@@ -858,29 +1120,55 @@ static void rpc_server_listen_enable(struct rpc_server *srv, bool on)
 	srv->listen_paused = !on;
 }
 
-/* Refuse a connection over the limit, telling the client why if its buffer takes it. */
-static void rpc_server_refuse(struct rpc_server *srv, int fd, const char *peer)
+/*
+ * Why a new connection from @host is refused (a text naming the limit and its key),
+ * or NULL when it may be served.
+ */
+static char *rpc_server_over_limit(struct rpc_server *srv, const char *host)
+{
+	guint from_host = GPOINTER_TO_UINT(g_hash_table_lookup(srv->per_host, host));
+
+	if (srv->conns->len >= srv->max_connections)
+		return g_strdup_printf("connection limit %" PRIu32
+				       " reached (control.max_connections)",
+				       srv->max_connections);
+	if (from_host >= srv->max_per_host)
+		return g_strdup_printf(
+			"connection limit %" PRIu32
+			" per host reached for %s (control.max_connections_per_host)",
+			srv->max_per_host, host);
+	if (srv->unestablished >= srv->max_unauthenticated)
+		return g_strdup_printf("limit of %" PRIu32 " connections %s reached "
+				       "(control.max_unauthenticated)",
+				       srv->max_unauthenticated,
+				       srv->secret ? "not yet authenticated"
+						   : "without a first request yet");
+	return NULL;
+}
+
+/* Refuse a connection over a limit, telling the client why if its buffer takes it. */
+static void rpc_server_refuse(struct rpc_server *srv, int fd, const char *peer, const char *why)
 {
 	g_autoptr(GByteArray) frame = g_byte_array_new();
-	g_autofree char *why = NULL;
 
-	why = g_strdup_printf("connection limit %" PRIu32 " reached", srv->max_connections);
-	log_msg(srv->log, TE_LOG_WARN, "rpc: %s: %s; connection refused", peer, why);
+	rpc_server_log(srv, &srv->warn_refused, RPC_WARN_REFUSED_PER_S,
+		       "rpc: %s: %s; connection refused", peer, why);
 	rpc_frame_append(frame, RPC_ERROR, 0, TE_ERR_AGAIN, why, strlen(why));
 	(void)!send(fd, frame->data, frame->len, MSG_NOSIGNAL | MSG_DONTWAIT);
 	close(fd);
 }
 
-static void rpc_server_add(struct rpc_server *srv, int fd, const char *peer)
+static void rpc_server_add(struct rpc_server *srv, int fd, const char *peer, const char *host)
 {
 	struct rpc_conn *conn;
 	struct epoll_event ev;
+	guint from_host;
 
 	conn = g_new0(struct rpc_conn, 1);
 	conn->fd = fd;
-	conn->rbuf = g_byte_array_new();
 	conn->wbuf = g_byte_array_new();
 	g_strlcpy(conn->peer, peer, sizeof(conn->peer));
+	g_strlcpy(conn->host, host, sizeof(conn->host));
 	conn->authed = srv->secret == NULL;
 	if (!conn->authed && !rpc_random(conn->nonce, sizeof(conn->nonce))) {
 		log_msg(srv->log, TE_LOG_ERROR, "rpc: %s: getrandom: %s; connection closed", peer,
@@ -901,11 +1189,15 @@ static void rpc_server_add(struct rpc_server *srv, int fd, const char *peer)
 		return;
 	}
 	g_ptr_array_add(srv->conns, conn);
+	from_host = GPOINTER_TO_UINT(g_hash_table_lookup(srv->per_host, host));
+	g_hash_table_insert(srv->per_host, g_strdup(host), GUINT_TO_POINTER(from_host + 1));
+	srv->unestablished++;
 	rpc_set_nodelay(fd);
 	log_msg(srv->log, TE_LOG_DEBUG, "rpc: %s: connected", peer);
+	conn->accepted_us = conn->idle_since_us = rpc_now_us();
+	rpc_conn_out_begin(conn);
 	rpc_frame_append(conn->wbuf, RPC_HELLO, 0, TE_OK, conn->authed ? NULL : conn->nonce,
 			 conn->authed ? 0 : RPC_NONCE_SIZE);
-	rpc_conn_touch(srv, conn);
 	rpc_conn_flush(srv, conn);
 	rpc_conn_update(srv, conn);
 }
@@ -915,7 +1207,8 @@ static void rpc_server_accept(struct rpc_server *srv)
 	for (int i = 0; i < RPC_ACCEPT_BATCH; i++) {
 		struct sockaddr_storage ss;
 		socklen_t sl = sizeof(ss);
-		char peer[RPC_PEER_MAX];
+		char peer[RPC_PEER_MAX], host[RPC_PEER_MAX];
+		g_autofree char *refused = NULL;
 		int fd;
 
 		fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl,
@@ -933,11 +1226,58 @@ static void rpc_server_accept(struct rpc_server *srv)
 			srv->next_sweep_us = MIN(srv->next_sweep_us, srv->listen_resume_us);
 			return;
 		}
-		rpc_sockaddr_str((struct sockaddr *)&ss, sl, peer, sizeof(peer));
-		if (srv->conns->len >= srv->max_connections)
-			rpc_server_refuse(srv, fd, peer);
+		rpc_sockaddr_str((struct sockaddr *)&ss, sl, peer, sizeof(peer), host,
+				 sizeof(host));
+		refused = rpc_server_over_limit(srv, host);
+		if (refused)
+			rpc_server_refuse(srv, fd, peer, refused);
 		else
-			rpc_server_add(srv, fd, peer);
+			rpc_server_add(srv, fd, peer, host);
+	}
+}
+
+/* Close @conn, whose deadline passed for @why, saying which limit it ran into. */
+static void rpc_conn_expire(struct rpc_server *srv, struct rpc_conn *conn, enum rpc_expiry why)
+{
+	size_t partial = conn->frame ? conn->frame_got : conn->head_len;
+	g_autofree char *mid =
+		partial ? g_strdup_printf("stalled mid-frame (%zu bytes of it): ", partial)
+			: g_strdup("");
+
+	switch (why) {
+	case RPC_EXPIRE_DRAIN:
+		rpc_conn_close(srv, conn, TE_LOG_DEBUG, "closed after an error");
+		break;
+	case RPC_EXPIRE_AUTH:
+		if (srv->secret)
+			rpc_conn_close(srv, conn, TE_LOG_WARN,
+				       "%sdid not authenticate within %" PRIu32
+				       " ms of connecting (control.auth_timeout_ms)",
+				       mid, srv->auth_timeout_ms);
+		else
+			rpc_conn_close(srv, conn, TE_LOG_WARN,
+				       "%ssent no complete request within %" PRIu32
+				       " ms of connecting (control.auth_timeout_ms)",
+				       mid, srv->auth_timeout_ms);
+		break;
+	case RPC_EXPIRE_SEND:
+		rpc_conn_close(srv, conn, TE_LOG_WARN,
+			       "not reading its reply (%zu bytes unsent) %" PRIu32
+			       " ms after it was queued (control.frame_timeout_ms)",
+			       conn->wbuf->len - conn->woff, srv->frame_timeout_ms);
+		break;
+	case RPC_EXPIRE_FRAME:
+		rpc_conn_close(srv, conn, TE_LOG_WARN,
+			       "%snot complete %" PRIu32
+			       " ms after its first byte (control.frame_timeout_ms)",
+			       mid, srv->frame_timeout_ms);
+		break;
+	case RPC_EXPIRE_IDLE:
+		rpc_conn_close(srv, conn, TE_LOG_DEBUG, "idle for %" PRIu32 " ms",
+			       srv->idle_timeout_ms);
+		break;
+	case RPC_EXPIRE_NONE:
+		break;
 	}
 }
 
@@ -945,7 +1285,6 @@ static void rpc_server_accept(struct rpc_server *srv)
 static void rpc_server_sweep(struct rpc_server *srv)
 {
 	int64_t now = rpc_now_us(), next = INT64_MAX;
-	uint32_t ms = srv->idle_timeout_ms;
 
 	if (srv->listen_paused) {
 		if (now >= srv->listen_resume_us)
@@ -956,29 +1295,16 @@ static void rpc_server_sweep(struct rpc_server *srv)
 	/* Backwards: closing swaps the last element into the current slot. */
 	for (guint i = srv->conns->len; i-- > 0;) {
 		struct rpc_conn *conn = srv->conns->pdata[i];
+		enum rpc_expiry why;
+		int64_t at;
 
-		if (conn->fd < 0 || conn->busy)
+		if (conn->fd < 0)
 			continue;
-		if (now < conn->deadline_us) {
-			next = MIN(next, conn->deadline_us);
-			continue;
-		}
-		if (conn->draining)
-			rpc_conn_close(srv, conn, TE_LOG_DEBUG, "closed after an error");
-		else if (conn->woff < conn->wbuf->len)
-			rpc_conn_close(srv, conn, TE_LOG_WARN,
-				       "not reading its reply (%zu bytes unsent) for %" PRIu32
-				       " ms",
-				       conn->wbuf->len - conn->woff, ms);
-		else if (!conn->authed)
-			rpc_conn_close(srv, conn, TE_LOG_WARN,
-				       "did not authenticate within %" PRIu32 " ms", ms);
-		else if (conn->rbuf->len)
-			rpc_conn_close(srv, conn, TE_LOG_WARN,
-				       "stalled mid-frame (%u bytes of it) for %" PRIu32 " ms",
-				       conn->rbuf->len, ms);
+		at = rpc_conn_deadline(srv, conn, &why);
+		if (now < at)
+			next = MIN(next, at);
 		else
-			rpc_conn_close(srv, conn, TE_LOG_DEBUG, "idle for %" PRIu32 " ms", ms);
+			rpc_conn_expire(srv, conn, why);
 	}
 	srv->next_sweep_us = next;
 }
@@ -1068,7 +1394,7 @@ static enum te_status rpc_server_bind(struct rpc_server *srv, const char *addr, 
 				g_strerror(err));
 	if (getsockname(srv->listen_fd, (struct sockaddr *)&ss, &sl) < 0)
 		return rpc_fail(TE_ERR_SYSTEM, err_out, "rpc: getsockname: %s", g_strerror(errno));
-	rpc_sockaddr_str((struct sockaddr *)&ss, sl, srv->address, sizeof(srv->address));
+	rpc_sockaddr_str((struct sockaddr *)&ss, sl, srv->address, sizeof(srv->address), NULL, 0);
 	if (!srv->secret && !rpc_sockaddr_is_loopback(&ss))
 		log_msg(srv->log, TE_LOG_WARN,
 			"rpc: listening on %s without authentication: any host that reaches it "
@@ -1093,6 +1419,7 @@ static void rpc_server_free(struct rpc_server *srv)
 	}
 	g_ptr_array_unref(srv->conns);
 	g_ptr_array_unref(srv->graveyard);
+	g_hash_table_destroy(srv->per_host);
 	if (srv->listen_fd >= 0)
 		close(srv->listen_fd);
 	if (srv->epoll_fd >= 0)
@@ -1100,8 +1427,14 @@ static void rpc_server_free(struct rpc_server *srv)
 	if (srv->wake_fd >= 0)
 		close(srv->wake_fd);
 	g_mutex_clear(&srv->done_lock);
-	rpc_secret_free(srv->secret);
+	rpc_secret_free(srv->secret, srv->secret_len);
 	g_free(srv);
+}
+
+/* A zero field's default. */
+static uint32_t rpc_or(uint32_t v, uint32_t dflt)
+{
+	return v ? v : dflt;
 }
 
 enum te_status rpc_server_start(const struct rpc_server_config *cfg, struct rpc_server **srv_out,
@@ -1111,30 +1444,49 @@ enum te_status rpc_server_start(const struct rpc_server_config *cfg, struct rpc_
 	struct rpc_server *srv;
 	enum te_status st;
 	struct epoll_event ev;
+	uint32_t max_body;
+	uint64_t max_buffered;
 
-	if (!cfg || !cfg->handle || !srv_out || (cfg->secret && !cfg->secret[0]))
+	if (!cfg || !cfg->handle || !srv_out ||
+	    (cfg->secret && (!cfg->secret_len || cfg->secret_len > RPC_MAX_SECRET)))
 		return rpc_fail(TE_ERR_INVALID_ARG, err_out,
-				"rpc: server needs a handler (and a non-empty secret or none)");
+				"rpc: server needs a handler (and a secret of 1..%u bytes or none)",
+				RPC_MAX_SECRET);
 	if (cfg->max_body > RPC_MAX_BODY_LIMIT || cfg->handler_threads > RPC_MAX_HANDLER_THREADS)
 		return rpc_fail(TE_ERR_CONFIG, err_out,
 				"rpc: max_body over %u or handler_threads over %u",
 				RPC_MAX_BODY_LIMIT, RPC_MAX_HANDLER_THREADS);
+	max_body = rpc_or(cfg->max_body, RPC_DEFAULT_MAX_BODY);
+	max_buffered = cfg->max_buffered ? cfg->max_buffered
+					 : MAX((uint64_t)RPC_DEFAULT_MAX_BUFFERED, max_body);
+	if (max_buffered < max_body || max_buffered > SIZE_MAX / 2)
+		return rpc_fail(TE_ERR_CONFIG, err_out,
+				"rpc: max_buffered %" PRIu64 " is below max_body %" PRIu32
+				" (a largest frame must fit) or too large",
+				max_buffered, max_body);
 	srv = g_new0(struct rpc_server, 1);
 	srv->listen_fd = srv->epoll_fd = srv->wake_fd = -1;
-	srv->secret = cfg->secret ? g_strdup(cfg->secret) : NULL;
-	srv->secret_len = cfg->secret ? strlen(cfg->secret) : 0;
+	if (cfg->secret) {
+		srv->secret = rpc_secret_dup(cfg->secret, cfg->secret_len);
+		srv->secret_len = cfg->secret_len;
+	}
 	srv->handle = cfg->handle;
 	srv->user = cfg->user;
 	srv->log = cfg->log;
-	srv->max_body = cfg->max_body ? cfg->max_body : RPC_DEFAULT_MAX_BODY;
-	srv->idle_timeout_ms =
-		cfg->idle_timeout_ms ? cfg->idle_timeout_ms : RPC_DEFAULT_IDLE_TIMEOUT_MS;
-	srv->max_connections =
-		cfg->max_connections ? cfg->max_connections : RPC_DEFAULT_MAX_CONNECTIONS;
+	srv->max_body = max_body;
+	srv->max_buffered = (size_t)max_buffered;
+	srv->idle_timeout_ms = rpc_or(cfg->idle_timeout_ms, RPC_DEFAULT_IDLE_TIMEOUT_MS);
+	srv->frame_timeout_ms = rpc_or(cfg->frame_timeout_ms, RPC_DEFAULT_FRAME_TIMEOUT_MS);
+	srv->auth_timeout_ms = rpc_or(cfg->auth_timeout_ms, RPC_DEFAULT_AUTH_TIMEOUT_MS);
+	srv->max_connections = rpc_or(cfg->max_connections, RPC_DEFAULT_MAX_CONNECTIONS);
+	srv->max_per_host = rpc_or(cfg->max_connections_per_host, RPC_DEFAULT_MAX_PER_HOST);
+	srv->max_unauthenticated =
+		rpc_or(cfg->max_unauthenticated, RPC_DEFAULT_MAX_UNAUTHENTICATED);
 	srv->next_sweep_us = INT64_MAX;
 	/* conns owns its elements until burying moves one to the graveyard. */
 	srv->conns = g_ptr_array_new();
 	srv->graveyard = g_ptr_array_new_with_free_func((GDestroyNotify)rpc_conn_free);
+	srv->per_host = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	g_mutex_init(&srv->done_lock);
 	g_queue_init(&srv->done);
 	atomic_init(&srv->stop, false);
@@ -1240,16 +1592,18 @@ static void rpc_idle_free(struct rpc_idle *idle)
 	g_free(idle);
 }
 
-enum te_status rpc_client_new(const char *secret, struct log_sink *log,
+enum te_status rpc_client_new(const void *secret, size_t secret_len, struct log_sink *log,
 			      struct rpc_client **client_out)
 {
 	struct rpc_client *client;
 
-	if (!client_out || (secret && !secret[0]))
+	if (!client_out || (secret && (!secret_len || secret_len > RPC_MAX_SECRET)))
 		return TE_ERR_INVALID_ARG;
 	client = g_new0(struct rpc_client, 1);
-	client->secret = secret ? g_strdup(secret) : NULL;
-	client->secret_len = secret ? strlen(secret) : 0;
+	if (secret) {
+		client->secret = rpc_secret_dup(secret, secret_len);
+		client->secret_len = secret_len;
+	}
 	client->log = log;
 	g_mutex_init(&client->lock);
 	client->idle = g_ptr_array_new_with_free_func((GDestroyNotify)rpc_idle_free);
@@ -1264,7 +1618,7 @@ void rpc_client_free(struct rpc_client *client)
 		return;
 	g_ptr_array_unref(client->idle);
 	g_mutex_clear(&client->lock);
-	rpc_secret_free(client->secret);
+	rpc_secret_free(client->secret, client->secret_len);
 	g_free(client);
 }
 

@@ -74,6 +74,17 @@ static void assert_defaults_except_transports(const struct config *c)
 	g_assert_cmpint(c->log_level, ==, TE_LOG_WARN);
 	g_assert_null(c->auth_secret);
 	g_assert_null(c->auth_secret_file);
+	g_assert_cmpuint(c->control_max_connections, ==, 1024);
+	g_assert_cmpuint(c->control_max_connections_per_host, ==, 128);
+	g_assert_cmpuint(c->control_max_unauthenticated, ==, 256);
+	g_assert_cmpuint(c->control_auth_timeout_ms, ==, 5000);
+	g_assert_cmpuint(c->control_idle_timeout_ms, ==, 10000);
+	g_assert_cmpuint(c->control_frame_timeout_ms, ==, 10000);
+	g_assert_cmpuint(c->control_max_frame, ==, 16u << 20);
+	g_assert_cmpuint(c->control_max_buffered, ==, 64u << 20);
+	g_assert_cmpuint(c->control_notify_inbox, ==, 65536);
+	g_assert_cmpuint(c->control_notify_per_sender, ==, 1024);
+	g_assert_cmpuint(c->control_notify_per_host, ==, 8192);
 }
 
 static void assert_defaults(const struct config *c)
@@ -567,11 +578,26 @@ static void test_auth(void)
 	assert_round_trip(c);
 	config_free(c);
 
-	expect_err("auth:\n  secret: a\n  secret_file: /b\n",
+	expect_err("auth:\n  secret: a-secret-of-16-bytes\n  secret_file: /b\n",
 		   "t.yaml:3:16: auth.secret_file: secret and secret_file are mutually exclusive");
-	expect_err("auth:\n  secret_file: /b\n  secret: a\n",
+	expect_err("auth:\n  secret_file: /b\n  secret: a-secret-of-16-bytes\n",
 		   "t.yaml:3:11: auth.secret: secret and secret_file are mutually exclusive");
 	expect_err("auth:\n  secret: ''\n", "t.yaml:2:11: auth.secret: must not be empty");
+	/* A short secret falls to guessing: at least 16 bytes, counted as bytes. */
+	expect_err("auth:\n  secret: s3cr3t!!!\n",
+		   "t.yaml:2:11: auth.secret: 9 bytes is too short (at least 16)");
+	expect_err("auth:\n  secret: \"x\"\n",
+		   "t.yaml:2:11: auth.secret: 1 byte is too short (at least 16)");
+	expect_err("auth: {secret: 0123456789abcde}\n",
+		   "t.yaml:1:16: auth.secret: 15 bytes is too short (at least 16)");
+	c = parse_ok("auth: {secret: 0123456789abcdef}\n");
+	g_assert_cmpstr(c->auth_secret, ==, "0123456789abcdef");
+	config_free(c);
+	/* Two-byte characters: 8 of them are 16 bytes. */
+	c = parse_ok(
+		"auth: {secret: \"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\"}\n");
+	g_assert_cmpuint(strlen(c->auth_secret), ==, 16);
+	config_free(c);
 	expect_err("auth:\n  password: x\n",
 		   "t.yaml:2:3: auth.password: unknown key (expected one of: secret, secret_file)");
 	expect_err("auth: secret\n",
@@ -697,6 +723,97 @@ static void test_transport_errors(void)
 		   "t.yaml:3:11: transports[0].path: must not be empty");
 }
 
+static void test_control(void)
+{
+	struct config *c = parse_ok("control:\n"
+				    "  max_connections: 4096\n"
+				    "  max_connections_per_host: 32\n"
+				    "  max_unauthenticated: 64\n"
+				    "  auth_timeout_ms: 2000\n"
+				    "  idle_timeout_ms: 30000\n"
+				    "  frame_timeout_ms: 4000\n"
+				    "  max_frame: 4M\n"
+				    "  max_buffered: 1G\n"
+				    "  notify_inbox: 1000\n"
+				    "  notify_per_sender: 10\n"
+				    "  notify_per_host: 100\n");
+	g_autofree char *y = config_to_yaml(c);
+
+	g_assert_cmpuint(c->control_max_connections, ==, 4096);
+	g_assert_cmpuint(c->control_max_connections_per_host, ==, 32);
+	g_assert_cmpuint(c->control_max_unauthenticated, ==, 64);
+	g_assert_cmpuint(c->control_auth_timeout_ms, ==, 2000);
+	g_assert_cmpuint(c->control_idle_timeout_ms, ==, 30000);
+	g_assert_cmpuint(c->control_frame_timeout_ms, ==, 4000);
+	g_assert_cmpuint(c->control_max_frame, ==, 4u << 20);
+	g_assert_cmpuint(c->control_max_buffered, ==, 1u << 30);
+	g_assert_cmpuint(c->control_notify_inbox, ==, 1000);
+	g_assert_cmpuint(c->control_notify_per_sender, ==, 10);
+	g_assert_cmpuint(c->control_notify_per_host, ==, 100);
+	/* Printed as a section of its own, sizes with their unit, and read back. */
+	g_assert_nonnull(strstr(y, "\ncontrol:\n  max_connections: 4096\n"
+				   "  max_connections_per_host: 32\n"
+				   "  max_unauthenticated: 64\n"
+				   "  auth_timeout_ms: 2000\n"
+				   "  idle_timeout_ms: 30000\n"
+				   "  frame_timeout_ms: 4000\n"
+				   "  max_frame: 4M\n"
+				   "  max_buffered: 1G\n"
+				   "  notify_inbox: 1000\n"
+				   "  notify_per_sender: 10\n"
+				   "  notify_per_host: 100\n"));
+	assert_round_trip(c);
+	config_free(c);
+
+	/* The defaults print too, and a null section keeps them. */
+	c = parse_ok("control:\n");
+	assert_defaults(c);
+	g_free(y);
+	y = config_to_yaml(c);
+	g_assert_nonnull(strstr(y, "  max_frame: 16M\n  max_buffered: 64M\n"));
+	config_free(c);
+
+	/* A frame larger than the default budget raises the budget it did not set. */
+	c = parse_ok("control: {max_frame: 256M}\n");
+	g_assert_cmpuint(c->control_max_buffered, ==, 256u << 20);
+	assert_round_trip(c);
+	config_free(c);
+	expect_err("control:\n  max_frame: 2M\n  max_buffered: 1M\n",
+		   "t.yaml:3:17: control.max_buffered: value 1M is below control.max_frame (2M): "
+		   "a largest frame must fit");
+	expect_err("control:\n  max_buffered: 1M\n",
+		   "t.yaml:2:17: control.max_buffered: value 1M is below control.max_frame (16M): "
+		   "a largest frame must fit");
+
+	expect_err("control:\n  max_connections: 0\n",
+		   "t.yaml:2:20: control.max_connections: value 0 out of range 1..1048576");
+	expect_err("control:\n  max_connections_per_host: -1\n",
+		   "t.yaml:2:29: control.max_connections_per_host: value -1 out of range "
+		   "1..1048576");
+	expect_err("control:\n  auth_timeout_ms: 3600001\n",
+		   "t.yaml:2:20: control.auth_timeout_ms: value 3600001 out of range 1..3600000");
+	expect_err("control:\n  frame_timeout_ms: soon\n",
+		   "t.yaml:2:21: control.frame_timeout_ms: expected an integer, got \"soon\"");
+	expect_err("control:\n  max_frame: 1K\n",
+		   "t.yaml:2:14: control.max_frame: value 1K out of range 64K..1G");
+	expect_err("control:\n  max_frame: 2G\n",
+		   "t.yaml:2:14: control.max_frame: value 2G out of range 64K..1G");
+	expect_err("control:\n  notify_per_sender: 0\n",
+		   "t.yaml:2:22: control.notify_per_sender: value 0 out of range 1..16777216");
+	expect_err("control:\n  max_conns: 1\n",
+		   "t.yaml:2:3: control.max_conns: unknown key (expected one of: max_connections, "
+		   "max_connections_per_host, max_unauthenticated, auth_timeout_ms, "
+		   "idle_timeout_ms, frame_timeout_ms, max_frame, max_buffered, notify_inbox, "
+		   "notify_per_sender, notify_per_host)");
+	expect_err("control:\n  max_connections: 1\n  max_connections: 2\n",
+		   "t.yaml:3:3: control.max_connections: duplicate key (first at 2:3)");
+	expect_err("control: [1]\n",
+		   "t.yaml:1:10: control: expected a mapping (max_connections, "
+		   "max_connections_per_host, max_unauthenticated, auth_timeout_ms, "
+		   "idle_timeout_ms, frame_timeout_ms, max_frame, max_buffered, notify_inbox, "
+		   "notify_per_sender, notify_per_host), got a sequence");
+}
+
 /* --- error classes ------------------------------------------------------------- */
 
 static void test_unknown_keys(void)
@@ -705,7 +822,7 @@ static void test_unknown_keys(void)
 		   "t.yaml:2:3: engine.nmae: unknown key (expected one of: name, listen)");
 	expect_err("engin:\n  name: x\n",
 		   "t.yaml:1:1: engin: unknown key (expected one of: engine, metadata, transfer, "
-		   "transports, log, auth)");
+		   "transports, log, auth, control)");
 	expect_err("metadata:\n  kind: p2p\n",
 		   "t.yaml:2:3: metadata.kind: unknown key (expected one of: type, endpoints, "
 		   "namespace, ttl_s)");
@@ -724,7 +841,7 @@ static void test_unknown_keys(void)
 	/* Keys are case-sensitive. */
 	expect_err("Engine: {}\n",
 		   "t.yaml:1:1: Engine: unknown key (expected one of: engine, metadata, transfer, "
-		   "transports, log, auth)");
+		   "transports, log, auth, control)");
 }
 
 static void test_duplicate_keys(void)
@@ -765,11 +882,11 @@ static void test_wrong_types(void)
 	expect_err(
 		"- engine\n",
 		"t.yaml:1:1: (root): expected a mapping (engine, metadata, transfer, transports, "
-		"log, auth), got a sequence");
+		"log, auth, control), got a sequence");
 	expect_err(
 		"hello\n",
 		"t.yaml:1:1: (root): expected a mapping (engine, metadata, transfer, transports, "
-		"log, auth), got \"hello\"");
+		"log, auth, control), got \"hello\"");
 	/* Huge numbers are out of range, not wrapped. */
 	expect_err(
 		"transfer:\n  timeout_ms: 99999999999999999999999999\n",
@@ -962,7 +1079,19 @@ static const char full_yaml[] =
 	"log:\n"
 	"  level: debug\n"
 	"auth:\n"
-	"  secret_file: /etc/te/secret\n";
+	"  secret_file: /etc/te/secret\n"
+	"control:\n"
+	"  max_connections: 2000\n"
+	"  max_connections_per_host: 100\n"
+	"  max_unauthenticated: 300\n"
+	"  auth_timeout_ms: 3000\n"
+	"  idle_timeout_ms: 20000\n"
+	"  frame_timeout_ms: 15000\n"
+	"  max_frame: 32MiB\n"
+	"  max_buffered: 256M\n"
+	"  notify_inbox: 100000\n"
+	"  notify_per_sender: 2000\n"
+	"  notify_per_host: 20000\n";
 
 /* Every prefix of a valid file parses or fails cleanly with a well-formed message. */
 static void test_truncated(void)
@@ -1053,6 +1182,17 @@ static void test_round_trip_full(void)
 	g_assert_false(again->transports[1].required);
 	g_assert_cmpint(again->log_level, ==, TE_LOG_DEBUG);
 	g_assert_cmpstr(again->auth_secret_file, ==, "/etc/te/secret");
+	g_assert_cmpuint(again->control_max_connections, ==, 2000);
+	g_assert_cmpuint(again->control_max_connections_per_host, ==, 100);
+	g_assert_cmpuint(again->control_max_unauthenticated, ==, 300);
+	g_assert_cmpuint(again->control_auth_timeout_ms, ==, 3000);
+	g_assert_cmpuint(again->control_idle_timeout_ms, ==, 20000);
+	g_assert_cmpuint(again->control_frame_timeout_ms, ==, 15000);
+	g_assert_cmpuint(again->control_max_frame, ==, 32u << 20);
+	g_assert_cmpuint(again->control_max_buffered, ==, 256u << 20);
+	g_assert_cmpuint(again->control_notify_inbox, ==, 100000);
+	g_assert_cmpuint(again->control_notify_per_sender, ==, 2000);
+	g_assert_cmpuint(again->control_notify_per_host, ==, 20000);
 	assert_round_trip(again);
 	config_free(again);
 	config_free(c);
@@ -1176,7 +1316,7 @@ static void test_api_edges(void)
 	g_assert_cmpint(config_parse("x: 1", 4, NULL, &c, &err), ==, TE_ERR_CONFIG);
 	g_assert_cmpstr(err, ==,
 			"<config>:1:1: x: unknown key (expected one of: engine, metadata, "
-			"transfer, transports, log, auth)");
+			"transfer, transports, log, auth, control)");
 	g_free(err);
 	g_assert_cmpint(config_load_file(NULL, &c, &err), ==, TE_ERR_INVALID_ARG);
 	g_free(err);
@@ -1253,6 +1393,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/config/keys/bools", test_bools);
 	g_test_add_func("/config/keys/log", test_log);
 	g_test_add_func("/config/keys/auth", test_auth);
+	g_test_add_func("/config/keys/control", test_control);
 	g_test_add_func("/config/keys/transports", test_transports);
 	g_test_add_func("/config/keys/transport-limits", test_transport_limits);
 	g_test_add_func("/config/errors/transports", test_transport_errors);

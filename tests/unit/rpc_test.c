@@ -1,17 +1,24 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* rpc_test.c: control-plane codec, server under load and abuse, authentication, client. */
+/* rpc_test.c: control-plane codec, server under load and abuse, limits, authentication, client,
+ * and the engine side of it (secret files, notify quotas). */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <glib.h>
+#include <glib/gstdio.h>
 
 #include <te/te.h>
 
+#include "core/control.h"
 #include "core/log.h"
 #include "core/rpc.h"
 
@@ -19,6 +26,9 @@
 #define WAIT_S 30
 #define CALL_MS (WAIT_S * 1000)
 #define N_CLIENTS 64
+/* Shared secrets of the tests: at least 16 bytes, as the configuration requires. */
+#define SECRET "s3cret-for-the-rpc-tests"
+#define SECRET_WRONG "s3cret-for-the-rpc-tests!"
 
 /* --- log capture ------------------------------------------------------------------ */
 
@@ -29,12 +39,19 @@ struct capture {
 	struct log_sink sink;
 };
 
+/* Lines are kept as "[<level>] <message>", so that a test can count warnings. */
+static const char *const level_names[] = { "[error] ", "[warn] ", "[info] ", "[debug] ",
+					   "[trace] " };
+
 static void capture_fn(void *user, enum te_log_level level, const char *msg)
 {
 	struct capture *c = user;
 
 	g_mutex_lock(&c->lock);
-	g_ptr_array_add(c->lines, g_strdup(msg));
+	g_ptr_array_add(c->lines,
+			g_strconcat((unsigned)level < G_N_ELEMENTS(level_names) ? level_names[level]
+										: "[?] ",
+				    msg, NULL));
 	g_cond_broadcast(&c->cond);
 	g_mutex_unlock(&c->lock);
 	if (g_getenv("RPC_TEST_VERBOSE"))
@@ -247,7 +264,8 @@ static struct rpc_client *client_new(struct fixture *fx, const char *secret)
 {
 	struct rpc_client *c = NULL;
 
-	g_assert_cmpint(rpc_client_new(secret, &fx->log.sink, &c), ==, TE_OK);
+	g_assert_cmpint(rpc_client_new(secret, secret ? strlen(secret) : 0, &fx->log.sink, &c), ==,
+			TE_OK);
 	return c;
 }
 
@@ -750,7 +768,7 @@ static gpointer worker_run(gpointer data)
 	struct rpc_client *c = NULL;
 	g_autoptr(GByteArray) b = g_byte_array_new();
 
-	if (rpc_client_new(NULL, &w->fx->log.sink, &c) != TE_OK) {
+	if (rpc_client_new(NULL, 0, &w->fx->log.sink, &c) != TE_OK) {
 		w->failure = g_strdup("rpc_client_new");
 		return NULL;
 	}
@@ -1012,15 +1030,19 @@ static void test_server_stall(void)
 	close(fd);
 	fx_free(fx);
 
-	/* With a short idle timeout the stalled client is cut off, with the reason. */
+	/* With a short frame timeout the stalled client is cut off, with the reason. */
 	fx = fx_new();
 	cfg.idle_timeout_ms = 200;
+	cfg.frame_timeout_ms = 200;
 	fx_start(fx, &cfg);
 	fd = raw_open(fx->addr, NULL, NULL);
 	raw_send(fd, f->data, RPC_HEADER_SIZE + 3);
 	g_assert_null(raw_wait_closed(fd, NULL));
 	g_assert_true(
-		capture_wait(&fx->log, 1, "stalled mid-frame (27 bytes of it) for 200 ms", NULL));
+		capture_wait(&fx->log, 1,
+			     "stalled mid-frame (27 bytes of it): not complete 200 ms after its "
+			     "first byte (control.frame_timeout_ms)",
+			     NULL));
 	/* A silent client is closed as idle (debug: not a fault). */
 	fd = raw_open(fx->addr, NULL, NULL);
 	g_assert_null(raw_wait_closed(fd, NULL));
@@ -1047,12 +1069,12 @@ static void test_server_limit(void)
 	/* The fifth is told why and closed; the four are untouched. */
 	fd = raw_connect(fx->addr);
 	text = raw_wait_closed(fd, &status);
-	g_assert_cmpstr(text, ==, "connection limit 4 reached");
+	g_assert_cmpstr(text, ==, "connection limit 4 reached (control.max_connections)");
 	g_assert_cmpint(status, ==, TE_ERR_AGAIN);
 	c = client_new(fx, NULL);
 	st = rpc_client_call(c, fx->addr, RPC_PROBE, NULL, 0, CALL_MS, &reply, &status, &err);
 	g_assert_cmpint(st, ==, TE_ERR_AGAIN);
-	g_assert_nonnull(strstr(err, "connection limit 4 reached"));
+	g_assert_nonnull(strstr(err, "connection limit 4 reached (control.max_connections)"));
 	for (int i = 0; i < 4; i++)
 		close(fds[i]);
 	/* Once the server has seen the closes, a client gets in again. */
@@ -1093,7 +1115,10 @@ static void test_server_bad_config(void)
 	cfg.listen_addr = NULL;
 	cfg.secret = "";
 	g_assert_cmpint(rpc_server_start(&cfg, &srv, NULL), ==, TE_ERR_INVALID_ARG);
+	cfg.secret_len = RPC_MAX_SECRET + 1;
+	g_assert_cmpint(rpc_server_start(&cfg, &srv, NULL), ==, TE_ERR_INVALID_ARG);
 	cfg.secret = NULL;
+	cfg.secret_len = 0;
 	cfg.handle = NULL;
 	g_assert_cmpint(rpc_server_start(&cfg, &srv, NULL), ==, TE_ERR_INVALID_ARG);
 	cfg.handle = fx_handle;
@@ -1103,6 +1128,17 @@ static void test_server_bad_config(void)
 	cfg.max_body = (1u << 30) + 1;
 	g_assert_cmpint(rpc_server_start(&cfg, &srv, NULL), ==, TE_ERR_CONFIG);
 	cfg.max_body = 0;
+	/* The memory for frames must hold a largest frame. */
+	cfg.max_body = 1u << 20;
+	cfg.max_buffered = (1u << 20) - 1;
+	{
+		g_autofree char *err = NULL;
+
+		g_assert_cmpint(rpc_server_start(&cfg, &srv, &err), ==, TE_ERR_CONFIG);
+		g_assert_nonnull(strstr(err, "max_buffered 1048575 is below max_body 1048576"));
+	}
+	cfg.max_body = 0;
+	cfg.max_buffered = 0;
 
 	/* The port of a running server is taken. */
 	fx_start(fx, NULL);
@@ -1114,8 +1150,11 @@ static void test_server_bad_config(void)
 		g_assert_nonnull(strstr(err, fx->addr));
 		g_assert_null(srv);
 	}
-	g_assert_cmpint(rpc_client_new("", NULL, &(struct rpc_client *){ NULL }), ==,
+	g_assert_cmpint(rpc_client_new("", 0, NULL, &(struct rpc_client *){ NULL }), ==,
 			TE_ERR_INVALID_ARG);
+	g_assert_cmpint(
+		rpc_client_new(SECRET, RPC_MAX_SECRET + 1, NULL, &(struct rpc_client *){ NULL }),
+		==, TE_ERR_INVALID_ARG);
 	fx_free(fx);
 }
 
@@ -1147,7 +1186,9 @@ static void test_server_stop_busy(void)
 static void test_auth(void)
 {
 	struct fixture *fx = fx_new();
-	struct rpc_server_config cfg = { .secret = "s3cret", .idle_timeout_ms = 60000 };
+	struct rpc_server_config cfg = { .secret = SECRET,
+					 .secret_len = strlen(SECRET),
+					 .idle_timeout_ms = 60000 };
 	struct rpc_client *good, *wrong, *none;
 	g_autoptr(GByteArray) f = g_byte_array_new();
 	g_autofree char *s = NULL;
@@ -1159,8 +1200,8 @@ static void test_auth(void)
 	int fd;
 
 	fx_start(fx, &cfg);
-	good = client_new(fx, "s3cret");
-	wrong = client_new(fx, "s3cret!");
+	good = client_new(fx, SECRET);
+	wrong = client_new(fx, SECRET_WRONG);
 	none = client_new(fx, NULL);
 
 	s = call_ok(good, fx->addr, RPC_DESC_FETCH, NULL, 0, TE_OK);
@@ -1224,7 +1265,7 @@ static void test_auth(void)
 	/* A client with a secret refuses a server without one (no downgrade). */
 	fx = fx_new();
 	fx_start(fx, NULL);
-	good = client_new(fx, "s3cret");
+	good = client_new(fx, SECRET);
 	g_assert_cmpint(
 		rpc_client_call(good, fx->addr, RPC_PROBE, NULL, 0, CALL_MS, &reply, &status, &err),
 		==, TE_ERR_AUTH);
@@ -1341,7 +1382,8 @@ static void fake_expect(enum fake_script script, const char *secret, uint32_t ti
 
 	capture_init(&log);
 	fake_start(&fk, script);
-	g_assert_cmpint(rpc_client_new(secret, &log.sink, &c), ==, TE_OK);
+	g_assert_cmpint(rpc_client_new(secret, secret ? strlen(secret) : 0, &log.sink, &c), ==,
+			TE_OK);
 	g_assert_cmpint(
 		rpc_client_call(c, fk.addr, RPC_PROBE, NULL, 0, timeout_ms, &reply, &status, &err),
 		==, want);
@@ -1358,7 +1400,7 @@ static void fake_expect(enum fake_script script, const char *secret, uint32_t ti
 
 static void test_client_vs_bad_servers(void)
 {
-	fake_expect(FAKE_BAD_PROOF, "s3cret", CALL_MS, TE_ERR_AUTH,
+	fake_expect(FAKE_BAD_PROOF, SECRET, CALL_MS, TE_ERR_AUTH,
 		    "peer failed to prove it knows the secret");
 	fake_expect(FAKE_GARBAGE, NULL, CALL_MS, TE_ERR_PROTOCOL, "reply: bad magic 0x50545448");
 	fake_expect(FAKE_WRONG_ID, NULL, CALL_MS, TE_ERR_PROTOCOL, "PROBE_REPLY reply (request id");
@@ -1463,7 +1505,9 @@ static void test_client_errors(void)
 static void test_ipv6(void)
 {
 	struct fixture *fx = fx_new();
-	struct rpc_server_config cfg = { .listen_addr = "[::1]:0", .secret = "k" };
+	struct rpc_server_config cfg = { .listen_addr = "[::1]:0",
+					 .secret = SECRET,
+					 .secret_len = strlen(SECRET) };
 	struct rpc_client *c;
 	g_autofree char *err = NULL;
 	g_autofree char *s = NULL;
@@ -1485,7 +1529,7 @@ static void test_ipv6(void)
 	fx->addr = rpc_server_address(fx->srv);
 	fx->max_body = RPC_DEFAULT_MAX_BODY;
 	g_assert_true(g_str_has_prefix(fx->addr, "[::1]:"));
-	c = client_new(fx, "k");
+	c = client_new(fx, SECRET);
 	s = call_ok(c, fx->addr, RPC_DESC_FETCH, NULL, 0, TE_OK);
 	g_assert_cmpstr(s, ==, desc_json);
 	g_free(s);
@@ -1509,6 +1553,783 @@ static void test_wildcard_warns(void)
 	fx_free(fx);
 }
 
+/* --- limits: deadlines, connections, memory ------------------------------------------- */
+
+/* Bytes a trickling client sends before giving up on being cut off (one per 300 ms). */
+#define TRICKLE_MAX 200
+
+/*
+ * Send @bytes one at a time, 300 ms apart, as long as the server keeps the connection:
+ * how many were sent when it closed it (TRICKLE_MAX or @len if it never did).
+ */
+static size_t raw_trickle(int fd, const uint8_t *bytes, size_t len)
+{
+	for (size_t i = 0; i < MIN(len, (size_t)TRICKLE_MAX); i++) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+
+		if (send(fd, bytes + i, 1, MSG_NOSIGNAL) != 1)
+			return i;
+		/* Readable before the next byte is due: an EOF or a reset means closed. */
+		if (poll(&p, 1, 300) > 0) {
+			uint8_t sink[256];
+			ssize_t n = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+
+			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+				return i + 1;
+		}
+	}
+	return MIN(len, (size_t)TRICKLE_MAX);
+}
+
+/* Connect from the loopback address @from (127.0.0.0/8 is all local): another host. */
+static int raw_connect_from(const char *addr, const char *from)
+{
+	struct sockaddr_in src = { .sin_family = AF_INET };
+	struct sockaddr_in dst = { .sin_family = AF_INET };
+	struct timeval tv = { .tv_sec = WAIT_S };
+	const char *colon = strrchr(addr, ':');
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	g_assert_cmpint(fd, >=, 0);
+	g_assert_cmpint(inet_pton(AF_INET, from, &src.sin_addr), ==, 1);
+	g_assert_cmpint(bind(fd, (struct sockaddr *)&src, sizeof(src)), ==, 0);
+	g_assert_cmpint(inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr), ==, 1);
+	dst.sin_port = htons((uint16_t)atoi(colon + 1));
+	g_assert_cmpint(connect(fd, (struct sockaddr *)&dst, sizeof(dst)), ==, 0);
+	g_assert_cmpint(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), ==, 0);
+	return fd;
+}
+
+/* One request on an open raw connection; the reply's status, and its body in @text_out. */
+static int32_t raw_call(int fd, uint8_t type, uint64_t id, const void *body, size_t len,
+			char **text_out)
+{
+	g_autoptr(GByteArray) f = g_byte_array_new();
+	g_autoptr(GByteArray) reply = NULL;
+	struct rpc_frame_header hdr;
+
+	rpc_frame_append(f, type, id, 0, body, len);
+	raw_send(fd, f->data, f->len);
+	raw_read_frame(fd, &hdr, &reply);
+	g_assert_cmpuint(hdr.type, ==, type + 1u);
+	g_assert_true(hdr.request_id == id);
+	if (text_out)
+		*text_out = g_strndup((const char *)reply->data, reply->len);
+	return hdr.status;
+}
+
+static void test_server_slowloris_frame(void)
+{
+	struct fixture *fx = fx_new();
+	struct rpc_server_config cfg = { .idle_timeout_ms = 60000,
+					 .auth_timeout_ms = 60000,
+					 .frame_timeout_ms = 1000 };
+	g_autoptr(GByteArray) f = g_byte_array_new();
+	g_autofree uint8_t *body = g_malloc0(4096);
+	g_autofree char *text = NULL;
+	int fd;
+
+	fx_start(fx, &cfg);
+	fd = raw_open(fx->addr, NULL, NULL);
+	g_assert_cmpint(raw_call(fd, RPC_PROBE, 1, "p", 1, &text), ==, TE_OK);
+	g_assert_cmpstr(text, ==, "probe:p");
+	/*
+	 * A frame whose bytes keep coming, one every 300 ms, still has to be complete
+	 * frame_timeout_ms after its first byte: the bytes do not keep the slot.
+	 */
+	rpc_frame_append(f, RPC_PROBE, 2, 0, body, 4096);
+	g_assert_cmpuint(raw_trickle(fd, f->data, f->len), <, TRICKLE_MAX);
+	close(fd);
+	g_assert_true(capture_wait(&fx->log, 1, "[warn] ",
+				   "not complete 1000 ms after its first byte "
+				   "(control.frame_timeout_ms); connection closed"));
+	g_assert_cmpuint(capture_count(&fx->log, "stalled mid-frame (", "frame_timeout_ms"), ==, 1);
+	assert_serving(fx);
+	fx_free(fx);
+}
+
+static void test_server_auth_deadline(void)
+{
+	struct fixture *fx = fx_new();
+	struct rpc_server_config cfg = { .secret = SECRET,
+					 .secret_len = strlen(SECRET),
+					 .idle_timeout_ms = 60000,
+					 .frame_timeout_ms = 60000,
+					 .auth_timeout_ms = 1000 };
+	g_autoptr(GByteArray) f = g_byte_array_new();
+	uint8_t auth[RPC_NONCE_SIZE + RPC_MAC_SIZE] = { 0 };
+	struct rpc_client *good;
+	g_autofree char *s = NULL;
+	int fd;
+
+	/* From accept, absolute: trickling the AUTH frame does not buy time. */
+	fx_start(fx, &cfg);
+	fd = raw_open(fx->addr, NULL, NULL);
+	rpc_frame_append(f, RPC_AUTH, 0, 0, auth, sizeof(auth));
+	g_assert_cmpuint(raw_trickle(fd, f->data, f->len), <, f->len);
+	close(fd);
+	g_assert_true(capture_wait(&fx->log, 1, "stalled mid-frame (",
+				   "did not authenticate within 1000 ms of connecting "
+				   "(control.auth_timeout_ms)"));
+	/* A silent one goes the same way, whatever the idle timeout. */
+	fd = raw_open(fx->addr, NULL, NULL);
+	g_assert_null(raw_wait_closed(fd, NULL));
+	g_assert_true(capture_wait(&fx->log, 2, "[warn] ",
+				   "did not authenticate within 1000 ms of connecting"));
+	good = client_new(fx, SECRET);
+	s = call_ok(good, fx->addr, RPC_PROBE, "ok", 2, TE_OK);
+	g_assert_cmpstr(s, ==, "probe:ok");
+	rpc_client_free(good);
+	fx_free(fx);
+
+	/* Without a secret the first complete request must come within the deadline. */
+	fx = fx_new();
+	cfg.secret = NULL;
+	cfg.secret_len = 0;
+	fx_start(fx, &cfg);
+	{
+		int est = raw_open(fx->addr, NULL, NULL);
+		g_autofree char *text = NULL;
+		g_autofree uint8_t *body = g_malloc0(512);
+
+		/* Established before the trickler connects: not subject to the deadline. */
+		g_assert_cmpint(raw_call(est, RPC_PROBE, 1, "a", 1, &text), ==, TE_OK);
+		fd = raw_open(fx->addr, NULL, NULL);
+		g_byte_array_set_size(f, 0);
+		rpc_frame_append(f, RPC_PROBE, 1, 0, body, 512);
+		g_assert_cmpuint(raw_trickle(fd, f->data, f->len), <, TRICKLE_MAX);
+		close(fd);
+		g_assert_true(capture_wait(&fx->log, 1, "stalled mid-frame (",
+					   "sent no complete request within 1000 ms of connecting "
+					   "(control.auth_timeout_ms)"));
+		/* More than auth_timeout_ms after its accept, it is still served. */
+		g_free(text);
+		text = NULL;
+		g_assert_cmpint(raw_call(est, RPC_PROBE, 2, "b", 1, &text), ==, TE_OK);
+		g_assert_cmpstr(text, ==, "probe:b");
+		close(est);
+	}
+	fx_free(fx);
+}
+
+static void test_server_per_host_limit(void)
+{
+	struct fixture *fx = fx_new();
+	struct rpc_server_config cfg = { .max_connections_per_host = 3 };
+	static const char want[] =
+		"connection limit 3 per host reached for 127.0.0.1 (control.max_connections_per_host)";
+	struct rpc_client *c;
+	g_autofree char *text = NULL;
+	g_autofree char *err = NULL;
+	GBytes *reply = NULL;
+	int32_t status = 0;
+	int fds[3], fd;
+
+	fx_start(fx, &cfg);
+	for (int i = 0; i < 3; i++)
+		fds[i] = raw_open(fx->addr, NULL, NULL);
+	/* The fourth from this host is told why and closed. */
+	fd = raw_connect(fx->addr);
+	text = raw_wait_closed(fd, &status);
+	g_assert_cmpstr(text, ==, want);
+	g_assert_cmpint(status, ==, TE_ERR_AGAIN);
+	c = client_new(fx, NULL);
+	g_assert_cmpint(
+		rpc_client_call(c, fx->addr, RPC_PROBE, NULL, 0, CALL_MS, &reply, &status, &err),
+		==, TE_ERR_AGAIN);
+	g_assert_nonnull(strstr(err, want));
+	g_assert_true(capture_wait(&fx->log, 1, want, "connection refused"));
+	/* Another host is served meanwhile. */
+	fd = raw_connect_from(fx->addr, "127.0.0.2");
+	{
+		struct rpc_frame_header hdr;
+		g_autoptr(GByteArray) body = NULL;
+		g_autofree char *probe = NULL;
+
+		raw_read_frame(fd, &hdr, &body);
+		g_assert_cmpuint(hdr.type, ==, RPC_HELLO);
+		g_assert_cmpint(raw_call(fd, RPC_PROBE, 1, "2", 1, &probe), ==, TE_OK);
+		g_assert_cmpstr(probe, ==, "probe:2");
+	}
+	close(fd);
+	/* Closing one frees a slot for this host, once the server has seen the close (and
+	 * that of the other host's connection). */
+	close(fds[0]);
+	g_assert_true(capture_wait(&fx->log, 2, "peer closed", NULL));
+	{
+		g_autofree char *s = call_ok(c, fx->addr, RPC_PROBE, "x", 1, TE_OK);
+
+		g_assert_cmpstr(s, ==, "probe:x");
+	}
+	rpc_client_free(c);
+	close(fds[1]);
+	close(fds[2]);
+	fx_free(fx);
+}
+
+static void test_server_unauthenticated_limit(void)
+{
+	struct fixture *fx = fx_new();
+	struct rpc_server_config cfg = { .secret = SECRET,
+					 .secret_len = strlen(SECRET),
+					 .idle_timeout_ms = 60000,
+					 .max_unauthenticated = 2 };
+	static const char want[] =
+		"limit of 2 connections not yet authenticated reached (control.max_unauthenticated)";
+	struct rpc_client *good;
+	g_autofree char *text = NULL;
+	g_autofree char *err = NULL;
+	GBytes *reply = NULL;
+	int32_t status = 0;
+	int fds[3], fd;
+
+	fx_start(fx, &cfg);
+	fds[0] = raw_open(fx->addr, NULL, NULL);
+	fds[1] = raw_open(fx->addr, NULL, NULL);
+	fd = raw_connect(fx->addr);
+	text = raw_wait_closed(fd, &status);
+	g_assert_cmpstr(text, ==, want);
+	g_assert_cmpint(status, ==, TE_ERR_AGAIN);
+	/* Even a client that knows the secret waits until one of them goes. */
+	good = client_new(fx, SECRET);
+	g_assert_cmpint(
+		rpc_client_call(good, fx->addr, RPC_PROBE, NULL, 0, CALL_MS, &reply, &status, &err),
+		==, TE_ERR_AGAIN);
+	g_assert_nonnull(strstr(err, want));
+	close(fds[0]);
+	g_assert_true(capture_wait(&fx->log, 1, "peer closed", NULL));
+	{
+		g_autofree char *s = call_ok(good, fx->addr, RPC_PROBE, "in", 2, TE_OK);
+
+		g_assert_cmpstr(s, ==, "probe:in");
+	}
+	/* Authenticated, its connection no longer counts: one more may wait. */
+	fds[2] = raw_open(fx->addr, NULL, NULL);
+	fd = raw_connect(fx->addr);
+	g_free(text);
+	text = raw_wait_closed(fd, &status);
+	g_assert_cmpstr(text, ==, want);
+	rpc_client_free(good);
+	close(fds[1]);
+	close(fds[2]);
+	fx_free(fx);
+}
+
+/* Start a frame of @type announcing @body_len bytes and send @sent bytes of its body. */
+static int raw_partial(struct fixture *fx, uint8_t type, uint32_t body_len, size_t sent)
+{
+	g_autoptr(GByteArray) f = g_byte_array_new();
+	g_autofree uint8_t *body = g_malloc0(body_len);
+	int fd = raw_open(fx->addr, NULL, NULL);
+
+	rpc_frame_append(f, type, 7, 0, body, body_len);
+	raw_send(fd, f->data, RPC_HEADER_SIZE + sent);
+	return fd;
+}
+
+static void test_server_max_buffered(void)
+{
+	struct fixture *fx = fx_new();
+	struct rpc_server_config cfg = { .max_body = 4096,
+					 .max_buffered = 10000,
+					 .idle_timeout_ms = 60000 };
+	g_autoptr(GByteArray) f = g_byte_array_new();
+	g_autofree uint8_t *zeros = g_malloc0(4096);
+	g_autofree char *text = NULL;
+	int32_t status = 0;
+	int a, b, fd;
+
+	atomic_store(&fx->log.sink.level, TE_LOG_TRACE);
+	fx_start(fx, &cfg);
+	/* A header reserves its whole body, however little of it has come. */
+	a = raw_partial(fx, RPC_PROBE, 4000, 10);
+	g_assert_true(capture_wait(&fx->log, 1, "4000-byte body reserved (4000 of 10000", NULL));
+	b = raw_partial(fx, RPC_PROBE, 4096, 0);
+	g_assert_true(capture_wait(&fx->log, 1, "4096-byte body reserved (8096 of 10000", NULL));
+	/* The next that does not fit is refused with TE_ERR_BUSY and closed. */
+	fd = raw_partial(fx, RPC_PROBE, 4096, 0);
+	text = raw_wait_closed(fd, &status);
+	g_assert_cmpstr(text, ==,
+			"server busy: a 4096-byte PROBE body does not fit in the memory for frames "
+			"(8096 of 10000 bytes in use, control.max_buffered); try again");
+	g_assert_cmpint(status, ==, TE_ERR_BUSY);
+	/* One that fits is served. */
+	fd = raw_open(fx->addr, NULL, NULL);
+	g_assert_cmpint(raw_call(fd, RPC_PROBE, 1, zeros, 1000, NULL), ==, TE_OK);
+	close(fd);
+	/* A complete frame gives its memory back: the room is there again. */
+	raw_send(a, zeros, 4000 - 10);
+	{
+		struct rpc_frame_header hdr;
+		g_autoptr(GByteArray) reply = NULL;
+
+		raw_read_frame(a, &hdr, &reply);
+		g_assert_cmpint(hdr.status, ==, TE_OK);
+		g_assert_cmpuint(reply->len, ==, 4000 + 6);
+	}
+	fd = raw_partial(fx, RPC_PROBE, 4096, 100);
+	g_assert_true(capture_wait(&fx->log, 1, "4096-byte body reserved (8192 of 10000", NULL));
+	/* So does a connection closed mid-frame. */
+	close(b);
+	g_assert_true(capture_wait(&fx->log, 1, "peer closed mid-frame, 24 bytes into it", NULL));
+	close(fd);
+	g_assert_true(capture_wait(&fx->log, 1, "peer closed mid-frame, 124 bytes into it", NULL));
+	close(a);
+
+	/* Requests held by handlers count too, until the handler returns. */
+	g_byte_array_set_size(f, 0);
+	for (int i = 0; i < 2; i++) {
+		g_autoptr(GByteArray) hb = g_byte_array_new();
+		int h = raw_open(fx->addr, NULL, NULL);
+
+		g_assert_cmpint(rpc_body_pack(hb, "block", zeros, 4000 - 6), ==, TE_OK);
+		rpc_frame_append(f, RPC_HANDSHAKE, 1, 0, hb->data, hb->len);
+		raw_send(h, f->data, f->len);
+		g_byte_array_set_size(f, 0);
+		g_mutex_lock(&fx->lock);
+		while (fx->blocked < (guint)i + 1)
+			g_assert_true(g_cond_wait_until(&fx->cond, &fx->lock,
+							g_get_monotonic_time() +
+								WAIT_S * G_USEC_PER_SEC));
+		g_mutex_unlock(&fx->lock);
+		if (i == 0)
+			a = h;
+		else
+			b = h;
+	}
+	fd = raw_partial(fx, RPC_PROBE, 4096, 0);
+	g_free(text);
+	text = raw_wait_closed(fd, &status);
+	g_assert_cmpstr(text, ==,
+			"server busy: a 4096-byte PROBE body does not fit in the memory for frames "
+			"(8000 of 10000 bytes in use, control.max_buffered); try again");
+	fx_release(fx);
+	for (int i = 0; i < 2; i++) {
+		struct rpc_frame_header hdr;
+		g_autoptr(GByteArray) reply = NULL;
+
+		raw_read_frame(i ? b : a, &hdr, &reply);
+		g_assert_cmpuint(hdr.type, ==, RPC_HANDSHAKE_REPLY);
+		g_assert_cmpint(hdr.status, ==, TE_OK);
+	}
+	g_assert_cmpint(raw_call(a, RPC_PROBE, 2, zeros, 4000, NULL), ==, TE_OK);
+	close(a);
+	close(b);
+	assert_serving(fx);
+	fx_free(fx);
+}
+
+/* Sum of N over the lines "... (and N more like it since the last warning ...)". */
+static guint capture_sum_demoted(struct capture *c, const char *a)
+{
+	guint sum = 0;
+
+	g_mutex_lock(&c->lock);
+	for (guint i = 0; i < c->lines->len; i++) {
+		const char *line = c->lines->pdata[i];
+		const char *more = strstr(line, "(and ");
+		unsigned n = 0;
+
+		if (g_str_has_prefix(line, "[warn] ") && strstr(line, a) && more &&
+		    sscanf(more, "(and %u more like it", &n) == 1)
+			sum += n;
+	}
+	g_mutex_unlock(&c->lock);
+	return sum;
+}
+
+static void test_server_refusal_log_rate(void)
+{
+	struct fixture *fx = fx_new();
+	struct rpc_server_config cfg = { .max_connections_per_host = 1 };
+	const guint flood = 30;
+	guint warned, demoted;
+	int keep, fd;
+
+	fx_start(fx, &cfg);
+	keep = raw_open(fx->addr, NULL, NULL);
+	for (guint i = 0; i < flood; i++) {
+		fd = raw_connect(fx->addr);
+		g_free(raw_wait_closed(fd, NULL));
+	}
+	/* Past the one-second window the next refusal is a warning with the count. */
+	g_usleep(1100 * 1000);
+	fd = raw_connect(fx->addr);
+	g_free(raw_wait_closed(fd, NULL));
+	g_assert_true(capture_wait(&fx->log, flood + 1, "connection refused", NULL));
+	warned = capture_count(&fx->log, "[warn] ", "connection refused");
+	demoted = capture_count(&fx->log, "[debug] ", "connection refused");
+	/* Every refusal is logged once, as a warning or at debug level counted by the next
+	 * warning; a flood makes no more than one warning a second. */
+	g_assert_cmpuint(warned + demoted, ==, flood + 1);
+	g_assert_cmpuint(capture_sum_demoted(&fx->log, "connection refused"), ==, demoted);
+	g_assert_cmpuint(demoted, >, 0);
+	g_assert_true(capture_wait(&fx->log, 1, "[warn] ", "more like it since the last warning"));
+	close(keep);
+	fx_free(fx);
+}
+
+static void test_auth_secret_bytes(void)
+{
+	/* The secret is bytes: what follows a NUL counts, and so does the NUL. */
+	static const char srv_secret[] = "ab\0cdefghijklmnopqrstu";
+	static const char other[] = "ab\0cdefghijklmnopqrstX";
+	struct fixture *fx = fx_new();
+	struct rpc_server_config cfg = { .secret = srv_secret,
+					 .secret_len = sizeof(srv_secret) - 1,
+					 .idle_timeout_ms = 60000 };
+	struct rpc_client *same = NULL, *diff = NULL, *cut = NULL;
+	g_autofree char *err = NULL;
+	g_autofree char *s = NULL;
+	GBytes *reply = NULL;
+	int32_t status = 0;
+
+	fx_start(fx, &cfg);
+	g_assert_cmpint(rpc_client_new(srv_secret, sizeof(srv_secret) - 1, &fx->log.sink, &same),
+			==, TE_OK);
+	g_assert_cmpint(rpc_client_new(other, sizeof(other) - 1, &fx->log.sink, &diff), ==, TE_OK);
+	g_assert_cmpint(rpc_client_new(srv_secret, 2, &fx->log.sink, &cut), ==, TE_OK);
+	s = call_ok(same, fx->addr, RPC_PROBE, "n", 1, TE_OK);
+	g_assert_cmpstr(s, ==, "probe:n");
+	g_assert_cmpint(
+		rpc_client_call(diff, fx->addr, RPC_PROBE, NULL, 0, CALL_MS, &reply, &status, &err),
+		==, TE_ERR_AUTH);
+	g_assert_nonnull(strstr(err, "authentication failed (wrong secret)"));
+	g_clear_pointer(&err, g_free);
+	g_assert_cmpint(
+		rpc_client_call(cut, fx->addr, RPC_PROBE, NULL, 0, CALL_MS, &reply, &status, &err),
+		==, TE_ERR_AUTH);
+	g_assert_nonnull(strstr(err, "authentication failed (wrong secret)"));
+	rpc_client_free(same);
+	rpc_client_free(diff);
+	rpc_client_free(cut);
+	fx_free(fx);
+}
+
+/* --- the engine's control plane: secret files, notify quotas ------------------------- */
+
+/* Write @len bytes to @dir/@name with @mode; the path (g_free). */
+static char *secret_file(const char *dir, const char *name, const void *bytes, size_t len,
+			 mode_t mode)
+{
+	char *path = g_build_filename(dir, name, NULL);
+
+	g_assert_true(g_file_set_contents(path, bytes, (gssize)len, NULL));
+	g_assert_cmpint(chmod(path, mode), ==, 0);
+	return path;
+}
+
+/* control_secret_load on @path must fail with exactly @want_tmpl, "%s" there being @path. */
+static void secret_refused(const char *path, const char *want_tmpl)
+{
+	g_auto(GStrv) parts = g_strsplit(want_tmpl, "%s", -1);
+	g_autofree char *want = g_strjoinv(path, parts);
+	g_autofree char *err = NULL;
+	char *secret = (char *)"untouched";
+	size_t len = 77;
+
+	g_assert_cmpint(control_secret_load(path, &secret, &len, &err), ==, TE_ERR_CONFIG);
+	g_assert_cmpstr(err, ==, want);
+	g_assert_cmpstr(secret, ==, "untouched");
+	g_assert_cmpuint(len, ==, 77);
+}
+
+/* control_secret_load on @path must give exactly @want_len bytes @want. */
+static void secret_loaded(const char *path, const void *want, size_t want_len)
+{
+	g_autofree char *err = NULL;
+	g_autofree char *secret = NULL;
+	size_t len = 0;
+
+	if (control_secret_load(path, &secret, &len, &err) != TE_OK)
+		g_error("%s", err);
+	g_assert_null(err);
+	g_assert_cmpmem(secret, len, want, want_len);
+}
+
+static void test_secret_file(void)
+{
+	static const char nul_file[] = "ab\0cdefghijklmnopq\n";
+	g_autofree char *dir = g_dir_make_tmp("rpc-test-XXXXXX", NULL);
+	g_autofree char *big = g_strnfill(5000, 's');
+	g_autofree char *fifo = g_build_filename(dir, "fifo", NULL);
+	char *p;
+
+	g_assert_nonnull(dir);
+	/* NUL bytes are part of the secret, and nothing but one final newline goes. */
+	p = secret_file(dir, "nul", nul_file, sizeof(nul_file) - 1, 0600);
+	secret_loaded(p, nul_file, sizeof(nul_file) - 2);
+	g_free(p);
+	p = secret_file(dir, "lf", "0123456789abcdef\n", 17, 0600);
+	secret_loaded(p, "0123456789abcdef", 16);
+	g_free(p);
+	p = secret_file(dir, "crlf", "0123456789abcdef\r\n", 18, 0400);
+	secret_loaded(p, "0123456789abcdef", 16);
+	g_free(p);
+	p = secret_file(dir, "two-lf", "0123456789abcdef\n\n", 18, 0600);
+	secret_loaded(p, "0123456789abcdef\n", 17);
+	g_free(p);
+	p = secret_file(dir, "blanks", " 0123456789abcdef \r", 19, 0600);
+	secret_loaded(p, " 0123456789abcdef \r", 19);
+	g_free(p);
+	p = secret_file(dir, "max", big, 4096, 0600);
+	secret_loaded(p, big, 4096);
+	g_free(p);
+
+	/* Too short, empty, too large. */
+	p = secret_file(dir, "short", "0123456789abcde\n", 16, 0600);
+	secret_refused(p, "auth.secret_file: %s holds 15 bytes, too short (at least 16; a final "
+			  "newline does not count)");
+	g_free(p);
+	p = secret_file(dir, "empty", "\n", 1, 0600);
+	secret_refused(p, "auth.secret_file: %s is empty");
+	g_free(p);
+	p = secret_file(dir, "over", big, 4097, 0600);
+	secret_refused(p, "auth.secret_file: %s is 4097 bytes, over the 4096-byte limit");
+	g_free(p);
+	p = secret_file(dir, "big", big, 5000, 0600);
+	secret_refused(p, "auth.secret_file: %s is 5000 bytes, over the 4096-byte limit");
+	g_free(p);
+
+	/* Readable or writable by others: refused with the fix. */
+	p = secret_file(dir, "0644", "0123456789abcdef", 16, 0644);
+	secret_refused(p, "auth.secret_file: %s is readable by group or others (mode 0644); run "
+			  "chmod 600 %s");
+	g_free(p);
+	p = secret_file(dir, "0620", "0123456789abcdef", 16, 0620);
+	secret_refused(p, "auth.secret_file: %s is writable by group or others (mode 0620); run "
+			  "chmod 600 %s");
+	g_free(p);
+	p = secret_file(dir, "0606", "0123456789abcdef", 16, 0606);
+	secret_refused(p, "auth.secret_file: %s is readable and writable by group or others (mode "
+			  "0606); run chmod 600 %s");
+	g_free(p);
+	p = secret_file(dir, "0610", "0123456789abcdef", 16, 0610);
+	secret_refused(p, "auth.secret_file: %s is accessible by group or others (mode 0610); run "
+			  "chmod 600 %s");
+	g_free(p);
+
+	/* Not a regular file: never read (a FIFO would block, /dev/zero never ends). */
+	secret_refused("/dev/zero",
+		       "auth.secret_file: %s is not a regular file (character device)");
+	secret_refused(dir, "auth.secret_file: %s is not a regular file (directory)");
+	g_assert_cmpint(mkfifo(fifo, 0600), ==, 0);
+	secret_refused(fifo, "auth.secret_file: %s is not a regular file (FIFO)");
+	g_assert_cmpint(g_unlink(fifo), ==, 0);
+	p = g_build_filename(dir, "missing", NULL);
+	{
+		g_autofree char *want = g_strdup_printf("auth.secret_file: cannot open %%s: %s",
+							g_strerror(ENOENT));
+
+		secret_refused(p, want);
+	}
+	g_free(p);
+
+	{
+		static const char *const names[] = { "nul",  "lf",    "crlf",  "two-lf", "blanks",
+						     "max",  "short", "empty", "over",	 "big",
+						     "0644", "0620",  "0606",  "0610" };
+
+		for (size_t i = 0; i < G_N_ELEMENTS(names); i++) {
+			g_autofree char *f = g_build_filename(dir, names[i], NULL);
+
+			g_assert_cmpint(g_unlink(f), ==, 0);
+		}
+	}
+	g_assert_cmpint(g_rmdir(dir), ==, 0);
+}
+
+/* An engine on 127.0.0.1 with the loopback transport and @extra YAML; NULL on failure. */
+static struct te_engine *engine_start(struct capture *log, const char *extra, enum te_status want)
+{
+	g_autofree char *yaml = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
+						"transports: [{name: loopback, required: true}]\n"
+						"%s",
+						extra);
+	struct te_engine_opts opts = { .size = sizeof(opts),
+				       .config_yaml = yaml,
+				       .config_yaml_len = strlen(yaml),
+				       .config_name = "rpc-test.yaml",
+				       .log_fn = capture_fn,
+				       .log_user = log,
+				       .log_level = TE_LOG_DEBUG };
+	struct te_engine *e = NULL;
+	enum te_status st = te_engine_new(&opts, &e);
+
+	if (st != want)
+		g_error("te_engine_new: %s (%s), expected %s", te_status_str(st), te_last_error(),
+			te_status_str(want));
+	return e;
+}
+
+static void test_engine_secret(void)
+{
+	static const char bytes[] = "ab\0cdefghijklmnopq";
+	g_autofree char *dir = g_dir_make_tmp("rpc-test-XXXXXX", NULL);
+	g_autofree char *path = secret_file(dir, "secret", bytes, sizeof(bytes), 0600);
+	g_autofree char *yaml = g_strdup_printf("auth: {secret_file: \"%s\"}\n", path);
+	struct capture log;
+	struct rpc_client *full = NULL, *cut = NULL;
+	g_autofree char *err = NULL;
+	GBytes *reply = NULL;
+	int32_t status = 0;
+	struct te_engine *e;
+
+	capture_init(&log);
+	/* The file holds bytes, NUL and the final newline (the array's own NUL here, so the
+	 * file ends "q\0": nothing is dropped) included. */
+	e = engine_start(&log, yaml, TE_OK);
+	g_assert_cmpint(rpc_client_new(bytes, sizeof(bytes), &log.sink, &full), ==, TE_OK);
+	g_assert_cmpint(rpc_client_new(bytes, 2, &log.sink, &cut), ==, TE_OK);
+	g_assert_cmpint(rpc_client_call(full, te_engine_name(e), RPC_PROBE, NULL, 0, CALL_MS,
+					&reply, &status, &err),
+			==, TE_OK);
+	g_assert_cmpint(status, ==, TE_OK);
+	g_bytes_unref(reply);
+	reply = NULL;
+	g_assert_cmpint(rpc_client_call(cut, te_engine_name(e), RPC_PROBE, NULL, 0, CALL_MS, &reply,
+					&status, &err),
+			==, TE_ERR_AUTH);
+	g_assert_nonnull(strstr(err, "authentication failed (wrong secret)"));
+	rpc_client_free(full);
+	rpc_client_free(cut);
+	te_engine_free(e);
+
+	/* Engine start refuses a file others may read, saying how to fix it. */
+	g_assert_cmpint(chmod(path, 0644), ==, 0);
+	g_assert_null(engine_start(&log, yaml, TE_ERR_CONFIG));
+	g_assert_nonnull(strstr(te_last_error(), "is readable by group or others (mode 0644); "
+						 "run chmod 600"));
+	g_assert_nonnull(strstr(te_last_error(), path));
+	/* An inline secret is held to the same length at parse time, with its position. */
+	g_assert_null(engine_start(&log, "auth: {secret: s3cr3t!!!}\n", TE_ERR_CONFIG));
+	g_assert_nonnull(strstr(te_last_error(), "rpc-test.yaml:3:16: auth.secret: 9 bytes is "
+						 "too short (at least 16)"));
+	/* An inline secret of 16 bytes authenticates as those bytes. */
+	e = engine_start(&log, "auth: {secret: 0123456789abcdef}\n", TE_OK);
+	g_assert_cmpint(rpc_client_new("0123456789abcdef", 16, &log.sink, &full), ==, TE_OK);
+	g_assert_cmpint(rpc_client_call(full, te_engine_name(e), RPC_PROBE, NULL, 0, CALL_MS,
+					&reply, &status, &err),
+			==, TE_OK);
+	g_bytes_unref(reply);
+	rpc_client_free(full);
+	te_engine_free(e);
+
+	g_assert_cmpint(g_unlink(path), ==, 0);
+	g_assert_cmpint(g_rmdir(dir), ==, 0);
+	capture_clear(&log);
+}
+
+/* One NOTIFY from @sender with sequence @seq on raw connection @fd: its status and text. */
+static int32_t raw_notify(int fd, const char *sender, uint64_t seq, const char *msg,
+			  char **text_out)
+{
+	g_autoptr(GByteArray) payload = g_byte_array_new();
+	g_autoptr(GByteArray) body = g_byte_array_new();
+	uint8_t hdr[16];
+
+	/* generation u64, sequence u64, little-endian, then the message */
+	for (int i = 0; i < 8; i++) {
+		hdr[i] = (uint8_t)(0x1234 >> (8 * i));
+		hdr[8 + i] = (uint8_t)(seq >> (8 * i));
+	}
+	g_byte_array_append(payload, hdr, sizeof(hdr));
+	g_byte_array_append(payload, (const guint8 *)msg, (guint)strlen(msg));
+	g_assert_cmpint(rpc_body_pack(body, sender, payload->data, payload->len), ==, TE_OK);
+	return raw_call(fd, RPC_NOTIFY, seq, body->data, body->len, text_out);
+}
+
+static void notify_ok(int fd, const char *sender, uint64_t seq, const char *msg)
+{
+	g_autofree char *text = NULL;
+	int32_t st = raw_notify(fd, sender, seq, msg, &text);
+
+	if (st != TE_OK)
+		g_error("notify %s #%" G_GUINT64_FORMAT ": %s: %s", sender, seq, te_status_str(st),
+			text);
+}
+
+static void notify_busy(int fd, const char *sender, uint64_t seq, const char *want)
+{
+	g_autofree char *text = NULL;
+
+	g_assert_cmpint(raw_notify(fd, sender, seq, "x", &text), ==, TE_ERR_BUSY);
+	g_assert_cmpstr(text, ==, want);
+}
+
+static void test_engine_notify_quota(void)
+{
+	struct capture log;
+	struct te_notify got[8];
+	struct te_engine *e;
+	struct rpc_frame_header hdr;
+	g_autoptr(GByteArray) hello = NULL;
+	size_t n = 0;
+	int a, b;
+
+	capture_init(&log);
+	e = engine_start(&log,
+			 "control: {notify_per_sender: 3, notify_per_host: 5, notify_inbox: 8}\n",
+			 TE_OK);
+	a = raw_open(te_engine_name(e), NULL, NULL);
+	b = raw_connect_from(te_engine_name(e), "127.0.0.2");
+	raw_read_frame(b, &hdr, &hello);
+	g_assert_cmpuint(hdr.type, ==, RPC_HELLO);
+
+	/* One sender floods: over its quota it is refused, and another still gets in. */
+	for (uint64_t seq = 1; seq <= 3; seq++)
+		notify_ok(a, "flood", seq, "f");
+	notify_busy(a, "flood", 4,
+		    "notify refused: 3 messages from sender \"flood\" at 127.0.0.1 wait in the "
+		    "inbox, the per-sender limit (control.notify_per_sender); the receiver takes "
+		    "them with te_notify_recv");
+	g_assert_true(capture_wait(&log, 1, "[warn] ", "the per-sender limit"));
+	notify_ok(a, "honest", 1, "h1");
+	notify_ok(a, "honest", 2, "h2");
+	/* Any number of names from one host: the host has its own quota. */
+	notify_busy(a, "another-name", 1,
+		    "notify refused: 5 messages from 127.0.0.1 wait in the inbox, the per-host "
+		    "limit (control.notify_per_host); the receiver takes them with te_notify_recv");
+	/* Names are the client's choice: the same name from another host is another sender. */
+	notify_ok(b, "flood", 1, "bf");
+	notify_ok(b, "b", 1, "b1");
+	/* Nor can it pass for the first host's message: seen keys include the address. */
+	notify_ok(b, "honest", 1, "bh");
+	notify_busy(b, "b", 2,
+		    "notify refused: the inbox holds 8 messages, its limit (control.notify_inbox); "
+		    "the receiver takes them with te_notify_recv");
+	/* A resend of a message that arrived is acknowledged, not counted. */
+	notify_ok(a, "flood", 1, "f");
+
+	/* Taking messages frees their quota. */
+	g_assert_cmpint(te_notify_recv(e, got, 2, &n), ==, TE_OK);
+	g_assert_cmpuint(n, ==, 2);
+	g_assert_cmpstr(got[0].sender, ==, "flood");
+	g_assert_cmpmem(got[0].msg, got[0].len, "f", 1);
+	notify_ok(a, "flood", 4, "f4");
+	notify_ok(b, "b", 2, "b2");
+	g_assert_cmpint(te_notify_recv(e, got, G_N_ELEMENTS(got), &n), ==, TE_OK);
+	g_assert_cmpuint(n, ==, 8);
+	g_assert_cmpstr(got[0].sender, ==, "flood");
+	g_assert_cmpstr(got[1].sender, ==, "honest");
+	g_assert_cmpmem(got[1].msg, got[1].len, "h1", 2);
+	g_assert_cmpstr(got[3].sender, ==, "flood");
+	g_assert_cmpmem(got[3].msg, got[3].len, "bf", 2);
+	g_assert_cmpstr(got[5].sender, ==, "honest");
+	g_assert_cmpmem(got[5].msg, got[5].len, "bh", 2);
+	g_assert_cmpmem(got[6].msg, got[6].len, "f4", 2);
+	g_assert_cmpmem(got[7].msg, got[7].len, "b2", 2);
+	g_assert_cmpint(te_notify_recv(e, got, G_N_ELEMENTS(got), &n), ==, TE_OK);
+	g_assert_cmpuint(n, ==, 0);
+	/* Every quota is back to empty. */
+	for (uint64_t seq = 10; seq < 13; seq++)
+		notify_ok(a, "flood", seq, "again");
+	close(a);
+	close(b);
+	te_engine_free(e);
+	capture_clear(&log);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
@@ -1523,9 +2344,19 @@ int main(int argc, char **argv)
 	g_test_add_func("/rpc/server/malformed", test_server_malformed);
 	g_test_add_func("/rpc/server/stall", test_server_stall);
 	g_test_add_func("/rpc/server/limit", test_server_limit);
+	g_test_add_func("/rpc/server/slowloris-frame", test_server_slowloris_frame);
+	g_test_add_func("/rpc/server/auth-deadline", test_server_auth_deadline);
+	g_test_add_func("/rpc/server/per-host-limit", test_server_per_host_limit);
+	g_test_add_func("/rpc/server/unauthenticated-limit", test_server_unauthenticated_limit);
+	g_test_add_func("/rpc/server/max-buffered", test_server_max_buffered);
+	g_test_add_func("/rpc/server/refusal-log-rate", test_server_refusal_log_rate);
 	g_test_add_func("/rpc/server/bad-config", test_server_bad_config);
 	g_test_add_func("/rpc/server/stop-busy", test_server_stop_busy);
 	g_test_add_func("/rpc/auth", test_auth);
+	g_test_add_func("/rpc/auth/secret-bytes", test_auth_secret_bytes);
+	g_test_add_func("/rpc/engine/secret-file", test_secret_file);
+	g_test_add_func("/rpc/engine/secret", test_engine_secret);
+	g_test_add_func("/rpc/engine/notify-quota", test_engine_notify_quota);
 	g_test_add_func("/rpc/client/bad-servers", test_client_vs_bad_servers);
 	g_test_add_func("/rpc/client/errors", test_client_errors);
 	g_test_add_func("/rpc/ipv6", test_ipv6);
