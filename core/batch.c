@@ -472,6 +472,12 @@ void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_
 	if (ps->device < TRANSPORT_MAX_DEVICES)
 		atomic_store_explicit(&t->last_device, ps->device, memory_order_relaxed);
 	abort = atomic_load_explicit(&s->abort_status, memory_order_acquire);
+	/*
+	 * A failure reported while te_batch_cancel runs (a transport may fail the other slices
+	 * of a connection it aborts to cancel one) is a cancel too, not a FAILED task.
+	 */
+	if (!abort && status != TE_OK && atomic_load_explicit(&b->canceled, memory_order_acquire))
+		abort = TE_ERR_CANCELED;
 	if (abort) {
 		/*
 		 * The core gave up on it (deadline, te_batch_cancel) and waited for the plugin

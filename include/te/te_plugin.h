@@ -316,6 +316,13 @@ struct te_plugin_ops {
 	uint32_t (*progress)(struct te_plugin_inst *inst, uint32_t budget);
 	/*
 	 * Best effort: finish @slice soon with TE_ERR_CANCELED (or its real outcome).
+	 * The core calls it when it gives up on a slice it handed you (its deadline
+	 * passed, or te_batch_cancel) and reports the task only once you hand the slice
+	 * back with slice_done, so: hand it back promptly (well within a second after its
+	 * deadline), and only once a WRITE of it can no longer modify the target (abort
+	 * or fence what carries it; transports that cannot must document what may still
+	 * land and when). A slice not handed back cancel_grace_ms after max(the cancel,
+	 * its deadline) is reported anyway, with a warning naming the plugin.
 	 * May race with the slice's own completion: when the plugin no longer owns
 	 * the slice (already reported, or never accepted), return TE_ERR_NOT_FOUND and
 	 * do nothing. The slice memory stays valid during the call. Must not block.
