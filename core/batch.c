@@ -1207,6 +1207,7 @@ rejected:
 			atomic_init(&s->in_plugin, 0);
 			atomic_init(&s->abort_status, 0);
 			atomic_init(&s->abort_ns, 0);
+			atomic_init(&s->cancel_sent, 0);
 			s->seg_tp = tpi;
 			off += len;
 		}
@@ -1501,13 +1502,17 @@ static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t 
 {
 	struct engine *e = b->engine;
 	uint64_t next = UINT64_MAX, grace_ns = e->cfg->cancel_grace_ms * 1000000ull;
+	uint64_t stamp = now ? now : engine_now_ns();
 
+	/*
+	 * First mark every slice given up on, then ask plugins to cancel: a plugin that fails
+	 * other slices while canceling one (tcp aborts the connection that carries it) reports
+	 * slices that already carry the core's outcome, not a FAILED of its own.
+	 */
 	for (struct slice_chunk *c = b->chunks; c; c = c->next) {
 		for (uint32_t i = 0; i < c->n; i++) {
 			struct slice *s = SLICE_AT(c, i);
-			char why[TE_DETAIL_MAX];
-			int32_t expect = 0, abort;
-			uint64_t since, force_at;
+			int32_t expect = 0;
 
 			if (atomic_load_explicit(&s->term, memory_order_acquire))
 				continue;
@@ -1517,17 +1522,29 @@ static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t 
 			}
 			/* The first reason wins: a cancel stays a cancel past the deadline. */
 			if (atomic_compare_exchange_strong(&s->abort_status, &expect, status))
-				atomic_store_explicit(&s->abort_ns, now ? now : engine_now_ns(),
-						      memory_order_relaxed);
+				atomic_store_explicit(&s->abort_ns, stamp, memory_order_relaxed);
+		}
+	}
+	for (struct slice_chunk *c = b->chunks; c; c = c->next) {
+		for (uint32_t i = 0; i < c->n; i++) {
+			struct slice *s = SLICE_AT(c, i);
+			char why[TE_DETAIL_MAX];
+			uint32_t unsent = 0;
+			uint64_t force_at;
+			int32_t abort;
+
+			if (atomic_load_explicit(&s->term, memory_order_acquire))
+				continue;
 			abort = atomic_load(&s->abort_status);
+			if (!abort || (only_expired && s->ps.deadline_ns > now))
+				continue;
 			slice_abort_why(s, abort, why, sizeof(why));
 			/* seq_cst: pairs with post() and batch_slice_done (in_plugin first). */
 			if (!atomic_load(&s->in_plugin)) {
 				slice_fail(s, abort, why);
 				continue;
 			}
-			since = atomic_load_explicit(&s->abort_ns, memory_order_relaxed);
-			if (expect == 0) {
+			if (atomic_compare_exchange_strong(&s->cancel_sent, &unsent, 1)) {
 				struct transport *tp = s->tp;
 
 				/* The plugin may have just finished it: cancel tolerates that. */
@@ -1537,7 +1554,9 @@ static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t 
 				if (tp->serialized)
 					g_mutex_unlock(&tp->call_lock);
 			}
-			force_at = MAX(since, s->ps.deadline_ns) + grace_ns;
+			force_at = MAX(atomic_load_explicit(&s->abort_ns, memory_order_relaxed),
+				       s->ps.deadline_ns) +
+				   grace_ns;
 			if (now >= force_at && atomic_load(&s->in_plugin)) {
 				char late[TE_DETAIL_MAX];
 
