@@ -42,11 +42,14 @@ test  qemu-system-x86       bin:qemu-system-x86_64
 test  busybox-static        deb:busybox-static
 test  cpio                  bin:cpio
 test  kmod                  bin:modprobe
+test  nftables              bin:nft
+test  iptables              bin:iptables
 '
 
 # --- service and hardware rigs: later issues add their packages here ---------------------
 # (etcd server, redis-server, qemu-system-x86 busybox-static ibverbs-* for hw-rxe,
-#  libibverbs-dev rdma-core bits, libfabric-dev, nftables iptables for fault tests)
+#  libibverbs-dev rdma-core bits, libfabric-dev)
+# nftables and iptables: packet loss and partitions in tests/system/fault_test.sh.
 # -------------------------------------------------------------------------------------------
 
 [ "${TE_SKIP_DEPS:-0}" = 1 ] && exit 0

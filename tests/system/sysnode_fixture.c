@@ -190,6 +190,12 @@ struct node *node_start(const char *yaml, const char *listen)
 {
 	const char *argv[] = { node_path, yaml ? "--yaml" : "--listen", yaml ? yaml : listen,
 			       NULL };
+
+	return node_start_argv(argv);
+}
+
+struct node *node_start_argv(const char *const *argv)
+{
 	struct node *n = node_spawn(NULL, argv);
 	g_autofree char *s = NULL;
 	uint64_t a, l;

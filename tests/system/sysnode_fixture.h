@@ -97,6 +97,12 @@ struct node *node_spawn(const char *name, const char *const *argv);
  * buffer; returns once it printed "ready".
  */
 struct node *node_start(const char *yaml, const char *listen);
+/*
+ * As node_start, with the whole command line (NULL-terminated): a te-node run through a
+ * wrapper such as "ip netns exec NS te-node ..." (which must exec, so that the PID is
+ * te-node's).
+ */
+struct node *node_start_argv(const char *const *argv);
 /* A copy of what the node wrote on stderr so far. */
 char *node_stderr(struct node *n);
 /* The next stdout line within @ms (g_free), or NULL on timeout; NODE_EOF at the end. */

@@ -20,6 +20,10 @@
  *   fill <off> <len> <seed>   ok                       (writes sysnode_pattern(seed, off..))
  *   notifies                  notify <sender> <len> <hex> per message received so far,
  *                             then end <count>
+ *   senders                   sender <name> <count> <sum> per sender, then end <senders>:
+ *                             messages are counted instead of kept (a flood of them), <sum>
+ *                             adds up sysnode_fnv of each message (16 hex digits); what one
+ *                             of these two commands took, the other does not list
  *   descriptor                descriptor <json>        (te_segment_export)
  *   unregister                ok                       (te_mem_unregister of the buffer)
  *   register                  ok                       (registers it again)
@@ -57,6 +61,13 @@ struct node {
 	size_t guard;
 	size_t size;
 	GPtrArray *notifies; /* "notify ..." lines, every message received so far */
+	GHashTable *senders; /* sender name -> struct node_sender, for "senders" */
+};
+
+/* Messages of one sender taken by the "senders" command. */
+struct node_sender {
+	uint64_t count;
+	uint64_t sum; /* of sysnode_fnv over each message */
 };
 
 static void node_say(const char *fmt, ...) G_GNUC_PRINTF(1, 2);
@@ -170,6 +181,35 @@ static void node_collect_notifies(struct node *n)
 	g_free(msgs);
 }
 
+/* Take every message received so far into per-sender counts (a flood is not kept). */
+static void node_count_senders(struct node *n)
+{
+	struct te_notify *msgs = g_new0(struct te_notify, 64);
+	size_t got = 0;
+
+	do {
+		enum te_status st = te_notify_recv(n->engine, msgs, 64, &got);
+
+		if (st != TE_OK) {
+			node_say("error te_notify_recv: %s: %s", te_status_str(st),
+				 te_last_error());
+			break;
+		}
+		for (size_t i = 0; i < got; i++) {
+			const char *who = *msgs[i].sender ? msgs[i].sender : "-";
+			struct node_sender *c = g_hash_table_lookup(n->senders, who);
+
+			if (!c) {
+				c = g_new0(struct node_sender, 1);
+				g_hash_table_insert(n->senders, g_strdup(who), c);
+			}
+			c->count++;
+			c->sum += sysnode_fnv(msgs[i].msg, MIN(msgs[i].len, (size_t)TE_NOTIFY_MAX));
+		}
+	} while (got == 64);
+	g_free(msgs);
+}
+
 /* One command line; FALSE when the node should exit. */
 static gboolean node_command(struct node *n, char *line)
 {
@@ -214,6 +254,19 @@ static gboolean node_command(struct node *n, char *line)
 		for (guint i = 0; i < n->notifies->len; i++)
 			node_say("%s", (const char *)g_ptr_array_index(n->notifies, i));
 		node_say("end %u", n->notifies->len);
+	} else if (strcmp(args[0], "senders") == 0) {
+		GHashTableIter it;
+		gpointer k, v;
+
+		node_count_senders(n);
+		g_hash_table_iter_init(&it, n->senders);
+		while (g_hash_table_iter_next(&it, &k, &v)) {
+			const struct node_sender *c = v;
+
+			node_say("sender %s %" PRIu64 " %016" PRIx64, (const char *)k, c->count,
+				 c->sum);
+		}
+		node_say("end %u", g_hash_table_size(n->senders));
 	} else if (strcmp(args[0], "descriptor") == 0) {
 		char *json = NULL;
 		size_t jlen = 0;
@@ -271,6 +324,7 @@ static int node_target(struct te_engine *e, uint64_t size, uint64_t guard)
 		return 1;
 	}
 	n.notifies = g_ptr_array_new_with_free_func(g_free);
+	n.senders = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free);
 	node_say("segment: %s", te_engine_name(e));
 	node_say("base: 0x%" PRIxPTR " %zu", (uintptr_t)n.base, n.total);
 	node_say("buffer: 0x%" PRIxPTR " %zu", (uintptr_t)(n.base + guard), n.size);
@@ -293,6 +347,7 @@ static int node_target(struct te_engine *e, uint64_t size, uint64_t guard)
 	/* The engine stops serving before the memory it serves goes away. */
 	te_engine_free(e);
 	g_ptr_array_free(n.notifies, TRUE);
+	g_hash_table_destroy(n.senders);
 	munmap(map, n.total);
 	return 0;
 }
