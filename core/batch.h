@@ -41,7 +41,7 @@ struct slice {
 	_Atomic int32_t abort_status;
 	_Atomic uint64_t abort_ns;
 	_Atomic uint32_t cancel_sent; /* 1 once the plugin's cancel was called for the abort */
-	uint32_t seg_tp; /* index of tp in the segview */
+	uint32_t seg_tp;	      /* index of tp in the segview */
 };
 
 struct task {

@@ -2385,14 +2385,15 @@ static void case_unauth(void)
 	{
 		const uint8_t *d = p[3].rest->data;
 
-		ok += check(p[3].closed && p[3].rest->len >= W_HDR &&
-				    (int32_t)(uint32_t)le_get(d + 12, 4) == TE_ERR_PEER_RESTARTED &&
-				    le_get(d + 16, 8) == 0 &&
-				    p[3].rest->len == W_HDR + le_get(d + 24, 8) &&
-				    !memmem(d, p[3].rest->len, &r.ep.nonce, sizeof(r.ep.nonce)),
-			    "%s: expected one TE_ERR_PEER_RESTARTED frame without the instance nonce, "
-			    "then the close (%u bytes, closed %d)",
-			    p[3].what, p[3].rest->len, p[3].closed);
+		ok += check(
+			p[3].closed && p[3].rest->len >= W_HDR &&
+				(int32_t)(uint32_t)le_get(d + 12, 4) == TE_ERR_PEER_RESTARTED &&
+				le_get(d + 16, 8) == 0 &&
+				p[3].rest->len == W_HDR + le_get(d + 24, 8) &&
+				!memmem(d, p[3].rest->len, &r.ep.nonce, sizeof(r.ep.nonce)),
+			"%s: expected one TE_ERR_PEER_RESTARTED frame without the instance nonce, "
+			"then the close (%u bytes, closed %d)",
+			p[3].what, p[3].rest->len, p[3].closed);
 	}
 	/* A good HELLO is answered (auth required), then AUTH with a wrong MAC is refused. */
 	ok += check(p[4].pre_reply->len == W_HDR + W_HELLO_REPLY &&
