@@ -257,13 +257,11 @@ struct tcp_lane {
 
 	struct te_plugin_slice *sq_head, *sq_tail; /* requests not completely sent */
 	uint64_t sq_off;			   /* bytes of sq_head's frame already sent */
-	/* HELLO and AUTH bytes not yet sent; they precede every request. */
-	uint8_t ctl[TCP_CTL];
+	/* HELLO and AUTH bytes not yet sent (ctl, at the end); they precede every request. */
 	uint32_t ctl_len, ctl_off;
 	enum tcp_hs hs;
 	uint64_t epoch;	  /* of the current (or last) connection; each connect takes the next */
 	uint64_t base_ns; /* when its HELLO answer arrived: request deadlines count from it */
-	uint8_t nonce_c[TCP_NONCE];
 	bool refused;	  /* the last connect was refused: nobody listens at the address */
 	bool peer_closed; /* the server closed or reset this connection (EOF, ECONNRESET) */
 	/* A WRITE waits for a fence from a connection the server did not close itself. */
@@ -301,6 +299,10 @@ struct tcp_lane {
 	bool in_todo;
 	struct tcp_lane *todo_next;
 	struct tcp_lane *wprev, *wnext;
+
+	/* Cold: used once per connection. */
+	uint8_t nonce_c[TCP_NONCE];
+	uint8_t ctl[TCP_CTL];
 };
 
 struct tcp_peer {
@@ -355,14 +357,12 @@ struct tcp_conn {
 	/* From its HELLO, under w->lock: the client's lane and that lane's epoch. */
 	uint64_t cid, epoch;
 	uint32_t lane;
-	uint8_t nonce_c[TCP_NONCE], nonce_s[TCP_NONCE];
 	uint64_t accept_ns; /* HELLO/AUTH must complete within hello_timeout_ms of it */
 	uint64_t base_ns;   /* when the HELLO answer was built: request deadlines count from it */
-	uint64_t frame_start_ns; /* first byte of the frame being received; 0: none */
-	uint64_t active_ns;	 /* last complete frame (idle timeout) */
-	uint64_t frames;	 /* complete frames so far */
-	uint8_t ctl[TCP_CTL];	 /* handshake answers, sent before any response */
-	uint32_t ctl_len, ctl_off;
+	uint64_t frame_start_ns;   /* first byte of the frame being received; 0: none */
+	uint64_t active_ns;	   /* last complete frame (idle timeout) */
+	uint64_t frames;	   /* complete frames so far */
+	uint32_t ctl_len, ctl_off; /* of ctl: handshake answers, sent before any response */
 	struct tcp_rx rx;
 	/* The WRITE whose payload is being received. */
 	uint32_t cur;	   /* its ring index */
@@ -374,6 +374,10 @@ struct tcp_conn {
 	uint32_t head, count;
 	uint64_t tx_off; /* bytes of ring[head] already sent */
 	struct tcp_conn *prev, *next;
+
+	/* Cold: the handshake's. */
+	uint8_t nonce_c[TCP_NONCE], nonce_s[TCP_NONCE];
+	uint8_t ctl[TCP_CTL];
 };
 
 /* The newest epoch seen of one client lane (lane fencing). */
