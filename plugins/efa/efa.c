@@ -44,10 +44,18 @@
  * passive side, where the core has nothing in flight and never calls progress.
  *
  * Lifetimes. A slice holds its local region (mem->inflight: dereg_mem answers TE_ERR_BUSY
- * meanwhile) and its peer handle (refcount) until its completion. RMA operations cannot be
- * cancelled in libfabric: cancel marks the slice and asks fi_cancel, and the slice is reported
- * when the provider returns it; fini closes the endpoints, which ends every operation, and
- * reports what is left as canceled. host->slice_done is never called with a plugin lock held.
+ * meanwhile) and its peer handle (refcount) until its completion. fini closes the endpoints,
+ * which ends every operation, and reports what is left as canceled. host->slice_done is never
+ * called with a plugin lock held.
+ *
+ * Cancel. The core reports a canceled or timed-out slice only once the plugin hands it back, so
+ * that a WRITE never lands after its task ended. fi_cancel takes back receives only, never a
+ * posted RMA operation; cancel marks the slice and wakes the progress thread, which fences it
+ * (efa_nic_fence): over connections (tcp;ofi_rxm, net, efa) it removes the peer's address from
+ * the NIC's AV and inserts it again, which (with FI_AV_REMOVE_CLEANUP, set at init) closes the
+ * connection and returns every operation queued on it as canceled; on shm a posted operation
+ * already ran inside the post call (CMA), or waits for a peer whose process is gone, which the
+ * plugin tells by the peer's pidfd. README.md says what may still land and when.
  */
 
 #ifndef _GNU_SOURCE
@@ -72,6 +80,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -109,6 +118,7 @@
 #define EFA_TICK_NS (100ull * 1000 * 1000)  /* sleep bound with nothing in flight */
 #define EFA_SAFETY_NS (10ull * 1000 * 1000) /* sleep bound with operations in flight */
 #define EFA_CALLER_NS (1000ull * 1000)	    /* progress 'caller': the thread stays away this long */
+#define EFA_FENCE_PEERS 16u		    /* peers one fence round closes connections to */
 #define EFA_DETAIL 256u
 #define EFA_PRIV_DETAIL 128u
 
@@ -150,11 +160,18 @@ struct efa_spriv {
 	struct efa_peer *peer;
 	struct te_plugin_slice *next; /* deferred-failure list */
 	uint32_t slot;
-	atomic_uint canceled;
-	int32_t status; /* deferred failure */
+	atomic_uint canceled; /* enum efa_cancel_state */
+	int32_t status;	      /* deferred failure */
 	char detail[EFA_PRIV_DETAIL];
 };
 _Static_assert(sizeof(struct efa_spriv) <= 256, "slice_priv_size is at most 256 bytes");
+
+/* Where cancel of a slice stands. */
+enum efa_cancel_state {
+	EFA_CANCEL_NONE = 0,
+	EFA_CANCEL_ASKED = 1,  /* the core canceled it: efa_nic_fence has yet to act */
+	EFA_CANCEL_FENCED = 2, /* its connection was closed: its outcome is on its way */
+};
 
 struct efa_rxbuf {
 	struct efa_op op;
@@ -205,7 +222,11 @@ struct efa_nic {
 	struct te_plugin_slice *_Atomic *slots;
 	atomic_uint hint;
 	atomic_uint inflight;
-	atomic_uint lost; /* completions without context (provider bug) */
+	atomic_uint lost;      /* completions without context (provider bug) */
+	atomic_uint fence_req; /* cancels since efa_nic_fence last looked (0: nothing to do) */
+	/* shm: a canceled slice waits on a live peer; efa_nic_fence looks again from then on */
+	atomic_uint_fast64_t fence_again_ns;
+	atomic_uint reaping; /* CQ entries read under the lock, not yet given to efa_complete */
 
 	struct efa_prog *prog;
 
@@ -271,8 +292,13 @@ struct efa_peer {
 	struct efa_path *paths; /* per local NIC */
 	atomic_uint refs;	/* the loaded handle, in-flight slices and warm-up messages */
 	struct efa_peer *prev, *next;
-	struct efa_av_entry **entries; /* [local nic * n_rnics + remote nic] */
-	fi_addr_t *addrs;
+	/*
+	 * [local nic * n_rnics + remote nic]; an entry's fi_addr changes when a fence re-inserts
+	 * it, so posts read it there, under the NIC lock.
+	 */
+	struct efa_av_entry **entries;
+	int pid;   /* shm: the peer's process (from its endpoint name), 0 when unknown */
+	int pidfd; /* shm: pidfd_open(pid), readable once it exited; -1 without one */
 	uint32_t n_hello;
 	struct efa_hello *hello;
 };
@@ -314,6 +340,7 @@ struct efa_inst {
 	uint64_t connect_timeout_ms;
 
 	char prov_name[EFA_MAX_PROV + 1]; /* what fi_getinfo reported */
+	bool shm;			  /* prov_name is shm: no connection to close */
 	bool same_host;
 	uint64_t max_msg;
 	uint32_t api_version;
@@ -614,8 +641,9 @@ static void efa_peer_free_locked(struct efa_inst *ei, struct efa_peer *peer)
 		ei->peers = peer->next;
 	if (peer->next)
 		peer->next->prev = peer->prev;
+	if (peer->pidfd >= 0)
+		close(peer->pidfd);
 	free(peer->entries);
-	free(peer->addrs);
 	free(peer->hello);
 	free(peer->paths);
 	free(peer->name);
@@ -629,6 +657,46 @@ static void efa_peer_unref(struct efa_inst *ei, struct efa_peer *peer)
 	pthread_mutex_lock(&ei->lock);
 	efa_peer_free_locked(ei, peer);
 	pthread_mutex_unlock(&ei->lock);
+}
+
+/*
+ * shm: watch the peer's process through a pidfd. Its endpoint name, chosen by its efa_nic_open,
+ * says which process it is (te-efa-<pid>-...). A peer named otherwise is not watched.
+ */
+static void efa_peer_watch(struct efa_inst *ei, struct efa_peer *peer, const uint8_t *addr,
+			   size_t len)
+{
+	char name[EFA_MAX_ADDR + 1];
+	const char *n = name;
+	int pid = 0;
+
+	memcpy(name, addr, len);
+	name[len] = '\0';
+	if (strncmp(n, "fi_shm://", 9) == 0)
+		n += 9;
+	if (sscanf(n, "te-efa-%d-", &pid) != 1 || pid <= 0)
+		return;
+	peer->pid = pid;
+#ifdef SYS_pidfd_open
+	peer->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+#endif
+	if (peer->pidfd < 0)
+		efa_log(ei, TE_PLUGIN_LOG_INFO,
+			"peer %s (process %d): no pidfd (%s): a post to it after it died may spin "
+			"in the provider",
+			peer->name, pid, strerror(errno));
+}
+
+/*
+ * Whether @peer's process has exited (shm, its pidfd readable). Its memory can no longer
+ * change, and a post to it may never return: a process killed while it held its shm region's
+ * lock leaves it held, and every later post to it spins in the provider.
+ */
+static bool efa_peer_dead(const struct efa_peer *peer)
+{
+	struct pollfd pfd = { .fd = peer->pidfd, .events = POLLIN };
+
+	return peer->pidfd >= 0 && poll(&pfd, 1, 0) > 0;
 }
 
 /* --- completion ------------------------------------------------------------------------ */
@@ -703,7 +771,7 @@ static void efa_complete(struct efa_nic *nic, void *context, int err, int prov_e
 
 		efa_log(ei, lost ? TE_PLUGIN_LOG_DEBUG : TE_PLUGIN_LOG_WARN,
 			"%s: %s completion without context (%u so far): %s%s%s; its slice "
-			"ends at its deadline",
+			"ends when the core gives up on it and its peer's process is gone",
 			nic->name, err ? "error" : "a", lost + 1,
 			err ? fi_strerror(efa_errnum(err)) : "", prov ? "; provider: " : "",
 			prov ? prov : "");
@@ -737,17 +805,73 @@ static void efa_complete(struct efa_nic *nic, void *context, int err, int prov_e
 }
 
 /*
+ * One read of up to @max entries of @nic's CQ, whose lock the caller holds, handed to
+ * efa_complete. Returns how many. The lock is released, except when the CQ was empty
+ * (*empty_out): the caller then still holds it. *more_out: the CQ may hold more. Entries read
+ * and not yet delivered count in nic->reaping, so that a fence under the lock knows when no
+ * outcome is on its way.
+ */
+static uint32_t efa_nic_reap_locked(struct efa_nic *nic, uint32_t max, bool *empty_out,
+				    bool *more_out)
+{
+	struct fi_cq_entry ent[EFA_CQ_BATCH];
+	struct fi_cq_err_entry e;
+	const char *prov = NULL;
+	char text[128];
+	ssize_t n;
+
+	*empty_out = *more_out = false;
+	n = fi_cq_read(nic->cq, ent, EFA_MIN(EFA_CQ_BATCH, max));
+	if (n > 0) {
+		/* relaxed: the NIC lock orders it before the fence's read */
+		atomic_fetch_add_explicit(&nic->reaping, 1, memory_order_relaxed);
+		efa_nic_unlock(nic);
+		for (ssize_t i = 0; i < n; i++)
+			efa_complete(nic, ent[i].op_context, 0, 0, NULL);
+		atomic_fetch_sub_explicit(&nic->reaping, 1, memory_order_release);
+		*more_out = (size_t)n == EFA_CQ_BATCH;
+		return (uint32_t)n;
+	}
+	if (n != -FI_EAVAIL) {
+		if (n == -FI_EAGAIN) {
+			*empty_out = true;
+			return 0;
+		}
+		efa_nic_unlock(nic);
+		efa_log(nic->ei, TE_PLUGIN_LOG_ERROR, "%s: fi_cq_read: %s", nic->name,
+			fi_strerror((int)-n));
+		return 0;
+	}
+	memset(&e, 0, sizeof(e));
+	n = fi_cq_readerr(nic->cq, &e, 0);
+	if (n != 1) {
+		efa_nic_unlock(nic);
+		return 0;
+	}
+	/* Without a provider errno its text says "Success": nothing to add. */
+	if (!nic->closed && e.prov_errno)
+		prov = fi_cq_strerror(nic->cq, e.prov_errno, e.err_data, text, sizeof(text));
+	atomic_fetch_add_explicit(&nic->reaping, 1, memory_order_relaxed);
+	efa_nic_unlock(nic);
+	if (prov && !*prov)
+		prov = NULL;
+	efa_complete(nic, e.op_context, e.err ? e.err : FI_EOTHER, e.prov_errno, prov);
+	atomic_fetch_sub_explicit(&nic->reaping, 1, memory_order_release);
+	*more_out = true;
+	return 1;
+}
+
+/*
  * Read @nic's CQ: up to @budget completions; returns how many were handled. With @busy_out
  * the CQ is only read if the NIC's lock is free (*busy_out says it was not): a submit posting
  * there kicks the progress thread afterwards.
  */
 static uint32_t efa_nic_poll(struct efa_nic *nic, uint32_t budget, bool *busy_out)
 {
-	struct fi_cq_entry ent[EFA_CQ_BATCH];
 	uint32_t done = 0;
 
 	while (done < budget) {
-		ssize_t n;
+		bool empty, more;
 
 		if (busy_out) {
 			if (pthread_mutex_trylock(&nic->lock) != 0) {
@@ -757,39 +881,11 @@ static uint32_t efa_nic_poll(struct efa_nic *nic, uint32_t budget, bool *busy_ou
 		} else {
 			efa_nic_lock(nic);
 		}
-		n = fi_cq_read(nic->cq, ent, EFA_MIN(EFA_CQ_BATCH, budget - done));
-		if (n > 0) {
+		done += efa_nic_reap_locked(nic, budget - done, &empty, &more);
+		if (empty)
 			efa_nic_unlock(nic);
-			for (ssize_t i = 0; i < n; i++)
-				efa_complete(nic, ent[i].op_context, 0, 0, NULL);
-			done += (uint32_t)n;
-			if ((size_t)n < EFA_CQ_BATCH)
-				break;
-		} else if (n == -FI_EAVAIL) {
-			struct fi_cq_err_entry e;
-			char text[128];
-			const char *prov = NULL;
-
-			memset(&e, 0, sizeof(e));
-			n = fi_cq_readerr(nic->cq, &e, 0);
-			if (n == 1 && !nic->closed)
-				prov = fi_cq_strerror(nic->cq, e.prov_errno, e.err_data, text,
-						      sizeof(text));
-			efa_nic_unlock(nic);
-			if (n != 1)
-				break;
-			if (prov && !*prov)
-				prov = NULL;
-			efa_complete(nic, e.op_context, e.err ? e.err : FI_EOTHER, e.prov_errno,
-				     prov);
-			done++;
-		} else {
-			efa_nic_unlock(nic);
-			if (n != -FI_EAGAIN)
-				efa_log(nic->ei, TE_PLUGIN_LOG_ERROR, "%s: fi_cq_read: %s",
-					nic->name, fi_strerror((int)-n));
+		if (!more)
 			break;
-		}
 	}
 	return done;
 }
@@ -841,6 +937,133 @@ static void efa_defer_fail(struct efa_inst *ei, struct te_plugin_slice *s, enum 
 	ei->defer_tail = s;
 	atomic_fetch_add_explicit(&ei->n_defer, 1, memory_order_relaxed);
 	pthread_mutex_unlock(&ei->defer_lock);
+}
+
+/* --- fence: what cancel asks for ---------------------------------------------------------- */
+
+enum efa_fence {
+	EFA_FENCE_IDLE, /* nothing to do */
+	EFA_FENCE_DONE, /* closed connections or reported slices: outcomes may be on their way */
+	EFA_FENCE_BUSY, /* the NIC was busy, or outcomes were on their way: look again */
+};
+
+/*
+ * Remove @e from @nic's AV and insert it again (the NIC lock held: posts read e->fi_addr under
+ * it). With FI_AV_REMOVE_CLEANUP, rxm closes its connection to the address on removal and
+ * returns every operation queued on it as canceled; the next post connects again.
+ */
+static void efa_av_refresh_locked(struct efa_nic *nic, struct efa_av_entry *e,
+				  const struct efa_peer *peer)
+{
+	fi_addr_t fa = FI_ADDR_NOTAVAIL;
+	int rc = fi_av_remove(nic->av, &e->fi_addr, 1, 0);
+
+	if (rc) {
+		efa_log(nic->ei, TE_PLUGIN_LOG_WARN,
+			"%s: fi_av_remove of %s: %s; its canceled operations end when the provider "
+			"completes them",
+			nic->name, peer->name, fi_strerror(-rc));
+		return;
+	}
+	rc = fi_av_insert(nic->av, e->addr, 1, &fa, 0, NULL);
+	if (rc != 1 || fa == FI_ADDR_NOTAVAIL) {
+		efa_log(nic->ei, TE_PLUGIN_LOG_ERROR,
+			"%s: fi_av_insert of %s after a cancel: %s; transfers to it fail",
+			nic->name, peer->name, rc < 0 ? fi_strerror(-rc) : "address not inserted");
+		fa = FI_ADDR_NOTAVAIL;
+	}
+	e->fi_addr = fa;
+}
+
+/*
+ * Take back the canceled slices of @nic, from the progress thread (it may wait for the NIC
+ * lock, cancel may not). Over connections: close each one that carries a canceled slice
+ * (efa_av_refresh_locked); what was queued on it comes back canceled through the CQ, and what
+ * else ran on it is retried by the core. shm: a posted operation ran inside its post call
+ * (CMA), so a canceled slice still held either waits for its peer (delivery completion, or no
+ * CMA: nothing fences that) or was lost by the provider, which reports failed copies without
+ * their context; it ends here once the peer's process is gone, whose memory cannot change.
+ */
+static enum efa_fence efa_nic_fence(struct efa_nic *nic)
+{
+	struct efa_inst *ei = nic->ei;
+	struct efa_spriv *gone[EFA_CQ_BATCH];
+	struct efa_peer *peers[EFA_FENCE_PEERS];
+	uint32_t n_gone = 0, n_peers = 0;
+	uint_fast64_t again = atomic_load_explicit(&nic->fence_again_ns, memory_order_relaxed);
+	bool empty, more, waiting = false;
+
+	if (!atomic_load(&nic->fence_req) && (!again || efa_now_ns() < again))
+		return EFA_FENCE_IDLE;
+	if (pthread_mutex_trylock(&nic->lock) != 0)
+		return EFA_FENCE_BUSY;
+	/*
+	 * Only with no entry read and undelivered, and none left in the CQ, is a slice still in
+	 * its slot one whose outcome is not on its way: peers and AV entries of the slices in
+	 * the window stay alive while this thread holds the lock.
+	 */
+	if (atomic_load_explicit(&nic->reaping, memory_order_acquire)) {
+		efa_nic_unlock(nic);
+		return EFA_FENCE_BUSY;
+	}
+	if (efa_nic_reap_locked(nic, EFA_CQ_BATCH, &empty, &more) || !empty)
+		return EFA_FENCE_BUSY; /* delivered what it read (and let go of the lock) */
+	/* A cancel after this store asks again: its mark is set before its request. */
+	atomic_store(&nic->fence_req, 0);
+	atomic_store_explicit(&nic->fence_again_ns, 0, memory_order_relaxed);
+	for (uint32_t k = 0; k < nic->window; k++) {
+		struct te_plugin_slice *s =
+			atomic_load_explicit(&nic->slots[k], memory_order_relaxed);
+		struct efa_spriv *p;
+		uint32_t i;
+
+		if (!s)
+			continue;
+		p = efa_priv(s);
+		if (atomic_load(&p->canceled) != EFA_CANCEL_ASKED)
+			continue;
+		/* Receives only, on these providers; costs nothing to ask. */
+		(void)fi_cancel(&nic->ep->fid, &p->op.ctx);
+		if (ei->shm) {
+			if (!efa_peer_dead(p->peer) || n_gone == EFA_CQ_BATCH) {
+				waiting = true;
+				continue;
+			}
+			atomic_store(&p->canceled, EFA_CANCEL_FENCED);
+			gone[n_gone++] = p;
+			continue;
+		}
+		for (i = 0; i < n_peers && peers[i] != p->peer; i++)
+			;
+		if (i == n_peers) {
+			if (n_peers == EFA_FENCE_PEERS) {
+				waiting = true;
+				continue;
+			}
+			peers[n_peers++] = p->peer;
+		}
+		atomic_store(&p->canceled, EFA_CANCEL_FENCED);
+	}
+	for (uint32_t i = 0; i < n_peers; i++)
+		for (uint32_t j = 0; j < peers[i]->n_rnics; j++)
+			efa_av_refresh_locked(nic,
+					      peers[i]->entries[nic->index * peers[i]->n_rnics + j],
+					      peers[i]);
+	efa_nic_unlock(nic);
+	for (uint32_t i = 0; i < n_gone; i++) {
+		char why[96];
+
+		snprintf(why, sizeof(why), "peer process %d exited", gone[i]->peer->pid);
+		efa_slice_finish(ei, gone[i], FI_ECANCELED, 0, why);
+	}
+	if (waiting)
+		atomic_store_explicit(&nic->fence_again_ns, efa_now_ns() + EFA_SAFETY_NS,
+				      memory_order_relaxed);
+	if (n_peers)
+		efa_log(ei, TE_PLUGIN_LOG_DEBUG,
+			"%s: closed the connections to %u peer(s) to take back canceled operations",
+			nic->name, n_peers);
+	return n_gone || n_peers ? EFA_FENCE_DONE : waiting ? EFA_FENCE_BUSY : EFA_FENCE_IDLE;
 }
 
 /* --- progress threads ------------------------------------------------------------------ */
@@ -973,6 +1196,23 @@ static void efa_progs_unpark(struct efa_inst *ei)
 	}
 }
 
+/* The fences cancel asked for on @p's NICs, and the outcomes they returned. Whether any acted. */
+static bool efa_prog_fence(struct efa_prog *p)
+{
+	bool acted = false;
+
+	for (uint32_t i = 0; i < p->n_nics; i++) {
+		if (efa_nic_fence(p->nics[i]) == EFA_FENCE_DONE) {
+			bool busy = false;
+
+			/* Report what the closed connections returned now, in every mode. */
+			(void)efa_nic_poll(p->nics[i], EFA_POLL_BUDGET, &busy);
+			acted = true;
+		}
+	}
+	return acted;
+}
+
 static void *efa_prog_main(void *arg)
 {
 	struct efa_prog *p = arg;
@@ -984,6 +1224,11 @@ static void *efa_prog_main(void *arg)
 		uint32_t work = 0;
 		uint64_t now = efa_now_ns();
 
+		/* Before parking: the core waits on the slices cancel gave this thread. */
+		if (efa_prog_fence(p)) {
+			last_work = efa_now_ns();
+			continue;
+		}
 		if (ei->progress == EFA_PROGRESS_CALLER && efa_prog_park(p)) {
 			last_work = efa_now_ns();
 			continue;
@@ -1667,6 +1912,7 @@ static enum te_status efa_nics_open(struct efa_inst *ei)
 	snprintf(ei->prov_name, sizeof(ei->prov_name), "%s",
 		 pick[0]->fabric_attr->prov_name ? pick[0]->fabric_attr->prov_name : ei->provider);
 	ei->max_msg = pick[0]->ep_attr->max_msg_size;
+	ei->shm = strcmp(ei->prov_name, "shm") == 0;
 	/* shm and other local-only providers reach peers on this host only. */
 	ei->same_host = strncmp(ei->prov_name, "shm", 3) == 0 ||
 			((pick[0]->domain_attr->caps & FI_LOCAL_COMM) &&
@@ -1826,6 +2072,32 @@ static void efa_destroy(struct efa_inst *ei)
 	free(ei);
 }
 
+/*
+ * rxm closes its connection to an address removed from the AV, returning the operations queued
+ * on it, only with FI_AV_REMOVE_CLEANUP, which libfabric reads once, at its first use in the
+ * process: without it a canceled operation to a stopped peer could end only when that peer ran
+ * again. There is no other way to set it; an explicit setting is kept and said. shm needs none.
+ */
+static void efa_env_init(struct efa_inst *ei)
+{
+	const char *v = getenv("FI_AV_REMOVE_CLEANUP");
+
+	if (strcmp(ei->provider, "shm") == 0)
+		return;
+	if (!v) {
+		if (setenv("FI_AV_REMOVE_CLEANUP", "1", 0) != 0)
+			efa_log(ei, TE_PLUGIN_LOG_WARN, "setenv(FI_AV_REMOVE_CLEANUP): %s",
+				strerror(errno));
+		return;
+	}
+	if (strcmp(v, "1") != 0 && strcasecmp(v, "yes") != 0 && strcasecmp(v, "true") != 0 &&
+	    strcasecmp(v, "on") != 0)
+		efa_log(ei, TE_PLUGIN_LOG_WARN,
+			"FI_AV_REMOVE_CLEANUP=%s: a canceled or timed-out operation ends only when "
+			"the provider completes it, not when its connection is closed",
+			v);
+}
+
 static enum te_status efa_init(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
 			       struct te_plugin_inst **inst_out)
 {
@@ -1850,6 +2122,7 @@ static enum te_status efa_init(const struct te_plugin_host *host, struct te_plug
 	st = efa_options(ei);
 	if (st != TE_OK)
 		goto err_destroy;
+	efa_env_init(ei);
 	st = efa_nics_open(ei);
 	if (st != TE_OK)
 		goto err_destroy;
@@ -2112,7 +2385,7 @@ static void efa_peer_warmup(struct efa_inst *ei, struct efa_peer *peer)
 	for (uint32_t k = 0; k < peer->n_hello; k++) {
 		struct efa_hello *h = &peer->hello[k];
 		struct efa_nic *nic = &ei->nics[h->nic];
-		fi_addr_t fa = peer->addrs[h->nic * peer->n_rnics + h->rnic];
+		const struct efa_av_entry *e = peer->entries[h->nic * peer->n_rnics + h->rnic];
 		ssize_t ret;
 
 		h->op.kind = EFA_OP_HELLO;
@@ -2120,8 +2393,10 @@ static void efa_peer_warmup(struct efa_inst *ei, struct efa_peer *peer)
 		atomic_fetch_add_explicit(&peer->refs, 1, memory_order_relaxed);
 		for (;;) {
 			efa_nic_lock(nic);
-			ret = fi_send(nic->ep, nic->msg, EFA_HELLO_LEN, nic->msg_desc, fa,
-				      &h->op.ctx);
+			ret = e->fi_addr == FI_ADDR_NOTAVAIL
+				      ? -FI_EADDRNOTAVAIL
+				      : fi_send(nic->ep, nic->msg, EFA_HELLO_LEN, nic->msg_desc,
+						e->fi_addr, &h->op.ctx);
 			efa_nic_unlock(nic);
 			/* -FI_EAGAIN while the connection is set up: the progress thread runs it. */
 			if (ret != -FI_EAGAIN || efa_now_ns() >= deadline)
@@ -2190,21 +2465,21 @@ static enum te_status efa_load_peer(struct te_plugin_inst *inst, const char *pee
 	peer->n_rnics = n_r;
 	peer->name = strdup(peer_name);
 	peer->entries = calloc((size_t)ei->n_nics * n_r, sizeof(*peer->entries));
-	peer->addrs = calloc((size_t)ei->n_nics * n_r, sizeof(*peer->addrs));
 	peer->paths = calloc(ei->n_nics, sizeof(*peer->paths));
+	peer->pidfd = -1;
 	pairs = ei->n_nics * n_r <= EFA_HELLO_PAIRS ? ei->n_nics * n_r : ei->n_nics;
 	peer->hello = ei->warmup ? calloc(pairs, sizeof(*peer->hello)) : NULL;
-	if (!peer->name || !peer->entries || !peer->addrs || !peer->paths ||
-	    (ei->warmup && !peer->hello)) {
+	if (!peer->name || !peer->entries || !peer->paths || (ei->warmup && !peer->hello)) {
 		free(peer->name);
 		free(peer->entries);
-		free(peer->addrs);
 		free(peer->paths);
 		free(peer->hello);
 		free(peer);
 		return TE_ERR_NOMEM;
 	}
 	atomic_init(&peer->refs, 1);
+	if (ei->shm)
+		efa_peer_watch(ei, peer, raddr[0], rlen[0]);
 	pthread_mutex_lock(&ei->lock);
 	peer->next = ei->peers;
 	if (ei->peers)
@@ -2215,10 +2490,8 @@ static enum te_status efa_load_peer(struct te_plugin_inst *inst, const char *pee
 			struct efa_av_entry *e = NULL;
 
 			st = efa_av_get_locked(&ei->nics[i], raddr[j], rlen[j], &e);
-			if (st == TE_OK) {
+			if (st == TE_OK)
 				peer->entries[i * n_r + j] = e;
-				peer->addrs[i * n_r + j] = e->fi_addr;
-			}
 		}
 	}
 	if (st != TE_OK) {
@@ -2397,12 +2670,15 @@ static ssize_t efa_post_locked(struct efa_inst *ei, struct efa_nic *nic, struct 
 	const struct efa_rkey *k = (const struct efa_rkey *)s->rkey;
 	const struct efa_peer *peer = p->peer;
 	uint32_t j = k->pref[nic->index % k->n_pref];
-	fi_addr_t fa = peer->addrs[nic->index * peer->n_rnics + j];
+	fi_addr_t fa = peer->entries[nic->index * peer->n_rnics + j]->fi_addr;
 	/* Without FI_MR_VIRT_ADDR at the target, remote addresses are offsets in the region. */
 	uint64_t raddr = k->offset ? s->remote - k->addr : s->remote;
 	void *desc = p->mem->desc[nic->index];
 	ssize_t ret;
 
+	/* A fence could not insert the address again (efa_nic_fence logged why). */
+	if (fa == FI_ADDR_NOTAVAIL)
+		return -FI_EADDRNOTAVAIL;
 	if (s->opcode == TE_PLUGIN_OP_READ) {
 		ret = fi_read(nic->ep, s->local, s->length, desc, fa, raddr, k->keys[j],
 			      &p->op.ctx);
@@ -2483,6 +2759,19 @@ static enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_s
 		bad = efa_check_slice(s, why, sizeof(why));
 		if (bad != TE_OK) {
 			efa_defer_fail(ei, s, bad, "%s", why);
+			deferred = true;
+			continue;
+		}
+		/*
+		 * A dead shm peer may have left its region's lock held: a post to it would spin
+		 * in the provider forever. One poll of its pidfd per slice rules that out, except
+		 * for a peer that dies while this post waits for its lock.
+		 */
+		if (ei->shm && efa_peer_dead((struct efa_peer *)s->peer)) {
+			efa_defer_fail(ei, s, TE_ERR_PEER_UNREACHABLE,
+				       EFA_NAME "[%s]: peer %s (process %d) exited", ei->prov_name,
+				       ((struct efa_peer *)s->peer)->name,
+				       ((struct efa_peer *)s->peer)->pid);
 			deferred = true;
 			continue;
 		}
@@ -2584,15 +2873,22 @@ static enum te_status efa_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 	if (!nic || nic < ei->nics || nic >= ei->nics + ei->n_nics || p->slot >= nic->window ||
 	    atomic_load_explicit(&nic->slots[p->slot], memory_order_relaxed) != s)
 		return TE_ERR_NOT_FOUND;
-	atomic_store_explicit(&p->canceled, 1, memory_order_relaxed);
 	/*
-	 * libfabric cannot take back a posted RMA operation on most providers (fi_cancel is
-	 * for receives): the slice is reported when the provider returns it, canceled if it
-	 * failed, with its real outcome otherwise.
+	 * What takes a posted RMA operation back (closing its connection; fi_cancel takes back
+	 * receives only) needs the NIC lock, which a post may hold for long (shm copies inside
+	 * the post call, and spins there on a stopped peer's region), and cancel must not block:
+	 * the progress thread fences the slice (efa_nic_fence) and reports it when the provider
+	 * returns it, canceled if it failed, with its real outcome otherwise.
 	 */
-	efa_nic_lock(nic);
-	(void)fi_cancel(&nic->ep->fid, &p->op.ctx);
-	efa_nic_unlock(nic);
+	{
+		unsigned none = EFA_CANCEL_NONE;
+
+		/* seq_cst, before the request: efa_nic_fence clears requests, then looks. */
+		if (!atomic_compare_exchange_strong(&p->canceled, &none, EFA_CANCEL_ASKED))
+			return TE_OK;
+	}
+	atomic_fetch_add(&nic->fence_req, 1);
+	efa_prog_wake(nic->prog);
 	return TE_OK;
 }
 

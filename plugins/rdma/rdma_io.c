@@ -730,7 +730,9 @@ static struct te_plugin_slice *rdma_complete(struct rdma_inst *ri, const struct 
 				 RDMA_NAME ": %s %" PRIu64 " B %s -> %s/%s (QP 0x%x): %s after %s",
 				 rdma_op_text(wc, s), s->length, ri->devs[path->l].name, peer->name,
 				 peer->rdev[path->r].name, q->qpn, ibv_wc_status_str(wc->status),
-				 ev ? ibv_event_type_str((enum ibv_event_type)(ev - 1)) : q->err);
+				 ev == RDMA_ERR_CANCELED ? "a cancel stopped the QP"
+				 : ev > 0 ? ibv_event_type_str((enum ibv_event_type)(ev - 1))
+					  : q->err);
 		} else {
 			snprintf(p->detail, sizeof(p->detail),
 				 RDMA_NAME ": %s %" PRIu64 " B %s -> %s/%s (QP 0x%x): %s "
@@ -911,15 +913,48 @@ void *rdma_io_poller(void *arg)
 
 enum te_status rdma_io_cancel(struct rdma_inst *ri, struct te_plugin_slice *s)
 {
-	/*
-	 * A posted work request cannot be recalled: it ends within the QP's transport timeout
-	 * (retried to exhaustion at worst) and is reported then. Deferred failures are about to
-	 * be reported. Nothing to do either way, and nothing to write into a slice that may
-	 * already belong to the core again.
-	 */
-	if (!s->priv || !rdma_priv_ours(ri, s) ||
-	    !atomic_load_explicit(&rdma_priv(s)->slot, memory_order_acquire))
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	struct rdma_spriv *p;
+	struct rdma_slot *slot;
+	struct rdma_qp *q;
+	int ready = RDMA_QP_READY;
+	bool first;
+
+	/* Deferred failures (no slot) are about to be reported: nothing to take back. */
+	if (!s->priv || !rdma_priv_ours(ri, s))
 		return TE_ERR_NOT_FOUND;
+	p = rdma_priv(s);
+	slot = atomic_load_explicit(&p->slot, memory_order_acquire);
+	if (!slot)
+		return TE_ERR_NOT_FOUND;
+	/*
+	 * A posted work request cannot be recalled, but its QP can be stopped: in the error
+	 * state it sends no further packet and flushes every request it holds, this one
+	 * included, and the slice is reported from that flush completion, after the transition.
+	 * The QP's other requests fail as flushed and the core retries them on another QP;
+	 * once drained, the control thread destroys it and the next demand connects a fresh one.
+	 * A slot and its QP live as long as their peer, which the core holds while it cancels.
+	 */
+	q = slot->qp;
+	pthread_mutex_lock(&q->lock);
+	/* Still posted there (a request is reaped without this lock; a late cancel is harmless) */
+	if (atomic_load_explicit(&p->slot, memory_order_acquire) != slot) {
+		pthread_mutex_unlock(&q->lock);
+		return TE_ERR_NOT_FOUND;
+	}
+	first = atomic_compare_exchange_strong(&q->state, &ready, RDMA_QP_ERROR);
+	if (first)
+		atomic_store(&q->err_event, RDMA_ERR_CANCELED);
+	if (q->qp)
+		ri->v->modify_qp(q->qp, &a, IBV_QP_STATE);
+	pthread_mutex_unlock(&q->lock);
+	if (first)
+		rdma_log(ri, TE_PLUGIN_LOG_INFO,
+			 "path %s -> %s/%s: QP 0x%x moved to error to take back a canceled %s of "
+			 "%" PRIu64 " B (its other requests are retried)",
+			 ri->devs[q->path->l].name, q->path->peer->name,
+			 q->path->peer->rdev[q->path->r].name, q->qpn,
+			 s->opcode == TE_PLUGIN_OP_READ ? "READ" : "WRITE", s->length);
 	return TE_OK;
 }
 

@@ -39,7 +39,9 @@
  * the control thread destroys it; the next demand creates a fresh one with a new handshake.
  * Statuses map to te statuses with ibv_wc_status_str() in the detail. Retryable local
  * errors let the core exclude the device; remote ones make retry_prepare pick another
- * remote device. Async events mark devices down or up.
+ * remote device. Async events mark devices down or up. cancel of a posted slice moves its QP
+ * to ERROR the same way (rdma_io_cancel): the slice is reported from its flush completion,
+ * so no packet of it leaves after the core learns that it ended.
  *
  * Threads and locks. submit/cancel/retry_prepare run on any thread (THREAD_MULTI). A QP's
  * lock covers its ring head and ibv_post_send; its tail belongs to whoever holds the
@@ -194,8 +196,11 @@ struct rdma_qp {
 	/* Why the current connection broke, for flush details: the first error completion
 	 * (written by the reaper that moved the QP to ERROR), or an async event (err_event). */
 	char err[RDMA_DETAIL];
-	atomic_int err_event; /* enum ibv_event_type + 1; 0: none */
+	atomic_int err_event; /* enum ibv_event_type + 1; RDMA_ERR_CANCELED; 0: none */
 };
+
+/* err_event of a QP that cancel moved to the error state (rdma_io_cancel). */
+#define RDMA_ERR_CANCELED (-1)
 
 /* Local device l towards the peer's device r. */
 struct rdma_path {

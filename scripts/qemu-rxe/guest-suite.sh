@@ -105,6 +105,8 @@ check lo-qp-error 180 "$GUEST" --scenario qp-error --config /tmp/lo-fault.yaml \
 	--target-config /tmp/lo.yaml
 check lo-kill-peer 120 "$GUEST" --scenario kill --config /tmp/lo-kill.yaml \
 	--target-config /tmp/lo.yaml --deadline-ms 10000
+check lo-cancel 180 "$GUEST" --scenario cancel --config /tmp/lo.yaml \
+	--target-config /tmp/lo.yaml
 check veth-transfer 300 "$GUEST" --scenario transfer --config /tmp/veth-a.yaml \
 	--target-config /tmp/veth-b.yaml
 check te-bench-verify 120 "$BENCH" --loopback --config /tmp/lo.yaml --op mix --block-size 256K \

@@ -27,7 +27,9 @@ struct fv_dev {
 	enum ibv_wc_status fail_st[FV_MAX_FAIL];
 	uint32_t n_fail;
 	uint64_t posted, executed, posts;
+	uint64_t flushed_queued; /* requests a modify_qp(ERR) flushed before they ran */
 	uint32_t qps_created, qps_live, mrs_live;
+	uint32_t qps_errored; /* modify_qp(ERR) calls on a QP not yet in error */
 	int last_mtu, last_sgid;
 };
 
@@ -281,6 +283,7 @@ static void fv_flush_now(struct fv_qp *q)
 		*pp = w->next;
 		if (fv.tail == w)
 			fv.tail = prev;
+		q->dev->flushed_queued++;
 		fv_execute(w);
 		free(w);
 	}
@@ -455,6 +458,8 @@ FV_COUNTER(fakeverbs_posts, uint64_t, posts)
 FV_COUNTER(fakeverbs_qps_created, uint32_t, qps_created)
 FV_COUNTER(fakeverbs_qps_live, uint32_t, qps_live)
 FV_COUNTER(fakeverbs_mrs_live, uint32_t, mrs_live)
+FV_COUNTER(fakeverbs_qps_errored, uint32_t, qps_errored)
+FV_COUNTER(fakeverbs_flushed_queued, uint64_t, flushed_queued)
 FV_COUNTER(fakeverbs_last_mtu, int, last_mtu)
 FV_COUNTER(fakeverbs_last_sgid_index, int, last_sgid)
 
@@ -783,7 +788,9 @@ static int fv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 		if ((a->qp_state == IBV_QPS_RTR && q->st != IBV_QPS_INIT) ||
 		    (a->qp_state == IBV_QPS_RTS && q->st != IBV_QPS_RTR))
 			err = EINVAL;
-		else
+		else if (a->qp_state == IBV_QPS_ERR && q->st != IBV_QPS_ERR)
+			q->dev->qps_errored++;
+		if (!err)
 			q->st = a->qp_state;
 		if (!err && a->qp_state == IBV_QPS_ERR)
 			fv_flush_now(q);

@@ -60,6 +60,10 @@ uint64_t fakeverbs_posts(const char *dev);	 /* ibv_post_send calls on @dev */
 uint32_t fakeverbs_qps_created(const char *dev); /* QPs created on @dev so far */
 uint32_t fakeverbs_qps_live(const char *dev);
 uint32_t fakeverbs_mrs_live(const char *dev);
+/* QPs of @dev moved to the error state by ibv_modify_qp (not by a failed request). */
+uint32_t fakeverbs_qps_errored(const char *dev);
+/* Work requests of @dev that such a move flushed before they ran (held or queued). */
+uint64_t fakeverbs_flushed_queued(const char *dev);
 /* Path MTU and source GID index of the last QP of @dev moved to RTR (-1: none). */
 int fakeverbs_last_mtu(const char *dev);
 int fakeverbs_last_sgid_index(const char *dev);

@@ -17,8 +17,11 @@
  * complete, and traffic goes on; failover  two local devices, batches in a
  * loop; `ip link set DEV down` (--down-if, the netdev under the first device)
  * mid-batch: no task lost, the work in flight is retried and traffic ends up on
- * the second device. The first half of the target buffer is only ever read (it
- * keeps the target pattern); writes go to the second half.
+ * the second device; cancel  WRITEs of one pattern are canceled in flight: the
+ * plugin stops the QPs that carry them before it reports them, WRITEs of another
+ * pattern to the same range then complete, and 2 s later the range holds the new
+ * pattern. The first half of the target buffer is only ever read (it keeps the
+ * target pattern); writes go to the second half.
  */
 
 #include <errno.h>
@@ -78,9 +81,16 @@ static double now_s(void)
 	return (double)g_get_monotonic_time() / 1e6;
 }
 
+/* Log lines of the cancel scenario's interest, counted (g_atomic_int). */
+static gint qps_stopped; /* the plugin moved a QP to error to take back a canceled slice */
+static gint slices_kept; /* the core gave up on a slice the plugin kept past its grace */
+
 static void log_fn(void *user, enum te_log_level level, const char *msg)
 {
-	(void)user;
+	if (strstr(msg, "moved to error to take back a canceled"))
+		g_atomic_int_inc(&qps_stopped);
+	if (strstr(msg, "did not hand the slice back"))
+		g_atomic_int_inc(&slices_kept);
 	if (verbose || level <= TE_LOG_WARN || strstr(msg, "gid[") || strstr(msg, "path ") ||
 	    strstr(msg, "device"))
 		fprintf(stderr, "[%.3f %s] %s\n", now_s(), (const char *)user, msg);
@@ -696,6 +706,97 @@ static bool scenario_failover(struct ctx *c, const char *down_if)
 	       !late_first;
 }
 
+/*
+ * WRITEs of one pattern to a range, canceled (te_batch_cancel) while in flight: the plugin moves
+ * the QPs that carry them to the error state before it hands them back (its log says so), and
+ * the core never has to give up on a slice the plugin kept (its warning would say so); a task
+ * whose WRITE reached a QP says "... Work Request Flushed Error after a cancel stopped the QP"
+ * (the others were canceled by the core before they were posted). Then WRITEs of another pattern to the same range complete (over
+ * fresh QPs) and, 2 s later, the range holds the new pattern: no byte of a canceled WRITE
+ * landed after them.
+ */
+static bool scenario_cancel(struct ctx *c)
+{
+	/* One slice per request (the default slice is 64 KiB): a task's detail is its slice's. */
+	const size_t n = 256, copies = 4;
+	const uint64_t len = 65536, old_seed = 0xc1, new_seed = 0xc2;
+	uint64_t half = c->rlen / 2;
+	uint8_t *old = c->loc, *fresh = c->loc + n * len, *back = c->loc + 2 * n * len;
+	g_autofree struct te_request *r = g_new(struct te_request, n);
+	uint32_t counts[7] = { 0 }, flushed = 0, fenced = 0, kept = 0;
+	te_batch_id bids[4], bid;
+	int64_t at;
+	bool ok = true;
+
+	if (3 * n * len > c->llen || n * len > half)
+		return false;
+	fill(old, n * len, old_seed, 0);
+	fill(fresh, n * len, new_seed, 0);
+	for (int attempt = 0; attempt < 3 && !flushed; attempt++) {
+		for (size_t i = 0; i < n; i++)
+			r[i] = rq(c, TE_OP_WRITE, i * len, half + i * len, len);
+		for (size_t b = 0; b < copies; b++) {
+			if (te_batch_new(c->e, n, &bids[b]) != TE_OK ||
+			    te_batch_submit(c->e, bids[b], r, n) != TE_OK) {
+				say("  submit: %s", te_last_error());
+				return false;
+			}
+		}
+		for (size_t b = 0; b < copies; b++)
+			if (te_batch_cancel(c->e, bids[b]) != TE_OK)
+				return false;
+		for (size_t b = 0; b < copies; b++) {
+			if (te_batch_wait(c->e, bids[b], WAIT_NS) == TE_INPROGRESS) {
+				say("  a canceled batch is not terminal after 120 s");
+				return false;
+			}
+			for (uint32_t i = 0; i < n; i++) {
+				struct te_task_info ti;
+
+				if (te_task_status(c->e, bids[b], i, &ti) != TE_OK || ti.state >= 7)
+					return false;
+				counts[ti.state]++;
+				if (strstr(ti.detail, "a cancel stopped the QP") && flushed++ == 0)
+					say("  first task whose slice was taken back: %s %s: %s",
+					    te_state_str(ti.state), te_status_str(ti.status),
+					    ti.detail);
+			}
+			batch_free(c, bids[b]);
+		}
+		fenced = (uint32_t)g_atomic_int_get(&qps_stopped);
+		kept = (uint32_t)g_atomic_int_get(&slices_kept);
+		say("  attempt %d: %u completed, %u canceled, %u failed (%u detail(s) from a "
+		    "flush); QPs moved to error by a cancel: %u; slices kept past the grace: %u",
+		    attempt, counts[TE_STATE_COMPLETED], counts[TE_STATE_CANCELED],
+		    counts[TE_STATE_FAILED], flushed, fenced, kept);
+	}
+	if (!flushed)
+		say("  nothing was in flight at the cancel in 3 attempts");
+	ok = flushed > 0 && fenced > 0 && kept == 0;
+	/* The new pattern over the same range: it completes, and it stays. */
+	for (size_t i = 0; i < n; i++)
+		r[i] = rq(c, TE_OP_WRITE, n * len + i * len, half + i * len, len);
+	if (batch(c, r, n, &bid, WAIT_NS) != TE_OK || !batch_ok(c, bid, n, "new write"))
+		ok = false;
+	batch_free(c, bid);
+	g_usleep(2 * G_USEC_PER_SEC);
+	memset(back, POISON, n * len);
+	for (size_t i = 0; i < n; i++)
+		r[i] = rq(c, TE_OP_READ, 2 * n * len + i * len, half + i * len, len);
+	if (batch(c, r, n, &bid, WAIT_NS) != TE_OK || !batch_ok(c, bid, n, "read-back"))
+		ok = false;
+	batch_free(c, bid);
+	if ((at = check(back, n * len, new_seed, 0)) >= 0) {
+		say("  2 s after the new WRITEs completed, byte %" PRId64 " of the range is %s", at,
+		    back[at] == pat(old_seed, (uint64_t)at) ? "from a canceled WRITE" : "wrong");
+		ok = false;
+	} else {
+		say("  %zu MiB of new data written over the canceled range and verified 2 s later",
+		    n * len / MiB);
+	}
+	return ok;
+}
+
 int main(int argc, char **argv)
 {
 	g_autofree char *config = NULL, *tconfig = NULL, *scenario = NULL, *down = NULL;
@@ -753,6 +854,8 @@ int main(int argc, char **argv)
 		ok = scenario_qp_error(&c);
 	else if (!strcmp(scenario, "failover") && down)
 		ok = scenario_failover(&c, down);
+	else if (!strcmp(scenario, "cancel"))
+		ok = scenario_cancel(&c);
 	else
 		say("unknown scenario '%s' (or --down-if missing)", scenario);
 out:

@@ -733,6 +733,83 @@ static void test_cancel_and_shutdown(void)
 }
 
 /*
+ * A WRITE whose task ends (deadline, te_batch_cancel) while its work request is still in the
+ * fabric is taken back by moving its QP to the error state before the slice is reported: the
+ * report is that request's flush, so the core hears of the end only after the QP stopped (a
+ * request held in the fabric cannot complete any other way). Nothing of it lands, even once
+ * the fabric runs again, and a later WRITE to the same range (over a fresh QP) completes and
+ * its data stays. In AUTO and MANUAL progress.
+ */
+static void cancel_fences_round(const char *opts, bool by_cancel)
+{
+	const size_t len = 65536;
+	g_autofree char *a_opts = g_strdup_printf("devices: a0, qp_per_peer: 1%s", opts);
+	uint32_t errored, created;
+	uint64_t executed, flushed;
+	struct te_task_info ti;
+	struct te_request w;
+	te_batch_id bid;
+	enum te_status st;
+	struct fx f;
+
+	devices2();
+	fx_new(&f, a_opts, "devices: b0", "timeout_ms: 500", 4 * MiB);
+	roundtrip(&f, 4096, 2);
+	/* The round trip wrote its halves: the range used here is still the target's pattern. */
+	g_assert_true(itest_untouched_outside(&f.rb, (size_t[]){ 0, f.la.len / 2 },
+					      (size_t[]){ 4 * 4097, 4 * 4097 }, 2));
+	errored = fakeverbs_qps_errored("a0");
+	created = fakeverbs_qps_created("a0");
+	executed = fakeverbs_wrs("a0");
+	flushed = fakeverbs_flushed_queued("a0");
+	fakeverbs_hold(true);
+	w = req(&f, TE_OP_WRITE, 1 * MiB, 1 * MiB, len);
+	itest_ok(te_batch_new(f.a, 1, &bid));
+	itest_ok(te_batch_submit(f.a, bid, &w, 1));
+	if (by_cancel) {
+		itest_sleep_ms(50);
+		itest_ok(te_batch_cancel(f.a, bid));
+	}
+	st = itest_wait(f.a, bid);
+	ti = itest_task(f.a, bid, 0);
+	g_test_message("%s%s: %s %s: %s", by_cancel ? "te_batch_cancel" : "deadline", opts,
+		       te_state_str(ti.state), te_status_str(ti.status), ti.detail);
+	g_assert_cmpint(st, ==, by_cancel ? TE_ERR_CANCELED : TE_ERR_TIMEOUT);
+	g_assert_cmpint(ti.state, ==, by_cancel ? TE_STATE_CANCELED : TE_STATE_TIMEOUT);
+	/* Reported from the flush that the move to the error state caused, by the plugin. */
+	itest_assert_contains(ti.detail,
+			      "Work Request Flushed Error after a cancel stopped the QP");
+	g_assert_null(strstr(ti.detail, "did not hand the slice back"));
+	g_assert_cmpuint(fakeverbs_qps_errored("a0"), ==, errored + 1);
+	g_assert_cmpuint(fakeverbs_flushed_queued("a0"), ==, flushed + 1);
+	g_assert_true(
+		logcap_has(&f.log, "moved to error to take back a canceled WRITE of 65536 B"));
+	itest_ok(te_batch_free(f.a, bid));
+	fakeverbs_hold(false);
+	fakeverbs_settle();
+	/* The request never ran: not a byte of it reached the target. */
+	g_assert_cmpuint(fakeverbs_wrs("a0"), ==, executed);
+	g_assert_true(itest_untouched_outside(&f.rb, (size_t[]){ 0, f.la.len / 2 },
+					      (size_t[]){ 4 * 4097, 4 * 4097 }, 2));
+	/* Other data (the initiator's bytes at 3 MiB) to the same range: over a fresh QP. */
+	w = req(&f, TE_OP_WRITE, 3 * MiB, 1 * MiB, len);
+	run_ok(&f, &w, 1);
+	g_assert_cmpuint(fakeverbs_qps_created("a0"), ==, created + 1);
+	fakeverbs_settle();
+	itest_sleep_ms(100);
+	g_assert_true(itest_range_is(&f.rb, 1 * MiB, len, &f.la, 3 * MiB));
+	fx_free(&f);
+}
+
+static void test_cancel_fences_qp(void)
+{
+	cancel_fences_round("", false);
+	cancel_fences_round("", true);
+	cancel_fences_round(", progress: manual", false);
+	cancel_fences_round(", progress: manual", true);
+}
+
+/*
  * The engine goes away while work is stuck for good: after the core stops waiting, the
  * plugin's fini flushes its QPs and reports every slice (as canceled).
  */
@@ -906,6 +983,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/rdma/fake/remote-device-dead", test_remote_device_dead);
 	g_test_add_func("/rdma/fake/peer-gone", test_peer_gone);
 	g_test_add_func("/rdma/fake/cancel-and-shutdown", test_cancel_and_shutdown);
+	g_test_add_func("/rdma/fake/cancel-fences-qp", test_cancel_fences_qp);
 	g_test_add_func("/rdma/fake/shutdown-held", test_shutdown_held);
 	g_test_add_func("/rdma/fake/close-frees-passive", test_close_frees_passive);
 	g_test_add_func("/rdma/fake/no-device", test_no_device);
