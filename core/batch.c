@@ -1503,6 +1503,8 @@ static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t 
 	struct engine *e = b->engine;
 	uint64_t next = UINT64_MAX, grace_ns = e->cfg->cancel_grace_ms * 1000000ull;
 	uint64_t stamp = now ? now : engine_now_ns();
+	char first_late[TE_DETAIL_MAX] = "";
+	uint32_t n_late = 0;
 
 	/*
 	 * First mark every slice given up on, then ask plugins to cancel: a plugin that fails
@@ -1564,13 +1566,20 @@ static void batch_abort_slices(struct batch *b, enum te_status status, uint64_t 
 					 "%s; %s did not hand the slice back within %" PRIu64
 					 " ms (its memory stays in use until it does)",
 					 why, s->tp->plugin->name, e->cfg->cancel_grace_ms);
-				ENGINE_LOG(e, TE_LOG_WARN, "%s", late);
+				/* One warning per batch and pass, not one per slice. */
+				if (!n_late++)
+					g_strlcpy(first_late, late, sizeof(first_late));
 				slice_fail(s, abort, late);
 			} else if (!atomic_load_explicit(&s->term, memory_order_acquire)) {
 				next = MIN(next, force_at);
 			}
 		}
 	}
+	if (n_late == 1)
+		ENGINE_LOG(e, TE_LOG_WARN, "%s", first_late);
+	else if (n_late)
+		ENGINE_LOG(e, TE_LOG_WARN, "%s (and %u more slices of this batch)", first_late,
+			   n_late - 1);
 	if (next_deadline_out)
 		*next_deadline_out = next;
 }
