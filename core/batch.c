@@ -527,7 +527,9 @@ void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_
 		uint64_t now = engine_now_ns();
 		uint64_t backoff_us = e->cfg->retry_backoff_us;
 
-		device_failed(e, tp, ps->device, status, detail);
+		/* Exhausted resources (or a transport's own reset) say nothing about the path. */
+		if (status != TE_ERR_AGAIN)
+			device_failed(e, tp, ps->device, status, detail);
 		for (uint32_t i = 0; i < ps->attempt && backoff_us < e->cfg->retry_backoff_max_us;
 		     i++)
 			backoff_us *= 2;

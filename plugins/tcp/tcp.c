@@ -3932,9 +3932,10 @@ static enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 		 */
 		slot->flags |= TCP_SLOT_CANCELED;
 		l->n_canceled++;
-		tcp_lane_fail_locked(l, TE_ERR_CONN_RESET,
-				     TCP_NAME ": lane %u to %s (%s) aborted to cancel a WRITE in "
-					      "flight",
+		/* The others on this connection are collateral: retryable, not a path fault. */
+		tcp_lane_fail_locked(l, TE_ERR_AGAIN,
+				     TCP_NAME ": lane %u to %s (%s) reset to cancel a WRITE in "
+					      "flight on it",
 				     l->index, l->peer->name, l->peer->addr_text);
 		abort = true;
 	} else if ((slot->flags & TCP_SLOT_SENT) && !(slot->flags & TCP_SLOT_ANSWERED)) {

@@ -17,9 +17,9 @@
  * its task ended shows up there or in a later READ.
  *
  * Statuses: COMPLETED is expected; CANCELED only in a canceled batch; FAILED with
- * TE_ERR_CONN_RESET, TE_ERR_PEER_RESTARTED or TE_ERR_PEER_UNREACHABLE, and TIMEOUT, only in
- * the restart window (from the kill until --window seconds after the new target is ready);
- * anything else is unexpected. RSS and descriptors of this process and of the target are
+ * TE_ERR_CONN_RESET, TE_ERR_PEER_RESTARTED, TE_ERR_PEER_UNREACHABLE or TE_ERR_AGAIN, and
+ * TIMEOUT, only in the restart window (from the kill until --window seconds after the new
+ * target is ready); anything else is unexpected. RSS and descriptors of this process and of the target are
  * sampled every --report-every seconds (the first sample, after one period, is the
  * baseline); the target's bounds use its samples right before each restart, so that
  * incarnations are compared at the same age (without restarts, the periodic samples).
@@ -142,9 +142,10 @@ static bool window_status(const struct te_task_info *ti)
 {
 	if (ti->state == TE_STATE_TIMEOUT)
 		return true;
+	/* TE_ERR_AGAIN: retries used up on a lane reset to cancel another batch's WRITE. */
 	return ti->state == TE_STATE_FAILED &&
 	       (ti->status == TE_ERR_CONN_RESET || ti->status == TE_ERR_PEER_RESTARTED ||
-		ti->status == TE_ERR_PEER_UNREACHABLE);
+		ti->status == TE_ERR_PEER_UNREACHABLE || ti->status == TE_ERR_AGAIN);
 }
 
 /* Every slot whose bytes are all known matches the target's checksum. */
