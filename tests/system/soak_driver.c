@@ -19,8 +19,8 @@
  * Statuses: COMPLETED is expected; CANCELED only in a canceled batch; FAILED with
  * TE_ERR_CONN_RESET, TE_ERR_PEER_RESTARTED, TE_ERR_PEER_UNREACHABLE or TE_ERR_AGAIN, and
  * TIMEOUT, only in the restart window (from the kill until --window seconds after the new
- * target is ready); anything else is unexpected. RSS and descriptors of this process and
- * of the target are sampled every --report-every seconds (the first sample, after one period, is the
+ * target is ready); anything else is unexpected. RSS and descriptors of this process and of the
+ * target are sampled every --report-every seconds (the first sample, after one period, is the
  * baseline); the target's bounds use its samples right before each restart, so that
  * incarnations are compared at the same age (without restarts, the periodic samples).
  *
