@@ -2230,7 +2230,7 @@ static int32_t raw_notify(int fd, const char *sender, uint64_t seq, const char *
 
 	/* generation u64, sequence u64, little-endian, then the message */
 	for (int i = 0; i < 8; i++) {
-		hdr[i] = (uint8_t)(0x1234 >> (8 * i));
+		hdr[i] = (uint8_t)(UINT64_C(0x1234) >> (8 * i));
 		hdr[8 + i] = (uint8_t)(seq >> (8 * i));
 	}
 	g_byte_array_append(payload, hdr, sizeof(hdr));
