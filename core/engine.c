@@ -9,6 +9,7 @@
 #include "core/batch.h"
 #include "core/control.h"
 #include "core/engine.h"
+#include "core/memkind.h"
 #include "core/segment.h"
 #include "core/rpc.h"
 #include "core/transport.h"
@@ -454,6 +455,7 @@ static void engine_destroy(struct engine *e)
 	g_cond_clear(&e->work_cond);
 	g_mutex_clear(&e->standby_lock);
 	g_cond_clear(&e->standby_cond);
+	memkind_fini(e);
 	g_free(e);
 }
 
@@ -499,6 +501,7 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 	g_mutex_init(&e->standby_lock);
 	g_cond_init(&e->standby_cond);
 	mem_table_init(&e->mem);
+	memkind_init(e);
 	e->segments = g_ptr_array_new();
 	g_ptr_array_add(e->segments, NULL); /* id 0: local */
 	atomic_init(&e->next_deadline_ns, UINT64_MAX);

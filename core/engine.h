@@ -75,6 +75,10 @@ struct engine {
 	GQueue *outbox;			   /* notifies to send */
 	_Atomic uint64_t notify_seq;
 
+	/* te_mem_alloc's allocations: pointer -> kind (core/memkind.c). */
+	GMutex alloc_lock;
+	GHashTable *allocs;
+
 	/* Finished batches kept for reuse (batch_recycle). */
 	GMutex cache_lock;
 	struct batch *cache;

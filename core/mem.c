@@ -2,9 +2,11 @@
 /* mem.c: registration of local memory regions with every installed transport. */
 #include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/engine.h"
 #include "core/mem.h"
+#include "core/memkind.h"
 #include "core/metadata/descriptor.h"
 #include "core/transport.h"
 
@@ -142,12 +144,72 @@ void mem_table_clear(struct mem_table *t)
 	g_rw_lock_clear(&t->lock);
 }
 
+/*
+ * The kind of [@addr, +@length) as the memory-kind owners (cuda, hip plugins) see it. "*"
+ * takes their answer (host memory when nobody claims it, which must then be mapped here); an
+ * explicit location must agree with them. *@location_out gets "cpu", "cuda:0", ...
+ */
+static enum te_status mem_check_kind(struct engine *e, void *addr, size_t length,
+				     const char *location, uint32_t *mem_type, int32_t *dev,
+				     char *location_out, size_t cap)
+{
+	g_autofree char *why = NULL;
+	bool detect = !location || !*location || strcmp(location, "*") == 0;
+	uint32_t owned = 0, ktype;
+	int32_t kdev;
+	enum te_status st;
+
+	for (unsigned i = 0; i < e->n_tps; i++)
+		owned |= e->tps[i]->caps.owned_mem_types;
+	st = owned ? memkind_query(e, addr, length, &ktype, &kdev, &why) : TE_OK;
+	if (!owned) {
+		ktype = TE_PLUGIN_MEM_CPU;
+		kdev = -1;
+	}
+	if (st != TE_OK)
+		return log_error(st, "te_mem_register: [%p, +%zu) at %s: %s", addr, length,
+				 detect ? "*" : location, why ? why : te_status_str(st));
+	if (detect) {
+		uintptr_t page = (uintptr_t)addr & ~(uintptr_t)4095;
+
+		/* Nobody claims it: it must be this process's host memory. */
+		if (ktype == TE_PLUGIN_MEM_CPU &&
+		    msync((void *)page, (uintptr_t)addr + length - page, MS_ASYNC) != 0 &&
+		    errno == ENOMEM)
+			return log_error(
+				TE_ERR_MEMORY_TYPE,
+				"te_mem_register: [%p, +%zu) with location '*': not host "
+				"memory of this process, and no loaded memory-kind transport "
+				"(cuda, hip) claims it",
+				addr, length);
+		*mem_type = ktype;
+		*dev = kdev;
+	} else if (owned && (ktype != TE_PLUGIN_MEM_CPU || (*mem_type & owned)) &&
+		   (ktype != *mem_type || (ktype != TE_PLUGIN_MEM_CPU && kdev != *dev))) {
+		/* An owner knows this memory as another kind or device, or not at all. */
+		if (ktype == TE_PLUGIN_MEM_CPU)
+			return log_error(TE_ERR_MEMORY_TYPE,
+					 "te_mem_register: [%p, +%zu) is not %s memory: no "
+					 "allocation of the %s owner holds it",
+					 addr, length, location, memkind_name(*mem_type));
+		return log_error(TE_ERR_MEMORY_TYPE,
+				 "te_mem_register: [%p, +%zu) is %s:%d memory, not '%s'", addr,
+				 length, memkind_name(ktype), kdev, location);
+	}
+	if (*mem_type == TE_PLUGIN_MEM_CPU)
+		g_snprintf(location_out, cap, "%s", detect ? "cpu" : location);
+	else
+		g_snprintf(location_out, cap, "%s:%d", memkind_name(*mem_type), *dev);
+	return TE_OK;
+}
+
 enum te_status mem_register(struct engine *e, void *addr, size_t length, const char *location,
 			    uint32_t access)
 {
 	struct mem_region *r;
 	uint32_t mem_type;
 	int32_t dev;
+	char detected[32];
 	unsigned supported = 0;
 	enum te_status st;
 	guint idx;
@@ -170,6 +232,9 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 				 "te_mem_register: location '%s' is not one of cpu[:N], cuda:N, "
 				 "hip:N, cxl:N, *",
 				 location);
+	st = mem_check_kind(e, addr, length, location, &mem_type, &dev, detected, sizeof(detected));
+	if (st != TE_OK)
+		return st;
 
 	r = g_new0(struct mem_region, 1);
 	r->addr = (uintptr_t)addr;
@@ -177,8 +242,7 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 	r->mem_type = mem_type;
 	r->dev = dev;
 	r->access = access;
-	r->location = location && strcmp(location, "*") && *location ? g_strdup(location)
-								     : g_strdup("cpu");
+	r->location = g_strdup(detected);
 	r->handles = g_new0(struct te_plugin_mem *, e->n_tps ? e->n_tps : 1);
 	r->keys = g_new0(GBytes *, e->n_tps ? e->n_tps : 1);
 

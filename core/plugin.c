@@ -61,6 +61,36 @@ static enum te_status stub_wait(struct te_plugin_inst *inst, uint64_t timeout_ns
 	return TE_ERR_UNSUPPORTED;
 }
 
+static enum te_status stub_mem_query(struct te_plugin_inst *inst, const void *addr, uint64_t len,
+				     uint32_t *mem_type_out, int32_t *dev_out)
+{
+	return TE_ERR_NOT_FOUND;
+}
+
+static enum te_status stub_mem_copy(struct te_plugin_inst *inst, void *dst, const void *src,
+				    uint64_t len, uint32_t mem_type, int32_t dev,
+				    enum te_plugin_copy_dir dir)
+{
+	return TE_ERR_UNSUPPORTED;
+}
+
+static enum te_status stub_mem_dmabuf(struct te_plugin_inst *inst, const void *addr, uint64_t len,
+				      int *fd_out, uint64_t *offset_out)
+{
+	return TE_ERR_UNSUPPORTED;
+}
+
+static enum te_status stub_mem_alloc(struct te_plugin_inst *inst, uint32_t mem_type, int32_t dev,
+				     uint64_t len, void **ptr_out)
+{
+	return TE_ERR_UNSUPPORTED;
+}
+
+static enum te_status stub_mem_free(struct te_plugin_inst *inst, void *ptr)
+{
+	return TE_ERR_UNSUPPORTED;
+}
+
 static const struct te_plugin_ops stub_ops = {
 	.size = sizeof(struct te_plugin_ops),
 	.query_devices = stub_query_devices,
@@ -70,6 +100,11 @@ static const struct te_plugin_ops stub_ops = {
 	.retry_prepare = stub_retry_prepare,
 	.handshake = stub_handshake,
 	.wait = stub_wait,
+	.mem_query = stub_mem_query,
+	.mem_copy = stub_mem_copy,
+	.mem_dmabuf = stub_mem_dmabuf,
+	.mem_alloc = stub_mem_alloc,
+	.mem_free = stub_mem_free,
 };
 
 /* Ops of ABI 1.0 that every plugin must provide, by name for the error message. */

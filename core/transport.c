@@ -8,6 +8,7 @@
 #include "core/batch.h"
 #include "core/control.h"
 #include "core/engine.h"
+#include "core/memkind.h"
 #include "core/segment.h"
 #include "core/transport.h"
 
@@ -251,6 +252,42 @@ static enum te_status host_auth_check(struct te_plugin_host_ctx *ctx, const void
 	return diff ? TE_ERR_AUTH : TE_OK;
 }
 
+static enum te_status host_mem_query(struct te_plugin_host_ctx *ctx, const void *addr, uint64_t len,
+				     uint32_t *mem_type_out, int32_t *dev_out)
+{
+	g_autofree char *why = NULL;
+	uint32_t type;
+	int32_t dev;
+	enum te_status st;
+
+	if (!mem_type_out || !dev_out)
+		return TE_ERR_INVALID_ARG;
+	st = memkind_query(ctx_tp(ctx)->engine, addr, len, &type, &dev, &why);
+	if (st != TE_OK)
+		return st;
+	*mem_type_out = type;
+	*dev_out = dev;
+	return TE_OK;
+}
+
+static enum te_status host_mem_copy(struct te_plugin_host_ctx *ctx, void *dst, const void *src,
+				    uint64_t len, uint32_t mem_type, int32_t dev,
+				    enum te_plugin_copy_dir dir)
+{
+	if ((!dst || !src) && len)
+		return TE_ERR_INVALID_ARG;
+	return memkind_copy(ctx_tp(ctx)->engine, dst, src, len, mem_type, dev, dir);
+}
+
+static enum te_status host_mem_dmabuf(struct te_plugin_host_ctx *ctx, const void *addr,
+				      uint64_t len, uint32_t mem_type, int32_t dev, int *fd_out,
+				      uint64_t *offset_out)
+{
+	if (!fd_out || !offset_out)
+		return TE_ERR_INVALID_ARG;
+	return memkind_dmabuf(ctx_tp(ctx)->engine, addr, len, mem_type, dev, fd_out, offset_out);
+}
+
 void transport_pause_device(struct transport *tp, uint32_t dev, uint64_t until_ns)
 {
 	uint64_t cur;
@@ -283,6 +320,9 @@ const struct te_plugin_host transport_host = {
 	.set_error = host_set_error,
 	.auth_mac = host_auth_mac,
 	.auth_check = host_auth_check,
+	.mem_query = host_mem_query,
+	.mem_copy = host_mem_copy,
+	.mem_dmabuf = host_mem_dmabuf,
 };
 
 enum te_status transport_start(struct engine *engine, struct plugin *plugin,
@@ -327,6 +367,34 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 					   tp->caps.progress, tp->caps.thread_level, tp->caps.ops);
 		st = TE_ERR_PLUGIN_INVALID;
 		goto err_fini;
+	}
+	/* An owner of a memory kind answers for it: the ops others reach it through. */
+	if (tp->caps.owned_mem_types) {
+		static const struct {
+			const char *name;
+			size_t offset;
+		} owner_ops[] = {
+			{ "mem_query", offsetof(struct te_plugin_ops, mem_query) },
+			{ "mem_copy", offsetof(struct te_plugin_ops, mem_copy) },
+			{ "mem_alloc", offsetof(struct te_plugin_ops, mem_alloc) },
+			{ "mem_free", offsetof(struct te_plugin_ops, mem_free) },
+		};
+		const struct te_plugin_ops *d = plugin->desc->ops;
+
+		for (size_t i = 0; i < G_N_ELEMENTS(owner_ops); i++) {
+			void *fn = NULL;
+
+			if (d->size >= owner_ops[i].offset + sizeof(void *))
+				memcpy(&fn, (const char *)d + owner_ops[i].offset, sizeof(fn));
+			if (!fn) {
+				*err_out = g_strdup_printf(
+					"%s: owns memory kinds 0x%x but lacks the "
+					"required op '%s'",
+					plugin->path, tp->caps.owned_mem_types, owner_ops[i].name);
+				st = TE_ERR_PLUGIN_INVALID;
+				goto err_fini;
+			}
+		}
 	}
 	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL && !plugin->desc->ops->progress) {
 		*err_out = g_strdup_printf("%s: required op 'progress' is missing (manual "

@@ -126,6 +126,28 @@ TE_API TE_NODISCARD enum te_status te_mem_register(struct te_engine *engine, voi
  */
 TE_API TE_NODISCARD enum te_status te_mem_unregister(struct te_engine *engine, void *addr);
 
+/*
+ * te_mem_alloc - @length bytes at @location: "cpu" or "cpu:N" (page-aligned host memory) or
+ * a memory kind a loaded transport owns ("cuda:0", "hip:1": the nvlink and hip plugins).
+ * The memory is not registered; free it with te_mem_free (what is left is released with the
+ * engine). Statuses: TE_ERR_INVALID_ARG, TE_ERR_MEMORY_TYPE (no transport owns the kind),
+ * TE_ERR_NOMEM, the owner's error. Thread-safe.
+ */
+TE_API TE_NODISCARD enum te_status te_mem_alloc(struct te_engine *engine, const char *location,
+						size_t length, void **ptr_out);
+
+/* te_mem_free - free what te_mem_alloc returned; NULL is a no-op. TE_ERR_NOT_FOUND otherwise. */
+TE_API TE_NODISCARD enum te_status te_mem_free(struct te_engine *engine, void *ptr);
+
+/*
+ * te_mem_copy - copy @length bytes from @src to @dst, each host memory or memory of a kind a
+ * loaded transport owns (it is asked who owns each address); synchronous. Both ranges must
+ * be valid memory of this process. Statuses: TE_ERR_INVALID_ARG, TE_ERR_OUT_OF_RANGE (a
+ * range runs past its device allocation), the owner's error. Thread-safe.
+ */
+TE_API TE_NODISCARD enum te_status te_mem_copy(struct te_engine *engine, void *dst, const void *src,
+					       size_t length);
+
 /* --- segments ---------------------------------------------------------------- */
 
 /*

@@ -26,7 +26,7 @@ extern "C" {
  *   struct te_plugin_host.
  */
 #define TE_PLUGIN_ABI_MAJOR 1
-#define TE_PLUGIN_ABI_MINOR 2 /* 1.1: te_plugin_ops.wait; 1.2: host auth_mac, auth_check */
+#define TE_PLUGIN_ABI_MINOR 2 /* 1.1: ops.wait; 1.2: data-connection auth, memory kinds */
 
 #define TE_PLUGIN_STR2(x) #x
 #define TE_PLUGIN_STR(x) TE_PLUGIN_STR2(x)
@@ -106,6 +106,20 @@ struct te_plugin_caps {
 	uint64_t default_slice_size; /* 0: let the core choose */
 	uint32_t slice_priv_size;    /* bytes of per-slice plugin scratch (<= 256) */
 	uint32_t max_devices;	     /* devices the plugin may report (<= 64) */
+	/*
+	 * Since ABI 1.2: memory kinds this plugin owns (TE_PLUGIN_MEM_CUDA, _HIP): it answers
+	 * the ops mem_query, mem_copy, mem_alloc, mem_free (and mem_dmabuf when it can) for
+	 * them, which the core offers every other plugin and the application. At most one
+	 * loaded plugin owns a kind (the first in priority order).
+	 */
+	uint32_t owned_mem_types;
+	/*
+	 * Since ABI 1.2: memory kinds this plugin serves to peers by staging (it copies between
+	 * the region and host buffers through host->mem_copy): the core registers regions of
+	 * these kinds with it, and as the local side of a request it hands the plugin host
+	 * memory (the core stages). Kinds in mem_types are moved directly instead.
+	 */
+	uint32_t staged_mem_types;
 };
 
 /* One device (NIC, GPU link, window); filled by query_devices. */
@@ -153,6 +167,12 @@ enum te_plugin_event {
 
 /* Bytes of a host->auth_mac MAC (HMAC-SHA256). Since ABI 1.2. */
 #define TE_PLUGIN_MAC_SIZE 32u
+
+/* Direction of a copy between memory of an owned kind and host memory (since ABI 1.2). */
+enum te_plugin_copy_dir {
+	TE_PLUGIN_COPY_TO_HOST = 0,   /* src: memory of the kind; dst: host memory */
+	TE_PLUGIN_COPY_FROM_HOST = 1, /* src: host memory; dst: memory of the kind */
+};
 
 /* Callback for host->config_foreach. */
 typedef void (*te_plugin_option_fn)(void *user, const char *key, const char *value);
@@ -240,6 +260,31 @@ struct te_plugin_host {
 				   uint8_t mac_out[TE_PLUGIN_MAC_SIZE]);
 	enum te_status (*auth_check)(struct te_plugin_host_ctx *ctx, const void *msg, size_t len,
 				     const uint8_t mac[TE_PLUGIN_MAC_SIZE]);
+
+	/*
+	 * Memory kinds (since ABI 1.2): memory this plugin cannot reach itself (a GPU's) is
+	 * reached through the plugin that owns its kind (caps.owned_mem_types), which the core
+	 * finds by kind. Thread-safe; mem_copy blocks until the bytes are in place, so call it
+	 * from submit, progress or a plugin thread, never with a lock a completion needs.
+	 *
+	 * mem_query: who owns [@addr, +@len): TE_OK with its kind and device (TE_PLUGIN_MEM_CPU
+	 * and -1 when no owner claims it); TE_ERR_OUT_OF_RANGE when an owner's allocation holds
+	 * @addr but not the whole range.
+	 * mem_copy: copy @len bytes between memory of kind @mem_type on device @dev and host
+	 * memory (any host memory; pinned is faster): @dir says which of @dst and @src is which.
+	 * TE_ERR_MEMORY_TYPE when no loaded plugin owns the kind; the owner's error otherwise.
+	 * mem_dmabuf: a dmabuf file descriptor covering [@addr, +@len) of kind @mem_type, for
+	 * registering device memory with a NIC (GPUDirect): *fd_out (the caller closes it) and
+	 * *offset_out (of @addr in it). TE_ERR_UNSUPPORTED when the owner's driver offers none.
+	 */
+	enum te_status (*mem_query)(struct te_plugin_host_ctx *ctx, const void *addr, uint64_t len,
+				    uint32_t *mem_type_out, int32_t *dev_out);
+	enum te_status (*mem_copy)(struct te_plugin_host_ctx *ctx, void *dst, const void *src,
+				   uint64_t len, uint32_t mem_type, int32_t dev,
+				   enum te_plugin_copy_dir dir);
+	enum te_status (*mem_dmabuf)(struct te_plugin_host_ctx *ctx, const void *addr, uint64_t len,
+				     uint32_t mem_type, int32_t dev, int *fd_out,
+				     uint64_t *offset_out);
 };
 
 /*
@@ -357,6 +402,33 @@ struct te_plugin_ops {
 	 * block now (the caller yields the CPU and polls). Never longer than @timeout_ns.
 	 */
 	enum te_status (*wait)(struct te_plugin_inst *inst, uint64_t timeout_ns);
+
+	/* --- since ABI 1.2: memory kinds (plugins with caps.owned_mem_types) --- */
+	/*
+	 * mem_query: whether [@addr, +@len) is memory of a kind this plugin owns: TE_OK with
+	 * *mem_type_out (one TE_PLUGIN_MEM_* bit) and *dev_out; TE_ERR_NOT_FOUND when it is not
+	 * (host memory, or another kind's); TE_ERR_OUT_OF_RANGE when one allocation of ours holds
+	 * @addr but the range runs past its end (say which through set_error). Must not block.
+	 */
+	enum te_status (*mem_query)(struct te_plugin_inst *inst, const void *addr, uint64_t len,
+				    uint32_t *mem_type_out, int32_t *dev_out);
+	/*
+	 * mem_copy: copy @len bytes between memory of owned kind @mem_type on device @dev and
+	 * host memory, in direction @dir; returns once the bytes are in place. Any thread.
+	 */
+	enum te_status (*mem_copy)(struct te_plugin_inst *inst, void *dst, const void *src,
+				   uint64_t len, uint32_t mem_type, int32_t dev,
+				   enum te_plugin_copy_dir dir);
+	/*
+	 * mem_dmabuf: a dmabuf fd for [@addr, +@len) of an owned kind (the caller closes it)
+	 * and the offset of @addr in it. Optional: TE_ERR_UNSUPPORTED without driver support.
+	 */
+	enum te_status (*mem_dmabuf)(struct te_plugin_inst *inst, const void *addr, uint64_t len,
+				     int *fd_out, uint64_t *offset_out);
+	/* mem_alloc / mem_free: @len bytes of owned kind @mem_type on device @dev. */
+	enum te_status (*mem_alloc)(struct te_plugin_inst *inst, uint32_t mem_type, int32_t dev,
+				    uint64_t len, void **ptr_out);
+	enum te_status (*mem_free)(struct te_plugin_inst *inst, void *ptr);
 };
 
 /* What the entry point returns. Static storage; never freed. */
