@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/batch.h"
+#include "core/stage.h"
 #include "core/control.h"
 #include "core/engine.h"
 #include "core/mem.h"
@@ -230,6 +231,37 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 	*n_io = n;
 	if (!n)
 		return 0;
+	/*
+	 * Staged slices get their bounce buffers now (a WRITE's bytes are copied in); the first
+	 * that finds the pool empty stops this post: it and those after it are back-pressure.
+	 */
+	for (uint32_t i = 0; i < n; i++) {
+		struct slice *s = SLICE_OF(ps[i]);
+		char why[TE_DETAIL_MAX];
+
+		if (!s->staged)
+			continue;
+		st = stage_attach(e, s, why, sizeof(why));
+		if (st == TE_OK)
+			continue;
+		if (st == TE_ERR_AGAIN) {
+			for (uint32_t k = i; k < n; k++)
+				atomic_store_explicit(&SLICE_OF(ps[k])->in_plugin, 0,
+						      memory_order_relaxed);
+			n = i;
+			break;
+		}
+		/* The copy or the pool failed: this slice ends here; the others go on. */
+		atomic_store(&s->in_plugin, 0);
+		slice_fail(s, st, why);
+		batch_release_slice(s);
+		memmove(&ps[i], &ps[i + 1], (n - i - 1) * sizeof(ps[0]));
+		n--;
+		(*n_io)--;
+		i--;
+	}
+	if (!n)
+		return 0;
 	if (manual) /* seq_cst: pairs with the worker's sleeping store (engine_kick) */
 		atomic_fetch_add(&tp->in_flight, n);
 	transport_clear_error();
@@ -251,8 +283,10 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 				atomic_store_explicit(&t->posted, 1, memory_order_relaxed);
 		}
 	}
-	for (uint32_t i = acc; i < n; i++)
+	for (uint32_t i = acc; i < n; i++) {
 		atomic_store_explicit(&SLICE_OF(ps[i])->in_plugin, 0, memory_order_relaxed);
+		stage_release(e, SLICE_OF(ps[i])); /* taken again when posted again */
+	}
 	if (manual && acc < n)
 		atomic_fetch_sub_explicit(&tp->in_flight, n - acc, memory_order_relaxed);
 	if (st != TE_OK && acc < n) {
@@ -417,7 +451,10 @@ static bool slice_fallback(struct engine *e, struct slice *s, enum te_status sta
 		uint32_t opbit = s->ps.opcode == TE_PLUGIN_OP_READ ? TE_PLUGIN_CAN_READ
 								   : TE_PLUGIN_CAN_WRITE;
 
-		if (!v->tps[n].peer || !v->rkeys[bi * e->n_tps + n] || !t->region->handles[n] ||
+		bool native = (to->caps.mem_types & t->region->mem_type) && t->region->handles[n];
+
+		if (!v->tps[n].peer || !v->rkeys[bi * e->n_tps + n] ||
+		    (!native && !stage_possible(e, to, t->region->mem_type)) ||
 		    !(to->caps.ops & opbit) ||
 		    (to->caps.max_slice_size && s->ps.length > to->caps.max_slice_size))
 			continue;
@@ -426,7 +463,11 @@ static bool slice_fallback(struct engine *e, struct slice *s, enum te_status sta
 			   detail ? detail : te_status_str(status));
 		s->tp = to;
 		s->seg_tp = n;
-		s->ps.local_mem = t->region->handles[n];
+		/* Staged or not may change with the transport (a slice here holds no buffer). */
+		s->staged = !native;
+		t->staged = !native;
+		s->ps.local = s->stage_local;
+		s->ps.local_mem = native ? t->region->handles[n] : NULL;
 		s->ps.peer = v->tps[n].peer;
 		s->ps.rkey = v->rkeys[bi * e->n_tps + n];
 		s->ps.remote_base = db->addr;
@@ -457,7 +498,7 @@ void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_
 	struct task *t = s->task;
 	struct batch *b = t->batch;
 	struct engine *e = b->engine;
-
+	char stage_why[TE_DETAIL_MAX];
 	int32_t abort;
 
 	/*
@@ -469,6 +510,16 @@ void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_
 	atomic_store_explicit(&s->in_plugin, 0, memory_order_release);
 	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL)
 		atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
+	if (s->bounce != UINT32_MAX) {
+		/* A staged READ's bytes go from the bounce buffer to its memory; then it is free. */
+		enum te_status before = status;
+
+		stage_detach(e, s, &status, stage_why, sizeof(stage_why));
+		if (status != before) {
+			detail = stage_why;
+			bytes = 0;
+		}
+	}
 	if (ps->device < TRANSPORT_MAX_DEVICES)
 		atomic_store_explicit(&t->last_device, ps->device, memory_order_relaxed);
 	abort = atomic_load_explicit(&s->abort_status, memory_order_acquire);
@@ -838,7 +889,8 @@ enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_ou
 /* Why transport @t cannot carry this request (NULL: it can). */
 static const char *transport_unfit(struct engine *e, struct segview *v, unsigned t,
 				   size_t buf_index, const struct mem_region *region,
-				   uint32_t opcode, uint64_t now, enum te_status *st_out)
+				   uint32_t opcode, uint64_t now, bool staging,
+				   enum te_status *st_out)
 {
 	struct transport *tp = e->tps[t];
 	struct segview_tp *vt = &v->tps[t];
@@ -846,9 +898,12 @@ static const char *transport_unfit(struct engine *e, struct segview *v, unsigned
 
 	if (!vt->peer)
 		return vt->why;
-	if (!(tp->caps.mem_types & region->mem_type) || !region->handles[t]) {
+	if ((!(tp->caps.mem_types & region->mem_type) || !region->handles[t]) &&
+	    !(staging && stage_possible(e, tp, region->mem_type))) {
 		*st_out = TE_ERR_MEMORY_TYPE;
-		return "memory type not supported";
+		return staging ? "memory type not supported, and no loaded transport owns it to "
+				 "stage it"
+			       : "memory type not supported";
 	}
 	if (!(tp->caps.ops & opbit))
 		return opcode == TE_OP_READ ? "READ not supported" : "WRITE not supported";
@@ -868,17 +923,42 @@ static const char *transport_unfit(struct engine *e, struct segview *v, unsigned
  */
 static int select_transport(struct engine *e, struct segview *v, size_t buf_index,
 			    const struct mem_region *region, uint32_t opcode, uint64_t now,
-			    enum te_status *st_out, char *why, size_t why_len)
+			    bool *staged_out, enum te_status *st_out, char *why, size_t why_len)
 {
 	enum te_status st = TE_ERR_NO_TRANSPORT;
 	size_t used = 0;
 
+	/*
+	 * Memory a transport moves itself beats memory it would get through host staging; for
+	 * device memory (a GPU's), a transport made for this host (nvlink, hip) comes first.
+	 * Within each round the YAML order decides. Host memory: the YAML order alone.
+	 */
+	for (int round = region->mem_type == TE_PLUGIN_MEM_CPU ? 1 : 0; round < 2; round++) {
+		for (unsigned t = 0; t < e->n_tps; t++) {
+			enum te_status tst = TE_ERR_NO_TRANSPORT;
+			const struct te_plugin_caps *c = &e->tps[t]->caps;
+
+			if (round == 0 && !(c->flags & (TE_PLUGIN_CAP_SAME_HOST_ONLY |
+							TE_PLUGIN_CAP_SAME_PROCESS_ONLY)))
+				continue;
+			if (!transport_unfit(e, v, t, buf_index, region, opcode, now, false,
+					     &tst)) {
+				*staged_out = false;
+				return (int)t;
+			}
+			if (tst == TE_ERR_PEER_QUARANTINED && !e->cfg->fallback)
+				break;
+		}
+	}
 	for (unsigned t = 0; t < e->n_tps; t++) {
 		enum te_status tst = TE_ERR_NO_TRANSPORT;
-		const char *r = transport_unfit(e, v, t, buf_index, region, opcode, now, &tst);
+		const char *r =
+			transport_unfit(e, v, t, buf_index, region, opcode, now, true, &tst);
 
-		if (!r)
+		if (!r) {
+			*staged_out = true;
 			return (int)t;
+		}
 		if (tst != TE_ERR_NO_TRANSPORT && st == TE_ERR_NO_TRANSPORT)
 			st = tst;
 		if (used < why_len) {
@@ -1001,6 +1081,7 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 		t->length = r->length;
 		t->detail = NULL;
 		t->invalid = false;
+		t->staged = false;
 		atomic_init(&t->done, 0);
 		atomic_init(&t->bad, 0);
 		atomic_init(&t->posted, 0);
@@ -1096,7 +1177,7 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 		last_db = db;
 		last_view = v;
 		tpi = select_transport(e, v, (size_t)(db - v->desc->buffers), region, r->opcode,
-				       now, &sst, why, sizeof(why));
+				       now, &t->staged, &sst, why, sizeof(why));
 		if (tpi < 0) {
 			task_reject(t, sst, "request %zu: no transport for segment '%s': %s", i,
 				    v->desc->name, why);
@@ -1192,7 +1273,10 @@ rejected:
 			s->ps.local = (char *)r->local + off;
 			s->ps.remote = r->remote + off;
 			s->ps.length = len;
-			s->ps.local_mem = t->region->handles[tpi];
+			s->ps.local_mem = t->staged ? NULL : t->region->handles[tpi];
+			s->staged = t->staged;
+			s->bounce = UINT32_MAX;
+			s->stage_local = s->ps.local;
 			s->ps.peer = vt->peer;
 			s->ps.rkey = rkey;
 			s->ps.remote_base = db->addr;
@@ -1296,7 +1380,9 @@ enum te_status batch_task_status(struct engine *e, te_batch_id id, uint32_t task
 	info_out->retries = atomic_load_explicit(&t->retries, memory_order_relaxed);
 	info_out->transport = t->tp ? t->tp->plugin->name : "";
 	dev = atomic_load_explicit(&t->last_device, memory_order_relaxed);
-	info_out->device = t->tp && dev < t->tp->n_devices ? t->tp->devices[dev].name : "";
+	info_out->device = !t->tp || dev >= t->tp->n_devices ? ""
+			   : t->staged			     ? t->tp->staged_names[dev]
+							     : t->tp->devices[dev].name;
 	batch_unref(b);
 	return TE_OK;
 }

@@ -42,6 +42,14 @@ struct slice {
 	_Atomic uint64_t abort_ns;
 	_Atomic uint32_t cancel_sent; /* 1 once the plugin's cancel was called for the abort */
 	uint32_t seg_tp;	      /* index of tp in the segview */
+	/*
+	 * Staged (core/stage.c): the transport gets a bounce buffer instead of this slice's
+	 * local memory (stage_local, a GPU's). bounce: the buffer held from posting until the
+	 * plugin hands the slice back (UINT32_MAX: none).
+	 */
+	bool staged;
+	uint32_t bounce;
+	void *stage_local;
 };
 
 struct task {
@@ -63,6 +71,7 @@ struct task {
 	_Atomic uint32_t claimed; /* 1 once a failure owns status/detail */
 	char *detail;		  /* written once by the claim winner */
 	bool invalid;		  /* rejected at submit */
+	bool staged;		  /* tp moves host bounce buffers for its local memory */
 };
 
 struct slice_chunk {

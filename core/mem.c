@@ -257,13 +257,13 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 		return log_error(st, "te_mem_register: [%p, +%zu) overlaps a registered region",
 				 addr, length);
 	}
-	/* Register with every transport that takes this memory type. */
+	/* Register with every transport that takes this memory type, itself or by staging. */
 	for (unsigned i = 0; i < e->n_tps; i++) {
 		struct transport *tp = e->tps[i];
 		uint8_t keybuf[DESCRIPTOR_MAX_BLOB];
 		size_t klen = 0;
 
-		if (!(tp->caps.mem_types & mem_type))
+		if (!((tp->caps.mem_types | tp->caps.staged_mem_types) & mem_type))
 			continue;
 		transport_clear_error();
 		st = tp->plugin->ops.reg_mem(tp->inst, addr, length, mem_type, dev, access,

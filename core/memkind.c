@@ -39,7 +39,8 @@ const char *memkind_name(uint32_t mem_type)
 struct transport *memkind_owner(struct engine *e, uint32_t mem_type)
 {
 	for (unsigned i = 0; e && i < e->n_tps; i++)
-		if (e->tps[i]->caps.owned_mem_types & mem_type)
+		if ((e->tps[i]->caps.owned_mem_types & mem_type) &&
+		    !atomic_load_explicit(&e->tps[i]->stopped, memory_order_relaxed))
 			return e->tps[i];
 	return NULL;
 }

@@ -10,6 +10,7 @@
 #include "core/engine.h"
 #include "core/memkind.h"
 #include "core/segment.h"
+#include "core/stage.h"
 #include "core/transport.h"
 
 /* The host ctx handed to plugins is the transport itself. */
@@ -341,6 +342,7 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 	g_mutex_init(&tp->blob_lock);
 	g_mutex_init(&tp->call_lock);
 	g_mutex_init(&tp->backlog_lock);
+	g_mutex_init(&tp->stage_lock);
 
 	transport_clear_error();
 	st = plugin->ops.init(&transport_host, (struct te_plugin_host_ctx *)tp, &tp->inst);
@@ -415,8 +417,11 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 	}
 	tp->n_devices = MIN(n, (uint32_t)TRANSPORT_MAX_DEVICES);
 	memcpy(tp->devices, devs, sizeof(devs[0]) * tp->n_devices);
-	for (uint32_t i = 0; i < tp->n_devices; i++)
+	for (uint32_t i = 0; i < tp->n_devices; i++) {
 		tp->devices[i].name[sizeof(tp->devices[i].name) - 1] = '\0';
+		g_snprintf(tp->staged_names[i], sizeof(tp->staged_names[i]), "%s (staged)",
+			   tp->devices[i].name);
+	}
 	tp->serialized = tp->caps.thread_level == TE_PLUGIN_THREAD_SERIALIZED;
 	*transport_out = tp;
 	return TE_OK;
@@ -427,6 +432,7 @@ err_free:
 	g_mutex_clear(&tp->blob_lock);
 	g_mutex_clear(&tp->call_lock);
 	g_mutex_clear(&tp->backlog_lock);
+	g_mutex_clear(&tp->stage_lock);
 	g_free(tp);
 	/* The plugin's own status is in the message; the caller learns "init failed". */
 	return st == TE_ERR_PLUGIN_INVALID ? st : TE_ERR_PLUGIN_INIT;
@@ -458,8 +464,10 @@ void transport_free(struct transport *tp)
 		return;
 	if (tp->blob)
 		g_bytes_unref(tp->blob);
+	stage_pool_free(tp);
 	g_mutex_clear(&tp->blob_lock);
 	g_mutex_clear(&tp->call_lock);
 	g_mutex_clear(&tp->backlog_lock);
+	g_mutex_clear(&tp->stage_lock);
 	g_free(tp);
 }

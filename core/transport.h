@@ -26,6 +26,8 @@ struct transport {
 	struct te_plugin_caps caps;
 	struct te_plugin_device devices[TRANSPORT_MAX_DEVICES];
 	uint32_t n_devices;
+	/* "<device> (staged)": what a task moved through host bounce buffers reports. */
+	char staged_names[TRANSPORT_MAX_DEVICES][96];
 	/* Published transport blob (descriptor "transports" section). */
 	GMutex blob_lock;
 	GBytes *blob;
@@ -47,6 +49,9 @@ struct transport {
 	char last_log[256];
 	/* Slices handed to the plugin and not yet returned (for manual progress). */
 	_Atomic int64_t in_flight;
+	/* Bounce buffers for local memory it cannot reach itself (core/stage.c), made lazily. */
+	GMutex stage_lock;
+	struct stage_pool *stage;
 };
 
 /*

@@ -116,8 +116,10 @@
 #define TCP_SRV_IOV 1024u	 /* iovecs per server sendmsg (UIO_MAXIOV) */
 #define TCP_SRV_RING 256u	 /* responses queued per server connection */
 #define TCP_RX_BUDGET (4u << 20) /* bytes read per wake-up before other sockets get a turn */
-#define TCP_TICK_MS 100		 /* housekeeping period: connect timeouts, stalls */
-#define TCP_STALL_TICKS 3u	 /* ticks without progress that break a lane with cancels */
+#define TCP_STAGE (1u << 20)	 /* staging buffer per connection and direction (GPU memory) */
+#define TCP_STAGED_TYPES (TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP)
+#define TCP_TICK_MS 100	   /* housekeeping period: connect timeouts, stalls */
+#define TCP_STALL_TICKS 3u /* ticks without progress that break a lane with cancels */
 #define TCP_EVENTS 64
 
 #define TCP_ACCESS_ALL (TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)
@@ -154,6 +156,8 @@ struct tcp_mem {
 	uint64_t addr;
 	uint64_t length;
 	uint32_t access;
+	uint32_t mem_type; /* TE_PLUGIN_MEM_CPU, or a GPU kind served by staging */
+	int32_t dev;
 };
 
 struct tcp_region {
@@ -182,6 +186,7 @@ struct tcp_rx {
 	bool payload; /* a payload is being received */
 	uint8_t *dst; /* where it goes; NULL: discarded */
 	uint64_t left;
+	uint64_t room; /* > 0: at most this many bytes reach dst per read (a staging buffer) */
 };
 
 /* Per-slice plugin state, in slice->priv. */
@@ -328,9 +333,12 @@ struct tcp_resp {
 	uint8_t hdr[TCP_HDR_LEN];
 	const uint8_t *payload; /* registered memory (READ) or detail (error); NULL: none */
 	uint64_t len;
-	uint64_t ver;  /* region table version the payload range was checked at */
-	bool ready;    /* a WRITE's answer waits for its payload */
-	bool memory;   /* payload points into registered memory */
+	uint64_t ver; /* region table version the payload range was checked at */
+	bool ready;   /* a WRITE's answer waits for its payload */
+	bool memory;  /* payload points into registered memory */
+	bool staged;  /* ... of a GPU kind: sent through the connection's staging buffer */
+	uint32_t mem_type;
+	int32_t dev;
 	uint64_t addr; /* the request, for re-checks and details */
 	char detail[TCP_DETAIL_WIRE];
 };
@@ -370,6 +378,19 @@ struct tcp_conn {
 	uint64_t cur_addr; /* start of the request, for details */
 	uint64_t cur_len;
 	uint64_t cur_deadline; /* this side's clock; UINT64_MAX: none */
+	/*
+	 * A WRITE into GPU memory (served by staging): its bytes collect in rx_stage (rx_fill of
+	 * them) and go to stage_dev, the next device address, through host->mem_copy.
+	 */
+	bool cur_staged;
+	uint32_t cur_type;
+	int32_t cur_dev;
+	uint8_t *rx_stage; /* TCP_STAGE bytes, allocated at the first staged WRITE */
+	uint64_t rx_fill;
+	uint64_t stage_dev;
+	/* A READ of GPU memory: the chunk [txs_base, +txs_len) of its payload is in tx_stage. */
+	uint8_t *tx_stage;
+	uint64_t txs_base, txs_len;
 	struct tcp_resp *ring; /* TCP_SRV_RING entries, allocated once READY */
 	uint32_t head, count;
 	uint64_t tx_off; /* bytes of ring[head] already sent */
@@ -653,16 +674,31 @@ static uint32_t tcp_region_search(const struct tcp_inst *ti, uint64_t addr)
 	return lo;
 }
 
-/* Whether [addr, addr+len) lies inside ONE region granting @need. Under reg_lock (read). */
-static bool tcp_region_allows(const struct tcp_inst *ti, uint64_t addr, uint64_t len, uint32_t need)
+/* The ONE region holding [addr, addr+len) and granting @need, or NULL. Under reg_lock (read). */
+static const struct tcp_region *tcp_region_find(const struct tcp_inst *ti, uint64_t addr,
+						uint64_t len, uint32_t need)
 {
 	uint32_t i;
 
 	if (len == 0 || addr > UINT64_MAX - len)
-		return false;
+		return NULL;
 	i = tcp_region_search(ti, addr);
-	return i < ti->n_regions && ti->regions[i].start <= addr &&
-	       addr + len <= ti->regions[i].end && (ti->regions[i].access & need) == need;
+	if (i < ti->n_regions && ti->regions[i].start <= addr && addr + len <= ti->regions[i].end &&
+	    (ti->regions[i].access & need) == need)
+		return &ti->regions[i];
+	return NULL;
+}
+
+/* Whether [addr, addr+len) lies inside ONE region granting @need. Under reg_lock (read). */
+static bool tcp_region_allows(const struct tcp_inst *ti, uint64_t addr, uint64_t len, uint32_t need)
+{
+	return tcp_region_find(ti, addr, len, need) != NULL;
+}
+
+/* "cuda:0" for a staged region's kind and device. */
+static void tcp_kind_text(char *buf, size_t cap, uint32_t mem_type, int32_t dev)
+{
+	snprintf(buf, cap, "%s:%d", mem_type == TE_PLUGIN_MEM_HIP ? "hip" : "cuda", dev);
 }
 
 static void tcp_region_detail(const struct tcp_inst *ti, char *buf, size_t cap, uint8_t op,
@@ -1348,6 +1384,8 @@ static ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t n
 		take = rx->left;
 		if (!rx->dst && take > TCP_SCRATCH)
 			take = TCP_SCRATCH;
+		if (rx->dst && rx->room && take > rx->room)
+			take = rx->room;
 		iov[n++] = (struct iovec){ rx->dst ? rx->dst : scratch, take };
 		/* The next header only once the payload's end is within reach. */
 		if (take == rx->left)
@@ -1368,6 +1406,8 @@ static ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t n
 
 		if (rx->dst)
 			rx->dst += got;
+		if (rx->dst && rx->room)
+			rx->room -= got;
 		rx->left -= got;
 		rx->end += (uint32_t)((uint64_t)r - got);
 	} else {
@@ -1774,6 +1814,8 @@ static void tcp_conn_free(struct tcp_conn *c)
 {
 	free(c->rx.buf);
 	free(c->ring);
+	free(c->rx_stage);
+	free(c->tx_stage);
 	free(c);
 }
 
@@ -1814,6 +1856,7 @@ static struct tcp_resp *tcp_conn_reserve(struct tcp_conn *c, uint32_t *index_out
 	e->len = 0;
 	e->ready = true;
 	e->memory = false;
+	e->staged = false;
 	if (index_out)
 		*index_out = i;
 	return e;
@@ -1829,6 +1872,7 @@ static void tcp_resp_error(struct tcp_resp *e, uint8_t op, uint32_t req_id, enum
 	e->payload = (const uint8_t *)e->detail;
 	e->len = n;
 	e->memory = false;
+	e->staged = false;
 }
 
 /*
@@ -1865,7 +1909,9 @@ static void tcp_conn_recheck_locked(struct tcp_inst *ti, struct tcp_conn *c)
 	}
 	if (ver == c->cur_ver)
 		return;
-	if (tcp_region_allows(ti, (uint64_t)(uintptr_t)c->rx.dst, c->rx.left,
+	/* Staged: what is still to land starts at stage_dev, not in the staging buffer. */
+	if (tcp_region_allows(ti, c->cur_staged ? c->stage_dev : (uint64_t)(uintptr_t)c->rx.dst,
+			      c->cur_staged ? c->rx_fill + c->rx.left : c->rx.left,
 			      TE_PLUGIN_ACCESS_REMOTE_WRITE)) {
 		c->cur_ver = ver;
 		return;
@@ -1876,10 +1922,67 @@ static void tcp_conn_recheck_locked(struct tcp_inst *ti, struct tcp_conn *c)
 	tcp_resp_error(e, TCP_OP_WRITE, tcp_get_u32(e->hdr + 8), TE_ERR_REMOTE_ACCESS, detail);
 }
 
-static void tcp_conn_payload_done(struct tcp_conn *c)
+/*
+ * A staged WRITE: the bytes in the staging buffer land in GPU memory now, through the host's
+ * mem_copy (the plugin that owns the kind), under the same checks as a receive into host
+ * memory (fence, deadline, region still there). A failed copy answers the WRITE with the
+ * driver's reason and discards the rest.
+ */
+static void tcp_conn_stage_flush(struct tcp_inst *ti, struct tcp_conn *c)
 {
+	struct tcp_resp *e = &c->ring[c->cur];
+
+	if (!c->rx_fill || !c->rx.dst) {
+		c->rx_fill = 0;
+		return;
+	}
+	pthread_rwlock_rdlock(&ti->reg_lock);
+	tcp_conn_recheck_locked(ti, c);
+	if (c->rx.dst) {
+		enum te_status st = ti->host->mem_copy(ti->ctx, (void *)(uintptr_t)c->stage_dev,
+						       c->rx_stage, c->rx_fill, c->cur_type,
+						       c->cur_dev, TE_PLUGIN_COPY_FROM_HOST);
+
+		if (st == TE_OK) {
+			c->stage_dev += c->rx_fill;
+		} else {
+			char detail[TCP_DETAIL_WIRE], kind[24];
+
+			tcp_kind_text(kind, sizeof(kind), c->cur_type, c->cur_dev);
+			snprintf(detail, sizeof(detail),
+				 TCP_NAME ": WRITE [0x%" PRIx64 ", +%" PRIu64
+					  ") into %s: the staging copy failed (status %d)",
+				 c->cur_addr, c->cur_len, kind, (int)st);
+			c->rx.dst = NULL;
+			tcp_resp_error(e, TCP_OP_WRITE, tcp_get_u32(e->hdr + 8), st, detail);
+		}
+	}
+	pthread_rwlock_unlock(&ti->reg_lock);
+	c->rx_fill = 0;
+	if (c->rx.dst) {
+		c->rx.dst = c->rx_stage;
+		c->rx.room = TCP_STAGE;
+	}
+}
+
+/* After a read into the staging buffer: flush it when full or when the payload is all in. */
+static void tcp_conn_staged_read(struct tcp_inst *ti, struct tcp_conn *c, const uint8_t *before)
+{
+	if (!c->rx.dst)
+		return;
+	c->rx_fill += (uint64_t)(c->rx.dst - before);
+	if (c->rx.room == 0 || c->rx.left == 0)
+		tcp_conn_stage_flush(ti, c);
+}
+
+static void tcp_conn_payload_done(struct tcp_inst *ti, struct tcp_conn *c)
+{
+	if (c->cur_staged)
+		tcp_conn_stage_flush(ti, c);
 	c->rx.payload = false;
 	c->rx.dst = NULL;
+	c->rx.room = 0;
+	c->cur_staged = false;
 	c->ring[c->cur].ready = true;
 	c->frames++;
 }
@@ -1891,6 +1994,25 @@ static void tcp_conn_prefix(struct tcp_inst *ti, struct tcp_conn *c)
 		return;
 	if (!c->rx.dst) {
 		tcp_rx_prefix(&c->rx);
+		return;
+	}
+	if (c->cur_staged) {
+		/* Into the staging buffer, which is flushed whenever it fills. */
+		while (c->rx.dst && c->rx.end > c->rx.pos && c->rx.left) {
+			uint64_t n = TCP_MIN(TCP_MIN((uint64_t)(c->rx.end - c->rx.pos), c->rx.left),
+					     c->rx.room);
+
+			memcpy(c->rx.dst, c->rx.buf + c->rx.pos, n);
+			c->rx.dst += n;
+			c->rx.pos += (uint32_t)n;
+			c->rx.left -= n;
+			c->rx.room -= n;
+			c->rx_fill += n;
+			if (!c->rx.room || !c->rx.left)
+				tcp_conn_stage_flush(ti, c);
+		}
+		if (!c->rx.dst)
+			tcp_rx_prefix(&c->rx); /* discarded: drop the rest of what is buffered */
 		return;
 	}
 	pthread_rwlock_rdlock(&ti->reg_lock);
@@ -2148,11 +2270,13 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 	while (!c->closing) {
 		uint32_t avail = rx->end - rx->pos, idx;
 		char detail[TCP_DETAIL_WIRE];
+		const struct tcp_region *reg;
 		struct tcp_resp *e;
 		struct tcp_hdr h;
 		uint64_t ver;
-		uint32_t need_access;
-		bool ok;
+		uint32_t need_access, stype = TE_PLUGIN_MEM_CPU;
+		int32_t sdev = -1;
+		bool ok, staged;
 
 		if (avail < TCP_HDR_LEN) {
 			*need = TCP_HDR_LEN - avail;
@@ -2186,12 +2310,33 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 		need_access = h.op == TCP_OP_READ ? TE_PLUGIN_ACCESS_REMOTE_READ
 						  : TE_PLUGIN_ACCESS_REMOTE_WRITE;
 		pthread_rwlock_rdlock(&ti->reg_lock);
-		ok = tcp_region_allows(ti, h.addr, h.length, need_access);
+		reg = tcp_region_find(ti, h.addr, h.length, need_access);
+		ok = reg != NULL;
+		staged = ok && reg->mem->mem_type != TE_PLUGIN_MEM_CPU;
+		if (staged) {
+			stype = reg->mem->mem_type;
+			sdev = reg->mem->dev;
+		}
 		ver = atomic_load_explicit(&ti->reg_ver, memory_order_relaxed);
 		pthread_rwlock_unlock(&ti->reg_lock);
 		e = tcp_conn_reserve(c, &idx);
 		e->addr = h.addr;
-		if (!ok) {
+		/* GPU memory is reached through a staging buffer of this connection. */
+		if (staged && !(h.op == TCP_OP_READ ? c->tx_stage : c->rx_stage)) {
+			uint8_t *buf = malloc(TCP_STAGE);
+
+			if (h.op == TCP_OP_READ)
+				c->tx_stage = buf;
+			else
+				c->rx_stage = buf;
+			if (!buf) {
+				ok = false;
+				snprintf(detail, sizeof(detail),
+					 TCP_NAME ": no memory for a staging buffer");
+				tcp_resp_error(e, h.op, h.req_id, TE_ERR_NOMEM, detail);
+			}
+		}
+		if (!reg) {
 			tcp_region_detail(ti, detail, sizeof(detail), h.op, h.addr, h.length, "");
 			tcp_resp_error(e, h.op, h.req_id, TE_ERR_REMOTE_ACCESS, detail);
 			tcp_log(ti, TE_PLUGIN_LOG_DEBUG, "request from %s rejected: %s", c->who,
@@ -2205,6 +2350,9 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 				e->len = h.length;
 				e->memory = true;
 				e->ver = ver;
+				e->staged = staged;
+				e->mem_type = stype;
+				e->dev = sdev;
 			}
 			rx->bulk = true;
 			c->frames++;
@@ -2222,13 +2370,19 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 					  ? UINT64_MAX
 					  : c->base_ns + (uint64_t)(uint32_t)h.status * 1000000ull;
 		rx->payload = true;
-		rx->dst = ok ? (uint8_t *)(uintptr_t)h.addr : NULL;
+		c->cur_staged = ok && staged;
+		c->cur_type = stype;
+		c->cur_dev = sdev;
+		c->rx_fill = 0;
+		c->stage_dev = h.addr;
+		rx->dst = !ok ? NULL : staged ? c->rx_stage : (uint8_t *)(uintptr_t)h.addr;
+		rx->room = ok && staged ? TCP_STAGE : 0;
 		rx->left = h.length;
 		rx->bulk = false;
 		tcp_conn_prefix(ti, c);
 		if (rx->left)
 			return TCP_SRV_PAYLOAD;
-		tcp_conn_payload_done(c);
+		tcp_conn_payload_done(ti, c);
 	}
 	return TCP_SRV_MORE;
 }
@@ -2259,6 +2413,86 @@ static bool tcp_conn_tx_ctl(struct tcp_inst *ti, struct tcp_worker *w, struct tc
 }
 
 /*
+ * The response at the ring's head is a READ of GPU memory: send its header and payload from
+ * the connection's staging buffer, refilled (through host->mem_copy, under the region read
+ * lock, after the same re-check as host memory gets) a chunk at a time. Returns -1 when @c
+ * was closed, 0 when the socket is full, 1 after progress.
+ */
+static int tcp_conn_tx_staged(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
+{
+	struct tcp_resp *e = &c->ring[c->head];
+	uint64_t sent = c->tx_off > TCP_HDR_LEN ? c->tx_off - TCP_HDR_LEN : 0, skip;
+	struct iovec iov[2];
+	struct msghdr msg = { .msg_iov = iov };
+	char detail[TCP_DETAIL_WIRE];
+	ssize_t r;
+
+	if (sent == c->txs_base + c->txs_len && sent < e->len) {
+		uint64_t n = TCP_MIN((uint64_t)TCP_STAGE, e->len - sent);
+		enum te_status st = TE_OK;
+		bool there;
+
+		pthread_rwlock_rdlock(&ti->reg_lock);
+		there = tcp_region_allows(ti, e->addr + sent, e->len - sent,
+					  TE_PLUGIN_ACCESS_REMOTE_READ);
+		if (there)
+			st = ti->host->mem_copy(ti->ctx, c->tx_stage,
+						(const void *)(uintptr_t)(e->addr + sent), n,
+						e->mem_type, e->dev, TE_PLUGIN_COPY_TO_HOST);
+		pthread_rwlock_unlock(&ti->reg_lock);
+		if (!there || st != TE_OK) {
+			if (c->tx_off) {
+				/* Half sent: the stream cannot be repaired. */
+				tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_INFO,
+					       there ? "staging copy failed while being read"
+						     : "buffer deregistered while being read");
+				return -1;
+			}
+			if (!there) {
+				tcp_region_detail(ti, detail, sizeof(detail), TCP_OP_READ, e->addr,
+						  e->len, " (deregistered before it was sent)");
+				st = TE_ERR_REMOTE_ACCESS;
+			} else {
+				char kind[24];
+
+				tcp_kind_text(kind, sizeof(kind), e->mem_type, e->dev);
+				snprintf(detail, sizeof(detail),
+					 TCP_NAME ": READ [0x%" PRIx64 ", +%" PRIu64
+						  ") of %s: the staging copy failed (status %d)",
+					 e->addr, e->len, kind, (int)st);
+			}
+			tcp_resp_error(e, TCP_OP_READ, tcp_get_u32(e->hdr + 8), st, detail);
+			return 1;
+		}
+		c->txs_base = sent;
+		c->txs_len = n;
+	}
+	skip = sent - c->txs_base;
+	msg.msg_iovlen = 0;
+	if (c->tx_off < TCP_HDR_LEN)
+		iov[msg.msg_iovlen++] =
+			(struct iovec){ e->hdr + c->tx_off, TCP_HDR_LEN - c->tx_off };
+	iov[msg.msg_iovlen++] = (struct iovec){ c->tx_stage + skip, c->txs_len - skip };
+	do
+		r = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+	while (r < 0 && errno == EINTR);
+	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		return 0;
+	if (r < 0) {
+		tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_DEBUG, strerror(errno));
+		return -1;
+	}
+	c->tx_off += (uint64_t)r;
+	if (c->tx_off == TCP_HDR_LEN + e->len) {
+		c->tx_off = 0;
+		c->txs_base = c->txs_len = 0;
+		c->head = (c->head + 1) % TCP_SRV_RING;
+		c->count--;
+	}
+	return 1;
+}
+
+/*
  * Send ready responses until the ring is empty or the socket is full. READ payloads go
  * from registered memory, re-checked and sent under the region read lock. Returns false
  * when @c was closed.
@@ -2279,10 +2513,20 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 		ssize_t r;
 		int err;
 
+		if (c->ring[c->head].staged) {
+			int p = tcp_conn_tx_staged(ti, w, c);
+
+			if (p < 0)
+				return false;
+			if (p == 0)
+				break;
+			continue;
+		}
 		for (k = 0; k < c->count && 2 * (k + 1) <= TCP_SRV_IOV; k++) {
 			const struct tcp_resp *e = &c->ring[(c->head + k) % TCP_SRV_RING];
 
-			if (!e->ready)
+			/* A staged READ goes alone, from the staging buffer. */
+			if (!e->ready || e->staged)
 				break;
 			n_mem += e->memory;
 		}
@@ -2424,7 +2668,14 @@ static bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 			tcp_again_add(w, &c->ep);
 			break;
 		}
-		if (c->rx.payload && c->rx.dst) {
+		if (c->rx.payload && c->rx.dst && c->cur_staged) {
+			/* Into this connection's staging buffer: checked when it is flushed. */
+			const uint8_t *before = c->rx.dst;
+
+			r = tcp_rx_read(c->fd, &c->rx, w->scratch, need);
+			if (r > 0)
+				tcp_conn_staged_read(ti, c, before);
+		} else if (c->rx.payload && c->rx.dst) {
 			pthread_rwlock_rdlock(&ti->reg_lock);
 			tcp_conn_recheck_locked(ti, c);
 			r = tcp_rx_read(c->fd, &c->rx, w->scratch, need);
@@ -2447,7 +2698,7 @@ static bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 		}
 		budget -= TCP_MIN(budget, (uint64_t)r);
 		if (c->rx.payload && c->rx.left == 0)
-			tcp_conn_payload_done(c);
+			tcp_conn_payload_done(ti, c);
 	}
 	tcp_conn_frame_clock(c, frames_before);
 	return tcp_conn_tx(ti, w, c);
@@ -3332,6 +3583,9 @@ static enum te_status tcp_query_caps(struct te_plugin_inst *inst, struct te_plug
 		caps->slice_priv_size = sizeof(struct tcp_spriv);
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_devices))
 		caps->max_devices = 1;
+	/* GPU regions are served by staging through their owner (host->mem_copy). */
+	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, staged_mem_types))
+		caps->staged_mem_types = TCP_STAGED_TYPES;
 	return TE_OK;
 }
 
@@ -3373,11 +3627,21 @@ static enum te_status tcp_reg_mem(struct te_plugin_inst *inst, void *addr, uint6
 	struct tcp_mem *m;
 	uint32_t i;
 
-	(void)dev;
 	if (!ti || !addr || length == 0 || !mem_out || (access & ~TCP_ACCESS_ALL))
 		return TE_ERR_INVALID_ARG;
-	if (mem_type != TE_PLUGIN_MEM_CPU)
+	if (mem_type != TE_PLUGIN_MEM_CPU && !(mem_type & TCP_STAGED_TYPES))
 		return TE_ERR_MEMORY_TYPE;
+	/* GPU memory is served through staging: only when a loaded plugin owns the kind. */
+	if (mem_type != TE_PLUGIN_MEM_CPU &&
+	    ti->host->mem_copy(ti->ctx, NULL, NULL, 0, mem_type, dev, TE_PLUGIN_COPY_TO_HOST) !=
+		    TE_OK) {
+		tcp_set_error(ti,
+			      TCP_NAME
+			      ": cannot serve %s memory: no loaded transport owns that kind "
+			      "to stage it",
+			      mem_type == TE_PLUGIN_MEM_HIP ? "hip" : "cuda");
+		return TE_ERR_MEMORY_TYPE;
+	}
 	if (start > UINT64_MAX - length)
 		return TE_ERR_OVERFLOW;
 	m = malloc(sizeof(*m));
@@ -3386,6 +3650,8 @@ static enum te_status tcp_reg_mem(struct te_plugin_inst *inst, void *addr, uint6
 	m->addr = start;
 	m->length = length;
 	m->access = access;
+	m->mem_type = mem_type;
+	m->dev = dev;
 
 	pthread_rwlock_wrlock(&ti->reg_lock);
 	/* Disjoint regions keep "inside one region" a single binary search. */
