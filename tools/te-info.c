@@ -237,7 +237,25 @@ static void print_text(const char *search_path, GPtrArray *probes)
 
 		g_string_truncate(s, 0);
 		mem_types_str(s, p->caps.mem_types);
-		printf("  memory:   %s\n", s->str);
+		printf("  memory:   %s (moved directly)\n", s->str);
+		/*
+		 * Host-memory transports get any kind a loaded plugin owns as the local side
+		 * through the core's bounce buffers; staged_mem_types they also serve as a target.
+		 */
+		if (p->caps.mem_types & TE_PLUGIN_MEM_CPU) {
+			g_string_truncate(s, 0);
+			flag_list(NULL, s, p->caps.staged_mem_types, mem_bits, mem_names,
+				  G_N_ELEMENTS(mem_bits));
+			printf("  staged:   local side: any kind a loaded plugin owns (core bounce "
+			       "buffers); as a target: %s\n",
+			       s->len ? s->str : "none");
+		}
+		if (p->caps.owned_mem_types) {
+			g_string_truncate(s, 0);
+			mem_types_str(s, p->caps.owned_mem_types);
+			printf("  owns:     %s (copies, allocation, location '*' for everyone)\n",
+			       s->str);
+		}
 		g_string_truncate(s, 0);
 		flag_list(NULL, s, p->caps.ops, op_bits, op_names, G_N_ELEMENTS(op_bits));
 		printf("  ops:      %s\n", s->len ? s->str : "none");
@@ -329,6 +347,10 @@ static void json_probe(JsonBuilder *b, const struct probe *p)
 	json_builder_set_member_name(b, "caps");
 	json_builder_begin_object(b);
 	json_flags(b, "mem_types", p->caps.mem_types, mem_bits, mem_names, G_N_ELEMENTS(mem_bits));
+	json_flags(b, "staged_mem_types", p->caps.staged_mem_types, mem_bits, mem_names,
+		   G_N_ELEMENTS(mem_bits));
+	json_flags(b, "owned_mem_types", p->caps.owned_mem_types, mem_bits, mem_names,
+		   G_N_ELEMENTS(mem_bits));
 	json_flags(b, "ops", p->caps.ops, op_bits, op_names, G_N_ELEMENTS(op_bits));
 	json_string(b, "progress", progress_str(p->caps.progress));
 	json_string(b, "thread_level", thread_str(p->caps.thread_level));

@@ -39,6 +39,9 @@ lb = by_name.get("loopback.so", {})
 check("loopback loads with caps and devices",
       lb.get("code") == 0 and lb.get("name") == "loopback" and lb.get("abi", {}).get("major") == 1
       and "read" in lb.get("caps", {}).get("ops", []) and len(lb.get("devices", [])) >= 1, lb)
+fg = by_name.get("fakegpu.so", {})
+check("a memory-kind owner lists what it owns (ABI 1.2)",
+      fg.get("caps", {}).get("owned_mem_types") == ["cuda"], fg)
 mo = by_name.get("missing_op.so", {})
 check("missing op is reported by name", mo.get("code", 0) < 0 and "submit" in mo.get("error", ""),
       mo)
