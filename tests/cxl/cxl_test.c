@@ -602,6 +602,83 @@ static void test_bad_options(void)
 	win_free(&w);
 }
 
+/*
+ * GPU memory (the fakegpu test plugin owns "cuda"; its device pointers fault on any direct CPU
+ * access) as the local side of cxl transfers: the core stages it through host bounce buffers,
+ * and every byte is checked through te_mem_copy.
+ */
+static void test_gpu_staged(void)
+{
+	const size_t len = 3 * MiB + 7, span = 8 * MiB;
+	struct win w;
+	struct itest_pair p;
+	g_autofree char *opts = NULL;
+	g_autofree char *ya = NULL, *yb = NULL;
+	g_autofree uint8_t *host = g_malloc(span);
+	struct itest_transport t[2] = { { .name = "fakegpu", .required = true },
+					{ .name = "cxl", .required = true } };
+	uint8_t *dev = NULL, *bbuf;
+	struct te_request r;
+	struct te_task_info ti;
+	te_batch_id bid;
+
+	win_new(&w, 8 * MiB);
+	opts = g_strdup_printf("device: \"%s\"", w.path);
+	t[1].options = opts;
+	ya = itest_yaml("A", t, 2, default_transfer);
+	yb = itest_yaml("B", t, 2, default_transfer);
+	p.a = itest_engine(ya);
+	p.b = itest_engine(yb);
+	bbuf = w.map + B_OFF;
+	cxlnode_fill(bbuf, 0, B_LEN, 0);
+	itest_ok(te_mem_register(p.b, bbuf, B_LEN, "cxl:0", TE_MEM_REMOTE));
+
+	itest_ok(te_mem_alloc(p.a, "cuda:0", span, (void **)&dev));
+	cxlnode_fill(host, 0, span, 21);
+	itest_ok(te_mem_copy(p.a, dev, host, span));
+	itest_ok(te_mem_register(p.a, dev, span, "cuda:0", TE_MEM_LOCAL));
+	itest_pair_connect(&p);
+
+	/* WRITE device bytes [5, +len) to window offset 11. */
+	r = (struct te_request){ TE_OP_WRITE, p.seg, dev + 5, (uint64_t)(uintptr_t)(bbuf + 11),
+				 len };
+	itest_ok(run_batch(p.a, &r, 1, &bid));
+	ti = itest_task(p.a, bid, 0);
+	g_assert_cmpstr(ti.transport, ==, "cxl");
+	itest_assert_contains(ti.device, "(staged)");
+	g_assert_cmpuint(ti.bytes, ==, len);
+	itest_ok(te_batch_free(p.a, bid));
+	/* The window holds pattern 21 from offset 5 (shifted by 11 - 5 against window offsets). */
+	{
+		g_autofree uint8_t *want = g_malloc(len);
+
+		cxlnode_fill(want, 5, len, 21);
+		g_assert_true(memcmp(bbuf + 11, want, len) == 0);
+	}
+	g_assert_cmpuint(cxlnode_check(bbuf + 10, 10, 1, 0), ==, 1);
+	g_assert_cmpuint(cxlnode_check(bbuf + 11 + len, 11 + len, 1, 0), ==, 1);
+
+	/* READ it back into device bytes [4 MiB + 1, +len): the rest of the device untouched. */
+	r = (struct te_request){ TE_OP_READ, p.seg, dev + 4 * MiB + 1,
+				 (uint64_t)(uintptr_t)(bbuf + 11), len };
+	run_ok(p.a, &r, 1);
+	itest_ok(te_mem_copy(p.a, host, dev, span));
+	{
+		g_autofree uint8_t *want = g_malloc(span);
+
+		cxlnode_fill(want, 0, span, 21);
+		memcpy(want + 4 * MiB + 1, want + 5, len);
+		for (size_t i = 0; i < span; i++)
+			if (host[i] != want[i])
+				g_error("device byte %zu: 0x%02x, expected 0x%02x", i, host[i],
+					want[i]);
+	}
+	itest_ok(te_mem_unregister(p.a, dev));
+	itest_ok(te_mem_free(p.a, dev));
+	itest_pair_free(&p);
+	win_free(&w);
+}
+
 /* A window inside a larger file: offset and size select it. */
 static void test_offset_window(void)
 {
@@ -652,6 +729,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/cxl/transfer/local-in-window", test_local_in_window);
 	g_test_add_func("/cxl/transfer/local-segment", test_local_segment);
 	g_test_add_func("/cxl/transfer/offset-window", test_offset_window);
+	g_test_add_func("/cxl/transfer/gpu-staged", test_gpu_staged);
 	g_test_add_func("/cxl/access/out-of-range", test_out_of_range);
 	g_test_add_func("/cxl/access/register", test_register);
 	g_test_add_func("/cxl/access/cpu-target", test_cpu_target);
