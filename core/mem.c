@@ -268,6 +268,22 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 		transport_clear_error();
 		st = tp->plugin->ops.reg_mem(tp->inst, addr, length, mem_type, dev, access,
 					     &r->handles[i]);
+		/*
+		 * Device memory a transport moves directly only for some regions (rdma through a
+		 * dmabuf the GPU driver may not offer): UNSUPPORTED leaves this transport without
+		 * a handle; the core stages the region when it is the local side, and peers see
+		 * no key for it.
+		 */
+		if (st == TE_ERR_UNSUPPORTED && mem_type != TE_PLUGIN_MEM_CPU) {
+			ENGINE_LOG(e, TE_LOG_DEBUG,
+				   "%s: does not reach [%p, +%zu) %s directly%s%s; staging it",
+				   tp->plugin->name, addr, length, r->location,
+				   *transport_error(tp) ? ": " : "", transport_error(tp));
+			r->handles[i] = NULL;
+			if (tp->caps.mem_types & TE_PLUGIN_MEM_CPU)
+				supported++;
+			continue;
+		}
 		if (st != TE_OK) {
 			log_error(st, "te_mem_register: %s: reg_mem([%p, +%zu), %s) failed: %s%s%s",
 				  tp->plugin->name, addr, length, r->location, te_status_str(st),

@@ -312,7 +312,13 @@ struct te_plugin_ops {
 					uint32_t *n_out);
 
 	/* --- memory and peers --- */
-	/* @mem_type: one TE_PLUGIN_MEM_* bit; @dev: device number of the location. */
+	/*
+	 * @mem_type: one TE_PLUGIN_MEM_* bit; @dev: device number of the location.
+	 * TE_ERR_UNSUPPORTED for a device kind in caps.mem_types: not this region directly
+	 * (e.g. the owner offers no dmabuf for it). The core then holds no handle of this
+	 * transport for it: it stages the region through host memory when it is the local
+	 * side, and peers get no key for it. Any other error fails the registration.
+	 */
 	enum te_status (*reg_mem)(struct te_plugin_inst *inst, void *addr, uint64_t length,
 				  uint32_t mem_type, int32_t dev, uint32_t access,
 				  struct te_plugin_mem **mem_out);
