@@ -30,8 +30,7 @@ struct stage_pool {
 
 bool stage_possible(struct engine *e, struct transport *tp, uint32_t mem_type)
 {
-	return (tp->caps.mem_types & TE_PLUGIN_MEM_CPU) && !(tp->caps.mem_types & mem_type) &&
-	       memkind_owner(e, mem_type);
+	return (tp->caps.mem_types & TE_PLUGIN_MEM_CPU) && memkind_owner(e, mem_type);
 }
 
 /*

@@ -16,7 +16,8 @@ struct slice;
 
 /*
  * Staging. When a request's local memory is of a kind its transport does not move itself
- * (caps.mem_types) but another loaded plugin owns (a GPU's), the transport is handed host
+ * (not in caps.mem_types, or reg_mem answered TE_ERR_UNSUPPORTED for the region: no handle)
+ * but another loaded plugin owns (a GPU's), the transport is handed host
  * memory instead: a bounce buffer of the transport's own pool, registered with it. A WRITE's
  * bytes are copied into the bounce buffer (through the owner) before the slice is posted; a
  * READ's are copied out of it when the slice completes. A slice holds its buffer from posting
@@ -25,7 +26,8 @@ struct slice;
 
 /*
  * Whether transport @tp can carry requests whose local memory is of kind @mem_type through
- * staging: it moves host memory and a loaded plugin owns the kind.
+ * staging: it moves host memory and a loaded plugin owns the kind. The caller decides that the
+ * region is not moved directly (kind not in caps.mem_types, or no reg_mem handle for it).
  */
 bool stage_possible(struct engine *e, struct transport *tp, uint32_t mem_type);
 

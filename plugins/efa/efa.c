@@ -14,6 +14,11 @@
  * read back, otherwise requested from a per-domain counter so they are unique per domain) and
  * ENDPOINT (bound to the endpoint and enabled). The key blob carries the per-NIC keys, the
  * region and whether the target addresses by offset.
+ * GPU memory: init asks for FI_HMEM first (when the engine has memory kinds) and keeps that
+ * provider only if a GPU interface of it works (efa_hmem_probe); then GPU regions are
+ * registered with iface FI_HMEM_CUDA / FI_HMEM_ROCR and moved by the provider. Otherwise the
+ * plugin takes host memory only: the core stages GPU memory on the local side, and peers get
+ * no efa key for GPU regions (one-sided RMA cannot stage at the target).
  *
  * Peers. load_peer inserts every NIC address of the peer into every local AV (shared between
  * peer handles through a refcounted cache) and sends a small warm-up message per NIC pair so
@@ -341,6 +346,8 @@ struct efa_inst {
 
 	char prov_name[EFA_MAX_PROV + 1]; /* what fi_getinfo reported */
 	bool shm;			  /* prov_name is shm: no connection to close */
+	/* GPU kinds the provider moves itself (FI_HMEM with a usable CUDA/ROCr interface) */
+	uint32_t gpu_types;
 	bool same_host;
 	uint64_t max_msg;
 	uint32_t api_version;
@@ -1747,20 +1754,39 @@ err_fi:
 	return TE_ERR_NO_DEVICE;
 }
 
-/* Register @len bytes at @addr on @nic with @access; *mr_out, its descriptor and key. */
+/* libfabric's interface for memory of kind @mem_type. */
+static enum fi_hmem_iface efa_hmem_iface(uint32_t mem_type)
+{
+	switch (mem_type) {
+	case TE_PLUGIN_MEM_CUDA:
+		return FI_HMEM_CUDA;
+	case TE_PLUGIN_MEM_HIP:
+		return FI_HMEM_ROCR;
+	default:
+		return FI_HMEM_SYSTEM;
+	}
+}
+
+/*
+ * Register @len bytes at @addr on @nic with @access: host memory, or GPU memory of @mem_type
+ * on device @dev through the provider's FI_HMEM interface; *mr_out, its descriptor and key.
+ */
 static int efa_nic_reg(struct efa_nic *nic, void *addr, size_t len, uint64_t access,
-		       struct fid_mr **mr_out, void **desc_out, uint64_t *key_out)
+		       uint32_t mem_type, int32_t dev, struct fid_mr **mr_out, void **desc_out,
+		       uint64_t *key_out)
 {
 	struct iovec iov = { .iov_base = addr, .iov_len = len };
 	struct fi_mr_attr attr = {
 		.mr_iov = &iov,
 		.iov_count = 1,
 		.access = access,
-		.iface = FI_HMEM_SYSTEM,
+		.iface = efa_hmem_iface(mem_type),
 	};
 	struct fid_mr *mr = NULL;
 	int ret;
 
+	if (mem_type == TE_PLUGIN_MEM_CUDA)
+		attr.device.cuda = dev;
 	/* Without FI_MR_PROV_KEY the requested key must be unique within the domain. */
 	if (!(nic->mr_mode & FI_MR_PROV_KEY))
 		attr.requested_key =
@@ -1802,8 +1828,8 @@ static enum te_status efa_nic_msg_setup(struct efa_inst *ei, struct efa_nic *nic
 		return TE_ERR_NOMEM;
 	memset(nic->msg, 0, 4096);
 	efa_put_u64(nic->msg, EFA_HELLO_MAGIC);
-	ret = efa_nic_reg(nic, nic->msg, 4096, FI_SEND | FI_RECV, &nic->msg_mr, &nic->msg_desc,
-			  &key);
+	ret = efa_nic_reg(nic, nic->msg, 4096, FI_SEND | FI_RECV, TE_PLUGIN_MEM_CPU, -1,
+			  &nic->msg_mr, &nic->msg_desc, &key);
 	if (ret) {
 		efa_error(ei, EFA_NAME ": %s: fi_mr_regattr of the message area: %s", nic->name,
 			  fi_strerror(-ret));
@@ -1819,8 +1845,8 @@ static enum te_status efa_nic_msg_setup(struct efa_inst *ei, struct efa_nic *nic
 	return TE_OK;
 }
 
-/* fi_getinfo hints for RDM endpoints with RMA of the configured provider. */
-static struct fi_info *efa_hints(const struct efa_inst *ei, bool thread_safe)
+/* fi_getinfo hints for RDM endpoints with RMA of the configured provider (@hmem: FI_HMEM). */
+static struct fi_info *efa_hints(const struct efa_inst *ei, bool thread_safe, bool hmem)
 {
 	struct fi_info *h = fi_allocinfo();
 
@@ -1833,6 +1859,11 @@ static struct fi_info *efa_hints(const struct efa_inst *ei, bool thread_safe)
 	/* Every mode this plugin honours; the provider returns the subset it needs. */
 	h->domain_attr->mr_mode =
 		FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+	if (hmem) {
+		/* Descriptors go with every operation anyway: FI_MR_HMEM costs nothing. */
+		h->caps |= FI_HMEM;
+		h->domain_attr->mr_mode |= FI_MR_HMEM;
+	}
 	h->domain_attr->threading = thread_safe ? FI_THREAD_SAFE : FI_THREAD_DOMAIN;
 	h->domain_attr->av_type = FI_AV_TABLE;
 	h->fabric_attr->prov_name = strdup(ei->provider);
@@ -1843,26 +1874,106 @@ static struct fi_info *efa_hints(const struct efa_inst *ei, bool thread_safe)
 	return h;
 }
 
-/* Find the domains, open one NIC per domain (at most EFA_MAX_NICS). */
-static enum te_status efa_nics_open(struct efa_inst *ei)
+/* fi_getinfo of the configured provider (NULL with *ret_out on failure). */
+static struct fi_info *efa_getinfo(const struct efa_inst *ei, const char *node, bool hmem,
+				   int *ret_out)
 {
-	const char *node = ei->node[0] ? ei->node : NULL;
-	struct fi_info *list = NULL, *hints, *pick[EFA_MAX_NICS];
-	uint32_t n = 0, want = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
-	enum te_status st;
+	struct fi_info *list = NULL, *hints;
 	int ret = -FI_ENOMEM;
 
-	ei->api_version = EFA_MIN(fi_version(), want);
 	/* The plugin serializes every call per NIC itself: FI_THREAD_DOMAIN is enough. */
 	for (int safe = 0; safe <= 1 && !list; safe++) {
-		hints = efa_hints(ei, safe);
+		hints = efa_hints(ei, safe, hmem);
 		if (!hints)
-			return TE_ERR_NOMEM;
+			break;
 		ret = fi_getinfo(ei->api_version, node, NULL, node ? FI_SOURCE : 0, hints, &list);
 		fi_freeinfo(hints);
 		if (ret)
 			list = NULL;
 	}
+	if (list && hmem && !(list->caps & FI_HMEM)) {
+		fi_freeinfo(list);
+		list = NULL;
+		ret = -FI_ENODATA;
+	}
+	*ret_out = ret;
+	return list;
+}
+
+/*
+ * The GPU kinds whose FI_HMEM interface works in the first domain of @list: libfabric answers
+ * -FI_ENOSYS (or -FI_EOPNOTSUPP) for an interface it was built without or could not load
+ * (Debian's libfabric has no CUDA or ROCr), before it looks at the address, so a host page
+ * tells. Other answers leave the kind to reg_mem, which stages a region it cannot register.
+ */
+static uint32_t efa_hmem_probe(struct efa_inst *ei, struct fi_info *list)
+{
+	static const uint32_t kinds[] = { TE_PLUGIN_MEM_CUDA, TE_PLUGIN_MEM_HIP };
+	struct fid_fabric *fabric = NULL;
+	struct fid_domain *domain = NULL;
+	uint32_t usable = 0;
+	void *page = NULL;
+	int ret;
+
+	ret = fi_fabric(list->fabric_attr, &fabric, NULL);
+	if (ret == 0)
+		ret = fi_domain(fabric, list, &domain, NULL);
+	if (ret == 0 && posix_memalign(&page, 4096, 4096) != 0)
+		ret = -FI_ENOMEM;
+	for (size_t k = 0; ret == 0 && k < TE_PLUGIN_ARRAY_LEN(kinds); k++) {
+		struct iovec iov = { .iov_base = page, .iov_len = 4096 };
+		struct fi_mr_attr attr = {
+			.mr_iov = &iov,
+			.iov_count = 1,
+			.access = FI_READ | FI_WRITE,
+			.iface = efa_hmem_iface(kinds[k]),
+			.requested_key = k + 1,
+		};
+		struct fid_mr *mr = NULL;
+		int r = fi_mr_regattr(domain, &attr, 0, &mr);
+
+		if (r == 0)
+			fi_close(&mr->fid);
+		if (r != -FI_ENOSYS && r != -FI_EOPNOTSUPP)
+			usable |= kinds[k];
+	}
+	if (ret)
+		efa_log(ei, TE_PLUGIN_LOG_DEBUG, "FI_HMEM probe of %s: %s",
+			list->fabric_attr->prov_name ? list->fabric_attr->prov_name : "?",
+			fi_strerror(-ret));
+	if (domain)
+		fi_close(&domain->fid);
+	if (fabric)
+		fi_close(&fabric->fid);
+	free(page);
+	return usable;
+}
+
+/* Find the domains, open one NIC per domain (at most EFA_MAX_NICS). */
+static enum te_status efa_nics_open(struct efa_inst *ei)
+{
+	const char *node = ei->node[0] ? ei->node : NULL;
+	struct fi_info *list = NULL, *pick[EFA_MAX_NICS];
+	uint32_t n = 0, want = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
+	enum te_status st;
+	int ret = -FI_ENOMEM;
+
+	ei->api_version = EFA_MIN(fi_version(), want);
+	/*
+	 * GPU memory (FI_HMEM) first where the engine has memory kinds, then host memory only.
+	 * An FI_HMEM provider is kept only when one of its GPU interfaces works here.
+	 */
+	if (TE_PLUGIN_HAS(ei->host, struct te_plugin_host, mem_query) && ei->host->mem_query) {
+		list = efa_getinfo(ei, node, true, &ret);
+		if (list)
+			ei->gpu_types = efa_hmem_probe(ei, list);
+		if (list && !ei->gpu_types) {
+			fi_freeinfo(list);
+			list = NULL;
+		}
+	}
+	if (!list)
+		list = efa_getinfo(ei, node, false, &ret);
 	if (ret || !list) {
 		if (strcmp(ei->provider, "efa") == 0)
 			efa_error(ei, "no EFA device found: fi_getinfo(efa): %s",
@@ -2126,6 +2237,17 @@ static enum te_status efa_init(const struct te_plugin_host *host, struct te_plug
 	st = efa_nics_open(ei);
 	if (st != TE_OK)
 		goto err_destroy;
+	if (ei->gpu_types)
+		efa_log(ei, TE_PLUGIN_LOG_INFO,
+			"GPU memory: moved by provider %s through FI_HMEM (%s%s%s)", ei->prov_name,
+			(ei->gpu_types & TE_PLUGIN_MEM_CUDA) ? "cuda" : "",
+			ei->gpu_types == (TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP) ? ", " : "",
+			(ei->gpu_types & TE_PLUGIN_MEM_HIP) ? "hip" : "");
+	else
+		efa_log(ei, TE_PLUGIN_LOG_INFO,
+			"GPU memory: staged by the core here; peers cannot reach GPU regions over "
+			"efa (provider %s has no usable FI_HMEM interface)",
+			ei->prov_name);
 	blob = malloc(EFA_BLOB_MAX);
 	if (!blob) {
 		st = TE_ERR_NOMEM;
@@ -2176,7 +2298,7 @@ static enum te_status efa_query_caps(struct te_plugin_inst *inst, struct te_plug
 		return TE_ERR_INVALID_ARG;
 	max_slice = EFA_MIN(ei->max_msg ? ei->max_msg : EFA_MAX_SLICE, EFA_MAX_SLICE);
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, mem_types))
-		caps->mem_types = TE_PLUGIN_MEM_CPU;
+		caps->mem_types = TE_PLUGIN_MEM_CPU | ei->gpu_types;
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, ops))
 		caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, progress))
@@ -2220,7 +2342,7 @@ static enum te_status efa_query_devices(struct te_plugin_inst *inst,
 		if (TE_PLUGIN_HAS(d, struct te_plugin_device, link_speed_mbps))
 			d->link_speed_mbps = nic->speed_mbps;
 		if (TE_PLUGIN_HAS(d, struct te_plugin_device, mem_types))
-			d->mem_types = TE_PLUGIN_MEM_CPU;
+			d->mem_types = TE_PLUGIN_MEM_CPU | ei->gpu_types;
 	}
 	*n_out = n;
 	return TE_OK;
@@ -2239,8 +2361,9 @@ static enum te_status efa_reg_mem(struct te_plugin_inst *inst, void *addr, uint6
 
 	if (!ei || !addr || length == 0 || !mem_out || (access & ~EFA_ACCESS_ALL))
 		return TE_ERR_INVALID_ARG;
-	if (mem_type != TE_PLUGIN_MEM_CPU) {
-		efa_error(ei, EFA_NAME ": only CPU memory is supported (HMEM is not enabled)");
+	if (mem_type != TE_PLUGIN_MEM_CPU && !(mem_type & ei->gpu_types)) {
+		efa_error(ei, EFA_NAME ": provider %s moves no %s memory itself (no FI_HMEM)",
+			  ei->prov_name, mem_type == TE_PLUGIN_MEM_HIP ? "hip" : "cuda");
 		return TE_ERR_MEMORY_TYPE;
 	}
 	if ((uint64_t)(uintptr_t)addr > UINT64_MAX - length)
@@ -2262,7 +2385,7 @@ static enum te_status efa_reg_mem(struct te_plugin_inst *inst, void *addr, uint6
 		goto err_nomem;
 	/* Topology: the NICs on the region's NUMA node carry its slices; else all NICs. */
 	for (i = 0; i < ei->n_nics; i++) {
-		if (dev >= 0 && ei->nics[i].numa == dev) {
+		if (mem_type == TE_PLUGIN_MEM_CPU && dev >= 0 && ei->nics[i].numa == dev) {
 			m->pref[m->n_pref++] = (uint8_t)i;
 			m->nic_mask |= 1ull << i;
 		}
@@ -2273,12 +2396,25 @@ static enum te_status efa_reg_mem(struct te_plugin_inst *inst, void *addr, uint6
 		m->nic_mask = 0;
 	}
 	for (i = 0; i < ei->n_nics; i++) {
-		int ret = efa_nic_reg(&ei->nics[i], addr, length, fi_access, &m->mr[i], &m->desc[i],
-				      &m->key[i]);
+		int ret = efa_nic_reg(&ei->nics[i], addr, length, fi_access, mem_type, dev,
+				      &m->mr[i], &m->desc[i], &m->key[i]);
+		/* GPU memory the provider's FI_HMEM interface cannot take: the core stages it. */
+		bool gpu_refused = mem_type != TE_PLUGIN_MEM_CPU &&
+				   (ret == -FI_ENOSYS || ret == -FI_EOPNOTSUPP ||
+				    ret == -FI_EINVAL || ret == -FI_EACCES);
 
 		if (ret) {
-			efa_error(ei, EFA_NAME ": %s: fi_mr_regattr of [%p, +%" PRIu64 "): %s",
-				  ei->nics[i].name, addr, length, fi_strerror(-ret));
+			if (gpu_refused)
+				efa_error(ei,
+					  EFA_NAME ": %s: fi_mr_regattr of %s:%d [%p, +%" PRIu64
+						   ") through FI_HMEM: %s; the core stages it",
+					  ei->nics[i].name,
+					  mem_type == TE_PLUGIN_MEM_HIP ? "hip" : "cuda", dev, addr,
+					  length, fi_strerror(-ret));
+			else
+				efa_error(ei,
+					  EFA_NAME ": %s: fi_mr_regattr of [%p, +%" PRIu64 "): %s",
+					  ei->nics[i].name, addr, length, fi_strerror(-ret));
 			while (i--) {
 				efa_nic_lock(&ei->nics[i]);
 				fi_close(&m->mr[i]->fid);
@@ -2288,6 +2424,8 @@ static enum te_status efa_reg_mem(struct te_plugin_inst *inst, void *addr, uint6
 			free(m->desc);
 			free(m->key);
 			free(m);
+			if (gpu_refused)
+				return TE_ERR_UNSUPPORTED;
 			return ret == -FI_ENOMEM ? TE_ERR_NOMEM : TE_ERR_SYSTEM;
 		}
 	}

@@ -164,20 +164,6 @@ static enum te_status rdma_opt_u64(struct rdma_inst *ri, const char *key, uint64
 	return TE_ERR_CONFIG;
 }
 
-static enum te_status rdma_opt_bool(struct rdma_inst *ri, const char *key, bool def, bool *out)
-{
-	const char *s = ri->host->config_get(ri->ctx, key);
-
-	if (!s || !*s) {
-		*out = def;
-		return TE_OK;
-	}
-	if (te_plugin_parse_bool(s, out))
-		return TE_OK;
-	rdma_set_error(ri, "option '%s': expected true or false, got '%s'", key, s);
-	return TE_ERR_CONFIG;
-}
-
 static enum te_status rdma_parse_fault(struct rdma_inst *ri)
 {
 	const char *s = ri->host->config_get(ri->ctx, "test_fault");
@@ -293,8 +279,21 @@ static enum te_status rdma_parse_options(struct rdma_inst *ri)
 	if ((st = rdma_opt_u64(ri, "poll_nap_us", 1000, 0, 100000, false, &v)))
 		return st;
 	ri->nap_ns = v * 1000;
-	if ((st = rdma_opt_bool(ri, "gpu_direct", false, &ri->gpu_direct)))
-		return st;
+	s = ri->host->config_get(ri->ctx, "gpu_direct");
+	if (s && *s) {
+		static const char *const modes[] = { "auto", "dmabuf", "peermem", "off", NULL };
+		int m = te_plugin_parse_enum(s, modes);
+
+		if (m < 0) {
+			rdma_set_error(
+				ri,
+				"option 'gpu_direct': expected auto, dmabuf, peermem or off, "
+				"got '%s'",
+				s);
+			return TE_ERR_CONFIG;
+		}
+		ri->gpu_direct = (enum rdma_gpu_direct)m;
+	}
 	s = ri->host->config_get(ri->ctx, "progress");
 	if (s && *s && strcmp(s, "auto") && strcmp(s, "manual")) {
 		rdma_set_error(ri, "option 'progress': expected auto or manual, got '%s'", s);
@@ -1299,6 +1298,51 @@ static enum te_status rdma_start_threads(struct rdma_inst *ri)
 	return TE_OK;
 }
 
+/* Whether GPU regions can be registered through a dmabuf: the verbs and the host offer it. */
+static bool rdma_dmabuf_possible(const struct rdma_inst *ri)
+{
+	return ri->v->reg_dmabuf_mr && TE_PLUGIN_HAS(ri->host, struct te_plugin_host, mem_dmabuf) &&
+	       ri->host->mem_dmabuf;
+}
+
+/* The GPU kinds reg_mem takes (caps.mem_types), from option gpu_direct and what is offered. */
+static enum te_status rdma_gpu_setup(struct rdma_inst *ri)
+{
+	const char *how;
+
+	switch (ri->gpu_direct) {
+	case RDMA_GPU_AUTO:
+	case RDMA_GPU_DMABUF:
+		if (rdma_dmabuf_possible(ri)) {
+			ri->gpu_types = TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP;
+			how = ri->gpu_direct == RDMA_GPU_AUTO
+				      ? "GPUDirect through a dmabuf where the GPU's owner exports "
+					"one, else staged by the core"
+				      : "GPUDirect through a dmabuf only (gpu_direct: dmabuf)";
+			break;
+		}
+		how = ri->v->reg_dmabuf_mr
+			      ? "the engine offers no dmabuf export (ABI < 1.2)"
+			      : "libibverbs has no ibv_reg_dmabuf_mr (rdma-core < v34)";
+		if (ri->gpu_direct == RDMA_GPU_DMABUF) {
+			rdma_set_error(ri, "option 'gpu_direct: dmabuf': %s", how);
+			return TE_ERR_CONFIG;
+		}
+		rdma_log(ri, TE_PLUGIN_LOG_INFO, "GPU memory: staged by the core: %s", how);
+		return TE_OK;
+	case RDMA_GPU_PEERMEM:
+		ri->gpu_types = TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP;
+		how = "GPUDirect through ibv_reg_mr of device pointers (peer-memory module)";
+		break;
+	case RDMA_GPU_OFF:
+	default:
+		how = "staged by the core (gpu_direct: off)";
+		break;
+	}
+	rdma_log(ri, TE_PLUGIN_LOG_INFO, "GPU memory: %s", how);
+	return TE_OK;
+}
+
 static enum te_status rdma_init(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
 				struct te_plugin_inst **inst_out)
 {
@@ -1328,6 +1372,8 @@ static enum te_status rdma_init(const struct te_plugin_host *host, struct te_plu
 	ri->next_conn_id = 1;
 
 	st = rdma_parse_options(ri);
+	if (st == TE_OK)
+		st = rdma_gpu_setup(ri);
 	if (st == TE_OK)
 		st = rdma_open_devices(ri);
 	if (st == TE_OK)
@@ -1382,14 +1428,11 @@ static void rdma_fini(struct te_plugin_inst *inst)
 static enum te_status rdma_query_caps(struct te_plugin_inst *inst, struct te_plugin_caps *caps)
 {
 	struct rdma_inst *ri = rdma_inst_of(inst);
-	uint32_t mem = TE_PLUGIN_MEM_CPU;
 
 	if (!ri || !caps)
 		return TE_ERR_INVALID_ARG;
-	if (ri->gpu_direct)
-		mem |= TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP;
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, mem_types))
-		caps->mem_types = mem;
+		caps->mem_types = TE_PLUGIN_MEM_CPU | ri->gpu_types;
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, ops))
 		caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
 	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, progress))
@@ -1432,9 +1475,7 @@ static enum te_status rdma_query_devices(struct te_plugin_inst *inst,
 		if (TE_PLUGIN_HAS(o, struct te_plugin_device, link_speed_mbps))
 			o->link_speed_mbps = d->speed_mbps;
 		if (TE_PLUGIN_HAS(o, struct te_plugin_device, mem_types))
-			o->mem_types =
-				TE_PLUGIN_MEM_CPU |
-				(ri->gpu_direct ? TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP : 0);
+			o->mem_types = TE_PLUGIN_MEM_CPU | ri->gpu_types;
 	}
 	*n_out = n;
 	return TE_OK;
@@ -1458,6 +1499,64 @@ static enum te_status rdma_errno_status(int err)
 	}
 }
 
+static const char *rdma_kind_name(uint32_t mem_type)
+{
+	return mem_type == TE_PLUGIN_MEM_CUDA  ? "cuda"
+	       : mem_type == TE_PLUGIN_MEM_HIP ? "hip"
+					       : "cpu";
+}
+
+/*
+ * errno values of ibv_reg_dmabuf_mr that say "not this dmabuf on this device" rather than a
+ * failure: a provider without dmabuf support (EOPNOTSUPP = ENOTSUP, ENOSYS), or a driver that
+ * cannot import or map the exporter's buffer (EINVAL, EPROTONOSUPPORT; no peer-to-peer path).
+ */
+static bool rdma_dmabuf_unsupported(int err)
+{
+	return err == EOPNOTSUPP || err == ENOSYS || err == EPROTONOSUPPORT || err == EINVAL;
+}
+
+/*
+ * A region that cannot be registered directly: TE_ERR_UNSUPPORTED lets the core stage it
+ * (gpu_direct: auto); with gpu_direct: dmabuf the registration fails instead.
+ */
+static enum te_status rdma_gpu_unreachable(const struct rdma_inst *ri)
+{
+	return ri->gpu_direct == RDMA_GPU_DMABUF ? TE_ERR_MEMORY_TYPE : TE_ERR_UNSUPPORTED;
+}
+
+/* A dmabuf fd (*fd_out, closed by the caller) and offset for GPU region [@addr, +@length). */
+static enum te_status rdma_gpu_dmabuf(struct rdma_inst *ri, void *addr, uint64_t length,
+				      uint32_t mem_type, int32_t dev, int *fd_out,
+				      uint64_t *offset_out)
+{
+	enum te_status st;
+	int fd = -1;
+	uint64_t off = 0;
+
+	st = ri->host->mem_dmabuf(ri->ctx, addr, length, mem_type, dev, &fd, &off);
+	if (st == TE_ERR_UNSUPPORTED) {
+		rdma_set_error(ri,
+			       "%s:%d [%p, +%" PRIu64 "): its owner exports no dmabuf for it, so "
+			       "the NICs cannot reach it (no GPUDirect RDMA)%s",
+			       rdma_kind_name(mem_type), dev, addr, length,
+			       ri->gpu_direct == RDMA_GPU_DMABUF ? " and gpu_direct is 'dmabuf'"
+								 : "; the core stages it");
+		return rdma_gpu_unreachable(ri);
+	}
+	if (st != TE_OK || fd < 0) {
+		rdma_set_error(ri,
+			       "%s:%d [%p, +%" PRIu64 "): exporting a dmabuf failed (status %d)",
+			       rdma_kind_name(mem_type), dev, addr, length, (int)st);
+		if (st == TE_OK)
+			return TE_ERR_INTERNAL;
+		return st;
+	}
+	*fd_out = fd;
+	*offset_out = off;
+	return TE_OK;
+}
+
 static enum te_status rdma_reg_mem(struct te_plugin_inst *inst, void *addr, uint64_t length,
 				   uint32_t mem_type, int32_t dev, uint32_t access,
 				   struct te_plugin_mem **mem_out)
@@ -1466,16 +1565,18 @@ static enum te_status rdma_reg_mem(struct te_plugin_inst *inst, void *addr, uint
 	uint64_t start = (uint64_t)(uintptr_t)addr;
 	int ibv_access = IBV_ACCESS_LOCAL_WRITE;
 	struct rdma_mem *m;
+	enum te_status st = TE_ERR_NOMEM;
+	uint64_t fd_off = 0;
 	size_t n_mr;
 	uint32_t i = 0;
+	int fd = -1; /* dmabuf of a GPU region */
 
 	if (!ri || !addr || !length || !mem_out ||
 	    (access & ~(TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)))
 		return TE_ERR_INVALID_ARG;
 	if (start > UINT64_MAX - length)
 		return TE_ERR_OVERFLOW;
-	if (mem_type != TE_PLUGIN_MEM_CPU &&
-	    !(ri->gpu_direct && (mem_type == TE_PLUGIN_MEM_CUDA || mem_type == TE_PLUGIN_MEM_HIP)))
+	if (mem_type != TE_PLUGIN_MEM_CPU && !(mem_type & ri->gpu_types))
 		return TE_ERR_MEMORY_TYPE;
 	if (access & TE_PLUGIN_ACCESS_REMOTE_READ)
 		ibv_access |= IBV_ACCESS_REMOTE_READ;
@@ -1508,33 +1609,66 @@ static enum te_status rdma_reg_mem(struct te_plugin_inst *inst, void *addr, uint
 	m->mrs = calloc(n_mr, sizeof(*m->mrs));
 	m->lkeys = calloc(n_mr, sizeof(*m->lkeys));
 	if (!m->mrs || !m->lkeys)
-		goto err_nomem;
+		goto err_free;
+	/* GPU memory: the NICs address it by its device pointer (iova) inside the dmabuf. */
+	if (mem_type != TE_PLUGIN_MEM_CPU && ri->gpu_direct != RDMA_GPU_PEERMEM) {
+		st = rdma_gpu_dmabuf(ri, addr, length, mem_type, dev, &fd, &fd_off);
+		if (st != TE_OK)
+			goto err_free;
+	}
 	rdma_mem_prefs(ri, m, addr, mem_type, dev);
 	for (i = 0; i < n_mr; i++) {
 		struct rdma_dev *d = &ri->devs[i / m->n_chunks];
 		uint64_t off = (uint64_t)(i % m->n_chunks) * m->step;
 		uint64_t len = length - off < m->chunk_len ? length - off : m->chunk_len;
+		int err;
 
 		if (atomic_load(&d->fatal))
 			continue;
-		m->mrs[i] = ri->v->reg_mr(d->pd, (char *)addr + off, len, ibv_access);
-		if (!m->mrs[i]) {
-			int err = errno;
-
+		if (fd >= 0)
+			m->mrs[i] = ri->v->reg_dmabuf_mr(d->pd, fd_off + off, len, start + off, fd,
+							 ibv_access);
+		else
+			m->mrs[i] = ri->v->reg_mr(d->pd, (char *)addr + off, len, ibv_access);
+		if (m->mrs[i]) {
+			m->lkeys[i] = m->mrs[i]->lkey;
+			m->valid_mask |= rdma_dev_bit(i / m->n_chunks);
+			continue;
+		}
+		err = errno;
+		if (fd >= 0 && rdma_dmabuf_unsupported(err)) {
+			rdma_set_error(ri,
+				       "%s: ibv_reg_dmabuf_mr of %s:%d [%p, +%" PRIu64 "): %s: the "
+				       "device does not take this dmabuf (no GPUDirect RDMA)%s",
+				       d->name, rdma_kind_name(mem_type), dev,
+				       (void *)((char *)addr + off), len, strerror(err),
+				       ri->gpu_direct == RDMA_GPU_DMABUF
+					       ? " and gpu_direct is 'dmabuf'"
+					       : "; the core stages it");
+			st = rdma_gpu_unreachable(ri);
+		} else if (fd >= 0) {
+			rdma_set_error(ri,
+				       "%s: ibv_reg_dmabuf_mr of %s:%d [%p, +%" PRIu64
+				       ") (dmabuf offset %" PRIu64 "): %s%s",
+				       d->name, rdma_kind_name(mem_type), dev,
+				       (void *)((char *)addr + off), len, fd_off + off,
+				       strerror(err),
+				       err == ENOMEM ? " (RLIMIT_MEMLOCK too low?)" : "");
+			st = rdma_errno_status(err);
+		} else {
 			rdma_set_error(ri, "%s: ibv_reg_mr([%p, +%" PRIu64 ")): %s%s", d->name,
 				       (void *)((char *)addr + off), len, strerror(err),
 				       err == ENOMEM ? " (RLIMIT_MEMLOCK too low?)" : "");
-			while (i--)
-				if (m->mrs[i])
-					ri->v->dereg_mr(m->mrs[i]);
-			free(m->mrs);
-			free(m->lkeys);
-			free(m);
-			return rdma_errno_status(err);
+			st = rdma_errno_status(err);
 		}
-		m->lkeys[i] = m->mrs[i]->lkey;
-		m->valid_mask |= rdma_dev_bit(i / m->n_chunks);
+		while (i--)
+			if (m->mrs[i])
+				ri->v->dereg_mr(m->mrs[i]);
+		goto err_free;
 	}
+	/* The MRs hold the dmabuf: the fd is not needed any more. */
+	if (fd >= 0)
+		close(fd);
 	pthread_mutex_lock(&ri->lock);
 	m->next = ri->mems;
 	if (ri->mems)
@@ -1545,14 +1679,20 @@ static enum te_status rdma_reg_mem(struct te_plugin_inst *inst, void *addr, uint
 		rdma_log(ri, TE_PLUGIN_LOG_DEBUG,
 			 "[%p, +%" PRIu64 ") registered as %u chunks of %" PRIu64 " per device",
 			 addr, length, m->n_chunks, m->chunk_len);
+	if (mem_type != TE_PLUGIN_MEM_CPU)
+		rdma_log(ri, TE_PLUGIN_LOG_DEBUG, "%s:%d [%p, +%" PRIu64 ") registered through %s",
+			 rdma_kind_name(mem_type), dev, addr, length,
+			 fd >= 0 ? "a dmabuf (GPUDirect)" : "ibv_reg_mr (peer memory)");
 	*mem_out = (struct te_plugin_mem *)m;
 	return TE_OK;
 
-err_nomem:
+err_free:
+	if (fd >= 0)
+		close(fd);
 	free(m->mrs);
 	free(m->lkeys);
 	free(m);
-	return TE_ERR_NOMEM;
+	return st;
 }
 
 static enum te_status rdma_dereg_mem(struct te_plugin_inst *inst, struct te_plugin_mem *mem)

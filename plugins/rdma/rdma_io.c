@@ -521,6 +521,10 @@ static void rdma_post(struct rdma_inst *ri, struct rdma_bucket *b)
 		wr->opcode = s->opcode == TE_PLUGIN_OP_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
 		wr->wr.rdma.remote_addr = s->remote;
 		wr->wr.rdma.rkey = p->rkey;
+		/*
+		 * Never IBV_SEND_INLINE (the CPU would read the source): s->local may be GPU
+		 * memory registered through a dmabuf, which only the NIC may touch.
+		 */
 		slot->sge.addr = (uint64_t)(uintptr_t)s->local;
 		slot->sge.length = (uint32_t)s->length;
 		slot->sge.lkey = p->lkey;

@@ -16,6 +16,10 @@
  * [c * step, c * step + chunk_len) with chunk_len - step >= the largest slice), so every
  * slice lies inside one chunk on both sides. The key blob carries every device's rkeys
  * and the devices the region prefers (topology: YAML, else the NUMA node of the buffer).
+ * GPU memory is registered through a dmabuf its owner exports (host->mem_dmabuf,
+ * ibv_reg_dmabuf_mr with iova = the device pointer), so the data path treats it like host
+ * memory: the NIC reaches it by lkey/rkey and the CPU never touches it (no inline sends, no
+ * copies). Without a dmabuf reg_mem answers TE_ERR_UNSUPPORTED and the core stages the region.
  *
  * Peers and QPs (rdma_conn.c). A peer has a path per (local device, remote device) with
  * qp_per_peer RC QPs. load_peer connects one path per local device (rail pairing) through
@@ -327,6 +331,14 @@ struct rdma_topo {
 	uint8_t devs[RDMA_MAX_DEVS];
 };
 
+/* Option gpu_direct: how GPU memory (cuda, hip) is registered with the NICs. */
+enum rdma_gpu_direct {
+	RDMA_GPU_AUTO = 0, /* through a dmabuf where its owner exports one; else the core stages */
+	RDMA_GPU_DMABUF,   /* through a dmabuf, or the registration fails */
+	RDMA_GPU_PEERMEM,  /* ibv_reg_mr of the device pointer (the vendor's peer-memory module) */
+	RDMA_GPU_OFF,	   /* never: the core stages GPU memory on this side */
+};
+
 enum rdma_fault {
 	RDMA_FAULT_NONE = 0,
 	RDMA_FAULT_RKEY, /* the n-th work request carries a wrong rkey */
@@ -347,7 +359,8 @@ struct rdma_inst {
 	uint64_t slice_size;
 	uint64_t max_mr_opt;
 	bool manual;
-	bool gpu_direct;
+	enum rdma_gpu_direct gpu_direct;
+	uint32_t gpu_types; /* GPU kinds (TE_PLUGIN_MEM_*) reg_mem takes: caps.mem_types */
 	uint8_t ib_timeout, retry_cnt, rnr_retry, sl, traffic_class;
 	enum ibv_mtu mtu_cap;
 	uint32_t handshake_timeout_ms;

@@ -56,6 +56,9 @@ const struct rdma_verbs rdma_verbs_real = {
 	.get_cq_event = ibv_get_cq_event,
 	.ack_cq_events = ibv_ack_cq_events,
 	.reg_mr = rdma_real_reg_mr,
+#ifdef RDMA_HAVE_REG_DMABUF_MR
+	.reg_dmabuf_mr = ibv_reg_dmabuf_mr,
+#endif
 	.dereg_mr = ibv_dereg_mr,
 	.create_qp = ibv_create_qp,
 	.modify_qp = ibv_modify_qp,

@@ -14,6 +14,7 @@
  * which is why link-time wrapping cannot replace this table.
  *
  * Semantics and return values are those of the libibverbs function of the same name.
+ * reg_dmabuf_mr may be NULL: a libibverbs older than rdma-core v34 has no ibv_reg_dmabuf_mr.
  */
 struct rdma_verbs {
 	struct ibv_device **(*get_device_list)(int *num_devices);
@@ -38,6 +39,10 @@ struct rdma_verbs {
 			    void **cq_context);
 	void (*ack_cq_events)(struct ibv_cq *cq, unsigned int nevents);
 	struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access);
+	/* Device memory through a dmabuf fd (GPUDirect): bytes [@offset, +@length) of @fd,
+	 * addressed by work requests and peers as [@iova, +@length). */
+	struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *pd, uint64_t offset, size_t length,
+					uint64_t iova, int fd, int access);
 	int (*dereg_mr)(struct ibv_mr *mr);
 	struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
 	int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);

@@ -1129,6 +1129,177 @@ static void test_provider_mismatch(void)
 	node_free(n);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* GPU memory */
+
+/*
+ * An engine in this process with fakegpu (tests/plugins: owns "cuda", its device pointers fault
+ * on any CPU access, exports no dmabuf) before efa on the test's provider; its log in @logs.
+ */
+static struct te_engine *gpu_engine(struct log_capture *logs)
+{
+	const char *level = g_getenv("TE_EFA_TEST_LOG");
+	g_autofree char *yaml = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
+						"log: {level: %s}\n"
+						"transfer: {timeout_ms: 60000}\n"
+						"transports:\n"
+						"  - name: fakegpu\n"
+						"    required: true\n"
+						"  - name: efa\n"
+						"    required: true\n"
+						"    options: {provider: \"%s\"}\n",
+						level && *level ? level : "warn", provider);
+	struct te_engine_opts eo = { .size = sizeof(eo),
+				     .config_yaml = yaml,
+				     .config_yaml_len = strlen(yaml),
+				     .log_fn = log_collect,
+				     .log_user = logs,
+				     .log_level = TE_LOG_INFO };
+	struct te_engine *e = NULL;
+
+	efa_step("te_engine_new with fakegpu and efa on %s", provider);
+	assert_ok(te_engine_new(&eo, &e));
+	return e;
+}
+
+/* @len bytes at @loc, filled with @mirror's bytes (through te_mem_copy for GPU memory). */
+static uint8_t *gpu_alloc(struct te_engine *e, const char *loc, const uint8_t *mirror, size_t len)
+{
+	void *p = NULL;
+
+	assert_ok(te_mem_alloc(e, loc, len, &p));
+	assert_ok(te_mem_copy(e, p, mirror, len));
+	return p;
+}
+
+/* Every byte of @p (any memory of @e) equals @mirror. */
+static void gpu_assert_is(struct te_engine *e, const uint8_t *p, const uint8_t *mirror, size_t len,
+			  const char *what)
+{
+	g_autofree uint8_t *host = g_malloc(len);
+
+	assert_ok(te_mem_copy(e, host, p, len));
+	assert_bytes(host, mirror, len, what);
+}
+
+/* Run @r (one request from a cuda region); it must complete over efa, staged. */
+static void gpu_run_staged(struct te_engine *e, const struct te_request *r)
+{
+	struct te_task_info ti;
+	te_batch_id bid;
+
+	assert_ok(te_batch_new(e, 1, &bid));
+	assert_ok(te_batch_submit(e, bid, r, 1));
+	watchdog_arm(BATCH_WAIT_NS / S_NS + 10, "te_batch_wait of a staged request");
+	assert_ok(te_batch_wait(e, bid, BATCH_WAIT_NS));
+	watchdog_disarm();
+	assert_ok(te_task_status(e, bid, 0, &ti));
+	g_assert_cmpstr(ti.transport, ==, "efa");
+	assert_contains(ti.device, "(staged)");
+	g_assert_cmpuint(ti.bytes, ==, r->length);
+	assert_ok(te_batch_free(e, bid));
+}
+
+/*
+ * Without FI_HMEM (Debian's libfabric has no CUDA or ROCr) efa takes host memory only: a cuda
+ * region as the local side is staged by the core (the task's device says "(staged)"), every
+ * byte checked both ways; a peer's cuda region has no efa key, so a request to it fails at
+ * submit saying so (one-sided RMA cannot stage at the target).
+ */
+static void test_gpu_staged(void)
+{
+	enum {
+		LEN = 4u << 20
+	};
+	static const size_t sizes[] = { 1, 4097, (1u << 20) + 3 };
+	struct log_capture la = { .text = g_string_new(NULL) }, lb = { .text = g_string_new(NULL) };
+	g_autofree uint8_t *ma = g_malloc(LEN), *mb = g_malloc(LEN), *mg = g_malloc(LEN);
+	struct te_engine *a, *b;
+	uint8_t *ag, *bh, *bg, *ah;
+	char *json = NULL;
+	size_t jlen = 0;
+	te_segment_id seg;
+	struct te_request r;
+	struct te_task_info ti;
+	te_batch_id bid;
+
+	if (!need_provider())
+		return;
+	g_mutex_init(&la.lock);
+	g_mutex_init(&lb.lock);
+	a = gpu_engine(&la);
+	if (strstr(la.text->str, "through FI_HMEM")) {
+		/* A libfabric with CUDA would take fakegpu's pointers for real ones. */
+		g_test_skip("this libfabric's provider has a usable FI_HMEM interface");
+		te_engine_free(a);
+		goto out;
+	}
+	assert_contains(la.text->str, "GPU memory: staged by the core here");
+	b = gpu_engine(&lb);
+	sysnode_fill(ma, 0, LEN, 71);
+	sysnode_fill(mb, 0, LEN, 72);
+	sysnode_fill(mg, 0, LEN, 73);
+	ag = gpu_alloc(a, "cuda:0", ma, LEN);
+	ah = gpu_alloc(a, "cpu", ma, LEN);
+	bh = gpu_alloc(b, "cpu", mb, LEN);
+	bg = gpu_alloc(b, "cuda:1", mg, LEN);
+	assert_ok(te_mem_register(a, ag, LEN, "cuda:0", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(a, ah, LEN, "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(b, bh, LEN, "cpu", TE_MEM_REMOTE));
+	/* Registered (fakegpu takes it), but efa publishes no key for it. */
+	assert_ok(te_mem_register(b, bg, LEN, "cuda:1", TE_MEM_REMOTE));
+	assert_ok(te_segment_export(b, &json, &jlen));
+	assert_ok(te_segment_import(a, json, jlen, &seg));
+	te_free(json);
+
+	for (size_t i = 0; i < G_N_ELEMENTS(sizes); i++) {
+		size_t len = sizes[i], loff = 3 + i, roff = 4096 + 5 + i, back = (2u << 20) + 11;
+		g_autofree char *what = g_strdup_printf("%zu B cuda:0 <-> cpu over efa", len);
+
+		efa_step("staged WRITE and READ of %zu B", len);
+		r = (struct te_request){ TE_OP_WRITE, seg, ag + loff,
+					 (uint64_t)(uintptr_t)bh + roff, len };
+		gpu_run_staged(a, &r);
+		memcpy(mb + roff, ma + loff, len);
+		r.local = ag + back;
+		r.opcode = TE_OP_READ;
+		gpu_run_staged(a, &r);
+		memcpy(ma + back, mb + roff, len);
+		gpu_assert_is(b, bh, mb, LEN, what);
+		gpu_assert_is(a, ag, ma, LEN, what);
+	}
+
+	/* B's cuda region: no efa key, refused at submit, nothing touched. */
+	efa_step("a request to the peer's cuda region");
+	r = (struct te_request){ TE_OP_WRITE, seg, ah, (uint64_t)(uintptr_t)bg, 4096 };
+	assert_ok(te_batch_new(a, 1, &bid));
+	assert_status(te_batch_submit(a, bid, &r, 1), TE_ERR_NO_TRANSPORT);
+	assert_contains(te_last_error(), "efa: remote buffer has no key for it");
+	assert_ok(te_task_status(a, bid, 0, &ti));
+	g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
+	assert_contains(ti.detail, "no key");
+	assert_ok(te_batch_free(a, bid));
+	gpu_assert_is(b, bg, mg, LEN, "the peer's cuda region after the refusal");
+
+	assert_ok(te_segment_close(a, seg));
+	assert_ok(te_mem_unregister(a, ag));
+	assert_ok(te_mem_unregister(a, ah));
+	assert_ok(te_mem_unregister(b, bh));
+	assert_ok(te_mem_unregister(b, bg));
+	assert_ok(te_mem_free(a, ag));
+	assert_ok(te_mem_free(a, ah));
+	assert_ok(te_mem_free(b, bh));
+	assert_ok(te_mem_free(b, bg));
+	efa_free(a);
+	efa_step("te_engine_free of the target");
+	te_engine_free(b);
+out:
+	g_string_free(la.text, TRUE);
+	g_string_free(lb.text, TRUE);
+	g_mutex_clear(&la.lock);
+	g_mutex_clear(&lb.lock);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
@@ -1162,5 +1333,6 @@ int main(int argc, char **argv)
 	add_case("/efa/no-device", test_no_device);
 	add_case("/efa/options", test_options);
 	add_case("/efa/provider-mismatch", test_provider_mismatch);
+	add_case("/efa/gpu-staged", test_gpu_staged);
 	return g_test_run();
 }

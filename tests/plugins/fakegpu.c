@@ -1,19 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* fakegpu.c: a test plugin that owns a GPU memory kind and moves no data (staging tests). */
+/* fakegpu.c: a test plugin that owns a GPU memory kind and moves no data (staging, GPUDirect). */
 
 /*
  * It plays the part the nvlink and hip plugins play for the core's memory kinds: it owns
- * TE_PLUGIN_MEM_CUDA (option `kind: hip` for HIP) and answers mem_query, mem_copy, mem_alloc
- * and mem_free, so that other transports reach its "device memory" only by staging through
- * the host (core bounce buffers, tcp's serving side).
+ * TE_PLUGIN_MEM_CUDA (option `kind: hip` for HIP) and answers mem_query, mem_copy, mem_alloc,
+ * mem_free and mem_dmabuf, so that other transports reach its "device memory" only by staging
+ * through the host (core bounce buffers, tcp's serving side) or, with `dmabuf: true`, through
+ * a dmabuf registered with a NIC (rdma over the tests' fake verbs).
  *
  * Device memory is not host memory here either: every allocation is a PROT_NONE reservation
- * (its addresses are the device pointers) backed by a separate host buffer that only mem_copy
- * reaches. Any direct CPU access to a device pointer, by the core or by a transport that
- * forgot to stage, faults at once.
+ * (its addresses are the device pointers) backed by a separate shadow mapping of a memfd that
+ * only mem_copy, and whoever maps the fd mem_dmabuf hands out, reaches. Any direct CPU access
+ * to a device pointer, by the core or by a transport that forgot to stage, faults at once.
  *
  * Options: kind (cuda|hip), devices (1..8, default 2), fail_copy_after (N: copies after the
- * first N fail with TE_ERR_DEVICE_FAILED), copies_log (count copies; see FAKEGPU_COPIES).
+ * first N fail with TE_ERR_DEVICE_FAILED), dmabuf (true|false, default false: mem_dmabuf
+ * answers TE_ERR_UNSUPPORTED, as with a driver that exports none; true: a dup of the
+ * allocation's memfd and the offset of the address in it, which a NIC driver would import).
  * It loads no peer: every request goes to another transport.
  */
 
@@ -22,6 +25,7 @@
 #endif
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <te/te_plugin.h>
 #include <te/te_plugin_opts.h>
@@ -39,7 +44,8 @@
 
 struct fakegpu_alloc {
 	uint8_t *dev;	 /* PROT_NONE reservation: the device pointer */
-	uint8_t *shadow; /* where the bytes really are */
+	uint8_t *shadow; /* where the bytes really are: a MAP_SHARED mapping of fd */
+	int fd;		 /* memfd of the bytes (what mem_dmabuf exports) */
 	uint64_t len;
 	int32_t device;
 };
@@ -50,6 +56,7 @@ struct fakegpu_inst {
 	uint32_t kind;
 	uint64_t devices;
 	uint64_t fail_after; /* 0: never */
+	bool dmabuf;	     /* mem_dmabuf exports the memfd (else: TE_ERR_UNSUPPORTED) */
 	atomic_uint_fast64_t copies;
 	pthread_mutex_t lock;
 	struct fakegpu_alloc allocs[FAKEGPU_MAX_ALLOCS];
@@ -65,12 +72,22 @@ static struct fakegpu_inst *fakegpu_of(struct te_plugin_inst *inst)
 	return (struct fakegpu_inst *)inst;
 }
 
+static void fakegpu_release(struct fakegpu_alloc *a)
+{
+	if (a->dev && a->dev != MAP_FAILED)
+		munmap(a->dev, a->len);
+	if (a->shadow && a->shadow != MAP_FAILED)
+		munmap(a->shadow, a->len);
+	if (a->fd >= 0)
+		close(a->fd);
+}
+
 #define fakegpu_error(fi, ...) (fi)->host->set_error((fi)->ctx, __VA_ARGS__)
 
 static enum te_status fakegpu_init(const struct te_plugin_host *host,
 				   struct te_plugin_host_ctx *ctx, struct te_plugin_inst **inst_out)
 {
-	static const char *const names[] = { "kind", "devices", "fail_copy_after" };
+	static const char *const names[] = { "kind", "devices", "fail_copy_after", "dmabuf" };
 	struct fakegpu_inst *fi;
 	const char *kind;
 	char bad[64];
@@ -106,6 +123,12 @@ static enum te_status fakegpu_init(const struct te_plugin_host *host,
 		free(fi);
 		return TE_ERR_CONFIG;
 	}
+	if (host->config_get(ctx, "dmabuf") &&
+	    !te_plugin_parse_bool(host->config_get(ctx, "dmabuf"), &fi->dmabuf)) {
+		host->set_error(ctx, FAKEGPU_NAME ": option 'dmabuf': true or false");
+		free(fi);
+		return TE_ERR_CONFIG;
+	}
 	pthread_mutex_init(&fi->lock, NULL);
 	*inst_out = (struct te_plugin_inst *)fi;
 	return TE_OK;
@@ -117,10 +140,8 @@ static void fakegpu_fini(struct te_plugin_inst *inst)
 
 	if (!fi)
 		return;
-	for (uint32_t i = 0; i < fi->n_allocs; i++) {
-		munmap(fi->allocs[i].dev, fi->allocs[i].len);
-		free(fi->allocs[i].shadow);
-	}
+	for (uint32_t i = 0; i < fi->n_allocs; i++)
+		fakegpu_release(&fi->allocs[i]);
 	pthread_mutex_destroy(&fi->lock);
 	free(fi);
 }
@@ -280,11 +301,46 @@ static enum te_status fakegpu_mem_copy(struct te_plugin_inst *inst, void *dst, c
 	return TE_OK;
 }
 
+/* A dup of the allocation's memfd: what a GPU driver's dmabuf export is to a NIC driver. */
+static enum te_status fakegpu_mem_dmabuf(struct te_plugin_inst *inst, const void *addr,
+					 uint64_t len, int *fd_out, uint64_t *offset_out)
+{
+	struct fakegpu_inst *fi = fakegpu_of(inst);
+	struct fakegpu_alloc *a;
+	uint64_t off;
+	int fd;
+
+	if (!fi->dmabuf) {
+		fakegpu_error(fi, FAKEGPU_NAME ": no dmabuf export (option dmabuf: false)");
+		return TE_ERR_UNSUPPORTED;
+	}
+	pthread_mutex_lock(&fi->lock);
+	a = fakegpu_find(fi, addr);
+	if (!a || len > a->len - (uint64_t)((const uint8_t *)addr - a->dev)) {
+		pthread_mutex_unlock(&fi->lock);
+		fakegpu_error(fi,
+			      FAKEGPU_NAME ": dmabuf of [%p, +%" PRIu64
+					   "): not inside one allocation",
+			      addr, len);
+		return TE_ERR_OUT_OF_RANGE;
+	}
+	off = (uint64_t)((const uint8_t *)addr - a->dev);
+	fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
+	pthread_mutex_unlock(&fi->lock);
+	if (fd < 0) {
+		fakegpu_error(fi, FAKEGPU_NAME ": dup of the memfd: %s", strerror(errno));
+		return TE_ERR_SYSTEM;
+	}
+	*fd_out = fd;
+	*offset_out = off;
+	return TE_OK;
+}
+
 static enum te_status fakegpu_mem_alloc(struct te_plugin_inst *inst, uint32_t mem_type, int32_t dev,
 					uint64_t len, void **ptr_out)
 {
 	struct fakegpu_inst *fi = fakegpu_of(inst);
-	struct fakegpu_alloc a = { .len = len, .device = dev };
+	struct fakegpu_alloc a = { .len = len, .device = dev, .fd = -1 };
 
 	if (mem_type != fi->kind)
 		return TE_ERR_UNSUPPORTED; /* no pinned host memory here: the core allocates */
@@ -294,18 +350,26 @@ static enum te_status fakegpu_mem_alloc(struct te_plugin_inst *inst, uint32_t me
 		return TE_ERR_NO_DEVICE;
 	}
 	a.dev = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	a.shadow = calloc(1, len);
-	if (a.dev == MAP_FAILED || !a.shadow) {
-		if (a.dev != MAP_FAILED)
-			munmap(a.dev, len);
-		free(a.shadow);
+	/* The bytes live in a memfd, so that mem_dmabuf can hand them to a NIC driver. */
+	a.fd = memfd_create("fakegpu", MFD_CLOEXEC);
+	if (a.dev == MAP_FAILED || a.fd < 0 || ftruncate(a.fd, (off_t)len) != 0) {
+		fakegpu_error(fi, FAKEGPU_NAME ": %" PRIu64 " bytes on device %d: %s", len, dev,
+			      strerror(errno));
+		a.shadow = NULL;
+		fakegpu_release(&a);
+		return TE_ERR_NOMEM;
+	}
+	a.shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
+	if (a.shadow == MAP_FAILED) {
+		fakegpu_error(fi, FAKEGPU_NAME ": mapping %" PRIu64 " bytes: %s", len,
+			      strerror(errno));
+		fakegpu_release(&a);
 		return TE_ERR_NOMEM;
 	}
 	pthread_mutex_lock(&fi->lock);
 	if (fi->n_allocs == FAKEGPU_MAX_ALLOCS) {
 		pthread_mutex_unlock(&fi->lock);
-		munmap(a.dev, len);
-		free(a.shadow);
+		fakegpu_release(&a);
 		return TE_ERR_NOMEM;
 	}
 	fi->allocs[fi->n_allocs++] = a;
@@ -322,8 +386,7 @@ static enum te_status fakegpu_mem_free(struct te_plugin_inst *inst, void *ptr)
 	for (uint32_t i = 0; i < fi->n_allocs; i++) {
 		if (fi->allocs[i].dev != ptr)
 			continue;
-		munmap(fi->allocs[i].dev, fi->allocs[i].len);
-		free(fi->allocs[i].shadow);
+		fakegpu_release(&fi->allocs[i]);
 		fi->allocs[i] = fi->allocs[--fi->n_allocs];
 		pthread_mutex_unlock(&fi->lock);
 		return TE_OK;
@@ -347,6 +410,7 @@ static const struct te_plugin_ops fakegpu_ops = {
 	.submit = fakegpu_submit,
 	.mem_query = fakegpu_mem_query,
 	.mem_copy = fakegpu_mem_copy,
+	.mem_dmabuf = fakegpu_mem_dmabuf,
 	.mem_alloc = fakegpu_mem_alloc,
 	.mem_free = fakegpu_mem_free,
 };

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@ struct fv_dev {
 	uint64_t posted, executed, posts;
 	uint64_t flushed_queued; /* requests a modify_qp(ERR) flushed before they ran */
 	uint32_t qps_created, qps_live, mrs_live;
+	uint32_t dmabuf_mrs, dmabuf_mrs_live;
 	uint32_t qps_errored; /* modify_qp(ERR) calls on a QP not yet in error */
 	int last_mtu, last_sgid;
 };
@@ -56,8 +58,11 @@ struct fv_cq {
 };
 
 struct fv_mr {
-	struct ibv_mr mr;
+	struct ibv_mr mr; /* mr.addr: the iova work requests use */
 	int access;
+	uint8_t *bytes; /* where the bytes at mr.addr are: mr.addr itself, or in map */
+	void *map;	/* dmabuf MR: the mapping of its fd, until dereg_mr */
+	size_t map_len;
 	struct fv_mr *next;
 };
 
@@ -97,6 +102,7 @@ static struct {
 	uint32_t next_qpn, next_key;
 	int call_err[FAKEVERBS_N_CALLS];
 	uint32_t call_count[FAKEVERBS_N_CALLS];
+	uint32_t call_skip[FAKEVERBS_N_CALLS];
 } fv = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.cond = PTHREAD_COND_INITIALIZER,
@@ -127,6 +133,10 @@ static int fv_fault(enum fakeverbs_call c)
 {
 	if (!fv.call_count[c])
 		return 0;
+	if (fv.call_skip[c]) {
+		fv.call_skip[c]--;
+		return 0;
+	}
 	fv.call_count[c]--;
 	errno = fv.call_err[c];
 	return fv.call_err[c];
@@ -207,6 +217,12 @@ static struct fv_mr *fv_mr_find(uint32_t key, struct ibv_pd *pd, uint64_t addr, 
 	return NULL;
 }
 
+/* Where the byte at iova @addr of @m is. */
+static void *fv_mr_bytes(const struct fv_mr *m, uint64_t addr)
+{
+	return m->bytes + (addr - (uint64_t)(uintptr_t)m->mr.addr);
+}
+
 static struct fv_qp *fv_qp_find(uint32_t qpn)
 {
 	for (struct fv_qp *q = fv.qps; q; q = q->next)
@@ -257,9 +273,9 @@ static void fv_execute(struct fv_wr *w)
 		goto out;
 	}
 	if (read)
-		memcpy((void *)(uintptr_t)w->laddr, (void *)(uintptr_t)w->raddr, w->len);
+		memcpy(fv_mr_bytes(lm, w->laddr), fv_mr_bytes(rm, w->raddr), w->len);
 	else
-		memcpy((void *)(uintptr_t)w->raddr, (void *)(uintptr_t)w->laddr, w->len);
+		memcpy(fv_mr_bytes(rm, w->raddr), fv_mr_bytes(lm, w->laddr), w->len);
 out:
 	if (st != IBV_WC_SUCCESS)
 		q->st = IBV_QPS_ERR;
@@ -322,6 +338,7 @@ void fakeverbs_reset(void)
 	fv.n_devs = 0;
 	fv.hold = false;
 	memset(fv.call_count, 0, sizeof(fv.call_count));
+	memset(fv.call_skip, 0, sizeof(fv.call_skip));
 	pthread_cond_broadcast(&fv.cond);
 	pthread_mutex_unlock(&fv.lock);
 }
@@ -416,8 +433,14 @@ void fakeverbs_device_fatal(const char *dev)
 
 void fakeverbs_fail_call(enum fakeverbs_call call, int err, uint32_t count)
 {
+	fakeverbs_fail_call_after(call, err, 0, count);
+}
+
+void fakeverbs_fail_call_after(enum fakeverbs_call call, int err, uint32_t skip, uint32_t count)
+{
 	pthread_mutex_lock(&fv.lock);
 	fv.call_err[call] = err;
+	fv.call_skip[call] = skip;
 	fv.call_count[call] = count;
 	pthread_mutex_unlock(&fv.lock);
 }
@@ -458,6 +481,8 @@ FV_COUNTER(fakeverbs_posts, uint64_t, posts)
 FV_COUNTER(fakeverbs_qps_created, uint32_t, qps_created)
 FV_COUNTER(fakeverbs_qps_live, uint32_t, qps_live)
 FV_COUNTER(fakeverbs_mrs_live, uint32_t, mrs_live)
+FV_COUNTER(fakeverbs_dmabuf_mrs, uint32_t, dmabuf_mrs)
+FV_COUNTER(fakeverbs_dmabuf_mrs_live, uint32_t, dmabuf_mrs_live)
 FV_COUNTER(fakeverbs_qps_errored, uint32_t, qps_errored)
 FV_COUNTER(fakeverbs_flushed_queued, uint64_t, flushed_queued)
 FV_COUNTER(fakeverbs_last_mtu, int, last_mtu)
@@ -711,9 +736,58 @@ static struct ibv_mr *fv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, in
 	m->mr.length = length;
 	m->mr.lkey = m->mr.rkey = fv.next_key++;
 	m->access = access;
+	m->bytes = addr;
 	m->next = fv.mrs;
 	fv.mrs = m;
 	d->mrs_live++;
+	pthread_mutex_unlock(&fv.lock);
+	return &m->mr;
+}
+
+static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+				       uint64_t iova, int fd, int access)
+{
+	struct fv_dev *d = FV_OF(struct fv_ctx, pd->context, ctx)->dev;
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), head = offset % page;
+	struct fv_mr *m;
+	void *map;
+	int err;
+
+	pthread_mutex_lock(&fv.lock);
+	err = fv_fault(FAKEVERBS_REG_DMABUF_MR);
+	if (!err && (length > d->o.max_mr_size || !length))
+		err = EINVAL;
+	pthread_mutex_unlock(&fv.lock);
+	if (err) {
+		errno = err;
+		return NULL;
+	}
+	/* What the NIC's DMA would reach: the exporter's pages, shared with its owner. */
+	map = mmap(NULL, head + length, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+		   (off_t)(offset - head));
+	if (map == MAP_FAILED)
+		return NULL;
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		munmap(map, head + length);
+		errno = ENOMEM;
+		return NULL;
+	}
+	m->mr.context = pd->context;
+	m->mr.pd = pd;
+	m->mr.addr = (void *)(uintptr_t)iova;
+	m->mr.length = length;
+	m->access = access;
+	m->map = map;
+	m->map_len = head + length;
+	m->bytes = (uint8_t *)map + head;
+	pthread_mutex_lock(&fv.lock);
+	m->mr.lkey = m->mr.rkey = fv.next_key++;
+	m->next = fv.mrs;
+	fv.mrs = m;
+	d->mrs_live++;
+	d->dmabuf_mrs++;
+	d->dmabuf_mrs_live++;
 	pthread_mutex_unlock(&fv.lock);
 	return &m->mr;
 }
@@ -730,7 +804,11 @@ static int fv_dereg_mr(struct ibv_mr *mr)
 		}
 	}
 	FV_OF(struct fv_ctx, mr->context, ctx)->dev->mrs_live--;
+	if (m->map)
+		FV_OF(struct fv_ctx, mr->context, ctx)->dev->dmabuf_mrs_live--;
 	pthread_mutex_unlock(&fv.lock);
+	if (m->map)
+		munmap(m->map, m->map_len);
 	free(m);
 	return 0;
 }
@@ -927,6 +1005,7 @@ const struct rdma_verbs fakeverbs_table = {
 	.get_cq_event = fv_get_cq_event,
 	.ack_cq_events = fv_ack_cq_events,
 	.reg_mr = fv_reg_mr,
+	.reg_dmabuf_mr = fv_reg_dmabuf_mr,
 	.dereg_mr = fv_dereg_mr,
 	.create_qp = fv_create_qp,
 	.modify_qp = fv_modify_qp,

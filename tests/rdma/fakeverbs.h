@@ -14,6 +14,11 @@
  * run on a fabric thread: RDMA READ/WRITE are memcpy between registered regions, checked
  * like hardware does (rkey, range, access, PD). Errors move the QP to the error state and
  * flush its queue, as verbs do. Thread-safe.
+ *
+ * reg_dmabuf_mr maps the dmabuf fd (any mmap-able fd: the tests' fake GPU hands out memfds)
+ * at the given offset, MAP_SHARED, and keeps the mapping until dereg_mr: work requests
+ * address the region by its iova, the fabric copies to and from the mapping, so device
+ * pointers that fault on CPU access work as they would with a real NIC.
  */
 
 #define FAKEVERBS_MAX_GIDS 8
@@ -33,6 +38,7 @@ enum fakeverbs_call {
 	FAKEVERBS_CREATE_QP,
 	FAKEVERBS_REG_MR,
 	FAKEVERBS_MODIFY_QP,
+	FAKEVERBS_REG_DMABUF_MR, /* e.g. EOPNOTSUPP: a provider or device without dmabuf */
 	FAKEVERBS_N_CALLS,
 };
 
@@ -49,6 +55,8 @@ void fakeverbs_set_port(const char *dev, bool up);
 void fakeverbs_device_fatal(const char *dev);
 /* The next @count calls of @call return (or set errno to) @err. */
 void fakeverbs_fail_call(enum fakeverbs_call call, int err, uint32_t count);
+/* The same after @skip calls that succeed. */
+void fakeverbs_fail_call_after(enum fakeverbs_call call, int err, uint32_t skip, uint32_t count);
 /* Stop (true) or resume executing work requests: lets a test pile them up. */
 void fakeverbs_hold(bool hold);
 /* Block until no work request is queued on the fabric (at most 10 s). */
@@ -60,6 +68,9 @@ uint64_t fakeverbs_posts(const char *dev);	 /* ibv_post_send calls on @dev */
 uint32_t fakeverbs_qps_created(const char *dev); /* QPs created on @dev so far */
 uint32_t fakeverbs_qps_live(const char *dev);
 uint32_t fakeverbs_mrs_live(const char *dev);
+/* MRs of @dev registered through reg_dmabuf_mr so far, and those still registered. */
+uint32_t fakeverbs_dmabuf_mrs(const char *dev);
+uint32_t fakeverbs_dmabuf_mrs_live(const char *dev);
 /* QPs of @dev moved to the error state by ibv_modify_qp (not by a failed request). */
 uint32_t fakeverbs_qps_errored(const char *dev);
 /* Work requests of @dev that such a move flushed before they ran (held or queued). */

@@ -2,6 +2,7 @@
 /* rdma_unit_test.c: the rdma plugin's retry, failover and status paths over a software fabric. */
 #include "itest.h"
 
+#include <errno.h>
 #include <libgen.h>
 #include <limits.h>
 #include <unistd.h>
@@ -939,6 +940,413 @@ static void test_create_qp_failure(void)
 	fakeverbs_reset();
 }
 
+/* --- GPU memory ------------------------------------------------------------------------------ */
+
+/*
+ * Engines with fakegpu (owns "cuda"; its device pointers fault on any CPU access, its bytes sit
+ * in a memfd it exports as the "dmabuf" with option dmabuf: true) and rdma over the fake fabric,
+ * which maps a dmabuf the way a NIC driver imports one. Every buffer has a host mirror of what
+ * it must hold; after each transfer the whole buffer is read back through te_mem_copy and
+ * compared, so a byte out of place anywhere fails the test.
+ */
+
+struct gbuf {
+	struct te_engine *e;
+	const char *loc;
+	uint8_t *p;	 /* te_mem_alloc'd memory at loc */
+	uint8_t *mirror; /* what p must hold */
+	size_t len;
+};
+
+static void gbuf_new(struct gbuf *b, struct te_engine *e, const char *loc, size_t len,
+		     uint32_t seed)
+{
+	void *p = NULL;
+
+	b->e = e;
+	b->loc = loc;
+	b->len = len;
+	b->mirror = g_malloc(len);
+	for (size_t i = 0; i < len; i++)
+		b->mirror[i] = itest_pattern(seed, i);
+	itest_ok(te_mem_alloc(e, loc, len, &p));
+	b->p = p;
+	itest_ok(te_mem_copy(e, b->p, b->mirror, len));
+}
+
+static void gbuf_check(const struct gbuf *b, const char *what)
+{
+	g_autofree uint8_t *host = g_malloc(b->len);
+
+	itest_ok(te_mem_copy(b->e, host, b->p, b->len));
+	if (memcmp(host, b->mirror, b->len) == 0)
+		return;
+	for (size_t i = 0; i < b->len; i++)
+		if (host[i] != b->mirror[i])
+			g_error("%s: %s buffer, byte %zu: 0x%02x, expected 0x%02x", what, b->loc, i,
+				host[i], b->mirror[i]);
+}
+
+static void gbuf_free(struct gbuf *b)
+{
+	if (!b->p)
+		return;
+	itest_ok(te_mem_unregister(b->e, b->p));
+	itest_ok(te_mem_free(b->e, b->p));
+	g_free(b->mirror);
+	memset(b, 0, sizeof(*b));
+}
+
+static struct te_engine *gpu_engine(const char *name, const char *gpu_opts, const char *rdma_opts,
+				    struct logcap *lc)
+{
+	struct itest_transport t[2] = {
+		{ .name = "fakegpu", .required = true, .options = gpu_opts },
+		{ .name = "rdma", .path = plugin_path, .required = true, .options = rdma_opts },
+	};
+	g_autofree char *yaml = itest_yaml(name, t, 2, "timeout_ms: 20000");
+	struct te_engine_opts o = { .size = sizeof(o) };
+	struct te_engine *e = NULL;
+	enum te_status st;
+
+	o.config_yaml = yaml;
+	o.config_yaml_len = strlen(yaml);
+	o.config_name = name;
+	o.log_fn = logcap_fn;
+	o.log_user = lc;
+	o.log_level = TE_LOG_DEBUG;
+	st = te_engine_new(&o, &e);
+	if (st != TE_OK)
+		g_error("engine %s: %s: %s", name, te_status_str(st), te_last_error());
+	return e;
+}
+
+/* A (initiator: host and cuda:0 buffers) and B (target: host and cuda:1 buffers). */
+struct gfx {
+	struct te_engine *a, *b;
+	te_segment_id seg;
+	struct gbuf la[2], rb[2]; /* [0] host, [1] cuda */
+	struct logcap log;
+};
+
+#define GPU_BUF (4 * MiB)
+
+static void gfx_engines(struct gfx *f, const char *a_gpu, const char *a_rdma, const char *b_gpu,
+			const char *b_rdma)
+{
+	memset(f, 0, sizeof(*f));
+	g_mutex_init(&f->log.lock);
+	f->log.text = g_string_new(NULL);
+	devices2();
+	f->a = gpu_engine("A", a_gpu, a_rdma ? a_rdma : "devices: a0", &f->log);
+	f->b = gpu_engine("B", b_gpu, b_rdma ? b_rdma : "devices: b0", &f->log);
+}
+
+/* Allocate, fill and register all four buffers; import B's segment into A. */
+static void gfx_buffers(struct gfx *f)
+{
+	char *json = NULL;
+	size_t jlen = 0;
+
+	gbuf_new(&f->la[0], f->a, "cpu", GPU_BUF, 0x31);
+	gbuf_new(&f->la[1], f->a, "cuda:0", GPU_BUF, 0x32);
+	gbuf_new(&f->rb[0], f->b, "cpu", GPU_BUF, 0x41);
+	gbuf_new(&f->rb[1], f->b, "cuda:1", GPU_BUF, 0x42);
+	for (int k = 0; k < 2; k++) {
+		itest_ok(te_mem_register(f->a, f->la[k].p, GPU_BUF, f->la[k].loc, TE_MEM_LOCAL));
+		itest_ok(te_mem_register(f->b, f->rb[k].p, GPU_BUF, f->rb[k].loc, TE_MEM_REMOTE));
+	}
+	itest_ok(te_segment_export(f->b, &json, &jlen));
+	itest_ok(te_segment_import(f->a, json, jlen, &f->seg));
+	te_free(json);
+}
+
+static void gfx_free(struct gfx *f)
+{
+	for (int k = 0; k < 2; k++) {
+		gbuf_free(&f->la[k]);
+		gbuf_free(&f->rb[k]);
+	}
+	te_engine_free(f->a);
+	te_engine_free(f->b);
+	g_string_free(f->log.text, TRUE);
+	g_mutex_clear(&f->log.lock);
+	fakeverbs_reset();
+}
+
+/*
+ * One @op of @len between A's buffer @l at @loff and B's buffer @r at @roff over rdma; the
+ * task's device says "(staged)" exactly when @staged; then every byte of both is checked.
+ */
+static void gpu_xfer(struct gfx *f, enum te_opcode op, struct gbuf *l, size_t loff, struct gbuf *r,
+		     size_t roff, size_t len, bool staged)
+{
+	struct te_request q = { op, f->seg, l->p + loff, (uint64_t)(uintptr_t)(r->p + roff), len };
+	g_autofree char *what = g_strdup_printf(
+		"%s %zu B %s -> %s", op == TE_OP_READ ? "READ" : "WRITE", len, l->loc, r->loc);
+	struct te_task_info ti;
+	te_batch_id bid;
+	enum te_status st;
+
+	itest_ok(te_batch_new(f->a, 1, &bid));
+	itest_ok(te_batch_submit(f->a, bid, &q, 1));
+	st = itest_wait(f->a, bid);
+	ti = itest_task(f->a, bid, 0);
+	if (st != TE_OK)
+		g_error("%s: %s: %s", what, te_status_str(ti.status), ti.detail);
+	g_assert_cmpstr(ti.transport, ==, "rdma");
+	g_assert_cmpuint(ti.bytes, ==, len);
+	if (staged)
+		itest_assert_contains(ti.device, "(staged)");
+	else if (strstr(ti.device, "(staged)"))
+		g_error("%s: staged (device \"%s\"), expected GPUDirect", what, ti.device);
+	itest_ok(te_batch_free(f->a, bid));
+	if (op == TE_OP_WRITE)
+		memcpy(r->mirror + roff, l->mirror + loff, len);
+	else
+		memcpy(l->mirror + loff, r->mirror + roff, len);
+	gbuf_check(l, what);
+	gbuf_check(r, what);
+}
+
+static const size_t gpu_sizes[] = { 1, 4097, 1 * MiB + 3 };
+
+/* WRITE then READ of every size between A's buffer @lk and B's @rk (0 host, 1 cuda). */
+static void gpu_pair(struct gfx *f, int lk, int rk, bool staged)
+{
+	for (size_t i = 0; i < G_N_ELEMENTS(gpu_sizes); i++) {
+		size_t len = gpu_sizes[i], loff = 3 + i * 7, roff = 4096 + 5 + i;
+
+		gpu_xfer(f, TE_OP_WRITE, &f->la[lk], loff, &f->rb[rk], roff, len, staged);
+		/* Back into another part of A's buffer: what was written there. */
+		gpu_xfer(f, TE_OP_READ, &f->la[lk], 2 * MiB + 11, &f->rb[rk], roff, len, staged);
+		/* And the target's own bytes elsewhere. */
+		gpu_xfer(f, TE_OP_READ, &f->la[lk], loff, &f->rb[rk], GPU_BUF - len - 9, len,
+			 staged);
+	}
+}
+
+/* A batch of 1000 small WRITEs, then READs, A's cuda:0 <-> B's buffer @rk, each its own place. */
+static void gpu_batch_1000(struct gfx *f, int rk, bool staged)
+{
+	enum {
+		N = 1000,
+		LEN = 1000,
+		STRIDE = 1031
+	};
+	struct te_request *q = g_new(struct te_request, N);
+	struct gbuf *l = &f->la[1], *r = &f->rb[rk];
+	struct te_batch_info bi;
+	struct te_task_info ti;
+	te_batch_id bid;
+
+	for (int op = 0; op < 2; op++) {
+		for (size_t i = 0; i < N; i++) {
+			size_t loff = i * STRIDE + (op ? GPU_BUF / 2 : 0);
+			size_t roff = (N - 1 - i) * STRIDE + 7;
+
+			q[i] = (struct te_request){ op ? TE_OP_READ : TE_OP_WRITE, f->seg,
+						    l->p + loff, (uint64_t)(uintptr_t)(r->p + roff),
+						    LEN };
+			if (op)
+				memcpy(l->mirror + loff, r->mirror + roff, LEN);
+			else
+				memcpy(r->mirror + roff, l->mirror + loff, LEN);
+		}
+		itest_ok(te_batch_new(f->a, N, &bid));
+		itest_ok(te_batch_submit(f->a, bid, q, N));
+		g_assert_cmpint(itest_wait(f->a, bid), ==, TE_OK);
+		bi = itest_batch(f->a, bid);
+		g_assert_cmpuint(bi.completed, ==, N);
+		ti = itest_task(f->a, bid, N - 1);
+		g_assert_cmpstr(ti.transport, ==, "rdma");
+		g_assert_true((strstr(ti.device, "(staged)") != NULL) == staged);
+		itest_ok(te_batch_free(f->a, bid));
+		gbuf_check(l, "batch of 1000");
+		gbuf_check(r, "batch of 1000");
+	}
+	g_free(q);
+}
+
+/*
+ * GPUDirect: fakegpu exports dmabufs, so rdma registers cuda regions through
+ * ibv_reg_dmabuf_mr on both sides and moves them like host memory, never staged: cuda -> host,
+ * host -> cuda and cuda -> cuda, WRITE and READ, 1 B to 1 MiB + 3 and a batch of 1000.
+ */
+static void test_gpu_direct(void)
+{
+	struct gfx f;
+
+	gfx_engines(&f, "dmabuf: true", NULL, "dmabuf: true", NULL);
+	gfx_buffers(&f);
+	/* One dmabuf MR per cuda region and device; the fabric keeps its mapping. */
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0"), ==, 1);
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("b0"), ==, 1);
+	g_assert_true(logcap_has(&f.log, "cuda:0 ["));
+	g_assert_true(logcap_has(&f.log, "registered through a dmabuf (GPUDirect)"));
+	gpu_pair(&f, 1, 0, false);
+	gpu_pair(&f, 0, 1, false);
+	gpu_pair(&f, 1, 1, false);
+	gpu_batch_1000(&f, 1, false);
+	/* Unregistering releases the MR and the fabric's mapping of the dmabuf. */
+	gbuf_free(&f.la[1]);
+	gbuf_free(&f.rb[1]);
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0"), ==, 0);
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("b0"), ==, 0);
+	gfx_free(&f);
+}
+
+/*
+ * A cuda region larger than the max MR size: dmabuf MRs per chunk at the chunk's offset in the
+ * dmabuf (iova = device pointer + chunk offset); transfers across chunk boundaries.
+ */
+static void test_gpu_direct_chunked(void)
+{
+	struct gfx f;
+
+	gfx_engines(&f, "dmabuf: true", "devices: a0, max_mr_size: 1M", "dmabuf: true",
+		    "devices: b0, max_mr_size: 1M");
+	gfx_buffers(&f);
+	/* 4 MiB in 1 MiB chunks stepping by 512 KiB: 7 chunks. */
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0"), ==, 7);
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("b0"), ==, 7);
+	gpu_pair(&f, 1, 1, false);
+	gfx_free(&f);
+}
+
+/*
+ * No dmabuf (fakegpu's default, like a driver without export): the cuda side here is staged
+ * by the core, and B's cuda region has no rdma key, so a request to it fails at submit saying
+ * so (one-sided rdma cannot stage at the target).
+ */
+static void test_gpu_staged(void)
+{
+	struct te_request q;
+	struct te_task_info ti;
+	te_batch_id bid;
+	struct gfx f;
+
+	gfx_engines(&f, NULL, NULL, NULL, NULL);
+	gfx_buffers(&f);
+	g_assert_true(logcap_has(&f.log, "its owner exports no dmabuf for it"));
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs("a0"), ==, 0);
+	gpu_pair(&f, 1, 0, true);
+	q = (struct te_request){ TE_OP_WRITE, f.seg, f.la[0].p, (uint64_t)(uintptr_t)f.rb[1].p,
+				 4096 };
+	itest_ok(te_batch_new(f.a, 1, &bid));
+	itest_assert_status(te_batch_submit(f.a, bid, &q, 1), TE_ERR_NO_TRANSPORT);
+	itest_assert_contains(te_last_error(), "rdma: remote buffer has no key for it");
+	ti = itest_task(f.a, bid, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
+	g_assert_cmpint(ti.status, ==, TE_ERR_NO_TRANSPORT);
+	itest_assert_contains(ti.detail, "no key");
+	itest_ok(te_batch_free(f.a, bid));
+	gbuf_check(&f.rb[1], "after the refused request");
+	gpu_batch_1000(&f, 0, true);
+	gfx_free(&f);
+}
+
+/* Open file descriptors of this process. */
+static unsigned open_fds(void)
+{
+	g_autoptr(GDir) d = g_dir_open("/proc/self/fd", 0, NULL);
+	unsigned n = 0;
+
+	while (d && g_dir_read_name(d))
+		n++;
+	return n;
+}
+
+/*
+ * The NIC refuses the dmabuf (EOPNOTSUPP): the region is registered without rdma and staged.
+ * Any other failure of ibv_reg_dmabuf_mr fails te_mem_register with the verbs' words, after
+ * undoing the devices already registered and closing the dmabuf.
+ */
+static void test_gpu_dmabuf_faults(void)
+{
+	char *json = NULL;
+	size_t jlen = 0;
+	struct gbuf extra;
+	unsigned fds;
+	struct gfx f;
+
+	gfx_engines(&f, "dmabuf: true", "devices: \"a0,a1\"", "dmabuf: true", NULL);
+	gbuf_new(&f.la[0], f.a, "cpu", GPU_BUF, 0x31);
+	gbuf_new(&f.la[1], f.a, "cuda:0", GPU_BUF, 0x32);
+	gbuf_new(&f.rb[0], f.b, "cpu", GPU_BUF, 0x41);
+	fakeverbs_fail_call(FAKEVERBS_REG_DMABUF_MR, EOPNOTSUPP, 1);
+	itest_ok(te_mem_register(f.a, f.la[1].p, GPU_BUF, "cuda:0", TE_MEM_LOCAL));
+	g_assert_true(logcap_has(&f.log, "does not take this dmabuf (no GPUDirect RDMA); the "
+					 "core stages it"));
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0") + fakeverbs_dmabuf_mrs_live("a1"), ==, 0);
+	itest_ok(te_mem_register(f.a, f.la[0].p, GPU_BUF, "cpu", TE_MEM_LOCAL));
+	itest_ok(te_mem_register(f.b, f.rb[0].p, GPU_BUF, "cpu", TE_MEM_REMOTE));
+	itest_ok(te_segment_export(f.b, &json, &jlen));
+	itest_ok(te_segment_import(f.a, json, jlen, &f.seg));
+	te_free(json);
+	gpu_pair(&f, 1, 0, true);
+
+	/* The second device fails for real: nothing stays registered, no fd leaks. */
+	gbuf_new(&extra, f.a, "cuda:1", 65536, 0x61);
+	fds = open_fds();
+	fakeverbs_fail_call_after(FAKEVERBS_REG_DMABUF_MR, EPERM, 1, 1);
+	itest_assert_status(te_mem_register(f.a, extra.p, extra.len, "cuda:1", TE_MEM_LOCAL),
+			    TE_ERR_SYSTEM);
+	itest_assert_contains(te_last_error(), "a1: ibv_reg_dmabuf_mr of cuda:1 [");
+	itest_assert_contains(te_last_error(), strerror(EPERM));
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0") + fakeverbs_dmabuf_mrs_live("a1"), ==, 0);
+	g_assert_cmpuint(open_fds(), ==, fds);
+	/* And works once the fault is gone: on both devices. */
+	itest_ok(te_mem_register(f.a, extra.p, extra.len, "cuda:1", TE_MEM_LOCAL));
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0"), ==, 1);
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a1"), ==, 1);
+	g_assert_cmpuint(open_fds(), ==, fds);
+	gbuf_free(&extra);
+	gfx_free(&f);
+}
+
+/* gpu_direct: off never asks for a dmabuf; gpu_direct: dmabuf refuses to stage. */
+static void test_gpu_direct_option(void)
+{
+	struct gbuf g;
+	struct gfx f;
+
+	gfx_engines(&f, "dmabuf: true", "devices: a0, gpu_direct: off", NULL,
+		    "devices: b0, gpu_direct: dmabuf");
+	gbuf_new(&f.la[0], f.a, "cpu", GPU_BUF, 0x31);
+	gbuf_new(&f.la[1], f.a, "cuda:0", GPU_BUF, 0x32);
+	itest_ok(te_mem_register(f.a, f.la[1].p, GPU_BUF, "cuda:0", TE_MEM_LOCAL));
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs("a0"), ==, 0);
+	g_assert_true(logcap_has(&f.log, "staged by the core (gpu_direct: off)"));
+	/* B exports no dmabuf but insists on GPUDirect: the registration fails, saying why. */
+	gbuf_new(&g, f.b, "cuda:0", 65536, 0x51);
+	itest_assert_status(te_mem_register(f.b, g.p, g.len, "cuda:0", TE_MEM_REMOTE),
+			    TE_ERR_MEMORY_TYPE);
+	itest_assert_contains(te_last_error(), "exports no dmabuf");
+	itest_assert_contains(te_last_error(), "gpu_direct is 'dmabuf'");
+	itest_ok(te_mem_free(f.b, g.p));
+	g_free(g.mirror);
+	itest_ok(te_mem_register(f.a, f.la[0].p, GPU_BUF, "cpu", TE_MEM_LOCAL));
+	/* A's cuda side is staged, although its owner would export a dmabuf. */
+	gbuf_new(&f.rb[0], f.b, "cpu", GPU_BUF, 0x41);
+	itest_ok(te_mem_register(f.b, f.rb[0].p, GPU_BUF, "cpu", TE_MEM_REMOTE));
+	{
+		char *json = NULL;
+		size_t jlen = 0;
+
+		itest_ok(te_segment_export(f.b, &json, &jlen));
+		itest_ok(te_segment_import(f.a, json, jlen, &f.seg));
+		te_free(json);
+	}
+	gpu_xfer(&f, TE_OP_WRITE, &f.la[1], 5, &f.rb[0], 9, 70000, true);
+	gpu_xfer(&f, TE_OP_READ, &f.la[1], 100000, &f.rb[0], 9, 70000, true);
+	g_assert_cmpuint(fakeverbs_dmabuf_mrs("a0"), ==, 0);
+	gfx_free(&f);
+	/* A bad value. */
+	expect_init_failure("gpu_direct: maybe", "option 'gpu_direct'");
+	fakeverbs_reset();
+}
+
 int main(int argc, char **argv)
 {
 	char self[PATH_MAX];
@@ -990,5 +1398,10 @@ int main(int argc, char **argv)
 	g_test_add_func("/rdma/fake/bad-options", test_bad_options);
 	g_test_add_func("/rdma/fake/inactive-device", test_inactive_device);
 	g_test_add_func("/rdma/fake/create-qp-failure", test_create_qp_failure);
+	g_test_add_func("/rdma/fake/gpu-direct", test_gpu_direct);
+	g_test_add_func("/rdma/fake/gpu-direct-chunked", test_gpu_direct_chunked);
+	g_test_add_func("/rdma/fake/gpu-staged", test_gpu_staged);
+	g_test_add_func("/rdma/fake/gpu-dmabuf-faults", test_gpu_dmabuf_faults);
+	g_test_add_func("/rdma/fake/gpu-direct-option", test_gpu_direct_option);
 	return g_test_run();
 }
