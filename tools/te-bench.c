@@ -122,12 +122,13 @@ struct bench_opts {
 	bool block_set;
 	uint32_t batch;
 	uint32_t threads;
-	uint32_t depth;		 /* batches each thread keeps in flight */
-	double duration_s;	 /* <= 0: no time limit (--iterations given alone) */
-	int64_t iterations;	 /* batches per thread; < 0: not given */
-	uint64_t buffer_size;	 /* 0: the mode's default */
-	const char *target_file; /* --target-file: map the target buffer from it (shared) */
-	const char *location;	 /* --location of the target buffer ("cpu") */
+	uint32_t depth;		    /* batches each thread keeps in flight */
+	double duration_s;	    /* <= 0: no time limit (--iterations given alone) */
+	int64_t iterations;	    /* batches per thread; < 0: not given */
+	uint64_t buffer_size;	    /* 0: the mode's default */
+	const char *target_file;    /* --target-file: map the target buffer from it (shared) */
+	const char *location;	    /* --location of the target buffer ("cpu") */
+	const char *local_location; /* --local-location of the initiator's buffer ("cpu") */
 	double timeout_s;
 	bool sweep;
 	bool verify;
@@ -398,6 +399,115 @@ static void bench_unmap(uint8_t *p, uint64_t len)
 {
 	if (p)
 		munmap(p, len);
+}
+
+/*
+ * Device memory (cuda:N, hip:N): allocated with te_mem_alloc from the transport that owns the
+ * kind, never touched by the CPU: filled and checked through a host bounce buffer and
+ * te_mem_copy. Other locations (cpu, cxl:N over a mapped window) are host memory.
+ */
+#define BENCH_STAGE (4 * BENCH_MIB)
+
+static bool bench_on_device(const char *loc)
+{
+	return loc && (g_str_has_prefix(loc, "cuda:") || g_str_has_prefix(loc, "hip:"));
+}
+
+static uint8_t *bench_alloc(struct te_engine *e, const char *loc, uint64_t len)
+{
+	void *p = NULL;
+	enum te_status st;
+
+	if (!bench_on_device(loc))
+		return bench_map(len);
+	st = te_mem_alloc(e, loc, len, &p);
+	if (st != TE_OK) {
+		bench_err("te_mem_alloc(%s, %" PRIu64 "): %s: %s", loc, len, te_status_str(st),
+			  te_last_error());
+		return NULL;
+	}
+	return p;
+}
+
+static void bench_release(struct te_engine *e, const char *loc, uint8_t *p, uint64_t len)
+{
+	if (!bench_on_device(loc)) {
+		bench_unmap(p, len);
+	} else if (p) {
+		enum te_status st = te_mem_free(e, p);
+
+		if (st != TE_OK)
+			bench_err("te_mem_free(%s): %s: %s", loc, te_status_str(st),
+				  te_last_error());
+	}
+}
+
+/* Pattern @salt of offsets [off, +len) into @p (at @loc); salt UINT64_MAX: @byte everywhere. */
+static bool bench_put(struct te_engine *e, const char *loc, uint8_t *p, uint64_t off, uint64_t len,
+		      uint64_t salt, uint8_t byte)
+{
+	g_autofree uint8_t *bounce = NULL;
+
+	if (!bench_on_device(loc)) {
+		if (salt == UINT64_MAX)
+			memset(p, byte, len);
+		else
+			bench_fill(p, off, len, salt);
+		return true;
+	}
+	bounce = g_malloc(MIN(len, BENCH_STAGE));
+	for (uint64_t at = 0; at < len; at += BENCH_STAGE) {
+		uint64_t k = MIN((uint64_t)BENCH_STAGE, len - at);
+		enum te_status st;
+
+		if (salt == UINT64_MAX)
+			memset(bounce, byte, k);
+		else
+			bench_fill(bounce, off + at, k, salt);
+		st = te_mem_copy(e, p + at, bounce, k);
+		if (st != TE_OK) {
+			bench_err("te_mem_copy to %s: %s: %s", loc, te_status_str(st),
+				  te_last_error());
+			return false;
+		}
+	}
+	return true;
+}
+
+/*
+ * bench_check of @p (at @loc): the index of the first byte that differs from the pattern, or
+ * @len; *got_out is that byte. A failing te_mem_copy counts as a difference at its chunk.
+ */
+static uint64_t bench_check_at(struct te_engine *e, const char *loc, const uint8_t *p, uint64_t off,
+			       uint64_t len, uint64_t salt, uint8_t *got_out)
+{
+	g_autofree uint8_t *bounce = NULL;
+
+	if (!bench_on_device(loc)) {
+		uint64_t at = bench_check(p, off, len, salt);
+
+		if (at < len)
+			*got_out = p[at];
+		return at;
+	}
+	bounce = g_malloc(MIN(len, BENCH_STAGE));
+	for (uint64_t at = 0; at < len; at += BENCH_STAGE) {
+		uint64_t k = MIN((uint64_t)BENCH_STAGE, len - at), bad;
+		enum te_status st = te_mem_copy(e, bounce, p + at, k);
+
+		if (st != TE_OK) {
+			bench_err("te_mem_copy from %s: %s: %s", loc, te_status_str(st),
+				  te_last_error());
+			*got_out = 0;
+			return at;
+		}
+		bad = bench_check(bounce, off + at, k, salt);
+		if (bad < k) {
+			*got_out = bounce[bad];
+			return at + bad;
+		}
+	}
+	return len;
 }
 
 /* --- latency statistics -------------------------------------------------------------------- */
@@ -911,14 +1021,14 @@ static enum te_status bench_batch(struct bench_worker *w, const struct te_reques
 	return st != TE_OK ? st : bench_batch_finish(w, &p);
 }
 
-static void bench_verify_failed(struct bench_worker *w, const char *what, const uint8_t *p,
+static void bench_verify_failed(struct bench_worker *w, const char *what, uint8_t got,
 				uint64_t zone_off, uint64_t at, uint64_t salt)
 {
 	uint64_t block = w->c->block;
 
 	bench_err("thread %" PRIu32 ": verify failed after %s: remote offset 0x%" PRIx64
 		  " (request %" PRIu64 ", byte %" PRIu64 "): got 0x%02x, want 0x%02x",
-		  w->idx, what, zone_off + at, at / block, at % block, p[at],
+		  w->idx, what, zone_off + at, at / block, at % block, got,
 		  bench_byte(zone_off + at, salt));
 }
 
@@ -932,23 +1042,26 @@ static uint64_t bench_write_salt(const struct bench_init *c, uint64_t i)
 static bool bench_worker_verify(struct bench_worker *w, bool wr, uint64_t i)
 {
 	struct bench_init *c = w->c;
+	const char *loc = c->o->local_location;
 	uint64_t bb = c->block * c->batch;
 	uint64_t at;
+	uint8_t got = 0;
 
 	if (!wr) {
-		at = bench_check(w->data, w->roff, bb, 0);
+		at = bench_check_at(c->e, loc, w->data, w->roff, bb, 0, &got);
 		if (at == bb)
 			return true;
-		bench_verify_failed(w, "READ", w->data, w->roff, at, 0);
+		bench_verify_failed(w, "READ", got, w->roff, at, 0);
 		return false;
 	}
-	memset(w->back, BENCH_POISON, bb);
+	if (!bench_put(c->e, loc, w->back, 0, bb, UINT64_MAX, BENCH_POISON))
+		return false;
 	if (bench_batch(w, w->chk, c->batch) != TE_OK)
 		return false;
-	at = bench_check(w->back, w->woff, bb, bench_write_salt(c, i));
+	at = bench_check_at(c->e, loc, w->back, w->woff, bb, bench_write_salt(c, i), &got);
 	if (at == bb)
 		return true;
-	bench_verify_failed(w, "WRITE and read-back", w->back, w->woff, at, bench_write_salt(c, i));
+	bench_verify_failed(w, "WRITE and read-back", got, w->woff, at, bench_write_salt(c, i));
 	return false;
 }
 
@@ -1038,11 +1151,11 @@ static gpointer bench_worker_main(gpointer data)
 			break;
 		if (now >= deadline)
 			break;
-		if (o->verify) {
-			if (wr)
-				bench_fill(w->data, w->woff, bb, bench_write_salt(c, i));
-			else
-				memset(w->data, BENCH_POISON, bb);
+		if (o->verify &&
+		    !bench_put(c->e, o->local_location, w->data, w->woff, bb,
+			       wr ? bench_write_salt(c, i) : UINT64_MAX, BENCH_POISON)) {
+			w->failed = true;
+			break;
 		}
 		t0 = bench_now_ns();
 		if (bench_batch(w, wr ? w->wr : w->rd, c->batch) != TE_OK) {
@@ -1339,12 +1452,14 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 		goto out_segment;
 	}
 	c.llen = need;
-	c.local = bench_map(c.llen);
+	c.local = bench_alloc(c.e, o->local_location, c.llen);
 	if (!c.local)
 		goto out_segment;
 	/* Touch every page now: first touch is slow here and must not land in a timed run. */
-	memset(c.local, 0, c.llen);
-	st = te_mem_register(c.e, c.local, c.llen, "cpu", TE_MEM_LOCAL);
+	if (!bench_put(c.e, o->local_location, c.local, 0, c.llen, UINT64_MAX, 0))
+		goto out_local;
+	st = te_mem_register(c.e, c.local, c.llen, o->local_location ? o->local_location : "cpu",
+			     TE_MEM_LOCAL);
 	if (st != TE_OK) {
 		bench_te_err("te_mem_register (local buffer)", st);
 		goto out_local;
@@ -1397,7 +1512,7 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 			bench_te_err("te_mem_unregister (local buffer)", st);
 	}
 out_local:
-	bench_unmap(c.local, c.llen);
+	bench_release(c.e, o->local_location, c.local, c.llen);
 out_segment:
 	if (opened_seg) {
 		st = te_segment_close(c.e, c.seg);
@@ -1453,12 +1568,14 @@ static int bench_target(const struct bench_opts *o)
 		bench_te_err("cannot create the engine", st);
 		return BENCH_EXIT_FAIL;
 	}
-	buf = o->target_file ? bench_map_file(o->target_file, len) : bench_map(len);
+	buf = o->target_file ? bench_map_file(o->target_file, len)
+			     : bench_alloc(e, o->location, len);
 	if (!buf)
 		goto out_engine;
 	t0 = bench_now_ns();
 	/* Touches every page (first touch is slow here) and lays down the target's pattern. */
-	bench_fill(buf, 0, len, 0);
+	if (!bench_put(e, o->target_file ? NULL : o->location, buf, 0, len, 0, 0))
+		goto out_buf;
 	bench_note(o, "target: filled %s bytes in %.2f s", bench_size_str(len, sz, sizeof(sz)),
 		   (double)(bench_now_ns() - t0) / 1e9);
 	st = te_mem_register(e, buf, len, o->location ? o->location : "cpu", TE_MEM_REMOTE);
@@ -1491,7 +1608,10 @@ out_unregister:
 	if (st != TE_OK)
 		bench_te_err("te_mem_unregister (target buffer)", st);
 out_buf:
-	bench_unmap(buf, len);
+	if (o->target_file)
+		bench_unmap(buf, len);
+	else
+		bench_release(e, o->location, buf, len);
 out_engine:
 	te_engine_free(e);
 	return rc;
@@ -1787,13 +1907,16 @@ static bool bench_core_verify(struct bench_core *c)
 {
 	const struct bench_opts *o = c->o;
 	/* WRITE moved A's data (salt 1) into B; READ and MIX leave B's pattern in both. */
-	const uint8_t *p = o->op == BENCH_OP_WRITE ? c->bbuf : c->abuf;
-	uint64_t salt = o->op == BENCH_OP_WRITE ? bench_salt(1) : 0;
-	uint64_t at = bench_check(p, 0, c->len, salt);
+	bool wr = o->op == BENCH_OP_WRITE;
+	const uint8_t *p = wr ? c->bbuf : c->abuf;
+	uint64_t salt = wr ? bench_salt(1) : 0;
+	uint8_t got = 0;
+	uint64_t at = bench_check_at(wr ? c->b : c->a, wr ? o->location : o->local_location, p, 0,
+				     c->len, salt, &got);
 
 	if (at == c->len)
 		return true;
-	bench_err("core: verify failed at offset 0x%" PRIx64 ": got 0x%02x, want 0x%02x", at, p[at],
+	bench_err("core: verify failed at offset 0x%" PRIx64 ": got 0x%02x, want 0x%02x", at, got,
 		  bench_byte(at, salt));
 	return false;
 }
@@ -1879,18 +2002,21 @@ static bool bench_core_setup(struct bench_core *c)
 		return false;
 	}
 	c->len = (uint64_t)o->threads * o->batch * o->block;
-	c->abuf = bench_map(c->len);
-	c->bbuf = bench_map(c->len);
+	c->abuf = bench_alloc(c->a, o->local_location, c->len);
+	c->bbuf = bench_alloc(c->b, o->location, c->len);
 	if (!c->abuf || !c->bbuf)
 		return false;
-	bench_fill(c->bbuf, 0, c->len, 0);
-	bench_fill(c->abuf, 0, c->len, bench_salt(1));
-	st = te_mem_register(c->b, c->bbuf, c->len, "cpu", TE_MEM_REMOTE);
+	if (!bench_put(c->b, o->location, c->bbuf, 0, c->len, 0, 0) ||
+	    !bench_put(c->a, o->local_location, c->abuf, 0, c->len, bench_salt(1), 0))
+		return false;
+	st = te_mem_register(c->b, c->bbuf, c->len, o->location ? o->location : "cpu",
+			     TE_MEM_REMOTE);
 	if (st != TE_OK) {
 		bench_te_err("te_mem_register (engine B)", st);
 		return false;
 	}
-	st = te_mem_register(c->a, c->abuf, c->len, "cpu", TE_MEM_LOCAL);
+	st = te_mem_register(c->a, c->abuf, c->len, o->local_location ? o->local_location : "cpu",
+			     TE_MEM_LOCAL);
 	if (st != TE_OK) {
 		bench_te_err("te_mem_register (engine A)", st);
 		return false;
@@ -1950,8 +2076,9 @@ static int bench_core_run(const struct bench_opts *o)
 	if (!bench_core_probe(&c, o->op == BENCH_OP_WRITE ? ws[0].wr : ws[0].rd, &ti))
 		goto out;
 	/* Undo what the probe moved, so verify sees only the loop's work. */
-	bench_fill(c.bbuf, 0, c.len, 0);
-	bench_fill(c.abuf, 0, c.len, bench_salt(1));
+	if (!bench_put(c.b, o->location, c.bbuf, 0, c.len, 0, 0) ||
+	    !bench_put(c.a, o->local_location, c.abuf, 0, c.len, bench_salt(1), 0))
+		goto out;
 
 	for (uint32_t t = 0; t < o->threads; t++, started++) {
 		g_autoptr(GError) err = NULL;
@@ -2009,6 +2136,17 @@ out:
 		g_free(ws[t].rd);
 		g_free(ws[t].wr);
 	}
+	/* Device memory goes back through its engine, unregistered first. */
+	if (bench_on_device(o->local_location) && c.abuf) {
+		if (te_mem_unregister(c.a, c.abuf) == TE_OK)
+			bench_release(c.a, o->local_location, c.abuf, c.len);
+		c.abuf = NULL;
+	}
+	if (bench_on_device(o->location) && c.bbuf) {
+		if (te_mem_unregister(c.b, c.bbuf) == TE_OK)
+			bench_release(c.b, o->location, c.bbuf, c.len);
+		c.bbuf = NULL;
+	}
 	/* Engines first: they may still reference the buffers. */
 	te_engine_free(c.a);
 	te_engine_free(c.b);
@@ -2042,7 +2180,7 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	gint64 iterations = -1;
 	gdouble timeout = BENCH_DEF_TIMEOUT;
 	char *initiator = NULL, *config = NULL, *op = NULL, *block = NULL, *buffer = NULL;
-	char *duration = NULL, *target_file = NULL, *location = NULL;
+	char *duration = NULL, *target_file = NULL, *location = NULL, *local_location = NULL;
 	g_autoptr(GOptionContext) octx = NULL;
 	g_autoptr(GError) error = NULL;
 	int modes;
@@ -2088,7 +2226,13 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		  "[anonymous memory]",
 		  "FILE" },
 		{ "location", 0, 0, G_OPTION_ARG_STRING, &location,
-		  "Location the target buffer is registered with, e.g. cxl:0 [cpu]", "LOC" },
+		  "Location the target buffer is registered with, e.g. cxl:0; cuda:N and hip:N "
+		  "allocate it with te_mem_alloc [cpu]",
+		  "LOC" },
+		{ "local-location", 0, 0, G_OPTION_ARG_STRING, &local_location,
+		  "Location of the initiator's buffer: cpu, or cuda:N / hip:N (te_mem_alloc; "
+		  "--verify reads it back through te_mem_copy) [cpu]",
+		  "LOC" },
 		{ "timeout", 0, 0, G_OPTION_ARG_DOUBLE, &timeout,
 		  "Seconds a batch may take before it is canceled and counted as failed [120]",
 		  "SECONDS" },
@@ -2124,6 +2268,7 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	strs[5] = duration;
 	strs[6] = target_file;
 	strs[7] = location;
+	strs[8] = local_location;
 	if (argc > 1)
 		return bench_usage("unexpected argument '%s'", argv[1]);
 
@@ -2223,20 +2368,25 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		if (core || initiator)
 			return bench_usage("--buffer-size sizes the target (--target, --loopback)");
 	}
-	if ((target_file || location) && (core || initiator))
+	if ((target_file && (core || initiator)) || (location && initiator))
 		return bench_usage("--target-file and --location set up the target (--target, "
-				   "--loopback)");
-	if (location && !*location)
-		return bench_usage("--location: empty");
+				   "--loopback, --core)");
+	if (local_location && target)
+		return bench_usage(
+			"--local-location sets up the initiator (--initiator, --loopback, "
+			"--core)");
+	if ((location && !*location) || (local_location && !*local_location))
+		return bench_usage("--location, --local-location: empty");
 	o->target_file = target_file;
 	o->location = location;
+	o->local_location = local_location;
 	return BENCH_EXIT_OK;
 }
 
 int main(int argc, char **argv)
 {
 	struct bench_opts o;
-	char *strs[8] = { NULL };
+	char *strs[9] = { NULL };
 	int rc;
 
 	memset(&o, 0, sizeof(o));

@@ -29,6 +29,10 @@
  *   register                  ok                       (registers it again)
  *   quit                      exits 0; so does the end of stdin
  *
+ * With --location LOC other than cpu (cuda:0, ...) the whole mapping is device memory from
+ * te_mem_alloc, registered (the middle) at LOC; fill, checksum and dump then go through
+ * te_mem_copy and a host bounce buffer, and addresses printed are device addresses.
+ *
  * Malformed commands get "error <why>". Initiator mode (--initiator SEGMENT) opens SEGMENT,
  * writes --length bytes (default 1 MiB) to an unaligned address of its first buffer, reads
  * them back and compares; with --verify it also reads untouched bytes and checks them against
@@ -54,14 +58,19 @@
 #define NODE_LINE_MAX 512
 #define NODE_WAIT_NS (30ll * 1000 * 1000 * 1000)
 
+/* Bytes of the host bounce buffer for a device mapping (--location). */
+#define NODE_BOUNCE (4u << 20)
+
 struct node {
 	struct te_engine *engine;
 	uint8_t *base;
 	size_t total;
 	size_t guard;
 	size_t size;
-	GPtrArray *notifies; /* "notify ..." lines, every message received so far */
-	GHashTable *senders; /* sender name -> struct node_sender, for "senders" */
+	const char *location; /* of the registered buffer */
+	uint8_t *bounce;      /* NULL: base is host memory */
+	GPtrArray *notifies;  /* "notify ..." lines, every message received so far */
+	GHashTable *senders;  /* sender name -> struct node_sender, for "senders" */
 };
 
 /* Messages of one sender taken by the "senders" command. */
@@ -154,6 +163,78 @@ static gboolean node_range(const struct node *n, char **args, uint64_t *off, uin
 	return TRUE;
 }
 
+/* Copy [off, +len) of the mapping to @dst (host memory); FALSE and an error line on failure. */
+static gboolean node_get(const struct node *n, uint64_t off, void *dst, size_t len)
+{
+	enum te_status st;
+
+	if (!n->bounce) {
+		memcpy(dst, n->base + off, len);
+		return TRUE;
+	}
+	st = te_mem_copy(n->engine, dst, n->base + off, len);
+	if (st != TE_OK)
+		node_say("error te_mem_copy from %s: %s: %s", n->location, te_status_str(st),
+			 te_last_error());
+	return st == TE_OK;
+}
+
+/* Copy @len bytes of host memory @src to [off, +len) of the mapping. */
+static gboolean node_put(const struct node *n, uint64_t off, const void *src, size_t len)
+{
+	enum te_status st;
+
+	if (!n->bounce) {
+		memcpy(n->base + off, src, len);
+		return TRUE;
+	}
+	st = te_mem_copy(n->engine, n->base + off, src, len);
+	if (st != TE_OK)
+		node_say("error te_mem_copy to %s: %s: %s", n->location, te_status_str(st),
+			 te_last_error());
+	return st == TE_OK;
+}
+
+/* sysnode_fnv of [off, +len) of the mapping, in bounce-sized pieces for device memory. */
+static gboolean node_fnv(const struct node *n, uint64_t off, uint64_t len, uint64_t *out)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	if (!n->bounce) {
+		*out = sysnode_fnv(n->base + off, len);
+		return TRUE;
+	}
+	for (uint64_t at = 0; at < len; at += NODE_BOUNCE) {
+		size_t k = (size_t)MIN((uint64_t)NODE_BOUNCE, len - at);
+
+		if (!node_get(n, off + at, n->bounce, k))
+			return FALSE;
+		for (size_t i = 0; i < k; i++) {
+			h ^= n->bounce[i];
+			h *= 0x100000001b3ull;
+		}
+	}
+	*out = h;
+	return TRUE;
+}
+
+/* Write pattern @seed over [off, +len) of the mapping. */
+static gboolean node_pattern(const struct node *n, uint64_t off, uint64_t len, uint64_t seed)
+{
+	if (!n->bounce) {
+		sysnode_fill(n->base + off, off, len, seed);
+		return TRUE;
+	}
+	for (uint64_t at = 0; at < len; at += NODE_BOUNCE) {
+		size_t k = (size_t)MIN((uint64_t)NODE_BOUNCE, len - at);
+
+		sysnode_fill(n->bounce, off + at, k, seed);
+		if (!node_put(n, off + at, n->bounce, k))
+			return FALSE;
+	}
+	return TRUE;
+}
+
 static void node_collect_notifies(struct node *n)
 {
 	struct te_notify *msgs = g_new0(struct te_notify, 16);
@@ -223,20 +304,25 @@ static gboolean node_command(struct node *n, char *line)
 	if (strcmp(args[0], "quit") == 0) {
 		return FALSE;
 	} else if (strcmp(args[0], "checksum") == 0) {
-		if (node_range(n, args + 1, &off, &len))
-			node_say("sum %016" PRIx64, sysnode_fnv(n->base + off, len));
+		uint64_t h;
+
+		if (node_range(n, args + 1, &off, &len) && node_fnv(n, off, len, &h))
+			node_say("sum %016" PRIx64, h);
 	} else if (strcmp(args[0], "dump") == 0) {
 		if (node_range(n, args + 1, &off, &len)) {
-			GString *s = g_string_new("dump ");
+			uint8_t bytes[SYSNODE_DUMP_MAX];
+			GString *s;
 
 			if (len > SYSNODE_DUMP_MAX) {
 				node_say("error dump of %" PRIu64 " bytes: at most %u", len,
 					 SYSNODE_DUMP_MAX);
-				g_string_free(s, TRUE);
 				return TRUE;
 			}
+			if (!node_get(n, off, bytes, len))
+				return TRUE;
+			s = g_string_new("dump ");
 			for (uint64_t k = 0; k < len; k++)
-				g_string_append_printf(s, "%02x", n->base[off + k]);
+				g_string_append_printf(s, "%02x", bytes[k]);
 			node_say("%s", s->str);
 			g_string_free(s, TRUE);
 		}
@@ -246,8 +332,8 @@ static gboolean node_command(struct node *n, char *line)
 				node_say("error expected fill <off> <len> <seed>");
 				return TRUE;
 			}
-			sysnode_fill(n->base + off, off, len, seed);
-			node_say("ok");
+			if (node_pattern(n, off, len, seed))
+				node_say("ok");
 		}
 	} else if (strcmp(args[0], "notifies") == 0) {
 		node_collect_notifies(n);
@@ -287,8 +373,8 @@ static gboolean node_command(struct node *n, char *line)
 		else
 			node_say("ok");
 	} else if (strcmp(args[0], "register") == 0) {
-		enum te_status st = te_mem_register(n->engine, n->base + n->guard, n->size, "cpu",
-						    TE_MEM_REMOTE);
+		enum te_status st = te_mem_register(n->engine, n->base + n->guard, n->size,
+						    n->location, TE_MEM_REMOTE);
 
 		if (st != TE_OK)
 			node_say("error te_mem_register: %s: %s", te_status_str(st),
@@ -301,26 +387,65 @@ static gboolean node_command(struct node *n, char *line)
 	return TRUE;
 }
 
-static int node_target(struct te_engine *e, uint64_t size, uint64_t guard)
+/* Host (cpu, cpu:N) or device memory for the target's mapping. */
+static gboolean node_on_host(const char *location)
 {
-	struct node n = { .engine = e, .guard = guard, .size = size };
+	return strcmp(location, "cpu") == 0 || g_str_has_prefix(location, "cpu:");
+}
+
+static void node_unmap(struct node *n)
+{
+	enum te_status st;
+
+	if (!n->bounce) {
+		munmap(n->base, n->total);
+		return;
+	}
+	st = te_mem_free(n->engine, n->base);
+	if (st != TE_OK)
+		fprintf(stderr, "te-node: te_mem_free: %s: %s\n", te_status_str(st),
+			te_last_error());
+	g_free(n->bounce);
+}
+
+static int node_target(struct te_engine *e, uint64_t size, uint64_t guard, const char *location)
+{
+	struct node n = { .engine = e, .guard = guard, .size = size, .location = location };
 	char line[NODE_LINE_MAX];
 	enum te_status st;
 	void *map;
 
 	n.total = guard + size + guard;
-	map = mmap(NULL, n.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (map == MAP_FAILED) {
-		fprintf(stderr, "te-node: mmap of %zu bytes: %s\n", n.total, strerror(errno));
-		return 1;
+	if (node_on_host(location)) {
+		map = mmap(NULL, n.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			   0);
+		if (map == MAP_FAILED) {
+			fprintf(stderr, "te-node: mmap of %zu bytes: %s\n", n.total,
+				strerror(errno));
+			return 1;
+		}
+	} else {
+		st = te_mem_alloc(e, location, n.total, &map);
+		if (st != TE_OK) {
+			fprintf(stderr, "te-node: te_mem_alloc(%s, %zu): %s: %s\n", location,
+				n.total, te_status_str(st), te_last_error());
+			te_engine_free(e);
+			return 1;
+		}
+		n.bounce = g_malloc(NODE_BOUNCE);
 	}
 	n.base = map;
-	sysnode_fill(n.base, 0, n.total, 0);
-	st = te_mem_register(e, n.base + guard, size, "cpu", TE_MEM_REMOTE);
+	if (!node_pattern(&n, 0, n.total, 0)) {
+		node_unmap(&n);
+		te_engine_free(e);
+		return 1;
+	}
+	st = te_mem_register(e, n.base + guard, size, location, TE_MEM_REMOTE);
 	if (st != TE_OK) {
 		fprintf(stderr, "te-node: te_mem_register: %s: %s\n", te_status_str(st),
 			te_last_error());
-		munmap(map, n.total);
+		node_unmap(&n);
+		te_engine_free(e);
 		return 1;
 	}
 	n.notifies = g_ptr_array_new_with_free_func(g_free);
@@ -344,11 +469,21 @@ static int node_target(struct te_engine *e, uint64_t size, uint64_t guard)
 		if (!node_command(&n, line))
 			break;
 	}
-	/* The engine stops serving before the memory it serves goes away. */
-	te_engine_free(e);
 	g_ptr_array_free(n.notifies, TRUE);
 	g_hash_table_destroy(n.senders);
-	munmap(map, n.total);
+	if (n.bounce) {
+		/* Device memory goes back through the engine that allocated it. */
+		st = te_mem_unregister(e, n.base + guard);
+		if (st == TE_OK)
+			node_unmap(&n); /* else the engine releases it */
+		else
+			g_free(n.bounce);
+		te_engine_free(e);
+		return 0;
+	}
+	/* The engine stops serving before the memory it serves goes away. */
+	te_engine_free(e);
+	node_unmap(&n);
 	return 0;
 }
 
@@ -476,7 +611,7 @@ out_close:
 int main(int argc, char **argv)
 {
 	g_autofree char *config = NULL, *yaml = NULL, *listen = NULL, *initiator = NULL;
-	g_autofree char *size_s = NULL, *guard_s = NULL, *length_s = NULL;
+	g_autofree char *size_s = NULL, *guard_s = NULL, *length_s = NULL, *location = NULL;
 	gboolean verify = FALSE;
 	GOptionEntry entries[] = {
 		{ "config", 0, 0, G_OPTION_ARG_FILENAME, &config, "Engine YAML file", "FILE" },
@@ -492,6 +627,9 @@ int main(int argc, char **argv)
 		  "BYTES" },
 		{ "verify", 0, 0, G_OPTION_ARG_NONE, &verify,
 		  "Initiator: also check untouched bytes", NULL },
+		{ "location", 0, 0, G_OPTION_ARG_STRING, &location,
+		  "Target: memory of the buffer (cpu; cuda:0 allocates it with te_mem_alloc)",
+		  "LOC" },
 		{ NULL, 0, 0, 0, NULL, NULL, NULL },
 	};
 	g_autoptr(GOptionContext) ctx = g_option_context_new("- te system test node");
@@ -529,5 +667,5 @@ int main(int argc, char **argv)
 		te_engine_free(e);
 		return rc;
 	}
-	return node_target(e, size, guard);
+	return node_target(e, size, guard, location ? location : "cpu");
 }
