@@ -772,6 +772,7 @@ static const struct field transport_fields[] = {
 	LEAF("name", F_TNAME, TR(name)),
 	LEAF("path", F_STRING, TR(path)),
 	LEAF("required", F_BOOL, TR(required)),
+	LEAF("memory_only", F_BOOL, TR(memory_only)),
 	LEAF("options", F_OPTIONS, 0),
 };
 
@@ -987,7 +988,7 @@ static bool set_transports(struct pctx *p, const struct node *v, const char *pat
 				    CONFIG_MAX_TRANSPORTS);
 		if (item->kind != NODE_MAP)
 			return fail_type(p, item, ipath,
-					 "a mapping (name, path, required, options)");
+					 "a mapping (name, path, required, memory_only, options)");
 		t = &cfg->transports[i];
 		cfg->n_transports = i + 1;
 		if (!walk_fields(p, item, ipath, transport_fields, G_N_ELEMENTS(transport_fields),
@@ -1415,8 +1416,10 @@ char *config_to_yaml(const struct config *cfg)
 		emit_string(o, t->name);
 		g_string_append(o, "\n    path: ");
 		emit_string(o, t->path);
-		g_string_append_printf(
-			o, "\n    required: %s\n    options:", t->required ? "true" : "false");
+		g_string_append_printf(o, "\n    required: %s", t->required ? "true" : "false");
+		if (t->memory_only)
+			g_string_append(o, "\n    memory_only: true");
+		g_string_append(o, "\n    options:");
 		if (!t->n_options)
 			g_string_append(o, " {}");
 		for (size_t j = 0; j < t->n_options; j++) {

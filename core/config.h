@@ -27,6 +27,7 @@ struct config_transport {
 	char *name; /* plugin name (module file stem) */
 	char *path; /* explicit module path or NULL */
 	bool required;
+	bool memory_only; /* loaded for the memory kinds it owns; never chosen to move bytes */
 	struct config_option *options;
 	size_t n_options;
 };

@@ -53,6 +53,12 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 		const void *data;
 
 		vt->tp = tp;
+		if (tp->cfg && tp->cfg->memory_only) {
+			g_snprintf(vt->why, sizeof(vt->why),
+				   "%s: memory_only (loaded for the memory it owns)",
+				   tp->plugin->name);
+			goto skip;
+		}
 		if (!blob) {
 			g_snprintf(vt->why, sizeof(vt->why), "%s: not offered by the peer",
 				   tp->plugin->name);

@@ -616,7 +616,7 @@ static void test_transports(void)
 				    "      empty: ~\n"
 				    "      quoted: \"a: b\"\n"
 				    "  - name: tcp\n"
-				    "  - {name: my_plugin-2, options: {}}\n");
+				    "  - {name: my_plugin-2, memory_only: true, options: {}}\n");
 
 	g_assert_cmpuint(c->n_transports, ==, 3);
 	g_assert_cmpstr(c->transports[0].name, ==, "rdma");
@@ -637,6 +637,9 @@ static void test_transports(void)
 	g_assert_cmpuint(c->transports[1].n_options, ==, 0);
 	g_assert_null(config_transport_option(&c->transports[1], "x"));
 	g_assert_cmpstr(c->transports[2].name, ==, "my_plugin-2");
+	g_assert_false(c->transports[0].memory_only);
+	g_assert_false(c->transports[1].memory_only);
+	g_assert_true(c->transports[2].memory_only);
 	assert_defaults_except_transports(c);
 	assert_round_trip(c);
 	config_free(c);
@@ -689,11 +692,15 @@ static void test_transport_errors(void)
 		"characters of a-z, 0-9, '_', '-')");
 	expect_err("transports:\n  - name: tcp\n    nmae: x\n",
 		   "t.yaml:3:5: transports[0].nmae: unknown key (expected one of: name, path, "
-		   "required, options)");
+		   "required, memory_only, options)");
 	expect_err(
 		"transports:\n  - name: tcp\n    required: sometimes\n",
 		"t.yaml:3:15: transports[0].required: expected a boolean (true, false, yes, no), "
 		"got \"sometimes\"");
+	expect_err(
+		"transports:\n  - name: tcp\n    memory_only: 2\n",
+		"t.yaml:3:18: transports[0].memory_only: expected a boolean (true, false, yes, no), "
+		"got \"2\"");
 	expect_err("transports:\n  - name: rdma\n    options:\n      nested: {a: 1}\n",
 		   "t.yaml:4:15: transports[0].options.nested: option values must be scalars, got "
 		   "a mapping (nested mappings and sequences are not allowed in options)");
@@ -711,10 +718,12 @@ static void test_transport_errors(void)
 		   "t.yaml:3:15: transports[0].options: mapping keys must be scalars");
 	expect_err("transports:\n  - tcp\n",
 		   "t.yaml:2:5: transports[0]: expected a mapping (name, path, required, "
-		   "options), got \"tcp\"");
-	expect_err("transports:\n  -\n  - name: x\n",
-		   "t.yaml:2:4: transports[0]: expected a mapping (name, path, required, options), "
-		   "got null");
+		   "memory_only, options), got \"tcp\"");
+	expect_err(
+		"transports:\n  -\n  - name: x\n",
+		"t.yaml:2:4: transports[0]: expected a mapping (name, path, required, memory_only, "
+		"options), "
+		"got null");
 	expect_err("transports: []\n",
 		   "t.yaml:1:13: transports: empty sequence (at least one transport is required)");
 	expect_err("transports:\n  name: tcp\n",
@@ -1076,6 +1085,8 @@ static const char full_yaml[] =
 	"      gid_index: 3\n"
 	"  - name: tcp\n"
 	"    path: /opt/te/plugins/libte-tcp.so\n"
+	"  - name: nvlink\n"
+	"    memory_only: true\n"
 	"log:\n"
 	"  level: debug\n"
 	"auth:\n"
@@ -1172,7 +1183,7 @@ static void test_round_trip_full(void)
 	g_assert_cmpuint(again->max_batches, ==, 2048);
 	g_assert_cmpuint(again->max_batch_size, ==, 131072);
 	g_assert_true(again->fallback);
-	g_assert_cmpuint(again->n_transports, ==, 2);
+	g_assert_cmpuint(again->n_transports, ==, 3);
 	g_assert_cmpstr(again->transports[0].name, ==, "rdma");
 	g_assert_true(again->transports[0].required);
 	g_assert_cmpstr(config_transport_option(&again->transports[0], "devices"), ==,
@@ -1180,6 +1191,9 @@ static void test_round_trip_full(void)
 	g_assert_cmpstr(config_transport_option(&again->transports[0], "gid_index"), ==, "3");
 	g_assert_cmpstr(again->transports[1].path, ==, "/opt/te/plugins/libte-tcp.so");
 	g_assert_false(again->transports[1].required);
+	g_assert_false(again->transports[1].memory_only);
+	g_assert_cmpstr(again->transports[2].name, ==, "nvlink");
+	g_assert_true(again->transports[2].memory_only);
 	g_assert_cmpint(again->log_level, ==, TE_LOG_DEBUG);
 	g_assert_cmpstr(again->auth_secret_file, ==, "/etc/te/secret");
 	g_assert_cmpuint(again->control_max_connections, ==, 2000);
