@@ -769,10 +769,8 @@ static const struct field control_fields[] = {
 };
 
 static const struct field transport_fields[] = {
-	LEAF("name", F_TNAME, TR(name)),
-	LEAF("path", F_STRING, TR(path)),
-	LEAF("required", F_BOOL, TR(required)),
-	LEAF("memory_only", F_BOOL, TR(memory_only)),
+	LEAF("name", F_TNAME, TR(name)),	LEAF("path", F_STRING, TR(path)),
+	LEAF("required", F_BOOL, TR(required)), LEAF("memory_only", F_BOOL, TR(memory_only)),
 	LEAF("options", F_OPTIONS, 0),
 };
 
