@@ -238,10 +238,30 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 	for (uint32_t i = 0; i < n; i++) {
 		struct slice *s = SLICE_OF(ps[i]);
 		char why[TE_DETAIL_MAX];
+		int32_t ab;
 
 		if (!s->staged)
 			continue;
-		st = stage_attach(e, s, why, sizeof(why));
+		/*
+		 * Device copies take time: the slice's deadline or a cancel may have come while
+		 * an earlier slice's copy (or its own) ran. Such a slice ends here, unposted.
+		 */
+		ab = atomic_load(&s->abort_status);
+		st = ab ? TE_OK : stage_attach(e, s, why, sizeof(why));
+		if (st == TE_OK && !ab)
+			ab = atomic_load(&s->abort_status);
+		if (ab) {
+			stage_release(e, s);
+			atomic_store(&s->in_plugin, 0);
+			slice_abort_why(s, ab, why, sizeof(why));
+			slice_fail(s, ab, why);
+			batch_release_slice(s);
+			memmove(&ps[i], &ps[i + 1], (n - i - 1) * sizeof(ps[0]));
+			n--;
+			(*n_io)--;
+			i--;
+			continue;
+		}
 		if (st == TE_OK)
 			continue;
 		if (st == TE_ERR_AGAIN) {

@@ -92,6 +92,7 @@ enum te_status memkind_copy(struct engine *e, void *dst, const void *src, uint64
 		return TE_ERR_MEMORY_TYPE;
 	if (!len)
 		return TE_OK;
+	transport_clear_error(); /* the owner's words, if any: transport_op_error() */
 	return tp->plugin->ops.mem_copy(tp->inst, dst, src, len, mem_type, dev, dir);
 }
 
@@ -256,7 +257,8 @@ enum te_status te_mem_copy(struct te_engine *engine, void *dst, const void *src,
 		}
 	}
 	if (st != TE_OK)
-		return log_error(st, "te_mem_copy: %zu bytes %s -> %s: %s", length,
-				 memkind_name(stype), memkind_name(dt), te_status_str(st));
+		return log_error(st, "te_mem_copy: %zu bytes %s -> %s: %s%s%s", length,
+				 memkind_name(stype), memkind_name(dt), te_status_str(st),
+				 *transport_op_error() ? ": " : "", transport_op_error());
 	return TE_OK;
 }

@@ -121,8 +121,10 @@ enum te_status stage_attach(struct engine *e, struct slice *s, char *why, size_t
 			  TE_PLUGIN_COPY_TO_HOST);
 	if (st == TE_OK)
 		return TE_OK;
-	g_snprintf(why, why_len, "staging: copying %" PRIu64 " bytes out of %s at %p failed: %s",
-		   s->ps.length, r->location, s->stage_local, te_status_str(st));
+	g_snprintf(why, why_len,
+		   "staging: copying %" PRIu64 " bytes out of %s at %p failed: %s%s%s",
+		   s->ps.length, r->location, s->stage_local, te_status_str(st),
+		   *transport_op_error() ? ": " : "", transport_op_error());
 	stage_release(e, s);
 	return st;
 }
@@ -159,8 +161,10 @@ void stage_detach(struct engine *e, struct slice *s, enum te_status *status, cha
 
 		if (st != TE_OK) {
 			g_snprintf(why, why_len,
-				   "staging: copying %" PRIu64 " bytes into %s at %p failed: %s",
-				   s->ps.length, r->location, s->stage_local, te_status_str(st));
+				   "staging: copying %" PRIu64
+				   " bytes into %s at %p failed: %s%s%s",
+				   s->ps.length, r->location, s->stage_local, te_status_str(st),
+				   *transport_op_error() ? ": " : "", transport_op_error());
 			*status = st;
 		}
 	}

@@ -178,6 +178,11 @@ void transport_clear_error(void)
 	op_error[0] = '\0';
 }
 
+const char *transport_op_error(void)
+{
+	return op_error;
+}
+
 const char *transport_error(struct transport *tp)
 {
 	/* The op's own words if it gave them, else its last warning (best effort). */

@@ -78,6 +78,8 @@ void transport_pause_device(struct transport *tp, uint32_t dev, uint64_t until_n
 /* Per-thread "why the last op failed" that plugins give through host->set_error. */
 void transport_clear_error(void);
 const char *transport_error(struct transport *tp);
+/* What the last plugin op on this thread said with set_error ("" if nothing). */
+const char *transport_op_error(void);
 
 /* The host services table handed to every plugin. */
 extern const struct te_plugin_host transport_host;

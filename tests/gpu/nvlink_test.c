@@ -37,8 +37,9 @@
 
 static const char *fake_lib;
 static char *nvlink_so;
-static bool real_driver;	    /* TE_NVLINK_REAL: FAKECUDA_LIB is NVIDIA's libcuda */
-static const char *gpu1 = "cuda:1"; /* the second GPU, or cuda:0 where there is one */
+static const char *xfer_tp = "nvlink"; /* the transport gxfer_* expect to move every task */
+static bool real_driver;	       /* TE_NVLINK_REAL: FAKECUDA_LIB is NVIDIA's libcuda */
+static const char *gpu1 = "cuda:1";    /* the second GPU, or cuda:0 where there is one */
 
 /* What a case that needs the fake driver (its faults) runs on the real one. */
 static void skip_fake(void)
@@ -258,7 +259,7 @@ static void gxfer_sizes(struct te_engine *e, te_segment_id seg, struct node *n, 
 			gbuf_push(&l, e, loff, len);
 			r = (struct te_request){ TE_OP_WRITE, seg, l.dev + loff, n->buf + roff,
 						 len };
-			batch_run_ok(e, &r, 1, WAIT_NS, "nvlink");
+			batch_run_ok(e, &r, 1, WAIT_NS, xfer_tp);
 			memcpy(mirror + abs, l.host + loff, len);
 			g_assert_cmphex(node_checksum(n, abs, len), ==,
 					sysnode_fnv(mirror + abs, len));
@@ -275,7 +276,7 @@ static void gxfer_sizes(struct te_engine *e, te_segment_id seg, struct node *n, 
 			gbuf_push(&l, e, 0, tail);
 			r = (struct te_request){ TE_OP_READ, seg, l.dev + loff, n->buf + roff,
 						 len };
-			batch_run_ok(e, &r, 1, WAIT_NS, "nvlink");
+			batch_run_ok(e, &r, 1, WAIT_NS, xfer_tp);
 			gbuf_pull(&l, e, 0, tail);
 			assert_bytes(l.host + loff, mirror + abs, len, what);
 			assert_untouched(l.host, 0, loff, what);
@@ -319,7 +320,7 @@ static void gxfer_batch(struct te_engine *e, te_segment_id seg, struct node *n, 
 		memcpy(mirror + abs, l.host + loff[i], r[i].length);
 	}
 	gbuf_push(&l, e, 0, l.len);
-	batch_run_ok(e, r, count, WAIT_NS, "nvlink");
+	batch_run_ok(e, r, count, WAIT_NS, xfer_tp);
 	assert_node_is(n, mirror, "after the WRITE batch");
 
 	step("%s: %u READs in one batch", location, count);
@@ -329,7 +330,7 @@ static void gxfer_batch(struct te_engine *e, te_segment_id seg, struct node *n, 
 	gbuf_push(&l, e, 0, l.len);
 	for (unsigned i = 0; i < count; i++)
 		r[i].opcode = TE_OP_READ;
-	batch_run_ok(e, r, count, WAIT_NS, "nvlink");
+	batch_run_ok(e, r, count, WAIT_NS, xfer_tp);
 	gbuf_pull(&l, e, 0, l.len);
 	for (unsigned i = 0; i < count; i++) {
 		g_autofree char *what = g_strdup_printf("READ request %u", i);
@@ -1181,6 +1182,283 @@ static void test_sys_fabric(void)
 	node_close_free(legacy, 10000, false);
 }
 
+/* --- GPU memory over tcp: host staging on both sides ---------------------------------------- */
+
+/*
+ * Engines with nvlink (the cuda owner) and tcp. The initiator loads nvlink memory_only, so the
+ * core never picks it to move bytes: a cuda buffer here is staged by the core through tcp's
+ * bounce buffers, and a cuda buffer of the target is served by the target's tcp through its
+ * staging buffers. Both copy through nvlink (the fake driver's copy threads).
+ */
+static const char tcp_entry[] = "  - name: tcp\n    required: true\n";
+
+static struct te_engine *tcp_initiator(const char *transfer)
+{
+	g_autofree char *y = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
+					     "transfer: {%s}\n"
+					     "transports:\n"
+					     "  - name: nvlink\n"
+					     "    required: true\n"
+					     "    memory_only: true\n"
+					     "    options: {library: \"%s\"}\n"
+					     "%s",
+					     transfer ? transfer : "", fake_lib, tcp_entry);
+	struct te_engine *e = NULL;
+
+	assert_ok(engine_new(y, NULL, &e));
+	return e;
+}
+
+/* One READ of @len bytes into device memory here: moved by tcp, staged on this side. */
+static void assert_staged_here(struct te_engine *e, te_segment_id seg, struct node *n)
+{
+	struct gbuf l;
+	struct te_request r;
+	struct te_task_info ti;
+	enum te_status sst, wst;
+	te_batch_id b;
+
+	gbuf_new(&l, e, 65536, "cuda:0");
+	r = (struct te_request){ TE_OP_READ, seg, l.dev, n->buf, 65536 };
+	b = batch_run(e, &r, 1, WAIT_NS, &sst, &wst);
+	assert_ok(sst);
+	assert_ok(wst);
+	assert_ok(te_task_status(e, b, 0, &ti));
+	g_assert_cmpstr(ti.transport, ==, "tcp");
+	assert_contains(ti.device, "(staged)");
+	assert_ok(te_batch_free(e, b));
+	gbuf_free(&l, e);
+}
+
+static void test_tcp_sizes(void)
+{
+	struct node *gpu = gnode_start(NULL, "cuda:0", tcp_entry);
+	struct node *cpu = gnode_start(NULL, "cpu", tcp_entry);
+	struct te_engine *e = tcp_initiator(NULL);
+	te_segment_id seg = open_node(e, gpu), seg_cpu;
+
+	xfer_tp = "tcp";
+	assert_staged_here(e, seg, gpu);
+	step("host memory here, cuda:0 there (served by the target's tcp staging)");
+	xfer_sizes(e, seg, gpu, xfer_size_list, G_N_ELEMENTS(xfer_size_list), WAIT_NS, "tcp");
+	step("cuda:0 here (staged by the core), cuda:0 there");
+	gxfer_sizes(e, seg, gpu, xfer_size_list, G_N_ELEMENTS(xfer_size_list), "cuda:0");
+	step("cuda:1 here, host memory there");
+	seg_cpu = open_node(e, cpu);
+	gxfer_sizes(e, seg_cpu, cpu, xfer_size_list, G_N_ELEMENTS(xfer_size_list), gpu1);
+	assert_ok(te_segment_close(e, seg_cpu));
+	assert_ok(te_segment_close(e, seg));
+	free_engine(e);
+	assert_fake_clean("after the initiator");
+	node_close_free(cpu, 10000, false);
+	node_close_free(gpu, 10000, false);
+}
+
+static void test_tcp_batch(void)
+{
+	struct node *n = gnode_start(NULL, "cuda:0", tcp_entry);
+	struct te_engine *e = tcp_initiator(NULL);
+	te_segment_id seg = open_node(e, n);
+
+	xfer_tp = "tcp";
+	step("1000 requests, host memory here, cuda:0 there");
+	xfer_batch(e, seg, n, 1000, 40000, WAIT_NS, "tcp");
+	step("1000 requests, cuda:0 here and there");
+	gxfer_batch(e, seg, n, 1000, 40000, "cuda:0");
+	assert_ok(te_segment_close(e, seg));
+	free_engine(e);
+	assert_fake_clean("after the initiator");
+	node_close_free(n, 10000, false);
+}
+
+/*
+ * Staged WRITEs from slow device memory here (every device copy takes 300 ms) with a short
+ * deadline or a cancel: every task ends TIMEOUT or CANCELED (or COMPLETED when it beat it), and
+ * once the batch is reported the target never changes again.
+ */
+static void tcp_slow(bool cancel)
+{
+	struct node *n = gnode_start(NULL, "cuda:0", tcp_entry);
+	const uint32_t count = 16;
+	const size_t len = 256 * 1024;
+	struct te_request r[16];
+	uint32_t states[7];
+	struct te_engine *e;
+	te_segment_id seg;
+	struct gbuf l;
+	te_batch_id b;
+	enum te_status st;
+	uint64_t sum;
+	int64_t t0;
+
+	g_setenv("FAKECUDA_COPY_DELAY_US", "300000", TRUE); /* this process only */
+	g_setenv("FAKECUDA_SYNC_FAULTS", "1", TRUE);
+	e = tcp_initiator(cancel ? "timeout_ms: 30000" : "timeout_ms: 200");
+	seg = open_node(e, n);
+	gbuf_new(&l, e, count * len, "cuda:0");
+	for (uint32_t i = 0; i < count; i++) {
+		sysnode_fill(l.host + i * len, n->guard + i * len, len, 700 + i);
+		r[i] = (struct te_request){ TE_OP_WRITE, seg, l.dev + i * len, n->buf + i * len,
+					    len };
+	}
+	gbuf_push(&l, e, 0, l.len);
+	step("%u staged WRITEs from slow device memory, %s", count,
+	     cancel ? "canceled at once" : "deadline 200 ms");
+	assert_ok(te_batch_new(e, count, &b));
+	t0 = now_ns();
+	assert_ok(te_batch_submit(e, b, r, count));
+	if (cancel)
+		assert_ok(te_batch_cancel(e, b));
+	watchdog_arm(60, "te_batch_wait of slow staged WRITEs");
+	st = te_batch_wait(e, b, WAIT_NS);
+	watchdog_disarm();
+	g_test_message("batch reported after %.0f ms: %s", (now_ns() - t0) / 1e6,
+		       te_status_str(st));
+	g_assert_cmpint(st, ==, cancel ? TE_ERR_CANCELED : TE_ERR_TIMEOUT);
+	count_states(e, b, count, states);
+	g_test_message("%u completed, %u timed out, %u canceled", states[TE_STATE_COMPLETED],
+		       states[TE_STATE_TIMEOUT], states[TE_STATE_CANCELED]);
+	g_assert_cmpuint(states[TE_STATE_COMPLETED] +
+				 states[cancel ? TE_STATE_CANCELED : TE_STATE_TIMEOUT],
+			 ==, count);
+	g_assert_cmpuint(states[cancel ? TE_STATE_CANCELED : TE_STATE_TIMEOUT], >, 0);
+	for (uint32_t i = 0; i < count; i++) {
+		struct te_task_info ti;
+
+		assert_ok(te_task_status(e, b, i, &ti));
+		if (ti.state == TE_STATE_COMPLETED)
+			continue;
+		g_assert_cmpint(ti.status, ==, cancel ? TE_ERR_CANCELED : TE_ERR_TIMEOUT);
+		g_assert_cmpstr(ti.detail, !=, "");
+	}
+	step("the target after the report");
+	sum = node_checksum(n, n->guard, count * len);
+	sleep_ms(1000);
+	g_assert_cmphex(node_checksum(n, n->guard, count * len), ==, sum);
+	assert_ok(te_batch_free(e, b));
+	g_unsetenv("FAKECUDA_COPY_DELAY_US"); /* read once per process: stays slow */
+	gbuf_free(&l, e);
+	assert_ok(te_segment_close(e, seg));
+	free_engine(e);
+	assert_fake_clean("after the initiator");
+	node_close_free(n, 10000, false);
+}
+
+static void test_tcp_deadline(void)
+{
+	tcp_slow(false);
+}
+
+static void test_tcp_cancel(void)
+{
+	tcp_slow(true);
+}
+
+/* 1000 staged requests from device memory here; SIGKILL of the target: every task ends. */
+static void test_tcp_kill(void)
+{
+	struct node *n = gnode_start(NULL, "cuda:0", tcp_entry);
+	const uint32_t count = 1000;
+	struct te_request *r = g_new0(struct te_request, count);
+	uint32_t states[7];
+	struct te_engine *e;
+	te_segment_id seg;
+	struct gbuf l;
+	te_batch_id b;
+	enum te_status st;
+
+	g_setenv("FAKECUDA_COPY_DELAY_US", "2000", TRUE);
+	g_setenv("FAKECUDA_SYNC_FAULTS", "1", TRUE);
+	e = tcp_initiator("timeout_ms: 20000");
+	seg = open_node(e, n);
+	gbuf_new(&l, e, count * 4096, "cuda:0");
+	for (uint32_t i = 0; i < count; i++)
+		r[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, seg, l.dev + i * 4096,
+					    n->buf + i * 4096, 4096 };
+	step("1000 staged requests, then SIGKILL of the target");
+	assert_ok(te_batch_new(e, count, &b));
+	assert_ok(te_batch_submit(e, b, r, count));
+	sleep_ms(100);
+	node_kill(n);
+	watchdog_arm(60, "te_batch_wait after the kill");
+	st = te_batch_wait(e, b, WAIT_NS);
+	watchdog_disarm();
+	g_assert_cmpint(st, !=, TE_INPROGRESS);
+	count_states(e, b, count, states);
+	g_test_message("after the kill: %u completed, %u failed, %u timed out, %u canceled",
+		       states[TE_STATE_COMPLETED], states[TE_STATE_FAILED],
+		       states[TE_STATE_TIMEOUT], states[TE_STATE_CANCELED]);
+	g_assert_cmpuint(states[TE_STATE_COMPLETED], <, count);
+	for (uint32_t i = 0; i < count; i++) {
+		struct te_task_info ti;
+
+		assert_ok(te_task_status(e, b, i, &ti));
+		if (ti.state != TE_STATE_COMPLETED)
+			g_assert_cmpstr(ti.detail, !=, "");
+	}
+	assert_ok(te_batch_free(e, b));
+	gbuf_free(&l, e);
+	assert_ok(te_segment_close(e, seg));
+	free_engine(e);
+	assert_fake_clean("after the initiator");
+	node_release(n);
+	g_free(r);
+}
+
+/*
+ * A failing device copy while staging (here: the core's copy into a bounce buffer; there: the
+ * target's tcp copying out of its staging buffer) fails that task with the driver's text.
+ */
+static void test_tcp_fault_copy(void)
+{
+	struct node *n = gnode_start(NULL, "cuda:0", tcp_entry);
+	struct te_engine *e;
+	te_segment_id seg;
+	struct te_request r[20];
+	uint32_t states[7], failed = 0;
+	struct gbuf l;
+	te_batch_id b;
+	enum te_status sst, wst;
+
+	/* This process's copies: gbuf_new's one fill, then the staged WRITEs' copies. */
+	g_setenv("FAKECUDA_FAIL_COPY_AFTER", "6", TRUE);
+	g_setenv("FAKECUDA_FAIL_COPY_COUNT", "1", TRUE);
+	g_setenv("FAKECUDA_SYNC_FAULTS", "1", TRUE);
+	e = tcp_initiator("retries: 0");
+	seg = open_node(e, n);
+	gbuf_new(&l, e, 20 * 65536, "cuda:0");
+	for (uint32_t i = 0; i < 20; i++)
+		r[i] = (struct te_request){ TE_OP_WRITE, seg, l.dev + i * 65536, n->buf + i * 65536,
+					    65536 };
+	step("20 staged WRITEs, one device copy fails");
+	b = batch_run(e, r, 20, WAIT_NS, &sst, &wst);
+	count_states(e, b, 20, states);
+	g_assert_cmpuint(states[TE_STATE_FAILED], ==, 1);
+	g_assert_cmpuint(states[TE_STATE_COMPLETED], ==, 19);
+	for (uint32_t i = 0; i < 20; i++) {
+		struct te_task_info ti;
+
+		assert_ok(te_task_status(e, b, i, &ti));
+		if (ti.state != TE_STATE_FAILED)
+			continue;
+		failed++;
+		g_test_message("task %u: %s: %s", i, te_status_str(ti.status), ti.detail);
+		assert_contains(ti.detail, "CUDA_ERROR_UNKNOWN: unknown error");
+	}
+	g_assert_cmpuint(failed, ==, 1);
+	assert_ok(te_batch_free(e, b));
+	step("later staged WRITEs work");
+	b = batch_run(e, r, 20, WAIT_NS, &sst, &wst);
+	assert_ok(sst);
+	assert_ok(wst);
+	assert_ok(te_batch_free(e, b));
+	gbuf_free(&l, e);
+	assert_ok(te_segment_close(e, seg));
+	free_engine(e);
+	assert_fake_clean("after the initiator");
+	node_close_free(n, 10000, false);
+}
+
 static void add(const char *path, GTestFunc fn)
 {
 	g_test_add_func(path, fn);
@@ -1236,6 +1514,12 @@ int main(int argc, char **argv)
 	add_fake("/nvlink/sys/cancel", test_sys_cancel);
 	add("/nvlink/sys/kill-mid-batch", test_sys_kill);
 	add_fake("/nvlink/sys/fault-copy", test_sys_fault_copy);
+	add("/nvlink/sys/tcp-staged/sizes", test_tcp_sizes);
+	add("/nvlink/sys/tcp-staged/batch-1000", test_tcp_batch);
+	add_fake("/nvlink/sys/tcp-staged/deadline", test_tcp_deadline);
+	add_fake("/nvlink/sys/tcp-staged/cancel", test_tcp_cancel);
+	add("/nvlink/sys/tcp-staged/kill-mid-batch", test_tcp_kill);
+	add_fake("/nvlink/sys/tcp-staged/fault-copy", test_tcp_fault_copy);
 	add_fake("/nvlink/sys/fault-sticky", test_sys_fault_sticky);
 	add_fake("/nvlink/sys/fault-oom", test_sys_fault_oom);
 	if (!real_driver) {

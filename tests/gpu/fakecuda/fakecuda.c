@@ -33,7 +33,9 @@
  *   FAKECUDA_FABRIC=1            devices support FABRIC handles
  *   FAKECUDA_INLINE_COPIES=1     an async copy on an idle stream runs inside cuMemcpyAsync, so
  *                                the driver costs next to nothing (te-bench overhead figures)
- * Synchronous copies (cuMemcpy) are not counted by the copy faults; a sticky context fails them.
+ *   FAKECUDA_SYNC_FAULTS=1       synchronous copies (cuMemcpy: te_mem_copy, the core's staging)
+ *                                take the copy delay and count for FAKECUDA_FAIL_COPY_* too
+ * Otherwise synchronous copies are not counted by the copy faults; a sticky context fails them.
  *
  * fakecuda_live() (not a CUDA call) reports what is still allocated, mapped, registered or alive,
  * so tests can assert that nothing is left behind.
@@ -183,6 +185,7 @@ static struct {
 	bool inline_copies;
 	long long fail_after, fail_count, sticky_after;
 	unsigned delay_us;
+	bool sync_faults; /* cuMemcpy takes the delay and counts for the copy faults */
 	_Alignas(64) atomic_llong copies;
 	_Alignas(64) _Atomic uint64_t map_gen; /* bumped by every change of maps or their access */
 	uint64_t allocated[FK_MAX_DEV];
@@ -237,6 +240,7 @@ static void fk_init_once(void)
 	fk.fail_count = fk_env_ll("FAKECUDA_FAIL_COPY_COUNT", 1);
 	fk.sticky_after = fk_env_ll("FAKECUDA_STICKY_AFTER", -1);
 	fk.delay_us = (unsigned)fk_env_ll("FAKECUDA_COPY_DELAY_US", 0);
+	fk.sync_faults = fk_env_ll("FAKECUDA_SYNC_FAULTS", 0) != 0;
 	for (int i = 0; i < FK_MAX_DEV; i++)
 		fk.ctx[i].dev = i;
 }
@@ -1884,6 +1888,15 @@ CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 	r = fk_copy_ends(dst, src, ByteCount, c->dev, &d, &s);
 	if (r)
 		return r;
+	if (fk.sync_faults) {
+		long long k = atomic_fetch_add(&fk.copies, 1); /* this is copy number k + 1 */
+
+		if (fk.fail_after >= 0 && k >= fk.fail_after &&
+		    (fk.fail_count <= 0 || k < fk.fail_after + fk.fail_count))
+			return CUDA_ERROR_UNKNOWN;
+		if (fk.delay_us)
+			usleep(fk.delay_us);
+	}
 	memmove(d, s, ByteCount);
 	return CUDA_SUCCESS;
 }
