@@ -950,10 +950,15 @@ static int select_transport(struct engine *e, struct segview *v, size_t buf_inde
 
 	/*
 	 * Memory a transport moves itself beats memory it would get through host staging; for
-	 * device memory (a GPU's), a transport made for this host (nvlink, hip) comes first.
-	 * Within each round the YAML order decides. Host memory: the YAML order alone.
+	 * device memory (a GPU's) on either side, a transport made for this host (nvlink, hip)
+	 * comes first. Within each round the YAML order decides. Host memory on both sides: the
+	 * YAML order alone.
 	 */
-	for (int round = region->mem_type == TE_PLUGIN_MEM_CPU ? 1 : 0; round < 2; round++) {
+	const char *rloc = v->desc->buffers[buf_index].location;
+	bool device =
+		region->mem_type != TE_PLUGIN_MEM_CPU || (rloc && *rloc && strncmp(rloc, "cpu", 3));
+
+	for (int round = device ? 0 : 1; round < 2; round++) {
 		for (unsigned t = 0; t < e->n_tps; t++) {
 			enum te_status tst = TE_ERR_NO_TRANSPORT;
 			const struct te_plugin_caps *c = &e->tps[t]->caps;

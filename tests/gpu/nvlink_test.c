@@ -1459,6 +1459,73 @@ static void test_tcp_fault_copy(void)
 	node_close_free(n, 10000, false);
 }
 
+/* The transport and device of a one-request batch from @local to @remote (@len bytes). */
+static void assert_moved_by(struct te_engine *e, te_segment_id seg, void *local, uint64_t remote,
+			    const char *transport, bool staged)
+{
+	struct te_request r = { TE_OP_WRITE, seg, local, remote, 4096 };
+	struct te_task_info ti;
+	enum te_status sst, wst;
+	te_batch_id b;
+
+	b = batch_run(e, &r, 1, WAIT_NS, &sst, &wst);
+	assert_ok(sst);
+	assert_ok(wst);
+	assert_ok(te_task_status(e, b, 0, &ti));
+	g_test_message("%s -> %s", ti.transport, ti.device);
+	g_assert_cmpstr(ti.transport, ==, transport);
+	if (staged)
+		assert_contains(ti.device, "(staged)");
+	else
+		g_assert_null(strstr(ti.device, "(staged)"));
+	assert_ok(te_batch_free(e, b));
+}
+
+/*
+ * tcp first in the YAML, nvlink second: GPU memory on either side of one host still goes over
+ * nvlink; host memory on both sides follows the YAML order; GPU memory here to host memory
+ * there (no nvlink key for host memory) goes over tcp, staged.
+ */
+static void test_sys_prefer(void)
+{
+	g_autofree char *tail = g_strdup_printf("  - name: nvlink\n"
+						"    required: true\n"
+						"    options: {library: \"%s\"}\n",
+						fake_lib);
+	g_autofree char *y = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
+					     "transports:\n"
+					     "%s%s",
+					     tcp_entry, tail);
+	const char *argv_gpu[] = { node_path, "--yaml", y, "--location", "cuda:0", NULL };
+	const char *argv_cpu[] = { node_path, "--yaml", y, NULL };
+	struct node *gpu = node_start_argv(argv_gpu), *cpu = node_start_argv(argv_cpu);
+	struct te_engine *e = NULL;
+	te_segment_id sg, sc;
+	struct gbuf dev, host;
+
+	assert_ok(engine_new(y, NULL, &e));
+	sg = open_node(e, gpu);
+	sc = open_node(e, cpu);
+	gbuf_new(&dev, e, 65536, "cuda:0");
+	gbuf_new(&host, e, 65536, "cpu");
+	step("cuda:0 here, cuda:0 there");
+	assert_moved_by(e, sg, dev.dev, gpu->buf, "nvlink", false);
+	step("host memory here, cuda:0 there");
+	assert_moved_by(e, sg, host.dev, gpu->buf, "nvlink", false);
+	step("host memory on both sides");
+	assert_moved_by(e, sc, host.dev, cpu->buf, "tcp", false);
+	step("cuda:0 here, host memory there");
+	assert_moved_by(e, sc, dev.dev, cpu->buf, "tcp", true);
+	gbuf_free(&dev, e);
+	gbuf_free(&host, e);
+	assert_ok(te_segment_close(e, sc));
+	assert_ok(te_segment_close(e, sg));
+	free_engine(e);
+	assert_fake_clean("after the initiator");
+	node_close_free(cpu, 10000, false);
+	node_close_free(gpu, 10000, false);
+}
+
 static void add(const char *path, GTestFunc fn)
 {
 	g_test_add_func(path, fn);
@@ -1514,6 +1581,7 @@ int main(int argc, char **argv)
 	add_fake("/nvlink/sys/cancel", test_sys_cancel);
 	add("/nvlink/sys/kill-mid-batch", test_sys_kill);
 	add_fake("/nvlink/sys/fault-copy", test_sys_fault_copy);
+	add("/nvlink/sys/prefer", test_sys_prefer);
 	add("/nvlink/sys/tcp-staged/sizes", test_tcp_sizes);
 	add("/nvlink/sys/tcp-staged/batch-1000", test_tcp_batch);
 	add_fake("/nvlink/sys/tcp-staged/deadline", test_tcp_deadline);
