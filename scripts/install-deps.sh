@@ -10,6 +10,8 @@ set -euo pipefail
 
 # One line per Debian package: GROUP PACKAGE CHECK
 #   CHECK is pc:<pkg-config module>, bin:<command> or deb:<dpkg package name>.
+#   GROUP ending in '?' (build?) marks an optional package: installed when apt has it, else
+#   skipped with a note (what needs it is a meson feature that turns itself off without it).
 # Extend here (later transports add rdma/libfabric/qemu lines); keep one package a line.
 DEPS='
 build meson                 bin:meson
@@ -26,6 +28,7 @@ build libyaml-dev           pc:yaml-0.1
 build libjson-glib-dev      pc:json-glib-1.0
 build libcurl4-openssl-dev  pc:libcurl
 build libhiredis-dev        pc:hiredis
+build libsoup-3.0-dev       pc:libsoup-3.0
 test  iproute2              bin:ip
 test  iperf3                bin:iperf3
 test  valgrind              bin:valgrind
@@ -33,6 +36,7 @@ test  clang-format          bin:clang-format
 test  python3               bin:python3
 build libibverbs-dev        pc:libibverbs
 build libfabric-dev         pc:libfabric
+build? libamdhip64-dev      deb:libamdhip64-dev
 test  libfabric-bin         bin:fi_info
 test  ibverbs-providers     deb:ibverbs-providers
 test  ibverbs-utils         bin:ibv_devices
@@ -44,11 +48,15 @@ test  cpio                  bin:cpio
 test  kmod                  bin:modprobe
 test  nftables              bin:nft
 test  iptables              bin:iptables
+test  etcd-server           bin:etcd
+test  etcd-client           bin:etcdctl
+test  redis-server          bin:redis-server
+test  redis-tools           bin:redis-cli
 '
 
 # --- service and hardware rigs: later issues add their packages here ---------------------
-# (etcd server, redis-server, qemu-system-x86 busybox-static ibverbs-* for hw-rxe,
-#  libibverbs-dev rdma-core bits, libfabric-dev)
+# etcd-server, redis-server: the metadata stores the suite runs for real
+# (scripts/test-services.sh, tests/metadata/mdserver.c).
 # nftables and iptables: packet loss and partitions in tests/system/fault_test.sh.
 # -------------------------------------------------------------------------------------------
 
@@ -60,7 +68,7 @@ want_groups=("$@")
 in_groups() {
 	local g
 	for g in "${want_groups[@]}"; do
-		[ "$g" = "$1" ] && return 0
+		[ "$g" = "${1%\?}" ] && return 0
 	done
 	return 1
 }
@@ -90,15 +98,21 @@ present() { # PACKAGE CHECK
 }
 
 missing=()
+optional=()
 while read -r group pkg check; do
 	[ -n "${group:-}" ] || continue
 	in_groups "$group" || continue
-	present "$pkg" "$check" || missing+=("$pkg")
+	if ! present "$pkg" "$check"; then
+		case "$group" in
+		*\?) optional+=("$pkg") ;;
+		*) missing+=("$pkg") ;;
+		esac
+	fi
 done <<<"$DEPS"
 
-[ ${#missing[@]} -eq 0 ] && exit 0
+[ ${#missing[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ] && exit 0
 
-echo "install-deps.sh: installing ${missing[*]}" >&2
+echo "install-deps.sh: installing ${missing[*]}${optional[*]:+ (optional: ${optional[*]})}" >&2
 if [ "${TE_DEPS_DRY_RUN:-0}" = 1 ]; then
 	exit 0
 fi
@@ -123,13 +137,22 @@ apt_get() { # retry once: mirrors flake
 		{ sleep 5; "${SUDO[@]}" apt-get -q -o Dpkg::Use-Pty=0 "$@" </dev/null; }
 }
 apt_get update >/dev/null
-apt_get install -y --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -ne 0 ]; then
+	apt_get install -y --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Optional packages one by one: one this apt does not have must not stop the others.
+for pkg in "${optional[@]}"; do
+	"${SUDO[@]}" apt-get -q -o Dpkg::Use-Pty=0 install -y --no-install-recommends "$pkg" \
+		</dev/null >/dev/null 2>&1 ||
+		echo "install-deps.sh: optional $pkg not installed (apt has none?); skipped" >&2
+done
 
 # Verify: a package that installed but still fails its check is a wrong list entry.
 still=()
 while read -r group pkg check; do
 	[ -n "${group:-}" ] || continue
 	in_groups "$group" || continue
+	case "$group" in *\?) continue ;; esac
 	present "$pkg" "$check" || still+=("$pkg ($check)")
 done <<<"$DEPS"
 if [ ${#still[@]} -ne 0 ]; then

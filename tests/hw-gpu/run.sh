@@ -62,7 +62,7 @@ if [ -z "${TE_HW_GPU_NO_BUILD:-}" ] && command -v ninja >/dev/null; then
 fi
 nvlink_so=$build/plugins/nvlink/nvlink.so
 dtod=$build/tests/hw-gpu/dtod_bw
-tests=$build/tests/gpu/nvlink_test
+tests=$build/tests/gpu/gpu_test
 bench=$build/tools/te-bench
 for f in "$nvlink_so" "$dtod" "$tests" "$bench" "$build/tests/system/te-node"; do
 	[ -e "$f" ] || skip "$f is not built (nvlink needs cuda.h at configure time: -Dcuda-include=DIR)"
@@ -81,8 +81,8 @@ echo "driver $lib: $gpus GPU(s)"
 status=0
 
 # --- the nvlink tests against the real driver -----------------------------------------------
-echo "+ nvlink_test (real driver, $gpus GPU(s))"
-FAKECUDA_LIB=$lib TE_NVLINK_REAL=1 TE_NVLINK_GPUS=$gpus TE_NVLINK_WATCHDOG_S=150 \
+echo "+ gpu_test (nvlink, real driver, $gpus GPU(s))"
+FAKECUDA_LIB=$lib TE_NVLINK_REAL=1 TE_NVLINK_GPUS=$gpus TE_GPU_WATCHDOG_S=150 \
 	TE_PLUGIN_PATH="$build/plugins/nvlink:$build/plugins/tcp" TE_BUILD_ROOT="$build" \
 	timeout "$(limit 170)" "$tests" --tap >"$tmp/tests.tap" 2>"$tmp/tests.err"
 rc=$?

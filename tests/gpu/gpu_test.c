@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* nvlink_test.c: the nvlink plugin on the fake CUDA driver, in one process and two. */
+/* gpu_test.c: a GPU plugin (nvlink, hip) on its fake runtime, in one process and two. */
 
 /*
- * Every engine loads nvlink.so with option library: $FAKECUDA_LIB (tests/gpu/fakecuda), so the
- * plugin takes its normal dlopen path. With TE_NVLINK_REAL=1 (tests/hw-gpu/run.sh) FAKECUDA_LIB
+ * One source for every GPU plugin: TE_GPU_TEST_VENDOR (nvlink, the default, or hip) picks the
+ * plugin, its location kind (cuda:N, hip:N), its fake runtime (tests/gpu/fakecuda,
+ * tests/gpu/fakehip over tests/gpu/fakedev: $FAKECUDA_LIB, $FAKEHIP_LIB), the prefix of the
+ * fake's fault variables (FAKECUDA_*, FAKEHIP_*) and the runtime's words the cases expect.
+ * Every engine loads the plugin with option library: the fake, so the plugin takes its normal
+ * dlopen path. With TE_NVLINK_REAL=1 (tests/hw-gpu/run.sh) FAKECUDA_LIB
  * names the real driver instead: cases that need the fake (its faults, its books, its device
  * names) skip, and "the second GPU" is cuda:0 again on a machine with one. The integration cases run engines in this process; the
  * system cases drive tests/system/te-node targets whose buffer is device memory (--location
@@ -12,7 +16,7 @@
  * target started (so only the initiator has them) or before (so only the target has them).
  * One meson test runs one case: the fake reads its environment once per process. Every case
  * ends by its own verdict: a watchdog thread aborts it, naming its last step, after
- * $TE_NVLINK_WATCHDOG_S seconds (meson.build: 20 s under meson's timeout).
+ * $TE_GPU_WATCHDOG_S seconds (meson.build: 20 s under meson's timeout).
  */
 
 #include <dlfcn.h>
@@ -35,11 +39,109 @@
 #define WAIT_NS (60 * S_NS)
 #define MIB (1ull << 20)
 
+/* What differs between the plugins under test: names, and the runtime's words. */
+struct vendor {
+	const char *name;      /* the plugin, its transport name and blob key: "nvlink" */
+	const char *kind;      /* location kind: "cuda" */
+	const char *prefix;    /* of the fake's variables: "FAKECUDA" (_LIB, _DEVICES, ...) */
+	const char *fake;      /* the fake's GPU names: "fakecuda" */
+	const char *runtime;   /* the load log: "CUDA driver 13.0 via " */
+	const char *api;       /* "no such CUDA device" */
+	const char *no_device; /* init failure with <prefix>_DEVICES=0 */
+	const char *old_value; /* <prefix>_<old_var>: a runtime too old */
+	const char *old_var;
+	const char *old_head, *old_tail;    /* its init failure, the library between them */
+	const char *missing;		    /* a library that does not exist */
+	const char *no_runtime;		    /* "no CUDA driver" */
+	bool has_alloc;			    /* option alloc: legacy | vmm */
+	const char *bad_opt, *bad_opt_text; /* a third refused option */
+	const char *fn_alloc, *fn_copy_async, *fn_ipc_open;
+	const char *e_oom, *e_unknown, *e_illegal, *e_map; /* strerror of the injected faults */
+};
+
+static const struct vendor vendors[] = {
+	{
+		.name = "nvlink",
+		.kind = "cuda",
+		.prefix = "FAKECUDA",
+		.fake = "fakecuda",
+		.runtime = "CUDA driver 13.0 via ",
+		.api = "CUDA",
+		.no_device = "nvlink: cuInit: CUDA_ERROR_NO_DEVICE: no CUDA-capable device is "
+			     "detected",
+		.old_var = "DRIVER_VERSION",
+		.old_value = "11080",
+		.old_head = "nvlink: the CUDA driver ",
+		.old_tail = " is version 11.8 (11080); nvlink needs 12.0 (12000) or newer",
+		.missing = "/nonexistent/libcuda.so.1",
+		.no_runtime = "no CUDA driver",
+		.has_alloc = true,
+		.bad_opt = "alloc: managed",
+		.bad_opt_text = "nvlink: option 'alloc': 'managed' is not one of legacy, vmm",
+		.fn_alloc = "cuMemAlloc",
+		.fn_copy_async = "cuMemcpyAsync",
+		.fn_ipc_open = "cuIpcOpenMemHandle",
+		.e_oom = "CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+		.e_unknown = "CUDA_ERROR_UNKNOWN: unknown error",
+		.e_illegal = "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered",
+		.e_map = "CUDA_ERROR_MAP_FAILED: mapping of buffer object failed",
+	},
+	{
+		/* ROCm 5 (the fake's default): hipGetErrorString gives the error's name. */
+		.name = "hip",
+		.kind = "hip",
+		.prefix = "FAKEHIP",
+		.fake = "fakehip",
+		.runtime = "HIP runtime 5.7 (driver 5.7) via ",
+		.api = "HIP",
+		.no_device = "hip: no HIP device: hipGetDeviceCount: hipErrorNoDevice",
+		.old_var = "RUNTIME_VERSION",
+		.old_value = "40500000",
+		.old_head = "hip: the HIP runtime ",
+		.old_tail = " is version 4.5 (40500000); hip needs 5.0 (50000000) or newer",
+		.missing = "/nonexistent/libamdhip64.so",
+		.no_runtime = "no HIP runtime",
+		.has_alloc = false,
+		.bad_opt = "alloc: vmm",
+		.bad_opt_text = "hip: unknown option 'alloc'",
+		.fn_alloc = "hipMalloc",
+		.fn_copy_async = "hipMemcpyAsync",
+		.fn_ipc_open = "hipIpcOpenMemHandle",
+		.e_oom = "hipErrorOutOfMemory",
+		.e_unknown = "hipErrorUnknown",
+		.e_illegal = "hipErrorIllegalAddress",
+		.e_map = "hipErrorMapFailed",
+	},
+};
+
+static const struct vendor *V = &vendors[0];
 static const char *fake_lib;
-static char *nvlink_so;
-static const char *xfer_tp = "nvlink"; /* the transport gxfer_* expect to move every task */
-static bool real_driver;	       /* TE_NVLINK_REAL: FAKECUDA_LIB is NVIDIA's libcuda */
-static const char *gpu1 = "cuda:1";    /* the second GPU, or cuda:0 where there is one */
+static char *plugin_so;
+static const char *xfer_tp; /* the transport gxfer_* expect to move every task */
+static bool real_driver;    /* TE_NVLINK_REAL: FAKECUDA_LIB is NVIDIA's libcuda */
+/* The first and the second GPU (or the first again where there is one), and two that are not. */
+static const char *gpu0, *gpu1, *gpu5, *gpu63;
+
+/* Set the fake's variable <prefix>_@name (this process, and what it starts from now on). */
+static void fake_setenv(const char *name, const char *value)
+{
+	g_autofree char *var = g_strdup_printf("%s_%s", V->prefix, name);
+
+	g_setenv(var, value, TRUE);
+}
+
+static void fake_unsetenv(const char *name)
+{
+	g_autofree char *var = g_strdup_printf("%s_%s", V->prefix, name);
+
+	g_unsetenv(var);
+}
+
+/* "alloc: <alloc>" for plugins with that option; NULL for the others (they have one kind). */
+static char *alloc_opt(const char *alloc)
+{
+	return V->has_alloc ? g_strdup_printf("alloc: %s", alloc) : NULL;
+}
 
 /* What a case that needs the fake driver (its faults) runs on the real one. */
 static void skip_fake(void)
@@ -82,17 +184,17 @@ static gpointer case_watchdog(gpointer unused)
 
 /* --- engines -------------------------------------------------------------------------------- */
 
-/* Engine YAML with nvlink on the fake driver; @opts and @transfer are extra flow-map items. */
+/* Engine YAML with the plugin on the fake runtime; @opts and @transfer are extra flow-map items. */
 static char *yaml_for(const char *opts, const char *transfer, const char *extra)
 {
 	return g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
 			       "transfer: {%s}\n"
 			       "transports:\n"
-			       "  - name: nvlink\n"
+			       "  - name: %s\n"
 			       "    required: true\n"
 			       "    options: {library: \"%s\"%s%s}\n"
 			       "%s",
-			       transfer ? transfer : "", fake_lib, opts ? ", " : "",
+			       transfer ? transfer : "", V->name, fake_lib, opts ? ", " : "",
 			       opts ? opts : "", extra ? extra : "");
 }
 
@@ -118,7 +220,7 @@ static enum te_status engine_new(const char *yaml, struct logbuf *log, struct te
 	o.size = sizeof(o);
 	o.config_yaml = yaml;
 	o.config_yaml_len = strlen(yaml);
-	o.config_name = "nvlink_test";
+	o.config_name = "gpu_test";
 	if (log) {
 		o.log_fn = log_cb;
 		o.log_user = log;
@@ -140,7 +242,8 @@ static struct te_engine *engine_ok(const char *opts, const char *transfer)
 
 /* --- the fake's books: nothing left behind --------------------------------------------------- */
 
-struct fakecuda_live {
+/* tests/gpu/fakedev/fakedev.h */
+struct fakedev_live {
 	int allocs, ipc_maps, vmm_maps, vmm_handles, reservations, host_regs, streams, events,
 		ctx_refs;
 };
@@ -148,12 +251,12 @@ struct fakecuda_live {
 static void assert_fake_clean(const char *when)
 {
 	void *dl = real_driver ? NULL : dlopen(fake_lib, RTLD_NOW | RTLD_NOLOAD);
-	void (*live)(struct fakecuda_live *);
-	struct fakecuda_live l;
+	void (*live)(struct fakedev_live *);
+	struct fakedev_live l;
 
 	if (!dl)
 		return; /* never loaded in this process */
-	*(void **)&live = dlsym(dl, "fakecuda_live");
+	*(void **)&live = dlsym(dl, "fakedev_live");
 	g_assert_nonnull(live);
 	live(&l);
 	dlclose(dl);
@@ -389,16 +492,24 @@ static void test_load(void)
 	void *p = NULL;
 
 	g_mutex_init(&log.lock);
-	step("engine with nvlink on the fake driver");
+	step("engine with %s on the fake runtime", V->name);
 	assert_ok(engine_new(y, &log, &e));
 	g_test_message("log:\n%s", log.text->str);
 	if (!real_driver) {
-		assert_contains(log.text->str,
-				"2 GPU(s): cuda:0 fakecuda GPU 0 (0000:10:00.0, NUMA 0");
-		assert_contains(log.text->str, "cuda:1 fakecuda GPU 1 (0000:20:00.0, NUMA 1");
-		assert_contains(log.text->str, "CUDA driver 13.0 via ");
+		g_autofree char *d0 = g_strdup_printf("2 GPU(s): %s %s GPU 0 (0000:10:00.0, NUMA ",
+						      gpu0, V->fake);
+		g_autofree char *d1 =
+			g_strdup_printf("%s:1 %s GPU 1 (0000:20:00.0, NUMA ", V->kind, V->fake);
+
+		assert_contains(log.text->str, d0);
+		assert_contains(log.text->str, d1);
+		assert_contains(log.text->str, V->runtime);
 	}
-	assert_contains(log.text->str, " GPU(s): cuda:0 ");
+	{
+		g_autofree char *any = g_strdup_printf(" GPU(s): %s ", gpu0);
+
+		assert_contains(log.text->str, any);
+	}
 	assert_ok(te_mem_alloc(e, gpu1, 4096, &p));
 	assert_ok(te_mem_free(e, p));
 	free_engine(e);
@@ -411,37 +522,40 @@ static void test_load(void)
 static void expect_init_failure(const char *opts, const char *text)
 {
 	g_autofree char *y = yaml_for(opts, NULL, NULL);
+	g_autofree char *who = g_strdup_printf("transport '%s' (required)", V->name);
 	struct te_engine *e = NULL;
 
 	assert_status(engine_new(y, NULL, &e), TE_ERR_PLUGIN_INIT);
 	g_assert_null(e);
 	g_test_message("error: %s", te_last_error());
-	assert_contains(te_last_error(), "transport 'nvlink' (required)");
+	assert_contains(te_last_error(), who);
 	assert_contains(te_last_error(), "init failed: no device (-106)");
 	assert_contains(te_last_error(), text);
 }
 
 static void test_no_device(void)
 {
-	g_setenv("FAKECUDA_DEVICES", "0", TRUE);
-	expect_init_failure(NULL, "nvlink: cuInit: CUDA_ERROR_NO_DEVICE: no CUDA-capable device "
-				  "is detected");
+	fake_setenv("DEVICES", "0");
+	expect_init_failure(NULL, V->no_device);
 	assert_fake_clean("after the failed init");
 }
 
 static void test_old_driver(void)
 {
-	g_autofree char *want = g_strdup_printf("nvlink: the CUDA driver %s is version 11.8 "
-						"(11080); nvlink needs 12.0 (12000) or newer",
-						fake_lib);
+	g_autofree char *want = g_strconcat(V->old_head, fake_lib, V->old_tail, NULL);
 
-	g_setenv("FAKECUDA_DRIVER_VERSION", "11080", TRUE);
+	fake_setenv(V->old_var, V->old_value);
 	expect_init_failure(NULL, want);
 }
 
 static void test_missing_library(void)
 {
 	g_autofree char *y = NULL;
+	g_autofree char *want = g_strdup_printf("%s: %s: cannot load %s: %s: cannot open shared "
+						"object file: No such file or directory",
+						V->name, V->no_runtime, V->missing, V->missing);
+	g_autofree char *skipped = g_strdup_printf("%s' (optional) skipped", V->name);
+	g_autofree char *cannot = g_strdup_printf("cannot load %s", V->missing);
 	struct logbuf log = { .text = g_string_new(NULL) };
 	struct te_engine *e = NULL;
 	const char *at;
@@ -449,29 +563,28 @@ static void test_missing_library(void)
 	int hits = 0;
 
 	step("required: the engine does not start");
-	y = g_strdup_printf("transports:\n  - name: nvlink\n    required: true\n"
-			    "    options: {library: /nonexistent/libcuda.so.1}\n");
+	y = g_strdup_printf("transports:\n  - name: %s\n    required: true\n"
+			    "    options: {library: %s}\n",
+			    V->name, V->missing);
 	assert_status(engine_new(y, NULL, &e), TE_ERR_PLUGIN_INIT);
-	assert_contains(te_last_error(),
-			"nvlink: no CUDA driver: cannot load "
-			"/nonexistent/libcuda.so.1: /nonexistent/libcuda.so.1: "
-			"cannot open shared object file: No such file or directory");
+	assert_contains(te_last_error(), want);
 	g_free(y);
 
 	step("optional: the engine starts without it and says so once");
 	g_mutex_init(&log.lock);
 	y = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
-			    "transports:\n  - name: nvlink\n    required: false\n"
-			    "    options: {library: /nonexistent/libcuda.so.1}\n"
-			    "  - name: tcp\n");
+			    "transports:\n  - name: %s\n    required: false\n"
+			    "    options: {library: %s}\n"
+			    "  - name: tcp\n",
+			    V->name, V->missing);
 	assert_ok(engine_new(y, &log, &e));
-	for (at = log.text->str; (at = strstr(at, "nvlink")); at++)
-		hits += g_str_has_prefix(at, "nvlink' (optional) skipped");
+	for (at = log.text->str; (at = strstr(at, V->name)); at++)
+		hits += g_str_has_prefix(at, skipped);
 	g_test_message("log:\n%s", log.text->str);
 	g_assert_cmpint(hits, ==, 1);
-	assert_contains(log.text->str, "cannot load /nonexistent/libcuda.so.1");
-	/* Nobody owns cuda memory now. */
-	assert_status(te_mem_alloc(e, "cuda:0", 4096, &p), TE_ERR_MEMORY_TYPE);
+	assert_contains(log.text->str, cannot);
+	/* Nobody owns the kind's memory now. */
+	assert_status(te_mem_alloc(e, gpu0, 4096, &p), TE_ERR_MEMORY_TYPE);
 	free_engine(e);
 	g_string_free(log.text, TRUE);
 	g_mutex_clear(&log.lock);
@@ -481,44 +594,51 @@ static void test_options(void)
 {
 	g_autofree char *y1 = yaml_for("bogus: 1", NULL, NULL);
 	g_autofree char *y2 = yaml_for("window: 0", NULL, NULL);
-	g_autofree char *y3 = yaml_for("alloc: managed", NULL, NULL);
+	g_autofree char *y3 = yaml_for(V->bad_opt, NULL, NULL);
+	g_autofree char *unknown = g_strdup_printf("%s: unknown option 'bogus'", V->name);
+	g_autofree char *window = g_strdup_printf("%s: option 'window': expected an integer in "
+						  "[1, 4096], got '0'",
+						  V->name);
 	struct te_engine *e = NULL;
 
 	assert_status(engine_new(y1, NULL, &e), TE_ERR_PLUGIN_INIT);
-	assert_contains(te_last_error(), "nvlink: unknown option 'bogus'");
+	assert_contains(te_last_error(), unknown);
 	assert_status(engine_new(y2, NULL, &e), TE_ERR_PLUGIN_INIT);
-	assert_contains(te_last_error(), "nvlink: option 'window': expected an integer in [1, "
-					 "4096], got '0'");
+	assert_contains(te_last_error(), window);
 	assert_status(engine_new(y3, NULL, &e), TE_ERR_PLUGIN_INIT);
-	assert_contains(te_last_error(), "nvlink: option 'alloc': 'managed' is not one of legacy, "
-					 "vmm");
+	assert_contains(te_last_error(), V->bad_opt_text);
 	assert_fake_clean("after refused options");
 }
 
 static void test_mem(gconstpointer data)
 {
 	const char *alloc = data;
-	g_autofree char *opts = g_strdup_printf("alloc: %s", alloc);
+	g_autofree char *opts = alloc_opt(alloc);
 	struct te_engine *e = engine_ok(opts, NULL);
 	struct te_buffer_info bi[4];
 	/* 2 MiB: a whole VMM granule, so both kinds of allocation end exactly there. */
 	const size_t len = 2 * MIB;
 	uint8_t *d0 = NULL, *d1 = NULL, *h = g_malloc(len), *back = g_malloc0(len);
 	size_t nb = 0;
+	g_autofree char *nodev =
+		g_strdup_printf("%s: %s: no such %s device (", V->name, gpu63, V->api);
+	g_autofree char *visible = g_strdup_printf("(2 visible: %s..1)", gpu0);
+	g_autofree char *past = g_strdup_printf("runs past the end of its %s allocation", gpu0);
+	g_autofree char *wrong = g_strdup_printf("is %s memory, not '%s'", gpu0, gpu5);
 
-	step("te_mem_alloc at cuda:0 and %s (%s)", gpu1, alloc);
-	assert_ok(te_mem_alloc(e, "cuda:0", len, (void **)&d0));
+	step("te_mem_alloc at %s and %s (%s)", gpu0, gpu1, alloc);
+	assert_ok(te_mem_alloc(e, gpu0, len, (void **)&d0));
 	assert_ok(te_mem_alloc(e, gpu1, len, (void **)&d1));
-	step("a cuda index that does not exist");
+	step("a %s index that does not exist", V->kind);
 	{
 		void *p = NULL;
 
-		assert_status(te_mem_alloc(e, "cuda:63", MIB, &p), TE_ERR_NO_DEVICE);
-		assert_contains(te_last_error(), "nvlink: cuda:63: no such CUDA device (");
+		assert_status(te_mem_alloc(e, gpu63, MIB, &p), TE_ERR_NO_DEVICE);
+		assert_contains(te_last_error(), nodev);
 		if (!real_driver)
-			assert_contains(te_last_error(), "(2 visible: cuda:0..1)");
+			assert_contains(te_last_error(), visible);
 	}
-	step("te_mem_copy host -> cuda:0 -> %s -> host", gpu1);
+	step("te_mem_copy host -> %s -> %s -> host", gpu0, gpu1);
 	sysnode_fill(h, 0, len, 77);
 	assert_ok(te_mem_copy(e, d0, h, len));
 	assert_ok(te_mem_copy(e, d1, d0, len));
@@ -529,19 +649,19 @@ static void test_mem(gconstpointer data)
 
 	step("a range crossing the end of its allocation");
 	assert_status(te_mem_copy(e, back, d0 + len - 10, 100), TE_ERR_OUT_OF_RANGE);
-	assert_contains(te_last_error(), "runs past the end of its cuda:0 allocation");
-	assert_status(te_mem_register(e, d0 + len - 10, 100, "cuda:0", TE_MEM_REMOTE),
+	assert_contains(te_last_error(), past);
+	assert_status(te_mem_register(e, d0 + len - 10, 100, gpu0, TE_MEM_REMOTE),
 		      TE_ERR_OUT_OF_RANGE);
-	assert_contains(te_last_error(), "runs past the end of its cuda:0 allocation");
+	assert_contains(te_last_error(), past);
 	assert_status(te_mem_register(e, d0 + len - 10, 100, "*", TE_MEM_REMOTE),
 		      TE_ERR_OUT_OF_RANGE);
 
 	step("te_mem_register: a wrong device, '*' detection, host memory");
-	assert_status(te_mem_register(e, d0, len, "cuda:5", TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
-	assert_contains(te_last_error(), "is cuda:0 memory, not 'cuda:5'");
-	assert_status(te_mem_register(e, h, len, "cuda:0", TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
+	assert_status(te_mem_register(e, d0, len, gpu5, TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), wrong);
+	assert_status(te_mem_register(e, h, len, gpu0, TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
 	assert_ok(te_mem_register(e, d1 + 4096, 8192, "*", TE_MEM_REMOTE));
-	assert_ok(te_mem_register(e, d0, len, "cuda:0", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(e, d0, len, gpu0, TE_MEM_REMOTE));
 	assert_ok(te_mem_register(e, h, len, "*", TE_MEM_LOCAL));
 	assert_ok(te_segment_buffers(e, TE_SEGMENT_LOCAL, bi, G_N_ELEMENTS(bi), &nb));
 	g_assert_cmpuint(nb, ==, 2);
@@ -549,7 +669,7 @@ static void test_mem(gconstpointer data)
 		if (bi[i].addr == (uintptr_t)d1 + 4096)
 			g_assert_cmpstr(bi[i].location, ==, gpu1);
 		else
-			g_assert_cmpstr(bi[i].location, ==, "cuda:0");
+			g_assert_cmpstr(bi[i].location, ==, gpu0);
 	}
 	assert_ok(te_mem_unregister(e, h));
 	assert_ok(te_mem_unregister(e, d0));
@@ -557,7 +677,7 @@ static void test_mem(gconstpointer data)
 	assert_ok(te_mem_free(e, d0));
 	assert_ok(te_mem_free(e, d1));
 	step("memory te_mem_alloc handed out and nobody freed goes with the engine");
-	assert_ok(te_mem_alloc(e, "cuda:0", 3 * MIB, (void **)&d0));
+	assert_ok(te_mem_alloc(e, gpu0, 3 * MIB, (void **)&d0));
 	free_engine(e);
 	assert_fake_clean("after the engine");
 	g_free(h);
@@ -569,13 +689,18 @@ static void test_oom(void)
 	struct te_engine *e;
 	void *p = NULL, *q = NULL;
 
-	g_setenv("FAKECUDA_OOM_BYTES", "4194304", TRUE);
+	fake_setenv("OOM_BYTES", "4194304");
 	e = engine_ok(NULL, NULL);
-	assert_ok(te_mem_alloc(e, "cuda:0", 2 * MIB, &p));
-	assert_status(te_mem_alloc(e, "cuda:0", 4 * MIB, &q), TE_ERR_NOMEM);
+	assert_ok(te_mem_alloc(e, gpu0, 2 * MIB, &p));
+	assert_status(te_mem_alloc(e, gpu0, 4 * MIB, &q), TE_ERR_NOMEM);
 	g_test_message("error: %s", te_last_error());
-	assert_contains(te_last_error(), "nvlink: cuda:0 (0000:10:00.0): cuMemAlloc of 4194304 "
-					 "bytes: CUDA_ERROR_OUT_OF_MEMORY: out of memory");
+	{
+		g_autofree char *want = g_strdup_printf("%s: %s (0000:10:00.0): %s of 4194304 "
+							"bytes: %s",
+							V->name, gpu0, V->fn_alloc, V->e_oom);
+
+		assert_contains(te_last_error(), want);
+	}
 	assert_ok(te_mem_free(e, p));
 	free_engine(e);
 	assert_fake_clean("after the engine");
@@ -585,17 +710,17 @@ static void test_oom(void)
 static void test_in_process(gconstpointer data)
 {
 	const char *alloc = data;
-	g_autofree char *opts = g_strdup_printf("alloc: %s", alloc);
+	g_autofree char *opts = alloc_opt(alloc);
 	struct te_engine *a = engine_ok(opts, NULL), *b = engine_ok(opts, NULL);
-	const char *locs[] = { gpu1, "cuda:0", "cpu" };
+	const char *locs[] = { gpu1, gpu0, "cpu" };
 	const size_t len = 3 * MIB + 5;
 	uint8_t *target = NULL, *want = g_malloc(len);
 	char *json = NULL;
 	size_t jlen = 0;
 	te_segment_id seg;
 
-	assert_ok(te_mem_alloc(b, "cuda:0", len, (void **)&target));
-	assert_ok(te_mem_register(b, target, len, "cuda:0", TE_MEM_REMOTE));
+	assert_ok(te_mem_alloc(b, gpu0, len, (void **)&target));
+	assert_ok(te_mem_register(b, target, len, gpu0, TE_MEM_REMOTE));
 	assert_ok(te_segment_export(b, &json, &jlen));
 	assert_ok(te_segment_import(a, json, jlen, &seg));
 	te_free(json);
@@ -615,17 +740,17 @@ static void test_in_process(gconstpointer data)
 		assert_ok(sst);
 		assert_ok(wst);
 		assert_ok(te_task_status(a, bid, 0, &ti));
-		g_assert_cmpstr(ti.transport, ==, "nvlink");
+		g_assert_cmpstr(ti.transport, ==, V->name);
 		/* The local GPU copies; for host memory, the GPU holding the target. */
-		g_assert_true(g_str_has_prefix(
-			ti.device, k == 0 && !strcmp(gpu1, "cuda:1") ? "cuda:1 " : "cuda:0 "));
+		g_assert_true(g_str_has_prefix(ti.device, k == 0 ? gpu1 : gpu0));
+		g_assert_cmpint(ti.device[strlen(k == 0 ? gpu1 : gpu0)], ==, ' ');
 		assert_ok(te_batch_free(a, bid));
 		assert_ok(te_mem_copy(b, want, target, len));
 		assert_bytes(want, l.host, len, "WRITE in process");
 		sysnode_fill(want, 0, len, 20 + k);
 		assert_ok(te_mem_copy(b, target, want, len));
 		r.opcode = TE_OP_READ;
-		batch_run_ok(a, &r, 1, WAIT_NS, "nvlink");
+		batch_run_ok(a, &r, 1, WAIT_NS, V->name);
 		gbuf_pull(&l, a, 0, len);
 		assert_bytes(l.host, want, len, "READ in process");
 		gbuf_free(&l, a);
@@ -644,15 +769,15 @@ static const size_t xfer_size_list[] = { 1, 7, 4097, 65536, MIB + 3, 16 * MIB, 6
 static void test_sys_sizes(gconstpointer data)
 {
 	const char *alloc = data;
-	g_autofree char *opts = g_strdup_printf("alloc: %s", alloc);
-	struct node *n = gnode_start(opts, "cuda:0", NULL);
+	g_autofree char *opts = alloc_opt(alloc);
+	struct node *n = gnode_start(opts, gpu0, NULL);
 	struct te_engine *e = engine_ok(NULL, NULL);
 	te_segment_id seg = open_node(e, n);
 
-	step("host buffer here, cuda:0 there (%s)", alloc);
-	xfer_sizes(e, seg, n, xfer_size_list, G_N_ELEMENTS(xfer_size_list), WAIT_NS, "nvlink");
+	step("host buffer here, %s there (%s)", gpu0, alloc);
+	xfer_sizes(e, seg, n, xfer_size_list, G_N_ELEMENTS(xfer_size_list), WAIT_NS, V->name);
 	gxfer_sizes(e, seg, n, xfer_size_list, G_N_ELEMENTS(xfer_size_list), gpu1);
-	gxfer_sizes(e, seg, n, xfer_size_list, G_N_ELEMENTS(xfer_size_list), "cuda:0");
+	gxfer_sizes(e, seg, n, xfer_size_list, G_N_ELEMENTS(xfer_size_list), gpu0);
 	assert_ok(te_segment_close(e, seg));
 	free_engine(e);
 	assert_fake_clean("after the initiator");
@@ -662,13 +787,13 @@ static void test_sys_sizes(gconstpointer data)
 static void test_sys_batch(gconstpointer data)
 {
 	const char *alloc = data;
-	g_autofree char *opts = g_strdup_printf("alloc: %s", alloc);
-	struct node *n = gnode_start(opts, "cuda:0", NULL);
+	g_autofree char *opts = alloc_opt(alloc);
+	struct node *n = gnode_start(opts, gpu0, NULL);
 	struct te_engine *e = engine_ok(NULL, NULL);
 	te_segment_id seg = open_node(e, n);
 
 	step("1000 requests, host buffer here");
-	xfer_batch(e, seg, n, 1000, 40000, WAIT_NS, "nvlink");
+	xfer_batch(e, seg, n, 1000, 40000, WAIT_NS, V->name);
 	gxfer_batch(e, seg, n, 1000, 40000, gpu1);
 	assert_ok(te_segment_close(e, seg));
 	free_engine(e);
@@ -683,7 +808,7 @@ static void test_sys_batch(gconstpointer data)
  */
 static void slow_writes(bool cancel)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", NULL);
+	struct node *n = gnode_start(NULL, gpu0, NULL);
 	struct te_engine *e;
 	te_segment_id seg;
 	const uint32_t count = 8;
@@ -697,7 +822,7 @@ static void slow_writes(bool cancel)
 	int64_t t0;
 
 
-	g_setenv("FAKECUDA_COPY_DELAY_US", "400000", TRUE); /* this process only */
+	fake_setenv("COPY_DELAY_US", "400000"); /* this process only */
 	e = engine_ok(NULL, cancel ? "timeout_ms: 30000" : "timeout_ms: 100");
 	seg = open_node(e, n);
 	lbuf_new(&l, e, count * len);
@@ -748,7 +873,7 @@ static void test_sys_cancel(void)
 
 static void test_sys_kill(void)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", NULL);
+	struct node *n = gnode_start(NULL, gpu0, NULL);
 	g_autofree char *desc = node_descriptor(n);
 	g_autofree char *pid = g_strdup(n->pid);
 	g_autofree char *gone = g_strdup_printf("process %s of this host is gone", pid);
@@ -761,7 +886,7 @@ static void test_sys_kill(void)
 	te_batch_id b;
 	enum te_status st;
 
-	g_setenv("FAKECUDA_COPY_DELAY_US", "2000", TRUE);
+	fake_setenv("COPY_DELAY_US", "2000");
 	e = engine_ok(NULL, "timeout_ms: 20000");
 	seg = open_node(e, n);
 	lbuf_new(&l, e, count * 4096);
@@ -818,16 +943,17 @@ static te_batch_id run_writes(struct te_engine *e, te_segment_id seg, struct nod
 
 static void test_sys_fault_copy(void)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", NULL);
+	struct node *n = gnode_start(NULL, gpu0, NULL);
 	struct te_engine *e;
 	te_segment_id seg;
 	uint32_t states[7], failed = 0;
 	struct lbuf l;
 	te_batch_id b;
 	enum te_status st;
+	g_autofree char *copy_fails = g_strdup_printf(
+		"%s: %s (0000:10:00.0): %s of 65536 bytes to 0x", V->name, gpu0, V->fn_copy_async);
 
-
-	g_setenv("FAKECUDA_FAIL_COPY_AFTER", "5", TRUE);
+	fake_setenv("FAIL_COPY_AFTER", "5");
 	e = engine_ok(NULL, "retries: 0");
 	seg = open_node(e, n);
 	lbuf_new(&l, e, 20 * 65536);
@@ -845,9 +971,8 @@ static void test_sys_fault_copy(void)
 		failed++;
 		g_test_message("task %u: %s: %s", i, te_status_str(ti.status), ti.detail);
 		g_assert_cmpint(ti.status, ==, TE_ERR_DEVICE_FAILED);
-		assert_contains(ti.detail, "nvlink: cuda:0 (0000:10:00.0): cuMemcpyAsync of 65536 "
-					   "bytes to 0x");
-		assert_contains(ti.detail, "CUDA_ERROR_UNKNOWN: unknown error");
+		assert_contains(ti.detail, copy_fails);
+		assert_contains(ti.detail, V->e_unknown);
 	}
 	g_assert_cmpuint(failed, ==, 1);
 	assert_ok(te_batch_free(e, b));
@@ -864,8 +989,9 @@ static void test_sys_fault_copy(void)
 
 static void test_sys_fault_sticky(void)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", NULL);
-	const char *text = "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered";
+	struct node *n = gnode_start(NULL, gpu0, NULL);
+	const char *text = V->e_illegal;
+	g_autofree char *who = g_strdup_printf("%s: %s (0000:10:00.0): ", V->name, gpu0);
 	struct te_engine *e;
 	te_segment_id seg;
 	uint32_t states[7];
@@ -876,9 +1002,9 @@ static void test_sys_fault_sticky(void)
 	void *dev = NULL;
 
 
-	g_setenv("FAKECUDA_STICKY_AFTER", "3", TRUE);
+	fake_setenv("STICKY_AFTER", "3");
 	e = engine_ok(NULL, NULL);
-	assert_ok(te_mem_alloc(e, "cuda:0", 4096, &dev));
+	assert_ok(te_mem_alloc(e, gpu0, 4096, &dev));
 	seg = open_node(e, n);
 	lbuf_new(&l, e, 20 * 65536);
 	step("20 WRITEs; the 4th copy raises a sticky error");
@@ -895,7 +1021,7 @@ static void test_sys_fault_sticky(void)
 		if (ti.state != TE_STATE_FAILED)
 			continue;
 		g_assert_cmpint(ti.status, ==, TE_ERR_DEVICE_FAILED);
-		assert_contains(ti.detail, "nvlink: cuda:0 (0000:10:00.0): ");
+		assert_contains(ti.detail, who);
 		assert_contains(ti.detail, text);
 	}
 	assert_ok(te_batch_free(e, b));
@@ -922,35 +1048,40 @@ static void test_sys_fault_sticky(void)
 static void test_sys_fault_oom(void)
 {
 	g_autofree char *y = yaml_for(NULL, NULL, NULL);
-	const char *argv[] = { node_path, "--yaml", y, "--location", "cuda:0", NULL };
+	const char *argv[] = { node_path, "--yaml", y, "--location", gpu0, NULL };
 	g_autofree char *err = NULL;
+	g_autofree char *what = g_strdup_printf("te_mem_alloc(%s, ", gpu0);
+	g_autofree char *oom =
+		g_strdup_printf("out of memory: te_mem_alloc: %s: %s: ", gpu0, V->name);
+	g_autofree char *call = g_strdup_printf("%s of ", V->fn_alloc);
 	struct node *n;
 
 
 	step("a target whose GPU has 1 MiB");
-	g_setenv("FAKECUDA_OOM_BYTES", "1048576", TRUE); /* inherited by the node only */
+	fake_setenv("OOM_BYTES", "1048576"); /* inherited by the node only */
 	n = node_spawn("te-node (oom)", argv);
-	g_unsetenv("FAKECUDA_OOM_BYTES");
+	fake_unsetenv("OOM_BYTES");
 	g_assert_true(node_wait_exit(n, 30000));
 	n->dead = true;
 	g_assert_true(g_subprocess_get_if_exited(n->proc));
 	g_assert_cmpint(g_subprocess_get_exit_status(n->proc), ==, 1);
 	err = node_stderr(n);
 	g_test_message("te-node said: %s", err);
-	assert_contains(err, "te_mem_alloc(cuda:0, ");
-	assert_contains(err, "out of memory: te_mem_alloc: cuda:0: nvlink: ");
-	assert_contains(err, "cuMemAlloc of ");
-	assert_contains(err, "CUDA_ERROR_OUT_OF_MEMORY: out of memory");
+	assert_contains(err, what);
+	assert_contains(err, oom);
+	assert_contains(err, call);
+	assert_contains(err, V->e_oom);
 	node_release(n);
 }
 
 static void test_sys_fault_ipc(gconstpointer data)
 {
 	const char *alloc = data;
-	g_autofree char *opts = g_strdup_printf("alloc: %s", alloc);
-	struct node *n = gnode_start(opts, "cuda:0", NULL);
-	const char *how = strcmp(alloc, "vmm") == 0 ? "cuMemImportFromShareableHandle(fd)"
-						    : "cuIpcOpenMemHandle";
+	g_autofree char *opts = alloc_opt(alloc);
+	struct node *n = gnode_start(opts, gpu0, NULL);
+	const char *how =
+		strcmp(alloc, "vmm") == 0 ? "cuMemImportFromShareableHandle(fd)" : V->fn_ipc_open;
+	g_autofree char *cannot = g_strdup_printf("%s: cannot map region [0x", V->name);
 	struct te_engine *e;
 	te_segment_id seg;
 	uint32_t states[7];
@@ -959,7 +1090,7 @@ static void test_sys_fault_ipc(gconstpointer data)
 	enum te_status st;
 
 
-	g_setenv("FAKECUDA_IPC_OPEN_FAIL", "1", TRUE);
+	fake_setenv("IPC_OPEN_FAIL", "1");
 	e = engine_ok(NULL, NULL);
 	step("open the segment: mapping its buffer fails (%s)", how);
 	seg = open_node(e, n);
@@ -969,15 +1100,13 @@ static void test_sys_fault_ipc(gconstpointer data)
 	g_assert_cmpuint(states[TE_STATE_FAILED], ==, 4);
 	for (uint32_t i = 0; i < 4; i++) {
 		struct te_task_info ti;
-		g_autofree char *who = g_strdup_printf("of %s (cuda:0 0000:10:00.0, pid %s): %s: "
-						       "CUDA_ERROR_MAP_FAILED: mapping of buffer "
-						       "object failed",
-						       n->segment, n->pid, how);
+		g_autofree char *who = g_strdup_printf("of %s (%s 0000:10:00.0, pid %s): %s: %s",
+						       n->segment, gpu0, n->pid, how, V->e_map);
 
 		assert_ok(te_task_status(e, b, i, &ti));
 		g_test_message("task %u: %s", i, ti.detail);
 		g_assert_cmpint(ti.status, ==, TE_ERR_PEER_UNREACHABLE);
-		assert_contains(ti.detail, "nvlink: cannot map region [0x");
+		assert_contains(ti.detail, cannot);
 		assert_contains(ti.detail, who);
 	}
 	assert_ok(te_batch_free(e, b));
@@ -990,7 +1119,7 @@ static void test_sys_fault_ipc(gconstpointer data)
 
 static void test_sys_no_peer(void)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", NULL);
+	struct node *n = gnode_start(NULL, gpu0, NULL);
 	struct te_engine *e;
 	te_segment_id seg;
 	struct gbuf l;
@@ -1000,25 +1129,30 @@ static void test_sys_no_peer(void)
 	struct te_task_info ti;
 
 
-	g_setenv("FAKECUDA_NO_PEER", "1", TRUE);
+	fake_setenv("NO_PEER", "1");
 	e = engine_ok(NULL, NULL);
 	seg = open_node(e, n);
-	step("cuda:1 here cannot reach cuda:0 there without peer access");
-	gbuf_new(&l, e, 65536, "cuda:1");
+	step("%s here cannot reach %s there without peer access", gpu1, gpu0);
+	gbuf_new(&l, e, 65536, gpu1);
 	r = (struct te_request){ TE_OP_READ, seg, l.dev, n->buf, 65536 };
 	b = batch_run(e, &r, 1, WAIT_NS, &sst, &wst);
 	assert_ok(te_task_status(e, b, 0, &ti));
 	g_test_message("%s", ti.detail);
 	g_assert_cmpint(ti.status, ==, TE_ERR_NO_DEVICE);
-	assert_contains(ti.detail,
-			"nvlink: no path from cuda:1 (0000:20:00.0) to the peer's memory "
-			"on GPU 0000:10:00.0 (cuda:0 there): no peer access between them");
+	{
+		g_autofree char *want = g_strdup_printf("%s: no path from %s (0000:20:00.0) to the "
+							"peer's memory on GPU 0000:10:00.0 (%s "
+							"there): no peer access between them",
+							V->name, gpu1, gpu0);
+
+		assert_contains(ti.detail, want);
+	}
 	assert_ok(te_batch_free(e, b));
 	gbuf_free(&l, e);
-	step("cuda:0 here does");
-	gbuf_new(&l, e, 65536, "cuda:0");
+	step("%s here does", gpu0);
+	gbuf_new(&l, e, 65536, gpu0);
 	r.local = l.dev;
-	batch_run_ok(e, &r, 1, WAIT_NS, "nvlink");
+	batch_run_ok(e, &r, 1, WAIT_NS, V->name);
 	gbuf_free(&l, e);
 	assert_ok(te_segment_close(e, seg));
 	free_engine(e);
@@ -1030,7 +1164,8 @@ static void test_sys_no_peer(void)
 static void test_sys_auth(void)
 {
 	const char *secret = "auth: {secret: \"nvlink-test-secret-0123456789\"}\n";
-	struct node *n = gnode_start("alloc: vmm", "cuda:0", secret);
+	g_autofree char *opts = alloc_opt("vmm");
+	struct node *n = gnode_start(opts, gpu0, secret);
 	g_autofree char *y = yaml_for(NULL, NULL, secret);
 	static const size_t sizes[] = { 1, MIB + 3 };
 	struct te_engine *e = NULL;
@@ -1039,7 +1174,7 @@ static void test_sys_auth(void)
 	assert_ok(engine_new(y, NULL, &e));
 	seg = open_node(e, n);
 	step("fd passing with authentication");
-	xfer_sizes(e, seg, n, sizes, G_N_ELEMENTS(sizes), WAIT_NS, "nvlink");
+	xfer_sizes(e, seg, n, sizes, G_N_ELEMENTS(sizes), WAIT_NS, V->name);
 	assert_ok(te_segment_close(e, seg));
 	free_engine(e);
 	assert_fake_clean("after the initiator");
@@ -1073,11 +1208,11 @@ static char *json_value(const char *json, const char *key)
 
 /*
  * The target's descriptor as if it came from another host: another host id for the core, and
- * another boot id in nvlink's blob (bytes 8..23) for the plugin.
+ * another boot id in the plugin's blob (bytes 8..23) for the plugin.
  */
 static char *other_host(const char *desc)
 {
-	g_autofree char *b64 = json_value(desc, "nvlink");
+	g_autofree char *b64 = json_value(desc, V->name);
 	g_autofree char *nb64 = NULL, *d1 = NULL;
 	gsize n = 0;
 	g_autofree guchar *blob = g_base64_decode(b64, &n);
@@ -1087,10 +1222,10 @@ static char *other_host(const char *desc)
 		blob[i] ^= 0x5a;
 	nb64 = g_base64_encode(blob, n);
 	d1 = json_replace(desc, "host", "00000000-0000-0000-0000-00000000beef");
-	return json_replace(d1, "nvlink", nb64);
+	return json_replace(d1, V->name, nb64);
 }
 
-/* The kind byte (1 IPC, 2 fd, 3 FABRIC) of the nvlink key of the descriptor's first buffer. */
+/* The kind byte (1 IPC, 2 fd, 3 FABRIC) of the plugin's key of the descriptor's first buffer. */
 static int key_kind(const char *desc)
 {
 	const char *keys = strstr(desc, "\"keys\"");
@@ -1099,7 +1234,7 @@ static int key_kind(const char *desc)
 	gsize n = 0;
 
 	g_assert_nonnull(keys);
-	b64 = json_value(keys, "nvlink");
+	b64 = json_value(keys, V->name);
 	key = g_base64_decode(b64, &n);
 	g_assert_cmpuint(n, >, 5);
 	return key[5];
@@ -1108,7 +1243,7 @@ static int key_kind(const char *desc)
 /* Without FABRIC handles, a peer on another host is refused, saying why. */
 static void test_sys_other_host(void)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", NULL);
+	struct node *n = gnode_start(NULL, gpu0, NULL);
 	g_autofree char *desc = node_descriptor(n);
 	g_autofree char *far = other_host(desc);
 	struct te_engine *e = engine_ok(NULL, NULL);
@@ -1117,7 +1252,12 @@ static void test_sys_other_host(void)
 	step("import the target's descriptor as if from another host");
 	assert_status(te_segment_import(e, far, strlen(far), &seg), TE_ERR_NO_TRANSPORT);
 	g_test_message("%s", te_last_error());
-	assert_contains(te_last_error(), "nvlink: same-host transport, peer is on another host");
+	{
+		g_autofree char *want = g_strdup_printf(
+			"%s: same-host transport, peer is on another host", V->name);
+
+		assert_contains(te_last_error(), want);
+	}
 	free_engine(e);
 	assert_fake_clean("after the initiator");
 	node_close_free(n, 10000, false);
@@ -1141,9 +1281,9 @@ static void test_sys_fabric(void)
 	enum te_status sst, wst;
 	struct te_task_info ti;
 
-	g_setenv("FAKECUDA_FABRIC", "1", TRUE); /* inherited by the targets */
-	vmm = gnode_start("alloc: vmm", "cuda:0", NULL);
-	legacy = gnode_start(NULL, "cuda:0", NULL);
+	fake_setenv("FABRIC", "1"); /* inherited by the targets */
+	vmm = gnode_start("alloc: vmm", gpu0, NULL);
+	legacy = gnode_start(NULL, gpu0, NULL);
 	dv = node_descriptor(vmm);
 	dl = node_descriptor(legacy);
 	g_assert_cmpint(key_kind(dv), ==, 3);
@@ -1152,14 +1292,14 @@ static void test_sys_fabric(void)
 
 	step("VMM memory through FABRIC handles, same host");
 	seg = open_node(e, vmm);
-	xfer_sizes(e, seg, vmm, sizes, G_N_ELEMENTS(sizes), WAIT_NS, "nvlink");
+	xfer_sizes(e, seg, vmm, sizes, G_N_ELEMENTS(sizes), WAIT_NS, V->name);
 	assert_ok(te_segment_close(e, seg));
 
 	step("VMM memory through FABRIC handles, a peer on another host");
 	far_v = other_host(dv);
 	assert_ok(te_segment_import(e, far_v, strlen(far_v), &seg));
 	node_fill(vmm, 0, vmm->total, 0); /* what xfer_sizes starts from */
-	xfer_sizes(e, seg, vmm, sizes, G_N_ELEMENTS(sizes), WAIT_NS, "nvlink");
+	xfer_sizes(e, seg, vmm, sizes, G_N_ELEMENTS(sizes), WAIT_NS, V->name);
 	assert_ok(te_segment_close(e, seg));
 
 	step("an IPC handle from another host");
@@ -1185,24 +1325,25 @@ static void test_sys_fabric(void)
 /* --- GPU memory over tcp: host staging on both sides ---------------------------------------- */
 
 /*
- * Engines with nvlink (the cuda owner) and tcp. The initiator loads nvlink memory_only, so the
+ * Engines with the plugin (the kind's owner) and tcp. The initiator loads it memory_only, so the
  * core never picks it to move bytes: a cuda buffer here is staged by the core through tcp's
  * bounce buffers, and a cuda buffer of the target is served by the target's tcp through its
- * staging buffers. Both copy through nvlink (the fake driver's copy threads).
+ * staging buffers. Both copy through the plugin (the fake driver's copy threads).
  */
 static const char tcp_entry[] = "  - name: tcp\n    required: true\n";
 
 static struct te_engine *tcp_initiator(const char *transfer)
 {
-	g_autofree char *y = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
-					     "transfer: {%s}\n"
-					     "transports:\n"
-					     "  - name: nvlink\n"
-					     "    required: true\n"
-					     "    memory_only: true\n"
-					     "    options: {library: \"%s\"}\n"
-					     "%s",
-					     transfer ? transfer : "", fake_lib, tcp_entry);
+	g_autofree char *y =
+		g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
+				"transfer: {%s}\n"
+				"transports:\n"
+				"  - name: %s\n"
+				"    required: true\n"
+				"    memory_only: true\n"
+				"    options: {library: \"%s\"}\n"
+				"%s",
+				transfer ? transfer : "", V->name, fake_lib, tcp_entry);
 	struct te_engine *e = NULL;
 
 	assert_ok(engine_new(y, NULL, &e));
@@ -1218,7 +1359,7 @@ static void assert_staged_here(struct te_engine *e, te_segment_id seg, struct no
 	enum te_status sst, wst;
 	te_batch_id b;
 
-	gbuf_new(&l, e, 65536, "cuda:0");
+	gbuf_new(&l, e, 65536, gpu0);
 	r = (struct te_request){ TE_OP_READ, seg, l.dev, n->buf, 65536 };
 	b = batch_run(e, &r, 1, WAIT_NS, &sst, &wst);
 	assert_ok(sst);
@@ -1232,18 +1373,18 @@ static void assert_staged_here(struct te_engine *e, te_segment_id seg, struct no
 
 static void test_tcp_sizes(void)
 {
-	struct node *gpu = gnode_start(NULL, "cuda:0", tcp_entry);
+	struct node *gpu = gnode_start(NULL, gpu0, tcp_entry);
 	struct node *cpu = gnode_start(NULL, "cpu", tcp_entry);
 	struct te_engine *e = tcp_initiator(NULL);
 	te_segment_id seg = open_node(e, gpu), seg_cpu;
 
 	xfer_tp = "tcp";
 	assert_staged_here(e, seg, gpu);
-	step("host memory here, cuda:0 there (served by the target's tcp staging)");
+	step("host memory here, %s there (served by the target's tcp staging)", gpu0);
 	xfer_sizes(e, seg, gpu, xfer_size_list, G_N_ELEMENTS(xfer_size_list), WAIT_NS, "tcp");
-	step("cuda:0 here (staged by the core), cuda:0 there");
-	gxfer_sizes(e, seg, gpu, xfer_size_list, G_N_ELEMENTS(xfer_size_list), "cuda:0");
-	step("cuda:1 here, host memory there");
+	step("%s here (staged by the core), %s there", gpu0, gpu0);
+	gxfer_sizes(e, seg, gpu, xfer_size_list, G_N_ELEMENTS(xfer_size_list), gpu0);
+	step("%s here, host memory there", gpu1);
 	seg_cpu = open_node(e, cpu);
 	gxfer_sizes(e, seg_cpu, cpu, xfer_size_list, G_N_ELEMENTS(xfer_size_list), gpu1);
 	assert_ok(te_segment_close(e, seg_cpu));
@@ -1256,15 +1397,15 @@ static void test_tcp_sizes(void)
 
 static void test_tcp_batch(void)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", tcp_entry);
+	struct node *n = gnode_start(NULL, gpu0, tcp_entry);
 	struct te_engine *e = tcp_initiator(NULL);
 	te_segment_id seg = open_node(e, n);
 
 	xfer_tp = "tcp";
-	step("1000 requests, host memory here, cuda:0 there");
+	step("1000 requests, host memory here, %s there", gpu0);
 	xfer_batch(e, seg, n, 1000, 40000, WAIT_NS, "tcp");
-	step("1000 requests, cuda:0 here and there");
-	gxfer_batch(e, seg, n, 1000, 40000, "cuda:0");
+	step("1000 requests, %s here and there", gpu0);
+	gxfer_batch(e, seg, n, 1000, 40000, gpu0);
 	assert_ok(te_segment_close(e, seg));
 	free_engine(e);
 	assert_fake_clean("after the initiator");
@@ -1278,7 +1419,7 @@ static void test_tcp_batch(void)
  */
 static void tcp_slow(bool cancel)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", tcp_entry);
+	struct node *n = gnode_start(NULL, gpu0, tcp_entry);
 	const uint32_t count = 16;
 	const size_t len = 256 * 1024;
 	struct te_request r[16];
@@ -1291,11 +1432,11 @@ static void tcp_slow(bool cancel)
 	uint64_t sum;
 	int64_t t0;
 
-	g_setenv("FAKECUDA_COPY_DELAY_US", "300000", TRUE); /* this process only */
-	g_setenv("FAKECUDA_SYNC_FAULTS", "1", TRUE);
+	fake_setenv("COPY_DELAY_US", "300000"); /* this process only */
+	fake_setenv("SYNC_FAULTS", "1");
 	e = tcp_initiator(cancel ? "timeout_ms: 30000" : "timeout_ms: 200");
 	seg = open_node(e, n);
-	gbuf_new(&l, e, count * len, "cuda:0");
+	gbuf_new(&l, e, count * len, gpu0);
 	for (uint32_t i = 0; i < count; i++) {
 		sysnode_fill(l.host + i * len, n->guard + i * len, len, 700 + i);
 		r[i] = (struct te_request){ TE_OP_WRITE, seg, l.dev + i * len, n->buf + i * len,
@@ -1336,7 +1477,7 @@ static void tcp_slow(bool cancel)
 	sleep_ms(1000);
 	g_assert_cmphex(node_checksum(n, n->guard, count * len), ==, sum);
 	assert_ok(te_batch_free(e, b));
-	g_unsetenv("FAKECUDA_COPY_DELAY_US"); /* read once per process: stays slow */
+	fake_unsetenv("COPY_DELAY_US"); /* read once per process: stays slow */
 	gbuf_free(&l, e);
 	assert_ok(te_segment_close(e, seg));
 	free_engine(e);
@@ -1357,7 +1498,7 @@ static void test_tcp_cancel(void)
 /* 1000 staged requests from device memory here; SIGKILL of the target: every task ends. */
 static void test_tcp_kill(void)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", tcp_entry);
+	struct node *n = gnode_start(NULL, gpu0, tcp_entry);
 	const uint32_t count = 1000;
 	struct te_request *r = g_new0(struct te_request, count);
 	uint32_t states[7];
@@ -1367,11 +1508,11 @@ static void test_tcp_kill(void)
 	te_batch_id b;
 	enum te_status st;
 
-	g_setenv("FAKECUDA_COPY_DELAY_US", "2000", TRUE);
-	g_setenv("FAKECUDA_SYNC_FAULTS", "1", TRUE);
+	fake_setenv("COPY_DELAY_US", "2000");
+	fake_setenv("SYNC_FAULTS", "1");
 	e = tcp_initiator("timeout_ms: 20000");
 	seg = open_node(e, n);
-	gbuf_new(&l, e, count * 4096, "cuda:0");
+	gbuf_new(&l, e, count * 4096, gpu0);
 	for (uint32_t i = 0; i < count; i++)
 		r[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, seg, l.dev + i * 4096,
 					    n->buf + i * 4096, 4096 };
@@ -1411,7 +1552,7 @@ static void test_tcp_kill(void)
  */
 static void test_tcp_fault_copy(void)
 {
-	struct node *n = gnode_start(NULL, "cuda:0", tcp_entry);
+	struct node *n = gnode_start(NULL, gpu0, tcp_entry);
 	struct te_engine *e;
 	te_segment_id seg;
 	struct te_request r[20];
@@ -1421,12 +1562,12 @@ static void test_tcp_fault_copy(void)
 	enum te_status sst, wst;
 
 	/* This process's copies: gbuf_new's one fill, then the staged WRITEs' copies. */
-	g_setenv("FAKECUDA_FAIL_COPY_AFTER", "6", TRUE);
-	g_setenv("FAKECUDA_FAIL_COPY_COUNT", "1", TRUE);
-	g_setenv("FAKECUDA_SYNC_FAULTS", "1", TRUE);
+	fake_setenv("FAIL_COPY_AFTER", "6");
+	fake_setenv("FAIL_COPY_COUNT", "1");
+	fake_setenv("SYNC_FAULTS", "1");
 	e = tcp_initiator("retries: 0");
 	seg = open_node(e, n);
-	gbuf_new(&l, e, 20 * 65536, "cuda:0");
+	gbuf_new(&l, e, 20 * 65536, gpu0);
 	for (uint32_t i = 0; i < 20; i++)
 		r[i] = (struct te_request){ TE_OP_WRITE, seg, l.dev + i * 65536, n->buf + i * 65536,
 					    65536 };
@@ -1443,7 +1584,7 @@ static void test_tcp_fault_copy(void)
 			continue;
 		failed++;
 		g_test_message("task %u: %s: %s", i, te_status_str(ti.status), ti.detail);
-		assert_contains(ti.detail, "CUDA_ERROR_UNKNOWN: unknown error");
+		assert_contains(ti.detail, V->e_unknown);
 	}
 	g_assert_cmpuint(failed, ==, 1);
 	assert_ok(te_batch_free(e, b));
@@ -1482,21 +1623,21 @@ static void assert_moved_by(struct te_engine *e, te_segment_id seg, void *local,
 }
 
 /*
- * tcp first in the YAML, nvlink second: GPU memory on either side of one host still goes over
- * nvlink; host memory on both sides follows the YAML order; GPU memory here to host memory
- * there (no nvlink key for host memory) goes over tcp, staged.
+ * tcp first in the YAML, the plugin second: GPU memory on either side of one host still goes over
+ * the plugin; host memory on both sides follows the YAML order; GPU memory here to host memory
+ * there (no plugin key for host memory) goes over tcp, staged.
  */
 static void test_sys_prefer(void)
 {
-	g_autofree char *tail = g_strdup_printf("  - name: nvlink\n"
+	g_autofree char *tail = g_strdup_printf("  - name: %s\n"
 						"    required: true\n"
 						"    options: {library: \"%s\"}\n",
-						fake_lib);
+						V->name, fake_lib);
 	g_autofree char *y = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
 					     "transports:\n"
 					     "%s%s",
 					     tcp_entry, tail);
-	const char *argv_gpu[] = { node_path, "--yaml", y, "--location", "cuda:0", NULL };
+	const char *argv_gpu[] = { node_path, "--yaml", y, "--location", gpu0, NULL };
 	const char *argv_cpu[] = { node_path, "--yaml", y, NULL };
 	struct node *gpu = node_start_argv(argv_gpu), *cpu = node_start_argv(argv_cpu);
 	struct te_engine *e = NULL;
@@ -1506,15 +1647,15 @@ static void test_sys_prefer(void)
 	assert_ok(engine_new(y, NULL, &e));
 	sg = open_node(e, gpu);
 	sc = open_node(e, cpu);
-	gbuf_new(&dev, e, 65536, "cuda:0");
+	gbuf_new(&dev, e, 65536, gpu0);
 	gbuf_new(&host, e, 65536, "cpu");
-	step("cuda:0 here, cuda:0 there");
-	assert_moved_by(e, sg, dev.dev, gpu->buf, "nvlink", false);
-	step("host memory here, cuda:0 there");
-	assert_moved_by(e, sg, host.dev, gpu->buf, "nvlink", false);
+	step("%s here, %s there", gpu0, gpu0);
+	assert_moved_by(e, sg, dev.dev, gpu->buf, V->name, false);
+	step("host memory here, %s there", gpu0);
+	assert_moved_by(e, sg, host.dev, gpu->buf, V->name, false);
 	step("host memory on both sides");
 	assert_moved_by(e, sc, host.dev, cpu->buf, "tcp", false);
-	step("cuda:0 here, host memory there");
+	step("%s here, host memory there", gpu0);
 	assert_moved_by(e, sc, dev.dev, cpu->buf, "tcp", true);
 	gbuf_free(&dev, e);
 	gbuf_free(&host, e);
@@ -1526,77 +1667,176 @@ static void test_sys_prefer(void)
 	node_close_free(gpu, 10000, false);
 }
 
+/*
+ * ROCm 6 (hip only): the runtime renumbered hipMemoryType and says more in hipGetErrorString;
+ * the plugin reads pointer attributes by the runtime's version, not its headers'. Both
+ * processes run the fake as ROCm 6.2.
+ */
+static void test_rocm6(void)
+{
+	static const size_t sizes[] = { 1, 4097, MIB + 3 };
+	g_autofree char *oom = g_strdup_printf("%s (0000:10:00.0): hipMalloc of 134217728 bytes: "
+					       "hipErrorOutOfMemory: out of memory",
+					       gpu0);
+	struct logbuf log = { .text = g_string_new(NULL) };
+	g_autofree char *y = NULL;
+	struct te_engine *e = NULL;
+	struct node *n;
+	te_segment_id seg;
+	uint8_t *d = NULL, *h = g_malloc(MIB);
+	void *q = NULL;
+	struct te_buffer_info bi[4];
+	size_t nb = 0;
+
+	fake_setenv("RUNTIME_VERSION", "60200000"); /* inherited by the target */
+	n = gnode_start(NULL, gpu0, NULL);
+	fake_setenv("OOM_BYTES", "104857600"); /* this process only */
+	g_mutex_init(&log.lock);
+	y = yaml_for(NULL, NULL, NULL);
+	assert_ok(engine_new(y, &log, &e));
+	assert_contains(log.text->str, "HIP runtime 6.2 (driver 6.2) via ");
+
+	step("pointer attributes of ROCm 6: device memory, host memory, '*'");
+	assert_ok(te_mem_alloc(e, gpu1, MIB, (void **)&d));
+	assert_ok(te_mem_register(e, d + 4096, 8192, "*", TE_MEM_REMOTE));
+	assert_ok(te_segment_buffers(e, TE_SEGMENT_LOCAL, bi, G_N_ELEMENTS(bi), &nb));
+	g_assert_cmpuint(nb, ==, 1);
+	g_assert_cmpstr(bi[0].location, ==, gpu1);
+	assert_status(te_mem_register(e, h, MIB, gpu0, TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
+	assert_ok(te_mem_register(e, h, MIB, "*", TE_MEM_LOCAL));
+	assert_ok(te_mem_unregister(e, h));
+	assert_ok(te_mem_unregister(e, d + 4096));
+	assert_ok(te_mem_free(e, d));
+
+	step("an error in ROCm 6's words");
+	assert_status(te_mem_alloc(e, gpu0, 128 * MIB, &q), TE_ERR_NOMEM);
+	g_test_message("error: %s", te_last_error());
+	assert_contains(te_last_error(), oom);
+
+	step("IPC handles between two ROCm 6 processes");
+	seg = open_node(e, n);
+	xfer_sizes(e, seg, n, sizes, G_N_ELEMENTS(sizes), WAIT_NS, V->name);
+	gxfer_sizes(e, seg, n, sizes, G_N_ELEMENTS(sizes), gpu1);
+	assert_ok(te_segment_close(e, seg));
+	free_engine(e);
+	assert_fake_clean("after the initiator");
+	node_close_free(n, 10000, false);
+	g_string_free(log.text, TRUE);
+	g_mutex_clear(&log.lock);
+	g_free(h);
+}
+
+/* Test paths are "/<plugin><path>"; kept until g_test_run returns. */
+static GPtrArray *paths;
+
+static const char *vpath(const char *path)
+{
+	char *p = g_strdup_printf("/%s%s", V->name, path);
+
+	g_ptr_array_add(paths, p);
+	return p;
+}
+
 static void add(const char *path, GTestFunc fn)
 {
-	g_test_add_func(path, fn);
+	g_test_add_func(vpath(path), fn);
 }
 
 /* A case that needs the fake driver's faults. */
 static void add_fake(const char *path, GTestFunc fn)
 {
-	g_test_add_func(path, real_driver ? skip_fake : fn);
+	g_test_add_func(vpath(path), real_driver ? skip_fake : fn);
 }
 
 static void add_data(const char *path, gconstpointer data, GTestDataFunc fn)
 {
-	g_test_add_data_func(path, data, fn);
+	g_test_add_data_func(vpath(path), data, fn);
+}
+
+/* Cases of plugins with VMM memory (option alloc) only. */
+static void add_vmm(const char *path, gconstpointer data, GTestDataFunc fn)
+{
+	if (V->has_alloc)
+		add_data(path, data, fn);
 }
 
 int main(int argc, char **argv)
 {
-	const char *w;
+	const char *w, *vendor = g_getenv("TE_GPU_TEST_VENDOR");
+	g_autofree char *lib_var = NULL, *so = NULL;
+	int rc;
 
 	g_test_init(&argc, &argv, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	fake_lib = g_getenv("FAKECUDA_LIB");
-	nvlink_so = find_plugin("nvlink.so");
+	for (size_t i = 0; vendor && *vendor && i < G_N_ELEMENTS(vendors); i++)
+		if (strcmp(vendor, vendors[i].name) == 0)
+			V = &vendors[i];
+	if (vendor && *vendor && strcmp(vendor, V->name) != 0) {
+		printf("Bail out! TE_GPU_TEST_VENDOR=%s is not nvlink or hip\n", vendor);
+		return 1;
+	}
+	xfer_tp = V->name;
+	gpu0 = g_strdup_printf("%s:0", V->kind);
+	gpu1 = g_strdup_printf("%s:1", V->kind);
+	gpu5 = g_strdup_printf("%s:5", V->kind);
+	gpu63 = g_strdup_printf("%s:63", V->kind);
+	lib_var = g_strdup_printf("%s_LIB", V->prefix);
+	so = g_strdup_printf("%s.so", V->name);
+	fake_lib = g_getenv(lib_var);
+	plugin_so = find_plugin(so);
 	node_path = find_te_node();
-	if (!fake_lib || !*fake_lib || !nvlink_so || !node_path) {
-		printf("1..0 # SKIP needs FAKECUDA_LIB, nvlink.so on TE_PLUGIN_PATH and te-node\n");
+	if (!fake_lib || !*fake_lib || !plugin_so || !node_path) {
+		printf("1..0 # SKIP needs %s, %s on TE_PLUGIN_PATH and te-node\n", lib_var, so);
 		return 77;
 	}
 	real_driver = g_strcmp0(g_getenv("TE_NVLINK_REAL"), "1") == 0;
 	if (real_driver && g_strcmp0(g_getenv("TE_NVLINK_GPUS"), "1") == 0)
-		gpu1 = "cuda:0";
-	w = g_getenv("TE_NVLINK_WATCHDOG_S");
+		gpu1 = gpu0;
+	w = g_getenv("TE_GPU_WATCHDOG_S");
 	wdog.seconds = w && *w ? (unsigned)parse_u64(w, 10) : 100;
 	g_thread_unref(g_thread_new("case-watchdog", case_watchdog, NULL));
-	g_test_message("fake driver %s; plugin %s; te-node %s", fake_lib, nvlink_so, node_path);
+	g_test_message("fake runtime %s; plugin %s; te-node %s", fake_lib, plugin_so, node_path);
 
-	add("/nvlink/load", test_load);
-	add_fake("/nvlink/no-device", test_no_device);
-	add_fake("/nvlink/old-driver", test_old_driver);
-	add("/nvlink/missing-library", test_missing_library);
-	add("/nvlink/options", test_options);
-	add_data("/nvlink/mem/legacy", "legacy", test_mem);
-	add_data("/nvlink/mem/vmm", "vmm", test_mem);
-	add_fake("/nvlink/mem/oom", test_oom);
-	add_data("/nvlink/in-process/legacy", "legacy", test_in_process);
-	add_data("/nvlink/in-process/vmm", "vmm", test_in_process);
-	add_data("/nvlink/sys/sizes/legacy", "legacy", test_sys_sizes);
-	add_data("/nvlink/sys/sizes/vmm", "vmm", test_sys_sizes);
-	add_data("/nvlink/sys/batch-1000/legacy", "legacy", test_sys_batch);
-	add_data("/nvlink/sys/batch-1000/vmm", "vmm", test_sys_batch);
-	add_fake("/nvlink/sys/deadline", test_sys_deadline);
-	add_fake("/nvlink/sys/cancel", test_sys_cancel);
-	add("/nvlink/sys/kill-mid-batch", test_sys_kill);
-	add_fake("/nvlink/sys/fault-copy", test_sys_fault_copy);
-	add("/nvlink/sys/prefer", test_sys_prefer);
-	add("/nvlink/sys/tcp-staged/sizes", test_tcp_sizes);
-	add("/nvlink/sys/tcp-staged/batch-1000", test_tcp_batch);
-	add_fake("/nvlink/sys/tcp-staged/deadline", test_tcp_deadline);
-	add_fake("/nvlink/sys/tcp-staged/cancel", test_tcp_cancel);
-	add("/nvlink/sys/tcp-staged/kill-mid-batch", test_tcp_kill);
-	add_fake("/nvlink/sys/tcp-staged/fault-copy", test_tcp_fault_copy);
-	add_fake("/nvlink/sys/fault-sticky", test_sys_fault_sticky);
-	add_fake("/nvlink/sys/fault-oom", test_sys_fault_oom);
+	paths = g_ptr_array_new_with_free_func(g_free);
+	add("/load", test_load);
+	add_fake("/no-device", test_no_device);
+	add_fake("/old-driver", test_old_driver);
+	add("/missing-library", test_missing_library);
+	add("/options", test_options);
+	add_data("/mem/legacy", "legacy", test_mem);
+	add_vmm("/mem/vmm", "vmm", test_mem);
+	add_fake("/mem/oom", test_oom);
+	add_data("/in-process/legacy", "legacy", test_in_process);
+	add_vmm("/in-process/vmm", "vmm", test_in_process);
+	add_data("/sys/sizes/legacy", "legacy", test_sys_sizes);
+	add_vmm("/sys/sizes/vmm", "vmm", test_sys_sizes);
+	add_data("/sys/batch-1000/legacy", "legacy", test_sys_batch);
+	add_vmm("/sys/batch-1000/vmm", "vmm", test_sys_batch);
+	add_fake("/sys/deadline", test_sys_deadline);
+	add_fake("/sys/cancel", test_sys_cancel);
+	add("/sys/kill-mid-batch", test_sys_kill);
+	add_fake("/sys/fault-copy", test_sys_fault_copy);
+	add("/sys/prefer", test_sys_prefer);
+	add("/sys/tcp-staged/sizes", test_tcp_sizes);
+	add("/sys/tcp-staged/batch-1000", test_tcp_batch);
+	add_fake("/sys/tcp-staged/deadline", test_tcp_deadline);
+	add_fake("/sys/tcp-staged/cancel", test_tcp_cancel);
+	add("/sys/tcp-staged/kill-mid-batch", test_tcp_kill);
+	add_fake("/sys/tcp-staged/fault-copy", test_tcp_fault_copy);
+	add_fake("/sys/fault-sticky", test_sys_fault_sticky);
+	add_fake("/sys/fault-oom", test_sys_fault_oom);
 	if (!real_driver) {
-		add_data("/nvlink/sys/fault-ipc/legacy", "legacy", test_sys_fault_ipc);
-		add_data("/nvlink/sys/fault-ipc/vmm", "vmm", test_sys_fault_ipc);
+		add_data("/sys/fault-ipc/legacy", "legacy", test_sys_fault_ipc);
+		add_vmm("/sys/fault-ipc/vmm", "vmm", test_sys_fault_ipc);
 	}
-	add_fake("/nvlink/sys/no-peer", test_sys_no_peer);
-	add_fake("/nvlink/sys/other-host", test_sys_other_host);
-	add_fake("/nvlink/sys/fabric", test_sys_fabric);
-	add("/nvlink/sys/auth", test_sys_auth);
-	return g_test_run();
+	add_fake("/sys/no-peer", test_sys_no_peer);
+	add_fake("/sys/other-host", test_sys_other_host);
+	if (V->has_alloc)
+		add_fake("/sys/fabric", test_sys_fabric);
+	else
+		add_fake("/sys/rocm6", test_rocm6);
+	add("/sys/auth", test_sys_auth);
+	rc = g_test_run();
+	g_ptr_array_free(paths, TRUE);
+	return rc;
 }
