@@ -1041,8 +1041,8 @@ static void atomic_min_u64(_Atomic uint64_t *p, uint64_t v)
 		;
 }
 
-enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_request *reqs,
-			    size_t n)
+static enum te_status batch_submit_requests(struct engine *e, te_batch_id id,
+					    const struct te_request *reqs, size_t n, bool *missed)
 {
 	enum te_status first_err = TE_OK;
 	struct slice_chunk *chunk = NULL;
@@ -1175,6 +1175,12 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 					    r->segment);
 				goto rejected;
 			}
+			if (seg->departed) {
+				task_reject(t, TE_ERR_PEER_UNREACHABLE,
+					    "request %zu: segment '%s' is gone: %s", i, seg->name,
+					    seg->departed);
+				goto rejected;
+			}
 			v = seg->view;
 		}
 		if (last_db && v == last_view && r->remote >= last_db->addr &&
@@ -1183,6 +1189,14 @@ enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_re
 		else
 			db = descriptor_find_buffer(v->desc, r->remote, r->length);
 		if (!db) {
+			/*
+			 * The peer may have registered it since its descriptor was fetched (or
+			 * restarted elsewhere): the next submit fetches a fresh one.
+			 */
+			if (seg) {
+				segment_mark_stale(e, seg);
+				*missed = true;
+			}
 			task_reject(t, TE_ERR_REMOTE_ACCESS,
 				    "request %zu: remote range [0x%" PRIx64 ", +%" PRIu64
 				    ") is outside the registered buffers of segment '%s'",
@@ -1350,6 +1364,23 @@ rejected:
 	batch_unref(b);
 	(void)n_invalid;
 	return first_err;
+}
+
+enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_request *reqs,
+			    size_t n)
+{
+	bool missed = false;
+	enum te_status st = batch_submit_requests(e, id, reqs, n, &missed);
+
+	/*
+	 * A remote range outside the segment's descriptor was refused: the peer may have
+	 * registered it (or restarted) since the descriptor was fetched. Fetch it now, so the
+	 * next submit sees the peer as it is (not later: a descriptor kept until a later
+	 * submit would pick up unrelated changes made meanwhile).
+	 */
+	if (missed)
+		segment_refresh_stale(e);
+	return st;
 }
 
 static enum te_state task_state(struct task *t)

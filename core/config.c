@@ -692,6 +692,7 @@ static const char *const log_levels[] = {
 static const struct field engine_fields[] = {
 	LEAF("name", F_TOKEN, CFG(name)),
 	LEAF("listen", F_LISTEN, CFG(listen)),
+	LEAF("advertise", F_TOKEN, CFG(advertise)),
 };
 
 static const struct field metadata_fields[] = {
@@ -702,6 +703,10 @@ static const struct field metadata_fields[] = {
 	LEAF("endpoints", F_ENDPOINTS, 0),
 	LEAF("namespace", F_TOKEN, CFG(metadata_namespace)),
 	RANGED("ttl_s", F_U32, CFG(metadata_ttl_s), 1, 3600),
+	LEAF("username", F_TOKEN, CFG(metadata_username)),
+	LEAF("password_file", F_STRING, CFG(metadata_password_file)),
+	LEAF("ca_file", F_STRING, CFG(metadata_ca_file)),
+	RANGED("timeout_ms", F_U32, CFG(metadata_timeout_ms), 100, 600000),
 };
 
 static const struct field transfer_fields[] = {
@@ -1160,6 +1165,7 @@ static void config_set_defaults(struct config *cfg)
 	cfg->metadata_type = CONFIG_METADATA_P2P;
 	cfg->metadata_namespace = g_strdup(DEFAULT_NAMESPACE);
 	cfg->metadata_ttl_s = 10;
+	cfg->metadata_timeout_ms = 3000;
 	cfg->slice_size = 0;
 	cfg->max_slices_per_task = 4096;
 	cfg->retries = 3;
@@ -1367,6 +1373,8 @@ char *config_to_yaml(const struct config *cfg)
 	g_string_append(o, cfg->name ? "\n" : "  # host:port of the listener\n");
 	g_string_append(o, "  listen: ");
 	emit_string(o, cfg->listen);
+	g_string_append(o, "\n  advertise: ");
+	emit_string(o, cfg->advertise);
 
 	g_string_append_printf(
 		o, "\nmetadata:\n  type: %s\n",
@@ -1381,6 +1389,13 @@ char *config_to_yaml(const struct config *cfg)
 	g_string_append(o, "\n  namespace: ");
 	emit_string(o, cfg->metadata_namespace);
 	g_string_append_printf(o, "\n  ttl_s: %" PRIu32 "\n", cfg->metadata_ttl_s);
+	g_string_append(o, "  username: ");
+	emit_string(o, cfg->metadata_username);
+	g_string_append(o, "\n  password_file: ");
+	emit_string(o, cfg->metadata_password_file);
+	g_string_append(o, "\n  ca_file: ");
+	emit_string(o, cfg->metadata_ca_file);
+	g_string_append_printf(o, "\n  timeout_ms: %" PRIu32 "\n", cfg->metadata_timeout_ms);
 
 	g_string_append_printf(o,
 			       "transfer:\n"
@@ -1484,7 +1499,11 @@ void config_free(struct config *cfg)
 	g_free(cfg->listen);
 	for (size_t i = 0; i < cfg->n_metadata_endpoints; i++)
 		g_free(cfg->metadata_endpoints[i]);
+	g_free(cfg->advertise);
 	g_free(cfg->metadata_namespace);
+	g_free(cfg->metadata_username);
+	g_free(cfg->metadata_password_file);
+	g_free(cfg->metadata_ca_file);
 	for (size_t i = 0; i < cfg->n_transports; i++) {
 		struct config_transport *t = &cfg->transports[i];
 

@@ -41,15 +41,20 @@ enum config_metadata_type {
 
 struct config {
 	/* engine: */
-	char *name;   /* NULL: host:port of the listener */
-	char *listen; /* control-plane address, default "127.0.0.1:0" */
+	char *name;	 /* NULL: host:port of the listener */
+	char *listen;	 /* control-plane address, default "127.0.0.1:0" */
+	char *advertise; /* host peers reach the listener at; NULL: derived */
 
 	/* metadata: */
 	enum config_metadata_type metadata_type;
 	char *metadata_endpoints[CONFIG_MAX_ENDPOINTS];
 	size_t n_metadata_endpoints;
-	char *metadata_namespace; /* default "/te" */
-	uint32_t metadata_ttl_s;  /* default 10 */
+	char *metadata_namespace;     /* default "/te" */
+	uint32_t metadata_ttl_s;      /* default 10 */
+	char *metadata_username;      /* NULL: none */
+	char *metadata_password_file; /* NULL: none */
+	char *metadata_ca_file;	      /* NULL: the system's CAs */
+	uint32_t metadata_timeout_ms; /* one request to the store, default 3000 */
 
 	/* transfer: */
 	uint64_t slice_size;	       /* 0: from the transport's caps */

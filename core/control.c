@@ -2,8 +2,11 @@
 /* control.c: serve descriptors, handshakes, notifies and probes; call peers for them. */
 #include <assert.h>
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <inttypes.h>
+#include <net/if.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,7 +67,55 @@ void control_set_loading(const struct descriptor *d)
 
 const char *control_address(const struct engine *e)
 {
-	return e->rpc ? rpc_server_address(e->rpc) : "";
+	return e->advertise ? e->advertise : e->rpc ? rpc_server_address(e->rpc) : "";
+}
+
+/* The first up, non-loopback IPv4 address of this host, or NULL. */
+static char *control_first_ipv4(void)
+{
+	struct ifaddrs *ifs = NULL;
+	char *found = NULL;
+
+	if (getifaddrs(&ifs) != 0)
+		return NULL;
+	for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+		char buf[INET_ADDRSTRLEN];
+
+		if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+		    (i->ifa_flags & IFF_LOOPBACK))
+			continue;
+		if (inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, buf,
+			      sizeof(buf)))
+			found = g_strdup(buf);
+	}
+	freeifaddrs(ifs);
+	return found;
+}
+
+/*
+ * What peers are told to connect to: the bound address, with engine.advertise (else the
+ * host's first non-loopback IPv4 address, else its name) in place of a wildcard host or of
+ * the bound host when advertise is set.
+ */
+static char *control_advertise(const struct engine *e)
+{
+	const char *bound = rpc_server_address(e->rpc);
+	const char *colon = strrchr(bound, ':');
+	g_autofree char *host = NULL;
+	bool wildcard;
+
+	if (!colon)
+		return NULL;
+	wildcard = strncmp(bound, "0.0.0.0:", 8) == 0 || strncmp(bound, "[::]:", 5) == 0;
+	if (e->cfg->advertise)
+		host = g_strdup(e->cfg->advertise);
+	else if (!wildcard)
+		return NULL;
+	else if (!(host = control_first_ipv4()))
+		host = g_strdup(g_get_host_name());
+	if (strchr(host, ':') && host[0] != '[')
+		return g_strdup_printf("[%s]%s", host, colon);
+	return g_strdup_printf("%s%s", host, colon);
 }
 
 static void put_u64(uint8_t *p, uint64_t v)
@@ -280,70 +331,6 @@ static enum te_status control_handle(void *user, const struct rpc_request *req, 
 	}
 }
 
-/* --- p2p metadata backend: descriptors come from the peer's own listener ----- */
-
-static enum te_status p2p_open(struct engine *e, void **state_out, char **err_out)
-{
-	*state_out = e;
-	return TE_OK;
-}
-
-static enum te_status p2p_get(void *state, const char *name, uint32_t timeout_ms, GBytes **json_out,
-			      char **err_out)
-{
-	struct engine *e = state;
-	g_autofree char *err = NULL;
-	GBytes *reply = NULL;
-	int32_t status = 0;
-	enum te_status st;
-
-	if (!strchr(name, ':')) {
-		*err_out = g_strdup_printf("p2p metadata: segment name '%s' is not a host:port "
-					   "address of a peer's control plane",
-					   name);
-		return TE_ERR_UNKNOWN_SEGMENT;
-	}
-	st = rpc_client_call(e->rpc_client, name, RPC_DESC_FETCH, NULL, 0,
-			     timeout_ms ? timeout_ms : CONTROL_TIMEOUT_MS, &reply, &status, &err);
-	if (st != TE_OK) {
-		*err_out = g_strdup_printf("p2p metadata: fetching segment '%s': %s", name,
-					   err ? err : te_status_str(st));
-		return st == TE_ERR_PEER_UNREACHABLE ? TE_ERR_UNKNOWN_SEGMENT : st;
-	}
-	if (status != TE_OK) {
-		*err_out = g_strdup_printf("p2p metadata: peer %s refused the descriptor: %s", name,
-					   te_status_str(status));
-		g_bytes_unref(reply);
-		return TE_ERR_METADATA;
-	}
-	*json_out = reply;
-	return TE_OK;
-}
-
-static enum te_status p2p_put(void *state, const char *name, const char *json, size_t len,
-			      char **err_out)
-{
-	return TE_OK; /* served on demand by our listener */
-}
-
-static enum te_status p2p_del(void *state, const char *name, char **err_out)
-{
-	return TE_OK;
-}
-
-static void p2p_close(void *state)
-{
-}
-
-const struct metadata_ops metadata_p2p_ops = {
-	.name = "p2p",
-	.open = p2p_open,
-	.get = p2p_get,
-	.put = p2p_put,
-	.del = p2p_del,
-	.close = p2p_close,
-};
-
 /* --- lifetime ------------------------------------------------------------------ */
 
 static const char *control_file_kind(mode_t mode)
@@ -503,6 +490,7 @@ enum te_status control_start(struct engine *e, char **err_out)
 	st = rpc_server_start(&rc, &e->rpc, err_out);
 	if (st != TE_OK)
 		return st;
+	e->advertise = control_advertise(e);
 	st = metadata_open(e, &e->md, err_out);
 	return st;
 }
@@ -511,6 +499,7 @@ void control_stop(struct engine *e)
 {
 	rpc_server_stop(e->rpc);
 	e->rpc = NULL;
+	g_clear_pointer(&e->advertise, g_free);
 	metadata_close(e->md);
 	e->md = NULL;
 	rpc_client_free(e->rpc_client);
@@ -556,6 +545,14 @@ enum te_status control_fetch_descriptor(struct engine *e, const char *name, uint
 		return TE_ERR_UNKNOWN_SEGMENT;
 	}
 	st = metadata_get(e->md, name, timeout_ms, &json, &err);
+	if (st == TE_ERR_METADATA_NOT_FOUND) {
+		g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
+
+		*err_out = g_strdup_printf("segment '%s': no engine of that name is published in "
+					   "%s (key %s): %s",
+					   name, metadata_name(e->md), key, err);
+		return st;
+	}
 	if (st != TE_OK) {
 		*err_out = g_steal_pointer(&err);
 		return st;
@@ -563,8 +560,26 @@ enum te_status control_fetch_descriptor(struct engine *e, const char *name, uint
 	data = g_bytes_get_data(json, &len);
 	st = descriptor_decode(data, len, desc_out, &err);
 	if (st != TE_OK) {
-		*err_out = g_strdup_printf("segment '%s': %s", name, err);
+		if (metadata_is_store(e->md)) {
+			g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
+
+			*err_out = g_strdup_printf("segment '%s': the value of key %s in %s is not "
+						   "a segment descriptor: %s",
+						   name, key, metadata_name(e->md), err);
+		} else {
+			*err_out = g_strdup_printf("segment '%s': %s", name, err);
+		}
 		return st;
+	}
+	if (metadata_is_store(e->md) && strcmp((*desc_out)->name, name) != 0) {
+		g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
+
+		*err_out = g_strdup_printf("segment '%s': the value of key %s in %s describes "
+					   "segment '%s'",
+					   name, key, metadata_name(e->md), (*desc_out)->name);
+		descriptor_free(*desc_out);
+		*desc_out = NULL;
+		return TE_ERR_METADATA_MALFORMED;
 	}
 	return TE_OK;
 }

@@ -9,6 +9,7 @@
 #include "core/batch.h"
 #include "core/control.h"
 #include "core/engine.h"
+#include "core/metadata/metadata.h"
 #include "core/memkind.h"
 #include "core/segment.h"
 #include "core/rpc.h"
@@ -335,6 +336,8 @@ static void engine_destroy(struct engine *e)
 {
 	uint64_t give_up;
 
+	/* Peers stop finding us first (a store backend deletes our key). */
+	metadata_withdraw_local(e);
 	if (e->worker) {
 		atomic_store(&e->stopping, true);
 		g_mutex_lock(&e->work_lock);
@@ -546,8 +549,29 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 		engine_destroy(e);
 		return log_error(TE_ERR_SYSTEM, "te_engine_new: cannot start the worker thread");
 	}
-	ENGINE_LOG(e, TE_LOG_INFO, "engine %s started (generation %016" PRIx64 ", %u transports)",
-		   e->name, e->generation, e->n_tps);
+	/* With a store: claim the name, publish the descriptor, then follow the others. */
+	g_clear_pointer(&err, g_free);
+	st = metadata_publish_local(e, &err);
+	if (st != TE_OK) {
+		g_autofree char *msg = g_strdup_printf("metadata (%s): publishing segment '%s': %s",
+						       metadata_name(e->md), e->name,
+						       err ? err : te_status_str(st));
+
+		engine_destroy(e);
+		return log_error(st, "%s", msg);
+	}
+	st = metadata_watch_start(e, &err);
+	if (st != TE_OK) {
+		g_autofree char *msg =
+			g_strdup_printf("metadata (%s): watch: %s", metadata_name(e->md),
+					err ? err : te_status_str(st));
+
+		engine_destroy(e);
+		return log_error(st, "%s", msg);
+	}
+	ENGINE_LOG(e, TE_LOG_INFO,
+		   "engine %s started (generation %016" PRIx64 ", %u transports, metadata %s)",
+		   e->name, e->generation, e->n_tps, metadata_name(e->md));
 	*engine_out = (struct te_engine *)e;
 	return TE_OK;
 }

@@ -64,6 +64,7 @@ struct engine {
 	char *secret;
 	size_t secret_len;
 	struct rpc_server *rpc;
+	char *advertise; /* "host:port" peers reach the listener at (control_address) */
 	struct rpc_client *rpc_client;
 	struct metadata *md;
 	_Atomic uint32_t refresh_pending; /* segments flagged stale */

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include "core/engine.h"
+#include "core/metadata/metadata.h"
 #include "core/mem.h"
 #include "core/memkind.h"
 #include "core/metadata/descriptor.h"
@@ -203,6 +204,22 @@ static enum te_status mem_check_kind(struct engine *e, void *addr, size_t length
 	return TE_OK;
 }
 
+/*
+ * A store backend learns of the changed buffer list now, so that a peer that opens this
+ * segment after te_mem_register returns sees the buffer. A failure leaves the registration in
+ * place (it is local): the backend publishes the latest descriptor when the store answers.
+ */
+static void mem_publish(struct engine *e)
+{
+	g_autofree char *err = NULL;
+
+	if (metadata_publish_local(e, &err) != TE_OK)
+		ENGINE_LOG(e, TE_LOG_WARN,
+			   "metadata: publishing the changed buffer list of segment %s failed "
+			   "(peers keep the previous one until it succeeds): %s",
+			   e->name, err);
+}
+
 enum te_status mem_register(struct engine *e, void *addr, size_t length, const char *location,
 			    uint32_t access)
 {
@@ -314,6 +331,8 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 	g_rw_lock_writer_unlock(&e->mem.lock);
 	ENGINE_LOG(e, TE_LOG_DEBUG, "registered [%p, +%zu) %s access 0x%x", addr, length,
 		   r->location, access);
+	if (access & (TE_MEM_REMOTE_READ | TE_MEM_REMOTE_WRITE))
+		mem_publish(e);
 	return TE_OK;
 
 err_unwind:
@@ -325,6 +344,7 @@ err_unwind:
 enum te_status mem_unregister(struct engine *e, void *addr)
 {
 	struct mem_region *r = NULL;
+	uint32_t remote;
 	guint i;
 
 	if (!addr)
@@ -356,7 +376,10 @@ enum te_status mem_unregister(struct engine *e, void *addr)
 	g_ptr_array_remove_index(e->mem.regions, i);
 	atomic_fetch_add_explicit(&e->mem.version, 1, memory_order_release);
 	g_rw_lock_writer_unlock(&e->mem.lock);
+	remote = r->access & (TE_MEM_REMOTE_READ | TE_MEM_REMOTE_WRITE);
 	mem_region_free(e, r);
+	if (remote)
+		mem_publish(e);
 	return TE_OK;
 }
 

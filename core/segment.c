@@ -164,6 +164,7 @@ void segment_free(struct segment *s)
 {
 	if (!s)
 		return;
+	g_free(s->departed);
 	segview_unref(s->view);
 	g_free(s->name);
 	g_free(s);
@@ -199,11 +200,34 @@ static bool segment_blobs_differ(const struct descriptor *a, const struct descri
 	return false;
 }
 
-/* The open segment's view may stay: same generation, and (on a refresh) the same blobs. */
+/* Whether @a and @b list different buffers (a registration came or went). */
+static bool segment_buffers_differ(const struct descriptor *a, const struct descriptor *b)
+{
+	if (a->n_buffers != b->n_buffers)
+		return true;
+	for (size_t i = 0; i < a->n_buffers; i++) {
+		const struct descriptor_buffer *x = &a->buffers[i], *y = &b->buffers[i];
+
+		if (x->addr != y->addr || x->length != y->length || x->access != y->access ||
+		    x->n_keys != y->n_keys || strcmp(x->location, y->location) != 0)
+			return true;
+		for (size_t k = 0; k < x->n_keys; k++)
+			if (strcmp(x->keys[k].transport, y->keys[k].transport) != 0 ||
+			    !g_bytes_equal(x->keys[k].blob, y->keys[k].blob))
+				return true;
+	}
+	return false;
+}
+
+/*
+ * The open segment's view may stay: same generation, and (on a refresh) the same blobs and
+ * buffers.
+ */
 static bool segment_same_view(const struct segview *v, const struct descriptor *d, bool refresh)
 {
 	return v->desc->generation == d->generation &&
-	       !(refresh && segment_blobs_differ(v->desc, d));
+	       !(refresh &&
+		 (segment_blobs_differ(v->desc, d) || segment_buffers_differ(v->desc, d)));
 }
 
 enum te_status segment_import_desc(struct engine *e, const char *key, struct descriptor *desc,
@@ -251,11 +275,15 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 					   "restarted)",
 					   s->name, (unsigned long long)v->desc->generation,
 					   (unsigned long long)s->view->desc->generation);
-			else
+			else if (segment_blobs_differ(s->view->desc, v->desc))
 				ENGINE_LOG(e, TE_LOG_INFO,
 					   "segment %s: transports changed within generation "
 					   "%llu: peers loaded anew",
 					   s->name, (unsigned long long)v->desc->generation);
+			else
+				ENGINE_LOG(e, TE_LOG_DEBUG,
+					   "segment %s: %zu buffers now (were %zu)", s->name,
+					   v->desc->n_buffers, s->view->desc->n_buffers);
 			old = s->view;
 			old->stale = true;
 			s->view = v;
@@ -263,6 +291,7 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 		}
 		if (!refresh)
 			s->open_count++;
+		g_clear_pointer(&s->departed, g_free);
 	} else if (refresh) {
 		/* Closed while we fetched: nothing to refresh. */
 		g_rw_lock_writer_unlock(&e->seg_lock);
@@ -322,6 +351,9 @@ enum te_status te_segment_open(struct te_engine *engine, const char *name, te_se
 	if (strlen(name) >= DESCRIPTOR_MAX_NAME)
 		return log_error(TE_ERR_INVALID_ARG, "te_segment_open: name longer than %u bytes",
 				 DESCRIPTOR_MAX_NAME - 1);
+	if (strcmp(name, e->name) == 0)
+		return log_error(TE_ERR_INVALID_ARG,
+				 "te_segment_open: '%s' is this engine's own segment (id 0)", name);
 	g_rw_lock_writer_lock(&e->seg_lock);
 	s = segment_find_name_locked(e, name);
 	if (s) {
@@ -399,6 +431,47 @@ void segment_refresh_stale(struct engine *e)
 			ENGINE_LOG(e, TE_LOG_INFO, "segment %s: refresh failed: %s", name,
 				   te_last_error());
 	}
+}
+
+void segment_watch_event(struct engine *e, const char *backend, const char *name, const char *json,
+			 size_t len)
+{
+	g_autofree char *err = NULL;
+	struct descriptor *d = NULL;
+	struct segment *s;
+	te_segment_id id;
+	bool open;
+
+	g_rw_lock_writer_lock(&e->seg_lock);
+	s = segment_find_name_locked(e, name);
+	open = s != NULL;
+	if (s && !json && !s->departed) {
+		s->departed = g_strdup_printf("its descriptor left the %s store (the engine "
+					      "stopped, or its TTL of %u s ran out: it died or "
+					      "lost the store)",
+					      backend, e->cfg->metadata_ttl_s);
+		ENGINE_LOG(e, TE_LOG_INFO, "segment %s: %s", name, s->departed);
+	}
+	g_rw_lock_writer_unlock(&e->seg_lock);
+	if (!open || !json)
+		return; /* nothing cached for it */
+	if (descriptor_decode(json, len, &d, &err) != TE_OK) {
+		ENGINE_LOG(e, TE_LOG_WARN,
+			   "segment %s: the %s store holds a value that is not a descriptor, "
+			   "ignored (the cached one stays): %s",
+			   name, backend, err);
+		return;
+	}
+	if (strcmp(d->name, name) != 0) {
+		ENGINE_LOG(e, TE_LOG_WARN,
+			   "segment %s: the %s store's value names segment '%s', ignored", name,
+			   backend, d->name);
+		descriptor_free(d);
+		return;
+	}
+	if (segment_import_desc(e, name, d, true, &id) != TE_OK)
+		ENGINE_LOG(e, TE_LOG_INFO, "segment %s: refresh from the %s watch failed: %s", name,
+			   backend, te_last_error());
 }
 
 void segment_mark_stale(struct engine *e, struct segment *s)

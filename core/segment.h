@@ -48,6 +48,8 @@ struct segment {
 	_Atomic int32_t busy;	  /* live batches that use it */
 	_Atomic uint32_t stale;	  /* a path failure asks for a descriptor refresh */
 	uint64_t last_refresh_ns; /* under engine->seg_lock (write) */
+	/* Why the store says the segment left (its key deleted or expired); NULL: present. */
+	char *departed; /* under engine->seg_lock */
 };
 
 /* Build a view from a decoded descriptor (takes ownership of @desc). */
@@ -75,6 +77,15 @@ void segment_refresh_stale(struct engine *e);
 
 /* A path towards @s failed: refresh its descriptor before the next submit uses it. */
 void segment_mark_stale(struct engine *e, struct segment *s);
+
+/*
+ * segment_watch_event - the store's watch saw segment @name change: @json is its new value
+ * (a new generation or a changed buffer list: the open segment's view is replaced), or NULL
+ * when its key was deleted or expired (new requests to it fail at once, naming @backend,
+ * until it comes back). A value that does not decode is logged and changes nothing.
+ */
+void segment_watch_event(struct engine *e, const char *backend, const char *name, const char *json,
+			 size_t len);
 
 /* Caller holds engine->seg_lock (read). NULL if id unknown. */
 struct segment *segment_get_locked(struct engine *e, te_segment_id id);

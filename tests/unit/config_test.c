@@ -827,14 +827,15 @@ static void test_control(void)
 
 static void test_unknown_keys(void)
 {
-	expect_err("engine:\n  nmae: x\n",
-		   "t.yaml:2:3: engine.nmae: unknown key (expected one of: name, listen)");
+	expect_err(
+		"engine:\n  nmae: x\n",
+		"t.yaml:2:3: engine.nmae: unknown key (expected one of: name, listen, advertise)");
 	expect_err("engin:\n  name: x\n",
 		   "t.yaml:1:1: engin: unknown key (expected one of: engine, metadata, transfer, "
 		   "transports, log, auth, control)");
 	expect_err("metadata:\n  kind: p2p\n",
 		   "t.yaml:2:3: metadata.kind: unknown key (expected one of: type, endpoints, "
-		   "namespace, ttl_s)");
+		   "namespace, ttl_s, username, password_file, ca_file, timeout_ms)");
 	expect_err(
 		"transfer:\n  retry: 1\n",
 		"t.yaml:2:3: transfer.retry: unknown key (expected one of: slice_size, "
@@ -842,10 +843,12 @@ static void test_unknown_keys(void)
 		"timeout_ms, quarantine_ms, quarantine_after, cancel_grace_ms, worker_threads, max_batches, "
 		"max_batch_size, fallback)");
 	/* Keys that are not identifiers are quoted in the path. */
-	expect_err("engine:\n  \"a.b\": x\n",
-		   "t.yaml:2:3: engine.\"a.b\": unknown key (expected one of: name, listen)");
-	expect_err("engine:\n  \"\\t\": x\n",
-		   "t.yaml:2:3: engine.\"\\x09\": unknown key (expected one of: name, listen)");
+	expect_err(
+		"engine:\n  \"a.b\": x\n",
+		"t.yaml:2:3: engine.\"a.b\": unknown key (expected one of: name, listen, advertise)");
+	expect_err(
+		"engine:\n  \"\\t\": x\n",
+		"t.yaml:2:3: engine.\"\\x09\": unknown key (expected one of: name, listen, advertise)");
 	expect_err("? [a]\n: b\n", "t.yaml:1:3: (root): mapping keys must be scalars");
 	/* Keys are case-sensitive. */
 	expect_err("Engine: {}\n",
@@ -866,10 +869,11 @@ static void test_duplicate_keys(void)
 
 static void test_wrong_types(void)
 {
-	expect_err("engine: [a, b]\n",
-		   "t.yaml:1:9: engine: expected a mapping (name, listen), got a sequence");
+	expect_err(
+		"engine: [a, b]\n",
+		"t.yaml:1:9: engine: expected a mapping (name, listen, advertise), got a sequence");
 	expect_err("engine: 5\n",
-		   "t.yaml:1:9: engine: expected a mapping (name, listen), got \"5\"");
+		   "t.yaml:1:9: engine: expected a mapping (name, listen, advertise), got \"5\"");
 	expect_err("engine:\n  name: {a: 1}\n",
 		   "t.yaml:2:9: engine.name: expected a string, got a mapping");
 	expect_err("engine:\n  listen: [a]\n",
@@ -1136,7 +1140,7 @@ static void test_truncated(void)
 		   "scanning a quoted scalar at 2:9)");
 	/* Cut inside a key: "listen" becomes the scalar "li", the value of engine. */
 	expect_err("engine:\n  li",
-		   "t.yaml:2:3: engine: expected a mapping (name, listen), got \"li\"");
+		   "t.yaml:2:3: engine: expected a mapping (name, listen, advertise), got \"li\"");
 }
 
 static void test_utf16(void)
