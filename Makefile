@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Thin wrapper over meson: dependencies, build, demo, tests, benchmarks. The build is meson's.
 #
-#   make demo        install deps, build, run te-bench on loopback (te-info until it exists)
+#   make demo        install deps, build, run a te-bench sweep on loopback (bytes verified)
 #   make test        install deps, build, run the CI suites; last line `N passed, N failed`
 #   make bench       run the baseline comparison scripts bench/*.sh
 #   make bench-core  core overhead: te-bench --core slices/s + callgrind instructions/slice

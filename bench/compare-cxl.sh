@@ -6,7 +6,7 @@
 #   Creates a window file under /dev/shm; then for each block size (64K 1M 4M 16M 64M) and
 #   direction, `te-bench --loopback` with the cxl plugin (threads: 1, then threads: 2; the
 #   target buffer is the window file, registered as cxl:0) and memcpy of the same blocks
-#   between anonymous memory and the same file (build/tests/cxl/cxl-memcpy, same layout and
+#   between anonymous memory and the same file (build/bench/cxl-memcpy, same layout and
 #   batch) by 1 thread, and by 2 as a control of what a second core gives right now, REPEAT
 #   times in turn; then a table with the median GB/s of each, te/memcpy (1 thread) and the
 #   2-thread/1-thread ratios of te and of memcpy. Env: BUILD (build), SIZES, DURATION (2 s per
@@ -39,7 +39,9 @@ case "$build" in
 *) build=$top/$build ;;
 esac
 bench=$build/tools/te-bench
-memcpy_bin=$build/tests/cxl/cxl-memcpy
+memcpy_bin=$build/bench/cxl-memcpy
+# tests/cxl/ before issue 15
+[ -x "$memcpy_bin" ] || [ ! -x "$build/tests/cxl/cxl-memcpy" ] || memcpy_bin=$build/tests/cxl/cxl-memcpy
 sizes=${SIZES:-64K 1M 4M 16M 64M}
 duration=${DURATION:-2}
 repeat=${REPEAT:-3}

@@ -74,7 +74,9 @@ batch=$((window / (threads * depth)))
 efa_so=$(find "$build/plugins" -name efa.so -print -quit 2>/dev/null || true)
 [ -n "$efa_so" ] ||
 	die "the efa plugin is not built (no efa.so under $build/plugins: libfabric-dev missing?)"
-loop=$(dirname "$efa_so")/fi-rma-loop
+# bench/ since issue 15; next to the plugin before.
+loop=$build/bench/fi-rma-loop
+[ -x "$loop" ] || [ ! -x "$(dirname "$efa_so")/fi-rma-loop" ] || loop=$(dirname "$efa_so")/fi-rma-loop
 [ -x "$loop" ] || die "$loop is not built"
 command -v python3 >/dev/null || die "python3 is needed to read the JSON results"
 export TE_PLUGIN_PATH="$(dirname "$efa_so")${TE_PLUGIN_PATH:+:$TE_PLUGIN_PATH}"

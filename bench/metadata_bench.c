@@ -569,11 +569,11 @@ static uint64_t watch_generation(struct watch_run *r, unsigned i)
 	struct segment *s;
 	uint64_t gen = 0;
 
-	g_rw_lock_reader_lock(&e->seg_lock);
+	segment_read_lock(e);
 	s = segment_get_locked(e, r->id[i]);
 	if (s && s->view && s->view->desc)
 		gen = s->view->desc->generation;
-	g_rw_lock_reader_unlock(&e->seg_lock);
+	segment_read_unlock(e);
 	return gen;
 }
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* batch.h: batches, tasks and slices, and the slice completion path. */
+/* batch.h: batches, tasks and slices: handles, lifetime and outcome accounting. */
 #ifndef TE_CORE_BATCH_H
 #define TE_CORE_BATCH_H
 
@@ -108,45 +108,75 @@ struct batch {
 	_Atomic int32_t waiters;
 };
 
+#define SLICE_AT(chunk, i) ((struct slice *)((chunk)->data + (size_t)(i) * (chunk)->stride))
+#define SLICE_OF(ps) ((struct slice *)(void *)(ps)) /* ps is the first member */
+
+/* The handle table (engine->slots, slot_lock, free_head) and the batch cache are this
+ * module's: only batch.c reads or writes them. */
+void batch_table_init(struct engine *e);
+/* Drop the handle reference of every batch the user never freed. */
+void batch_table_fini(struct engine *e);
+/* Free the batch cache and the table itself (last). */
+void batch_table_clear(struct engine *e);
+
 /* Public-API implementations (engine.c validates the engine pointer). */
 enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_out);
-enum te_status batch_submit(struct engine *e, te_batch_id id, const struct te_request *reqs,
-			    size_t n);
 enum te_status batch_task_status(struct engine *e, te_batch_id id, uint32_t task,
 				 struct te_task_info *info_out);
 enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_info *info_out);
-enum te_status batch_wait(struct engine *e, te_batch_id id, int64_t timeout_ns);
-enum te_status batch_cancel(struct engine *e, te_batch_id id);
 enum te_status batch_free(struct engine *e, te_batch_id id);
-enum te_status batch_submit_notify(struct engine *e, te_batch_id id, const struct te_request *reqs,
-				   size_t n, const void *msg, size_t len);
 
-/* Host service: a plugin finished one slice attempt. */
-void batch_slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,
-		      uint64_t bytes, const char *detail);
+/* Look up a live batch by handle, taking a reference (batch_unref). */
+TE_NODISCARD enum te_status batch_get(struct engine *e, te_batch_id id, struct batch **batch_out);
 
-/* Worker duties. */
-unsigned batch_check_deadlines(struct engine *e, uint64_t now_ns);
-void batch_submit_slices(struct engine *e, struct transport *tp, struct slice **slices, uint32_t n);
+/* Every live batch (terminal ones too when @all), each with a reference; g_free the array. */
+struct batch **batch_list_live(struct engine *e, bool all, uint32_t *n_out);
+
+/* Drop a batch reference (frees on the last one). */
+void batch_unref(struct batch *b);
+
+/* Whether every task submitted so far is terminal. */
+bool batch_is_terminal(struct batch *b);
+
+/* TE_OK if every task COMPLETED, else the first failure's status (its detail logged). */
+enum te_status batch_result(struct batch *b);
+
+/* Fire an armed notify once the batch is terminal (sent only if all COMPLETED). */
+void batch_maybe_notify(struct batch *b);
+
+/*
+ * Waiting for batches to end: on @b (batch_wait_terminal) or, standing by while another
+ * thread polls, on any batch (batch_wait_any); both until g_get_monotonic_time() @until_us.
+ */
+void batch_wait_terminal(struct batch *b, gint64 until_us);
+void batch_wait_any(struct engine *e, struct batch *b, gint64 until_us);
+/* Wake the threads in batch_wait_any. */
+void batch_wake_any(struct engine *e);
+
+/* Outcomes: a task became terminal (account it in its batch). */
+void task_terminal(struct task *t);
+/* Claim the terminal outcome of @s; false if someone else already did. */
+bool slice_claim(struct slice *s);
+/* @s (claimed) ended: count it in its task. */
+void slice_count_done(struct slice *s);
+/* Finish @s with an error (if it is still live). */
+void slice_fail(struct slice *s, enum te_status status, const char *detail);
+/* Why the core gave up on @s (deadline or te_batch_cancel), for its task's detail. */
+void slice_abort_why(const struct slice *s, enum te_status status, char *buf, size_t len);
+/* Drop the batch reference @s holds. */
 void batch_release_slice(struct slice *s);
-
-/* Worker/waiter: resubmit what back-pressure left behind; returns slices consumed. */
-unsigned batch_drain_backlog(struct engine *e, struct transport *tp);
-
-/* Worker: the retry of @s is due. */
-void batch_retry_slice(struct engine *e, struct slice *s);
 
 /* Batches kept for reuse per engine, and the largest task array kept. */
 #define BATCH_CACHE_SIZE 64
 #define BATCH_CACHE_MAX_CAP 4096
 
-/* Free a batch from the engine's cache (teardown). */
-void batch_free_cached(struct batch *b);
+static inline void atomic_min_u64(_Atomic uint64_t *p, uint64_t v)
+{
+	uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
 
-/* Drop a batch reference (frees on the last one). */
-void batch_unref(struct batch *b);
-
-/* Cancel and release every batch still alive (engine teardown). */
-void batch_cancel_all(struct engine *e);
+	while (v < cur && !atomic_compare_exchange_weak_explicit(p, &cur, v, memory_order_acq_rel,
+								 memory_order_relaxed))
+		;
+}
 
 #endif /* TE_CORE_BATCH_H */

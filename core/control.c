@@ -19,6 +19,7 @@
 #include "core/rpc.h"
 #include "core/segment.h"
 #include "core/transport.h"
+#include "core/wake.h"
 
 #define CONTROL_TIMEOUT_MS 5000u
 #define CONTROL_SEEN_MAX 8192u
@@ -174,12 +175,8 @@ static enum te_status control_serve_handshake(struct engine *e, const struct rpc
 	memcpy(peer, p + 2, name_len);
 	peer[name_len] = '\0';
 	resp = g_malloc(RPC_DEFAULT_MAX_BODY / 16);
-	if (tp->serialized)
-		g_mutex_lock(&tp->call_lock);
-	st = tp->plugin->ops.handshake(tp->inst, peer, p + 2 + name_len, n - 2 - name_len, resp,
-				       RPC_DEFAULT_MAX_BODY / 16, &resp_len);
-	if (tp->serialized)
-		g_mutex_unlock(&tp->call_lock);
+	st = transport_handshake(tp, peer, p + 2 + name_len, n - 2 - name_len, resp,
+				 RPC_DEFAULT_MAX_BODY / 16, &resp_len);
 	if (st == TE_OK && resp_len <= RPC_DEFAULT_MAX_BODY / 16)
 		g_byte_array_append(reply, resp, (guint)resp_len);
 	g_free(resp);
@@ -590,20 +587,12 @@ static char *control_resolve(struct engine *e, const char *name)
 	if (loading_desc && strcmp(loading_desc->name, name) == 0 && loading_desc->rpc &&
 	    *loading_desc->rpc)
 		return g_strdup(loading_desc->rpc);
-	g_rw_lock_reader_lock(&e->seg_lock);
-	for (guint i = 1; i < e->segments->len; i++) {
-		struct segment *s = g_ptr_array_index(e->segments, i);
+	{
+		char *a = segment_rpc_address_by_name(e, name);
 
-		if (s && s->view &&
-		    (strcmp(s->name, name) == 0 || strcmp(s->view->desc->name, name) == 0) &&
-		    s->view->desc->rpc && *s->view->desc->rpc) {
-			char *a = g_strdup(s->view->desc->rpc);
-
-			g_rw_lock_reader_unlock(&e->seg_lock);
+		if (a)
 			return a;
-		}
 	}
-	g_rw_lock_reader_unlock(&e->seg_lock);
 	return g_strdup(name);
 }
 
@@ -677,7 +666,7 @@ void control_queue_notify(struct engine *e, const char *addr, GBytes *msg)
 	g_mutex_lock(&e->notify_lock);
 	g_queue_push_tail(e->outbox, o);
 	g_mutex_unlock(&e->notify_lock);
-	engine_kick_hard(e);
+	wake_kick_hard(e);
 }
 
 unsigned control_send_notifies(struct engine *e)
@@ -780,20 +769,7 @@ static void control_note_generation(struct engine *e, const char *addr, GBytes *
 
 	if (!sp || !g_ascii_string_to_unsigned(sp + 1, 16, 0, G_MAXUINT64, &gen, NULL))
 		return;
-	g_rw_lock_reader_lock(&e->seg_lock);
-	for (guint i = 1; i < e->segments->len; i++) {
-		struct segment *s = g_ptr_array_index(e->segments, i);
-
-		if (s && s->view->desc->rpc && strcmp(s->view->desc->rpc, addr) == 0 &&
-		    s->view->desc->generation != gen) {
-			ENGINE_LOG(e, TE_LOG_INFO,
-				   "segment %s: peer restarted (generation %016" PRIx64
-				   " -> %016" PRIx64 ")",
-				   s->name, s->view->desc->generation, (uint64_t)gen);
-			segment_mark_stale(e, s);
-		}
-	}
-	g_rw_lock_reader_unlock(&e->seg_lock);
+	segment_note_generation(e, addr, (uint64_t)gen);
 }
 
 enum te_status te_peer_probe(struct te_engine *engine, const char *name, uint32_t timeout_ms)

@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include <glib.h>
 
@@ -30,6 +31,10 @@ struct batch_slot {
 	uint32_t next_free;
 };
 
+/*
+ * The engine: what te_engine_new wires together. Each group of fields has one owner, the
+ * module named beside it: only that module writes it (or takes its lock).
+ */
 struct engine {
 	struct config *cfg;
 	struct log_sink log;
@@ -37,18 +42,18 @@ struct engine {
 	uint64_t generation;
 	char *host_id;
 
-	/* Transports in priority order. */
+	/* Transports in priority order (engine.c, at start). */
 	struct transport **tps;
 	unsigned n_tps;
 	uint32_t slice_stride; /* sizeof(struct slice) + largest priv, aligned */
 
 	struct mem_table mem;
 
-	/* Segments: index == id; 0 unused (local). */
+	/* Segments: index == id; 0 unused (local) (segment.c). */
 	GRWLock seg_lock;
 	GPtrArray *segments;
 
-	/* View of our own segment for requests to segment 0. */
+	/* View of our own segment for requests to segment 0 (segment.c). */
 	GMutex local_lock;
 	struct segview *local_view;
 	uint64_t local_view_version;
@@ -56,7 +61,7 @@ struct engine {
 	/* Per transport: slice size after caps and YAML. */
 	uint64_t *slice_size;
 
-	/* Earliest slice deadline of any live batch (worker scans when passed). */
+	/* Earliest slice deadline of any live batch (retry.c; the worker scans when passed). */
 	_Atomic uint64_t next_deadline_ns;
 
 	/* Control plane, metadata and notifies (core/control.c). */
@@ -80,19 +85,19 @@ struct engine {
 	GMutex alloc_lock;
 	GHashTable *allocs;
 
-	/* Finished batches kept for reuse (batch_recycle). */
+	/* Finished batches kept for reuse (batch.c). */
 	GMutex cache_lock;
 	struct batch *cache;
 	unsigned n_cached;
 
-	/* Batch slots. */
+	/* Batch handles (batch.c). */
 	GMutex slot_lock;
 	struct batch_slot *slots;
 	uint32_t n_slots;
 	uint32_t free_head; /* UINT32_MAX: none */
 	_Atomic uint32_t live_batches;
 
-	/* Worker: manual progress, backlog, retries, deadlines. */
+	/* Workers (progress.c); the doorbell work_lock/work_cond/sleeping (wake.c). */
 	GThread *worker;
 	GThread **extra; /* transfer.worker_threads - 1 manual-progress helpers */
 	unsigned n_extra;
@@ -100,13 +105,14 @@ struct engine {
 	GMutex work_lock;
 	GCond work_cond;
 	_Atomic uint32_t sleeping;  /* worker is (about to be) waiting on work_cond */
-	struct slice *retry_head;   /* under work_lock, sorted by retry_at_ns */
+	struct slice *retry_head;   /* retry.c: under work_lock, sorted by retry_at_ns */
 	_Atomic bool retry_pending; /* retry_head != NULL, readable without the lock */
 	bool has_manual;
-	/* Threads driving manual progress in te_batch_wait: the worker stays out. */
+	/* Threads driving manual progress in te_batch_wait: the worker stays out (wake.c). */
 	_Atomic uint32_t drivers;
 	_Atomic uint64_t last_drive_ns;
-	/* te_batch_wait: one waiter polls manual transports, the others stand by */
+	/* te_batch_wait: one waiter polls manual transports (progress.c), the others stand by
+	 * (batch.c: batch_wait_any) */
 	_Atomic bool polling;
 	_Atomic uint64_t manual_work_ns; /* when the poller last saw a completion */
 	_Atomic uint32_t standby;
@@ -114,35 +120,14 @@ struct engine {
 	GCond standby_cond;
 };
 
-/* Wake the worker (backlog, retry or manual progress needed). */
-void engine_kick(struct engine *e);
-
-/* Wake the worker even from a short sleep (notifies to send). */
-void engine_kick_hard(struct engine *e);
-
-/* Queue @s for a retry at s->retry_at_ns. */
-void engine_queue_retry(struct engine *e, struct slice *s);
-
-/*
- * Drive every MANUAL transport and drain backlogs once; returns work done. The
- * worker (@from_worker) leaves manual progress to threads waiting in te_batch_wait.
- */
-unsigned engine_progress_once(struct engine *e, bool from_worker);
-
-/*
- * Whether application threads drive manual progress (te_batch_wait now, or within
- * ENGINE_DRIVE_NS; the worker takes over when that lapses).
- */
-#define ENGINE_DRIVE_NS 1000000ull
-bool engine_user_driving(struct engine *e, uint64_t now);
-bool engine_manual_in_flight(struct engine *e);
-void engine_manual_wait(struct engine *e, uint64_t timeout_ns);
-
-/* Look up a live batch by handle, taking a reference (batch_unref). */
-enum te_status engine_batch_get(struct engine *e, te_batch_id id, struct batch **batch_out);
-
 /* Monotonic clock in ns. */
-uint64_t engine_now_ns(void);
+static inline uint64_t engine_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* Public entry points: the engine from its public type, last error cleared. */
 #define ENGINE_OR_FAIL(eng, fn)                                                                    \

@@ -123,7 +123,7 @@ static void mem_region_free(struct engine *e, struct mem_region *r)
 		struct transport *tp = e->tps[i];
 
 		if (r->handles[i] && !atomic_load(&tp->stopped)) {
-			enum te_status st = tp->plugin->ops.dereg_mem(tp->inst, r->handles[i]);
+			enum te_status st = transport_dereg_mem(tp, r->handles[i]);
 
 			if (st != TE_OK)
 				ENGINE_LOG(e, TE_LOG_WARN, "%s: dereg_mem(0x%llx) failed: %s",
@@ -282,9 +282,7 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 
 		if (!((tp->caps.mem_types | tp->caps.staged_mem_types) & mem_type))
 			continue;
-		transport_clear_error();
-		st = tp->plugin->ops.reg_mem(tp->inst, addr, length, mem_type, dev, access,
-					     &r->handles[i]);
+		st = transport_reg_mem(tp, addr, length, mem_type, dev, access, &r->handles[i]);
 		/*
 		 * Device memory a transport moves directly only for some regions (rdma through a
 		 * dmabuf the GPU driver may not offer): UNSUPPORTED leaves this transport without
@@ -307,8 +305,7 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 				  *transport_error(tp) ? ": " : "", transport_error(tp));
 			goto err_unwind;
 		}
-		st = tp->plugin->ops.pack_key(tp->inst, r->handles[i], keybuf, sizeof(keybuf),
-					      &klen);
+		st = transport_pack_key(tp, r->handles[i], keybuf, sizeof(keybuf), &klen);
 		if (st != TE_OK || klen > sizeof(keybuf)) {
 			st = st != TE_OK ? st : TE_ERR_TOO_LARGE;
 			log_error(st, "te_mem_register: %s: pack_key failed: %s", tp->plugin->name,

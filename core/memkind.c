@@ -60,8 +60,7 @@ enum te_status memkind_query(struct engine *e, const void *addr, uint64_t len,
 		if (!(tp->caps.owned_mem_types & ~asked))
 			continue;
 		asked |= tp->caps.owned_mem_types;
-		transport_clear_error();
-		st = tp->plugin->ops.mem_query(tp->inst, addr, len, &type, &dev);
+		st = transport_mem_query(tp, addr, len, &type, &dev);
 		if (st == TE_ERR_NOT_FOUND)
 			continue;
 		if (st == TE_OK && (type & tp->caps.owned_mem_types) && !(type & (type - 1))) {
@@ -92,8 +91,8 @@ enum te_status memkind_copy(struct engine *e, void *dst, const void *src, uint64
 		return TE_ERR_MEMORY_TYPE;
 	if (!len)
 		return TE_OK;
-	transport_clear_error(); /* the owner's words, if any: transport_op_error() */
-	return tp->plugin->ops.mem_copy(tp->inst, dst, src, len, mem_type, dev, dir);
+	/* the owner's words, if any: transport_op_error() */
+	return transport_mem_copy(tp, dst, src, len, mem_type, dev, dir);
 }
 
 enum te_status memkind_dmabuf(struct engine *e, const void *addr, uint64_t len, uint32_t mem_type,
@@ -104,7 +103,7 @@ enum te_status memkind_dmabuf(struct engine *e, const void *addr, uint64_t len, 
 	(void)dev;
 	if (!tp)
 		return TE_ERR_MEMORY_TYPE;
-	return tp->plugin->ops.mem_dmabuf(tp->inst, addr, len, fd_out, offset_out);
+	return transport_mem_dmabuf(tp, addr, len, fd_out, offset_out);
 }
 
 void memkind_init(struct engine *e)
@@ -165,8 +164,7 @@ enum te_status te_mem_alloc(struct te_engine *engine, const char *location, size
 			return log_error(TE_ERR_MEMORY_TYPE,
 					 "te_mem_alloc: %s: no loaded transport owns %s memory",
 					 location, memkind_name(type));
-		transport_clear_error();
-		st = tp->plugin->ops.mem_alloc(tp->inst, type, dev, length, &p);
+		st = transport_mem_alloc(tp, type, dev, length, &p);
 		if (st != TE_OK || !p)
 			return log_error(st != TE_OK ? st : TE_ERR_INTERNAL,
 					 "te_mem_alloc: %s: %s: %zu bytes: %s%s%s", location,
@@ -204,8 +202,7 @@ enum te_status te_mem_free(struct te_engine *engine, void *ptr)
 	if (a->mem_type == TE_PLUGIN_MEM_CPU) {
 		free(ptr);
 	} else if ((tp = memkind_owner(e, a->mem_type)) != NULL) {
-		transport_clear_error();
-		st = tp->plugin->ops.mem_free(tp->inst, ptr);
+		st = transport_mem_free(tp, ptr);
 		if (st != TE_OK)
 			log_error(st, "te_mem_free: %s: %p: %s%s%s", tp->plugin->name, ptr,
 				  te_status_str(st), *transport_error(tp) ? ": " : "",

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* segment.c: open remote segments from descriptors and build the local descriptor. */
+#include <inttypes.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -68,12 +69,7 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 			goto skip;
 		data = g_bytes_get_data(blob, &len);
 		control_set_loading(desc); /* lets load_peer handshake with this peer */
-		transport_clear_error();
-		if (tp->serialized)
-			g_mutex_lock(&tp->call_lock);
-		st = tp->plugin->ops.load_peer(tp->inst, desc->name, data, len, &vt->peer);
-		if (tp->serialized)
-			g_mutex_unlock(&tp->call_lock);
+		st = transport_load_peer(tp, desc->name, data, len, &vt->peer);
 		control_set_loading(NULL);
 		if (st != TE_OK) {
 			vt->peer = NULL;
@@ -90,9 +86,8 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 			if (!key)
 				continue;
 			data = g_bytes_get_data(key, &len);
-			transport_clear_error();
-			st = tp->plugin->ops.unpack_remote_key(tp->inst, vt->peer, data, len,
-							       db->addr, db->length, &rk);
+			st = transport_unpack_remote_key(tp, vt->peer, data, len, db->addr,
+							 db->length, &rk);
 			if (st != TE_OK) {
 				ENGINE_LOG(e, TE_LOG_WARN,
 					   "segment %s: %s: key of buffer 0x%llx rejected: %s%s%s",
@@ -139,13 +134,8 @@ void segview_unref(struct segview *v)
 			continue; /* fini released the plugin's peers and keys */
 		for (size_t b = 0; v->desc && b < v->desc->n_buffers; b++)
 			if (v->rkeys[b * e->n_tps + t])
-				tp->plugin->ops.release_remote_key(tp->inst,
-								   v->rkeys[b * e->n_tps + t]);
-		if (tp->serialized)
-			g_mutex_lock(&tp->call_lock);
-		tp->plugin->ops.unload_peer(tp->inst, v->tps[t].peer);
-		if (tp->serialized)
-			g_mutex_unlock(&tp->call_lock);
+				transport_release_remote_key(tp, v->rkeys[b * e->n_tps + t]);
+		transport_unload_peer(tp, v->tps[t].peer);
 	}
 	descriptor_free(v->desc);
 	g_free(v->tps);
@@ -647,4 +637,127 @@ enum te_status te_segment_buffers(struct te_engine *engine, te_segment_id id,
 	*n_out = v->desc->n_buffers;
 	segview_unref(v);
 	return TE_OK;
+}
+
+/* --- the segment table: only this module takes seg_lock or local_lock ----------- */
+
+void segment_table_init(struct engine *e)
+{
+	g_rw_lock_init(&e->seg_lock);
+	g_mutex_init(&e->local_lock);
+	e->segments = g_ptr_array_new();
+	g_ptr_array_add(e->segments, NULL); /* id 0: local */
+}
+
+void segment_table_drop_views(struct engine *e)
+{
+	if (e->segments) {
+		g_rw_lock_writer_lock(&e->seg_lock);
+		for (guint i = 1; i < e->segments->len; i++) {
+			struct segment *s = g_ptr_array_index(e->segments, i);
+
+			if (s) {
+				segview_unref(s->view);
+				s->view = NULL;
+			}
+		}
+		g_rw_lock_writer_unlock(&e->seg_lock);
+	}
+	segview_unref(e->local_view);
+	e->local_view = NULL;
+}
+
+void segment_table_fini(struct engine *e)
+{
+	if (e->segments) {
+		g_rw_lock_writer_lock(&e->seg_lock);
+		for (guint i = 1; i < e->segments->len; i++)
+			segment_free(g_ptr_array_index(e->segments, i));
+		g_ptr_array_set_size(e->segments, 1);
+		g_rw_lock_writer_unlock(&e->seg_lock);
+		g_ptr_array_free(e->segments, TRUE);
+		e->segments = NULL;
+	}
+	g_rw_lock_clear(&e->seg_lock);
+	g_mutex_clear(&e->local_lock);
+}
+
+void segment_read_lock(struct engine *e)
+{
+	g_rw_lock_reader_lock(&e->seg_lock);
+}
+
+void segment_read_unlock(struct engine *e)
+{
+	g_rw_lock_reader_unlock(&e->seg_lock);
+}
+
+char *segment_rpc_address(struct engine *e, te_segment_id id)
+{
+	struct segment *s;
+	char *addr = NULL;
+
+	g_rw_lock_reader_lock(&e->seg_lock);
+	s = segment_get_locked(e, id);
+	if (s && s->view->desc->rpc && *s->view->desc->rpc)
+		addr = g_strdup(s->view->desc->rpc);
+	g_rw_lock_reader_unlock(&e->seg_lock);
+	return addr;
+}
+
+char *segment_rpc_address_by_name(struct engine *e, const char *name)
+{
+	g_rw_lock_reader_lock(&e->seg_lock);
+	for (guint i = 1; i < e->segments->len; i++) {
+		struct segment *s = g_ptr_array_index(e->segments, i);
+
+		if (s && s->view &&
+		    (strcmp(s->name, name) == 0 || strcmp(s->view->desc->name, name) == 0) &&
+		    s->view->desc->rpc && *s->view->desc->rpc) {
+			char *a = g_strdup(s->view->desc->rpc);
+
+			g_rw_lock_reader_unlock(&e->seg_lock);
+			return a;
+		}
+	}
+	g_rw_lock_reader_unlock(&e->seg_lock);
+	return NULL;
+}
+
+void segment_note_generation(struct engine *e, const char *addr, uint64_t gen)
+{
+	g_rw_lock_reader_lock(&e->seg_lock);
+	for (guint i = 1; i < e->segments->len; i++) {
+		struct segment *s = g_ptr_array_index(e->segments, i);
+
+		if (s && s->view->desc->rpc && strcmp(s->view->desc->rpc, addr) == 0 &&
+		    s->view->desc->generation != gen) {
+			ENGINE_LOG(e, TE_LOG_INFO,
+				   "segment %s: peer restarted (generation %016" PRIx64
+				   " -> %016" PRIx64 ")",
+				   s->name, s->view->desc->generation, gen);
+			segment_mark_stale(e, s);
+		}
+	}
+	g_rw_lock_reader_unlock(&e->seg_lock);
+}
+
+void segment_pause_peer(struct engine *e, unsigned tp_index, const struct te_plugin_peer *peer,
+			uint64_t until_ns, const char *plugin, const char *why)
+{
+	g_rw_lock_reader_lock(&e->seg_lock);
+	for (guint i = 1; i < e->segments->len; i++) {
+		struct segment *s = g_ptr_array_index(e->segments, i);
+
+		if (!s || !s->view)
+			continue;
+		if (s->view->tps[tp_index].peer == peer) {
+			atomic_store_explicit(&s->view->tps[tp_index].paused_until_ns, until_ns,
+					      memory_order_relaxed);
+			ENGINE_LOG(e, TE_LOG_WARN, "%s: peer %s quarantined for %llu ms: %s",
+				   plugin, s->name, (unsigned long long)e->cfg->quarantine_ms,
+				   why ? why : "");
+		}
+	}
+	g_rw_lock_reader_unlock(&e->seg_lock);
 }

@@ -87,7 +87,7 @@ void segment_mark_stale(struct engine *e, struct segment *s);
 void segment_watch_event(struct engine *e, const char *backend, const char *name, const char *json,
 			 size_t len);
 
-/* Caller holds engine->seg_lock (read). NULL if id unknown. */
+/* Caller holds segment_read_lock. NULL if id unknown. */
 struct segment *segment_get_locked(struct engine *e, te_segment_id id);
 
 void segment_free(struct segment *s);
@@ -100,5 +100,28 @@ struct descriptor *segment_local_descriptor(struct engine *e);
  * rebuilt when the registered memory changed. Returns a reference (unref).
  */
 enum te_status segment_local_view(struct engine *e, struct segview **view_out, char **err_out);
+
+/* The segment table (engine->segments, seg_lock, the local view): this module's alone. */
+void segment_table_init(struct engine *e);
+/* Teardown, before transports fini: drop every segment's view (peers unloaded). */
+void segment_table_drop_views(struct engine *e);
+/* Teardown, after transports fini: free the segments and the table. */
+void segment_table_fini(struct engine *e);
+
+/* Hold the table for segment_get_locked (shared with other readers). */
+void segment_read_lock(struct engine *e);
+void segment_read_unlock(struct engine *e);
+
+/* The control-plane address of open segment @id (g_free), NULL if none. */
+char *segment_rpc_address(struct engine *e, te_segment_id id);
+/* ... of the open segment named (or whose descriptor is named) @name, NULL if none. */
+char *segment_rpc_address_by_name(struct engine *e, const char *name);
+
+/* The peer at control address @addr runs generation @gen: a segment of another goes stale. */
+void segment_note_generation(struct engine *e, const char *addr, uint64_t gen);
+
+/* Quarantine @peer of transport @tp_index in every open view until @until_ns. */
+void segment_pause_peer(struct engine *e, unsigned tp_index, const struct te_plugin_peer *peer,
+			uint64_t until_ns, const char *plugin, const char *why);
 
 #endif /* TE_CORE_SEGMENT_H */

@@ -10,6 +10,7 @@
 #include "core/memkind.h"
 #include "core/stage.h"
 #include "core/transport.h"
+#include "core/wake.h"
 
 /* Bounce buffers per transport: at most this many bytes, and between these counts. */
 #define STAGE_POOL_BYTES (64ull << 20)
@@ -64,9 +65,7 @@ static struct stage_pool *stage_pool_get(struct engine *e, struct transport *tp)
 			   total, tp->plugin->name);
 	} else {
 		p->base = base;
-		transport_clear_error();
-		st = tp->plugin->ops.reg_mem(tp->inst, base, total, TE_PLUGIN_MEM_CPU, -1, 0,
-					     &p->handle);
+		st = transport_reg_mem(tp, base, total, TE_PLUGIN_MEM_CPU, -1, 0, &p->handle);
 		p->setup = st;
 		if (st != TE_OK)
 			g_snprintf(p->why, sizeof(p->why),
@@ -145,7 +144,7 @@ void stage_release(struct engine *e, struct slice *s)
 	s->ps.local_mem = NULL;
 	/* Slices waiting for a buffer sit in the backlog: let the worker post them. */
 	if (was_empty)
-		engine_kick(e);
+		wake_kick(e);
 }
 
 void stage_detach(struct engine *e, struct slice *s, enum te_status *status, char *why,

@@ -1,176 +1,34 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* transport.c: initialise plugin instances and implement the host services table. */
+/* transport.c: plugin instances in an engine, and the only caller of their ops. */
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/batch.h"
-#include "core/control.h"
 #include "core/engine.h"
-#include "core/memkind.h"
-#include "core/segment.h"
-#include "core/stage.h"
 #include "core/transport.h"
 
-/* The host ctx handed to plugins is the transport itself. */
-static struct transport *ctx_tp(struct te_plugin_host_ctx *ctx)
-{
-	return (struct transport *)ctx;
-}
+/* Values the core passes between the public API and plugins as they are. */
+_Static_assert(TE_MEM_REMOTE_READ == TE_PLUGIN_ACCESS_REMOTE_READ &&
+		       TE_MEM_REMOTE_WRITE == TE_PLUGIN_ACCESS_REMOTE_WRITE,
+	       "te_mem_register access bits are passed to reg_mem as they are");
+_Static_assert((int)TE_LOG_ERROR == (int)TE_PLUGIN_LOG_ERROR &&
+		       (int)TE_LOG_WARN == (int)TE_PLUGIN_LOG_WARN &&
+		       (int)TE_LOG_INFO == (int)TE_PLUGIN_LOG_INFO &&
+		       (int)TE_LOG_DEBUG == (int)TE_PLUGIN_LOG_DEBUG &&
+		       (int)TE_LOG_TRACE == (int)TE_PLUGIN_LOG_TRACE,
+	       "plugin log levels are cast to enum te_log_level");
+_Static_assert((int)TE_OP_READ == (int)TE_PLUGIN_OP_READ &&
+		       (int)TE_OP_WRITE == (int)TE_PLUGIN_OP_WRITE,
+	       "request opcodes become slice opcodes as they are");
 
-static void host_log(struct te_plugin_host_ctx *ctx, enum te_plugin_log_level level,
-		     const char *fmt, ...)
-{
-	struct transport *tp = ctx_tp(ctx);
-	const struct log_sink *sink = tp->engine ? &tp->engine->log : NULL;
-	char line[900];
-	va_list ap;
-
-	if (level > TE_PLUGIN_LOG_TRACE)
-		level = TE_PLUGIN_LOG_TRACE;
-	if (level > TE_PLUGIN_LOG_WARN && !log_enabled(sink, (enum te_log_level)level))
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	if (level <= TE_PLUGIN_LOG_WARN)
-		g_strlcpy(tp->last_log, line, sizeof(tp->last_log));
-	if (!log_enabled(sink, (enum te_log_level)level))
-		return;
-	log_msg(sink, (enum te_log_level)level, "%s: %s", tp->plugin->name, line);
-}
-
-static void host_slice_done(struct te_plugin_host_ctx *ctx, struct te_plugin_slice *slice,
-			    enum te_status status, uint64_t bytes, const char *detail)
-{
-	batch_slice_done(ctx_tp(ctx), slice, status, bytes, detail);
-}
-
-static void host_mark_failed(struct te_plugin_host_ctx *ctx, enum te_plugin_fail_scope scope,
-			     uint32_t device, struct te_plugin_peer *peer, const char *why)
-{
-	struct transport *tp = ctx_tp(ctx);
-	struct engine *e = tp->engine;
-	uint64_t pause_ns, until;
-
-	if (!e)
-		return;
-	pause_ns = e->cfg->quarantine_ms * 1000000ull;
-	until = engine_now_ns() + pause_ns;
-	if (scope == TE_PLUGIN_FAIL_DEVICE || scope == TE_PLUGIN_FAIL_PATH) {
-		if (device < TRANSPORT_MAX_DEVICES) {
-			transport_pause_device(tp, device, until);
-			ENGINE_LOG(e, TE_LOG_WARN, "%s: device %u quarantined for %llu ms: %s",
-				   tp->plugin->name, device,
-				   (unsigned long long)e->cfg->quarantine_ms, why ? why : "");
-		}
-	}
-	if (scope == TE_PLUGIN_FAIL_PEER && peer) {
-		/* Find every open view whose peer handle this is. */
-		g_rw_lock_reader_lock(&e->seg_lock);
-		for (guint i = 1; i < e->segments->len; i++) {
-			struct segment *s = g_ptr_array_index(e->segments, i);
-
-			if (!s || !s->view)
-				continue;
-			if (s->view->tps[tp->index].peer == peer) {
-				atomic_store_explicit(&s->view->tps[tp->index].paused_until_ns,
-						      until, memory_order_relaxed);
-				ENGINE_LOG(
-					e, TE_LOG_WARN, "%s: peer %s quarantined for %llu ms: %s",
-					tp->plugin->name, s->name,
-					(unsigned long long)e->cfg->quarantine_ms, why ? why : "");
-			}
-		}
-		g_rw_lock_reader_unlock(&e->seg_lock);
-	}
-}
-
-static void host_device_event(struct te_plugin_host_ctx *ctx, uint32_t device,
-			      enum te_plugin_event event, const char *why)
-{
-	struct transport *tp = ctx_tp(ctx);
-
-	if (device >= TRANSPORT_MAX_DEVICES)
-		return;
-	if (event == TE_PLUGIN_EVENT_DOWN) {
-		/* Down until an UP event says otherwise. */
-		transport_pause_device(tp, device, UINT64_MAX);
-	} else {
-		atomic_store_explicit(&tp->dev_paused_until[device], 0, memory_order_relaxed);
-		atomic_store_explicit(&tp->dev_failures[device], 0, memory_order_relaxed);
-	}
-	ENGINE_LOG(tp->engine, TE_LOG_WARN, "%s: device %u %s: %s", tp->plugin->name, device,
-		   event == TE_PLUGIN_EVENT_DOWN ? "down" : "up", why ? why : "");
-}
-
-static void host_peer_event(struct te_plugin_host_ctx *ctx, struct te_plugin_peer *peer,
-			    enum te_plugin_event event, const char *why)
-{
-	struct transport *tp = ctx_tp(ctx);
-
-	if (event == TE_PLUGIN_EVENT_DOWN)
-		host_mark_failed(ctx, TE_PLUGIN_FAIL_PEER, 0, peer, why);
-	else
-		ENGINE_LOG(tp->engine, TE_LOG_INFO, "%s: peer up: %s", tp->plugin->name,
-			   why ? why : "");
-}
-
-static const char *host_config_get(struct te_plugin_host_ctx *ctx, const char *key)
-{
-	struct transport *tp = ctx_tp(ctx);
-
-	if (!tp->cfg || !key)
-		return NULL;
-	return config_transport_option(tp->cfg, key);
-}
-
-static void host_config_foreach(struct te_plugin_host_ctx *ctx, te_plugin_option_fn fn, void *user)
-{
-	struct transport *tp = ctx_tp(ctx);
-
-	if (!tp->cfg || !fn)
-		return;
-	for (size_t i = 0; i < tp->cfg->n_options; i++)
-		fn(user, tp->cfg->options[i].key, tp->cfg->options[i].value);
-}
-
-static enum te_status host_publish(struct te_plugin_host_ctx *ctx, const void *blob, size_t len)
-{
-	struct transport *tp = ctx_tp(ctx);
-
-	if (len > 4096 || (len && !blob))
-		return TE_ERR_TOO_LARGE;
-	g_mutex_lock(&tp->blob_lock);
-	if (tp->blob)
-		g_bytes_unref(tp->blob);
-	tp->blob = g_bytes_new(blob, len);
-	g_mutex_unlock(&tp->blob_lock);
-	return TE_OK;
-}
-
-static enum te_status host_peer_handshake(struct te_plugin_host_ctx *ctx, const char *peer_name,
-					  const void *req, size_t len, void *resp, size_t cap,
-					  size_t *resp_len_out, uint32_t timeout_ms)
-{
-	struct transport *tp = ctx_tp(ctx);
-
-	if (!tp->engine)
-		return TE_ERR_UNSUPPORTED;
-	return control_peer_handshake(tp->engine, tp->plugin->name, peer_name, req, len, resp, cap,
-				      resp_len_out, timeout_ms);
-}
 
 static _Thread_local char op_error[256];
 
-static void host_set_error(struct te_plugin_host_ctx *ctx, const char *fmt, ...)
+void transport_set_error_v(const char *fmt, va_list ap)
 {
-	va_list ap;
-
-	va_start(ap, fmt);
 	vsnprintf(op_error, sizeof(op_error), fmt, ap);
-	va_end(ap);
 }
 
 void transport_clear_error(void)
@@ -189,109 +47,167 @@ const char *transport_error(struct transport *tp)
 	return op_error[0] ? op_error : tp->last_log;
 }
 
-static uint64_t host_now_ns(void)
+
+/*
+ * --- plugin ops ----------------------------------------------------------------
+ * Every call into a plugin goes through here. A SERIALIZED plugin (caps.thread_level)
+ * gets these under its call_lock, one at a time: submit, progress (transport.h), cancel,
+ * retry_prepare, handshake, load_peer, unload_peer, unpack_remote_key,
+ * release_remote_key, reg_mem, dereg_mem, pack_key. Not serialized: init, query_caps,
+ * query_devices and fini (no other call runs then), wait (never called for a serialized
+ * plugin: it would hold the lock while blocking) and the memory-kind owner ops (a
+ * plugin's reg_mem may reach them, its own included, through the host table).
+ */
+
+enum te_status transport_cancel(struct transport *tp, struct te_plugin_slice *ps)
 {
-	return engine_now_ns();
-}
-
-static const char *host_local_name(struct te_plugin_host_ctx *ctx)
-{
-	struct transport *tp = ctx_tp(ctx);
-
-	return tp->engine && tp->engine->name ? tp->engine->name : "";
-}
-
-/* HMAC-SHA256(secret, "te-plugin-auth-v1" NUL plugin NUL msg). */
-static enum te_status host_auth_compute(struct transport *tp, const void *msg, size_t len,
-					uint8_t mac[TE_PLUGIN_MAC_SIZE])
-{
-	static const char label[] = "te-plugin-auth-v1";
-	struct engine *e = tp->engine;
-	const char *name = tp->plugin->name;
-	gsize n = TE_PLUGIN_MAC_SIZE;
-	GHmac *h;
-
-	if (!e || !e->secret || !e->secret_len)
-		return TE_ERR_UNSUPPORTED;
-	if ((!msg && len) || len > G_MAXSSIZE)
-		return TE_ERR_INVALID_ARG;
-	h = g_hmac_new(G_CHECKSUM_SHA256, (const guchar *)e->secret, e->secret_len);
-	g_hmac_update(h, (const guchar *)label, sizeof(label)); /* with its NUL */
-	g_hmac_update(h, (const guchar *)name, (gssize)strlen(name) + 1);
-	if (len)
-		g_hmac_update(h, msg, (gssize)len);
-	g_hmac_get_digest(h, mac, &n);
-	g_hmac_unref(h);
-	return n == TE_PLUGIN_MAC_SIZE ? TE_OK : TE_ERR_INTERNAL;
-}
-
-static enum te_status host_auth_mac(struct te_plugin_host_ctx *ctx, const void *msg, size_t len,
-				    uint8_t mac_out[TE_PLUGIN_MAC_SIZE])
-{
-	uint8_t mac[TE_PLUGIN_MAC_SIZE];
 	enum te_status st;
 
-	if (!mac_out)
-		return TE_ERR_INVALID_ARG;
-	st = host_auth_compute(ctx_tp(ctx), msg, len, mac);
-	if (st == TE_OK)
-		memcpy(mac_out, mac, sizeof(mac));
-	explicit_bzero(mac, sizeof(mac));
+	transport_clear_error();
+	transport_lock(tp);
+	st = tp->plugin->ops.cancel(tp->inst, ps);
+	transport_unlock(tp);
 	return st;
 }
 
-static enum te_status host_auth_check(struct te_plugin_host_ctx *ctx, const void *msg, size_t len,
-				      const uint8_t mac[TE_PLUGIN_MAC_SIZE])
+enum te_status transport_retry_prepare(struct transport *tp, struct te_plugin_slice *ps)
 {
-	uint8_t want[TE_PLUGIN_MAC_SIZE], diff = 0;
 	enum te_status st;
 
-	if (!mac)
-		return TE_ERR_INVALID_ARG;
-	st = host_auth_compute(ctx_tp(ctx), msg, len, want);
-	if (st != TE_OK)
-		return st;
-	/* Constant time: a mismatch position must not show in the timing. */
-	for (size_t i = 0; i < TE_PLUGIN_MAC_SIZE; i++)
-		diff |= (uint8_t)(want[i] ^ mac[i]);
-	explicit_bzero(want, sizeof(want));
-	return diff ? TE_ERR_AUTH : TE_OK;
+	transport_clear_error();
+	transport_lock(tp);
+	st = tp->plugin->ops.retry_prepare(tp->inst, ps);
+	transport_unlock(tp);
+	return st;
 }
 
-static enum te_status host_mem_query(struct te_plugin_host_ctx *ctx, const void *addr, uint64_t len,
-				     uint32_t *mem_type_out, int32_t *dev_out)
+enum te_status transport_wait(struct transport *tp, uint64_t timeout_ns)
 {
-	g_autofree char *why = NULL;
-	uint32_t type;
-	int32_t dev;
+	if (tp->serialized)
+		return TE_ERR_UNSUPPORTED;
+	transport_clear_error();
+	return tp->plugin->ops.wait(tp->inst, timeout_ns);
+}
+
+enum te_status transport_handshake(struct transport *tp, const char *peer_name, const void *req,
+				   size_t len, void *resp, size_t cap, size_t *resp_len_out)
+{
 	enum te_status st;
 
-	if (!mem_type_out || !dev_out)
-		return TE_ERR_INVALID_ARG;
-	st = memkind_query(ctx_tp(ctx)->engine, addr, len, &type, &dev, &why);
-	if (st != TE_OK)
-		return st;
-	*mem_type_out = type;
-	*dev_out = dev;
-	return TE_OK;
+	transport_clear_error();
+	transport_lock(tp);
+	st = tp->plugin->ops.handshake(tp->inst, peer_name, req, len, resp, cap, resp_len_out);
+	transport_unlock(tp);
+	return st;
 }
 
-static enum te_status host_mem_copy(struct te_plugin_host_ctx *ctx, void *dst, const void *src,
-				    uint64_t len, uint32_t mem_type, int32_t dev,
-				    enum te_plugin_copy_dir dir)
+enum te_status transport_load_peer(struct transport *tp, const char *peer_name, const void *blob,
+				   size_t len, struct te_plugin_peer **peer_out)
 {
-	if ((!dst || !src) && len)
-		return TE_ERR_INVALID_ARG;
-	return memkind_copy(ctx_tp(ctx)->engine, dst, src, len, mem_type, dev, dir);
+	enum te_status st;
+
+	transport_clear_error();
+	transport_lock(tp);
+	st = tp->plugin->ops.load_peer(tp->inst, peer_name, blob, len, peer_out);
+	transport_unlock(tp);
+	return st;
 }
 
-static enum te_status host_mem_dmabuf(struct te_plugin_host_ctx *ctx, const void *addr,
-				      uint64_t len, uint32_t mem_type, int32_t dev, int *fd_out,
-				      uint64_t *offset_out)
+void transport_unload_peer(struct transport *tp, struct te_plugin_peer *peer)
 {
-	if (!fd_out || !offset_out)
-		return TE_ERR_INVALID_ARG;
-	return memkind_dmabuf(ctx_tp(ctx)->engine, addr, len, mem_type, dev, fd_out, offset_out);
+	transport_lock(tp);
+	tp->plugin->ops.unload_peer(tp->inst, peer);
+	transport_unlock(tp);
+}
+
+enum te_status transport_unpack_remote_key(struct transport *tp, struct te_plugin_peer *peer,
+					   const void *blob, size_t len, uint64_t addr,
+					   uint64_t length, struct te_plugin_rkey **rkey_out)
+{
+	enum te_status st;
+
+	transport_clear_error();
+	transport_lock(tp);
+	st = tp->plugin->ops.unpack_remote_key(tp->inst, peer, blob, len, addr, length, rkey_out);
+	transport_unlock(tp);
+	return st;
+}
+
+void transport_release_remote_key(struct transport *tp, struct te_plugin_rkey *rkey)
+{
+	transport_lock(tp);
+	tp->plugin->ops.release_remote_key(tp->inst, rkey);
+	transport_unlock(tp);
+}
+
+enum te_status transport_reg_mem(struct transport *tp, void *addr, uint64_t length,
+				 uint32_t mem_type, int32_t dev, uint32_t access,
+				 struct te_plugin_mem **mem_out)
+{
+	enum te_status st;
+
+	transport_clear_error();
+	transport_lock(tp);
+	st = tp->plugin->ops.reg_mem(tp->inst, addr, length, mem_type, dev, access, mem_out);
+	transport_unlock(tp);
+	return st;
+}
+
+enum te_status transport_dereg_mem(struct transport *tp, struct te_plugin_mem *mem)
+{
+	enum te_status st;
+
+	transport_clear_error();
+	transport_lock(tp);
+	st = tp->plugin->ops.dereg_mem(tp->inst, mem);
+	transport_unlock(tp);
+	return st;
+}
+
+enum te_status transport_pack_key(struct transport *tp, struct te_plugin_mem *mem, void *buf,
+				  size_t cap, size_t *len_out)
+{
+	enum te_status st;
+
+	transport_clear_error();
+	transport_lock(tp);
+	st = tp->plugin->ops.pack_key(tp->inst, mem, buf, cap, len_out);
+	transport_unlock(tp);
+	return st;
+}
+
+enum te_status transport_mem_query(struct transport *tp, const void *addr, uint64_t len,
+				   uint32_t *mem_type_out, int32_t *dev_out)
+{
+	transport_clear_error();
+	return tp->plugin->ops.mem_query(tp->inst, addr, len, mem_type_out, dev_out);
+}
+
+enum te_status transport_mem_copy(struct transport *tp, void *dst, const void *src, uint64_t len,
+				  uint32_t mem_type, int32_t dev, enum te_plugin_copy_dir dir)
+{
+	transport_clear_error();
+	return tp->plugin->ops.mem_copy(tp->inst, dst, src, len, mem_type, dev, dir);
+}
+
+enum te_status transport_mem_dmabuf(struct transport *tp, const void *addr, uint64_t len,
+				    int *fd_out, uint64_t *offset_out)
+{
+	transport_clear_error();
+	return tp->plugin->ops.mem_dmabuf(tp->inst, addr, len, fd_out, offset_out);
+}
+
+enum te_status transport_mem_alloc(struct transport *tp, uint32_t mem_type, int32_t dev,
+				   uint64_t length, void **ptr_out)
+{
+	transport_clear_error();
+	return tp->plugin->ops.mem_alloc(tp->inst, mem_type, dev, length, ptr_out);
+}
+
+enum te_status transport_mem_free(struct transport *tp, void *ptr)
+{
+	transport_clear_error();
+	return tp->plugin->ops.mem_free(tp->inst, ptr);
 }
 
 void transport_pause_device(struct transport *tp, uint32_t dev, uint64_t until_ns)
@@ -308,30 +224,24 @@ void transport_pause_device(struct transport *tp, uint32_t dev, uint64_t until_n
 		;
 }
 
-const struct te_plugin_host transport_host = {
-	.size = sizeof(struct te_plugin_host),
-	.abi_major = TE_PLUGIN_ABI_MAJOR,
-	.abi_minor = TE_PLUGIN_ABI_MINOR,
-	.log = host_log,
-	.slice_done = host_slice_done,
-	.mark_failed = host_mark_failed,
-	.device_event = host_device_event,
-	.peer_event = host_peer_event,
-	.config_get = host_config_get,
-	.config_foreach = host_config_foreach,
-	.publish = host_publish,
-	.now_ns = host_now_ns,
-	.local_name = host_local_name,
-	.peer_handshake = host_peer_handshake,
-	.set_error = host_set_error,
-	.auth_mac = host_auth_mac,
-	.auth_check = host_auth_check,
-	.mem_query = host_mem_query,
-	.mem_copy = host_mem_copy,
-	.mem_dmabuf = host_mem_dmabuf,
-};
+
+uint64_t transport_paused_devices(struct transport *tp, uint64_t now)
+{
+	uint64_t mask = 0, all;
+	uint32_t n = tp->n_devices;
+
+	/* Fast path: nothing was quarantined recently. */
+	if (atomic_load_explicit(&tp->any_paused_until, memory_order_relaxed) <= now)
+		return 0;
+	for (uint32_t d = 0; d < n; d++)
+		if (atomic_load_explicit(&tp->dev_paused_until[d], memory_order_relaxed) > now)
+			mask |= 1ull << d;
+	all = n >= 64 ? UINT64_MAX : (1ull << n) - 1;
+	return n && (mask & all) == all ? 0 : mask;
+}
 
 enum te_status transport_start(struct engine *engine, struct plugin *plugin,
+			       const struct te_plugin_host *host,
 			       const struct config_transport *cfg, unsigned index,
 			       struct transport **transport_out, char **err_out)
 {
@@ -350,7 +260,7 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 	g_mutex_init(&tp->stage_lock);
 
 	transport_clear_error();
-	st = plugin->ops.init(&transport_host, (struct te_plugin_host_ctx *)tp, &tp->inst);
+	st = plugin->ops.init(host, (struct te_plugin_host_ctx *)tp, &tp->inst);
 	if (st != TE_OK) {
 		*err_out = g_strdup_printf("%s: init failed: %s (%d)%s%s", plugin->path,
 					   te_status_str(st), st, *transport_error(tp) ? ": " : "",
@@ -454,12 +364,17 @@ GBytes *transport_blob(struct transport *t)
 	return b;
 }
 
+void transport_fini(struct transport *tp)
+{
+	atomic_store(&tp->stopped, true);
+	tp->plugin->ops.fini(tp->inst);
+}
+
 void transport_stop(struct transport *tp)
 {
 	if (!tp)
 		return;
-	atomic_store(&tp->stopped, true);
-	tp->plugin->ops.fini(tp->inst);
+	transport_fini(tp);
 	transport_free(tp);
 }
 
@@ -467,9 +382,10 @@ void transport_free(struct transport *tp)
 {
 	if (!tp)
 		return;
+	/* Its staging pool (core/stage.c) is gone already: stage_pool_free. */
+	assert(!tp->stage);
 	if (tp->blob)
 		g_bytes_unref(tp->blob);
-	stage_pool_free(tp);
 	g_mutex_clear(&tp->blob_lock);
 	g_mutex_clear(&tp->call_lock);
 	g_mutex_clear(&tp->backlog_lock);

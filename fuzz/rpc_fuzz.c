@@ -7,7 +7,7 @@
 
 #include <glib.h>
 
-#include "core/rpc.h"
+#include "core/rpc_codec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -22,7 +22,7 @@ cc=${CLANG:-clang}
 case $target in
 config) srcs="core/config.c"; pkgs="glib-2.0 yaml-0.1" ;;
 descriptor) srcs="core/metadata/descriptor.c"; pkgs="glib-2.0 json-glib-1.0" ;;
-rpc) srcs="core/rpc.c core/log.c core/status.c"; pkgs="glib-2.0" ;;
+rpc) srcs="core/rpc_codec.c"; pkgs="glib-2.0" ;;
 *) echo "run-libfuzzer.sh: unknown target '$target' (add it to the case table)" >&2; exit 2 ;;
 esac
 

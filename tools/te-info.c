@@ -14,6 +14,7 @@
 #include <te/te_status.h>
 
 #include "core/config.h"
+#include "core/host.h"
 #include "core/plugin.h"
 #include "core/transport.h"
 #include "te_build_config.h"
@@ -70,7 +71,7 @@ static void probe_run(struct probe *p)
 	p->abi_minor = plugin->desc->abi_minor;
 
 	/* No engine and no options: the plugin's defaults, logs to stderr. */
-	p->init = transport_start(NULL, plugin, NULL, 0, &t, &err);
+	p->init = transport_start(NULL, plugin, &host_services, NULL, 0, &t, &err);
 	if (p->init != TE_OK) {
 		p->error = err ? err : g_strdup(te_status_str(p->init));
 	} else {

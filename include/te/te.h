@@ -168,7 +168,9 @@ TE_API TE_NODISCARD enum te_status te_segment_close(struct te_engine *engine, te
 
 /*
  * te_segment_export - the local segment descriptor as JSON (NUL-terminated,
- * caller frees with te_free). Used for out-of-band metadata exchange. Thread-safe.
+ * caller frees with te_free; *len_out, when not NULL, is its length without the
+ * NUL). Used for out-of-band metadata exchange. Statuses: TE_ERR_INVALID_ARG
+ * (NULL engine or json_out), TE_ERR_NOMEM (encoding failed). Thread-safe.
  */
 TE_API TE_NODISCARD enum te_status te_segment_export(struct te_engine *engine, char **json_out,
 						     size_t *len_out);
@@ -192,8 +194,10 @@ struct te_buffer_info {
 
 /*
  * te_segment_buffers - the remote-accessible buffers of segment @id (0: local),
- * sorted by address. Writes up to @max entries; *n_out is the total count (may be
- * larger than @max). Thread-safe.
+ * sorted by address, as its current descriptor lists them. Writes up to @max
+ * entries (@buffers may be NULL when @max is 0); *n_out is the total count (may be
+ * larger than @max). Statuses: TE_ERR_INVALID_ARG (NULL engine or n_out),
+ * TE_ERR_UNKNOWN_SEGMENT (@id is not open). Thread-safe.
  */
 TE_API TE_NODISCARD enum te_status te_segment_buffers(struct te_engine *engine, te_segment_id id,
 						      struct te_buffer_info *buffers, size_t max,
@@ -299,7 +303,11 @@ TE_API TE_NODISCARD enum te_status te_batch_submit(struct te_engine *engine, te_
  * is COMPLETED, deliver @msg (@len <= TE_NOTIFY_MAX bytes) to the engine serving
  * the requests' segment (all requests must target one remote segment). The
  * message is sent exactly once, and never if any task fails, times out or is
- * canceled. One notify per batch. Serialize per batch.
+ * canceled. One notify per batch. Statuses: those of te_batch_submit, and
+ * TE_ERR_INVALID_ARG (no requests, a message over TE_NOTIFY_MAX, requests to
+ * several segments or to segment 0), TE_ERR_UNKNOWN_SEGMENT (the segment is not
+ * open or has no control-plane address), TE_ERR_EXISTS (the batch already has a
+ * notify). Serialize per batch.
  */
 TE_API TE_NODISCARD enum te_status te_batch_submit_notify(struct te_engine *engine,
 							  te_batch_id batch,
@@ -315,7 +323,8 @@ struct te_notify {
 
 /*
  * te_notify_recv - take up to @max received messages, oldest first; *n_out = how
- * many were written (0 if none). Never blocks. Thread-safe.
+ * many were written (0 if none). Never blocks. Statuses: TE_ERR_INVALID_ARG (NULL
+ * engine or n_out, or NULL msgs with @max > 0). Thread-safe.
  */
 TE_API TE_NODISCARD enum te_status te_notify_recv(struct te_engine *engine, struct te_notify *msgs,
 						  size_t max, size_t *n_out);
@@ -327,28 +336,33 @@ TE_API TE_NODISCARD enum te_status te_notify_recv(struct te_engine *engine, stru
 TE_API TE_NODISCARD enum te_status te_task_status(struct te_engine *engine, te_batch_id batch,
 						  uint32_t task, struct te_task_info *info_out);
 
-/* te_batch_status - aggregate state of a batch. Thread-safe. */
+/*
+ * te_batch_status - aggregate state of a batch (counts of tasks per state, bytes
+ * moved). Statuses: TE_ERR_INVALID_ARG (NULL engine or info_out),
+ * TE_ERR_INVALID_HANDLE (freed, stale or forged batch). Thread-safe.
+ */
 TE_API TE_NODISCARD enum te_status te_batch_status(struct te_engine *engine, te_batch_id batch,
 						   struct te_batch_info *info_out);
 
 /*
  * te_batch_wait - block until every task is terminal or @timeout_ns passed
- * (negative: no limit). Drives the progress of manual-progress transports: polls
- * them back to back for 20 us after a completion, then sleeping on the transport's
- * queues (or yielding the CPU) between empty polls, while they have operations in
- * flight and completed one within the last 2 ms; then sleeps, waking every 200 us to
- * poll again.
- * One waiting thread polls at a time; the others sleep until their batch ends.
- * Returns TE_OK when all tasks COMPLETED, the first failed task's status when the
- * batch is terminal with failures, TE_INPROGRESS if the timeout expired first.
- * Thread-safe.
+ * (negative: no limit; 0: check once). The calling thread drives the progress of
+ * manual-progress transports while it waits (busy while completions keep coming,
+ * sleeping on the transport's queues when they pause), so a waiting application
+ * thread is what moves their bytes; one waiting thread drives at a time, the others
+ * sleep until their batch ends. Returns TE_OK when all tasks COMPLETED, the first
+ * failed task's status when the batch is terminal with failures, TE_INPROGRESS if
+ * the timeout expired first, TE_ERR_INVALID_HANDLE for a freed, stale or forged
+ * batch, TE_ERR_INVALID_ARG for a NULL engine. Thread-safe.
  */
 TE_API TE_NODISCARD enum te_status te_batch_wait(struct te_engine *engine, te_batch_id batch,
 						 int64_t timeout_ns);
 
 /*
  * te_batch_cancel - best effort: slices not yet finished are canceled; the batch
- * always becomes terminal (completed slices stay completed). Thread-safe.
+ * always becomes terminal (completed slices stay completed; a slice a transport
+ * cannot stop ends with its real outcome). Statuses: TE_ERR_INVALID_HANDLE (freed,
+ * stale or forged batch), TE_ERR_INVALID_ARG (NULL engine). Thread-safe.
  */
 TE_API TE_NODISCARD enum te_status te_batch_cancel(struct te_engine *engine, te_batch_id batch);
 

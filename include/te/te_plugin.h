@@ -18,12 +18,32 @@ extern "C" {
  *   major 1), returning a pointer to a static descriptor and doing nothing else.
  * - Every struct starts with uint32_t size and only grows at its end. Members
  *   added after 1.0 are marked "since ABI 1.N"; read them only when size covers
- *   them (TE_PLUGIN_HAS).
+ *   them (TE_PLUGIN_HAS). A plugin declaring minor N runs only on cores of minor >= N, so
+ *   the structs the core hands it (host, caps, device, slice) have every member of minor N:
+ *   it needs TE_PLUGIN_HAS only for members newer than the minor it declares.
  * - The core accepts a plugin when its major equals the core's and its minor is
  *   not newer. Ops are copied into a core-owned table whose missing entries
  *   answer TE_ERR_UNSUPPORTED; a missing required op rejects the plugin.
  * - Plugins never link libte: everything they need from the core comes through
  *   struct te_plugin_host.
+ *
+ * Calls (what every op may rely on)
+ * - The core never calls an op with a NULL @inst: it passes what init wrote into *inst_out,
+ *   from init's return until fini, and never after fini. Plugins need not check it.
+ * - Handles (mem, peer, rkey) are ones this instance returned and the core has not released
+ *   yet; a slice passed to cancel or retry_prepare is one this instance accepted.
+ * - Threads. init, query_caps and query_devices run once, in that order, on the thread
+ *   starting the engine, before any other op; fini runs once, last, on the thread freeing
+ *   the engine (or starting it, when start fails), with no other op running.
+ *   Every other op comes from application threads (te_mem_register, te_segment_open,
+ *   requests, te_batch_wait, te_batch_cancel) and the core's workers, control-plane and
+ *   metadata-watch threads. A TE_PLUGIN_THREAD_SERIALIZED plugin gets them one at a time
+ *   (the core holds a lock per instance around each): submit, progress, cancel,
+ *   retry_prepare, handshake, reg_mem, dereg_mem, pack_key, load_peer, unload_peer,
+ *   unpack_remote_key, release_remote_key; wait is never called for it; the memory-kind
+ *   ops (mem_*) are not serialized (another plugin's reg_mem may reach them through the
+ *   host table) and must be thread-safe. A TE_PLUGIN_THREAD_MULTI plugin gets any op from
+ *   any thread at once.
  */
 #define TE_PLUGIN_ABI_MAJOR 1
 #define TE_PLUGIN_ABI_MINOR 2 /* 1.1: ops.wait; 1.2: data-connection auth, memory kinds */
@@ -90,6 +110,14 @@ enum te_plugin_thread_level {
 	TE_PLUGIN_THREAD_MULTI = 1,	 /* any op may be called from any thread at once */
 };
 
+/*
+ * Limits of the core (since ABI 1.0; they only grow): caps.slice_priv_size is at most
+ * TE_PLUGIN_SLICE_PRIV_MAX bytes, and a plugin reports at most TE_PLUGIN_MAX_DEVICES devices
+ * (slice->excluded_devices and slice->device index them in a 64-bit mask).
+ */
+#define TE_PLUGIN_SLICE_PRIV_MAX 256u
+#define TE_PLUGIN_MAX_DEVICES 64u
+
 /* caps.flags */
 #define TE_PLUGIN_CAP_SAME_HOST_ONLY (1u << 0)	  /* peers must share this host */
 #define TE_PLUGIN_CAP_SAME_PROCESS_ONLY (1u << 1) /* peers must share this process */
@@ -104,8 +132,8 @@ struct te_plugin_caps {
 	uint32_t flags;		     /* TE_PLUGIN_CAP_* */
 	uint64_t max_slice_size;     /* 0: unlimited */
 	uint64_t default_slice_size; /* 0: let the core choose */
-	uint32_t slice_priv_size;    /* bytes of per-slice plugin scratch (<= 256) */
-	uint32_t max_devices;	     /* devices the plugin may report (<= 64) */
+	uint32_t slice_priv_size;    /* bytes of per-slice scratch (<= TE_PLUGIN_SLICE_PRIV_MAX) */
+	uint32_t max_devices;	     /* devices it may report (<= TE_PLUGIN_MAX_DEVICES) */
 	/*
 	 * Since ABI 1.2: memory kinds this plugin owns (TE_PLUGIN_MEM_CUDA, _HIP): it answers
 	 * the ops mem_query, mem_copy, mem_alloc, mem_free (and mem_dmabuf when it can) for
@@ -185,7 +213,7 @@ struct te_plugin_host {
 	uint32_t size;
 	uint32_t abi_major;
 	uint32_t abi_minor;
-	/* Log one line (no newline needed). */
+	/* Log one line (no newline needed). @fmt is a printf format. */
 	void (*log)(struct te_plugin_host_ctx *ctx, enum te_plugin_log_level level, const char *fmt,
 		    ...) TE_PLUGIN_PRINTF(3, 4);
 	/*
@@ -216,7 +244,10 @@ struct te_plugin_host {
 	 * called in init; a later call replaces it for descriptors built afterwards.
 	 */
 	enum te_status (*publish)(struct te_plugin_host_ctx *ctx, const void *blob, size_t len);
-	/* Monotonic clock in nanoseconds (same clock as slice deadlines). */
+	/*
+	 * Monotonic clock in nanoseconds, the clock of slice->deadline_ns. Takes no ctx (the
+	 * clock is the process's); thread-safe, never fails.
+	 */
 	uint64_t (*now_ns)(void);
 	/* Name of the local segment (for logs and handshakes). */
 	const char *(*local_name)(struct te_plugin_host_ctx *ctx);
@@ -235,7 +266,7 @@ struct te_plugin_host {
 	 * Say why the op running on this thread is about to fail (init, reg_mem,
 	 * load_peer, unpack_remote_key, submit, ...). The core quotes it in the error
 	 * the user sees, so expected failures need not be logged as warnings. Only the
-	 * last call before the op returns counts; text is copied.
+	 * last call before the op returns counts; text is copied. @fmt is a printf format.
 	 */
 	void (*set_error)(struct te_plugin_host_ctx *ctx, const char *fmt, ...)
 		TE_PLUGIN_PRINTF(2, 3);
@@ -291,22 +322,37 @@ struct te_plugin_host {
  * Operations. Required: init, fini, query_caps, reg_mem, dereg_mem, pack_key,
  * load_peer, unload_peer, unpack_remote_key, submit; progress is required for
  * MANUAL plugins. Statuses are enum te_status; outputs are written only on TE_OK.
+ * Which thread calls each op: "Calls" at the top of this file.
  */
 struct te_plugin_ops {
 	uint32_t size;
 
 	/* --- install --- */
+	/*
+	 * Create an instance: read options (host->config_get), open devices, publish the
+	 * transport blob (host->publish). TE_OK with *inst_out; any error fails a required
+	 * plugin's engine start and skips an optional one (say why with host->set_error).
+	 * @host and @ctx stay valid until fini returns. Engine start thread.
+	 */
 	enum te_status (*init)(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
 			       struct te_plugin_inst **inst_out);
 	/*
 	 * Release everything the instance still holds: complete every slice it owns
 	 * with TE_ERR_CANCELED (slice_done may be called during fini), and free the
 	 * peers, remote keys and registrations the core did not release. After fini the
-	 * core makes no further call into the instance.
+	 * core makes no further call into the instance. Returns nothing; engine free thread.
 	 */
 	void (*fini)(struct te_plugin_inst *inst);
+	/*
+	 * Fill @caps (zeroed by the core, size set). TE_OK; an error fails the plugin's init
+	 * like init's. Once, right after init.
+	 */
 	enum te_status (*query_caps)(struct te_plugin_inst *inst, struct te_plugin_caps *caps);
-	/* Fill up to @max devices (each with size set by the core); *n_out = count. */
+	/*
+	 * Fill up to @max devices (each with size set by the core, @max <=
+	 * TE_PLUGIN_MAX_DEVICES); *n_out = count. TE_OK; an error fails the plugin's init.
+	 * Optional (absent: no device; TE_ERR_UNSUPPORTED says the same). Once, after query_caps.
+	 */
 	enum te_status (*query_devices)(struct te_plugin_inst *inst,
 					struct te_plugin_device *devices, uint32_t max,
 					uint32_t *n_out);
@@ -318,6 +364,7 @@ struct te_plugin_ops {
 	 * (e.g. the owner offers no dmabuf for it). The core then holds no handle of this
 	 * transport for it: it stages the region through host memory when it is the local
 	 * side, and peers get no key for it. Any other error fails the registration.
+	 * TE_OK with *mem_out. Any thread (see "Calls").
 	 */
 	enum te_status (*reg_mem)(struct te_plugin_inst *inst, void *addr, uint64_t length,
 				  uint32_t mem_type, int32_t dev, uint32_t access,
@@ -326,28 +373,42 @@ struct te_plugin_ops {
 	 * The core calls it only when no batch refers to the region any more (it keeps
 	 * its own reference counts); serving-side transfers of peers that are still
 	 * copying must be waited for or fenced by the plugin before it returns.
+	 * TE_OK; an error (TE_ERR_INVALID_HANDLE) is logged by the core, which forgets the
+	 * handle anyway. Any thread.
 	 */
 	enum te_status (*dereg_mem)(struct te_plugin_inst *inst, struct te_plugin_mem *mem);
 	/*
 	 * Key blob for the descriptor: writes <= @cap bytes; TE_ERR_TOO_LARGE if short.
 	 * *len_out = 0: this transport publishes no key for the region (e.g. memory
 	 * outside a shared window): it can be a local source or destination here, and
-	 * peers never reach it through this transport.
+	 * peers never reach it through this transport. Any thread.
 	 */
 	enum te_status (*pack_key)(struct te_plugin_inst *inst, struct te_plugin_mem *mem,
 				   void *buf, size_t cap, size_t *len_out);
-	/* Prepare to reach @peer_name whose published blob is @blob (maybe connect). */
+	/*
+	 * Prepare to reach @peer_name whose published blob is @blob (maybe connect, maybe
+	 * host->peer_handshake). TE_OK with *peer_out; an error leaves this transport out of
+	 * the view of that peer (the core quotes set_error's text when no transport is left).
+	 * Any thread (see "Calls").
+	 */
 	enum te_status (*load_peer)(struct te_plugin_inst *inst, const char *peer_name,
 				    const void *blob, size_t len, struct te_plugin_peer **peer_out);
+	/*
+	 * Forget @peer: the core released its remote keys first and has no slice of it in
+	 * flight. Returns nothing. Any thread (whichever drops the last view of the peer).
+	 */
 	void (*unload_peer)(struct te_plugin_inst *inst, struct te_plugin_peer *peer);
 	/*
 	 * Decode the key blob of the peer's region [addr, addr+length) (the blob came
 	 * from the peer's pack_key of exactly that region; reject one that disagrees).
+	 * TE_OK with *rkey_out; TE_ERR_METADATA_MALFORMED (or another error) leaves that
+	 * region unreachable through this transport. Any thread.
 	 */
 	enum te_status (*unpack_remote_key)(struct te_plugin_inst *inst,
 					    struct te_plugin_peer *peer, const void *blob,
 					    size_t len, uint64_t addr, uint64_t length,
 					    struct te_plugin_rkey **rkey_out);
+	/* Free @rkey (no slice using it is in flight). Optional; returns nothing. Any thread. */
 	void (*release_remote_key)(struct te_plugin_inst *inst, struct te_plugin_rkey *rkey);
 
 	/* --- submit --- */
@@ -377,6 +438,8 @@ struct te_plugin_ops {
 	 * May race with the slice's own completion: when the plugin no longer owns
 	 * the slice (already reported, or never accepted), return TE_ERR_NOT_FOUND and
 	 * do nothing. The slice memory stays valid during the call. Must not block.
+	 * TE_OK: the slice will come back (soon); the core ignores other statuses. From the
+	 * thread of te_batch_cancel, or a core worker at the deadline.
 	 */
 	enum te_status (*cancel)(struct te_plugin_inst *inst, struct te_plugin_slice *slice);
 
@@ -385,14 +448,16 @@ struct te_plugin_ops {
 	 * Before a retry of @slice: choose another path avoiding slice->excluded_devices
 	 * (the core never excludes every device: with one device the mask is empty).
 	 * TE_ERR_NO_DEVICE when no path is left; TE_ERR_UNSUPPORTED (op absent) means
-	 * "retry as is".
+	 * "retry as is". TE_OK: the core submits the slice again (from a core worker).
 	 */
 	enum te_status (*retry_prepare)(struct te_plugin_inst *inst, struct te_plugin_slice *slice);
 
 	/* --- control plane --- */
 	/*
 	 * A peer's handshake message for this plugin arrived (e.g. QP exchange); write
-	 * the reply into @resp (<= @cap bytes). Optional.
+	 * the reply into @resp (<= @cap bytes). Optional. TE_OK with *resp_len_out; another
+	 * status goes back to the peer's host->peer_handshake. From the core's control-plane
+	 * thread: must not wait for this engine's own requests.
 	 */
 	enum te_status (*handshake)(struct te_plugin_inst *inst, const char *peer_name,
 				    const void *req, size_t req_len, void *resp, size_t cap,
@@ -406,6 +471,7 @@ struct te_plugin_ops {
 	 * calls it after empty polls while this plugin alone has slices in flight; it polls
 	 * again whatever the outcome. TE_OK: woken or timed out. TE_ERR_UNSUPPORTED: cannot
 	 * block now (the caller yields the CPU and polls). Never longer than @timeout_ns.
+	 * Never called for a SERIALIZED plugin.
 	 */
 	enum te_status (*wait)(struct te_plugin_inst *inst, uint64_t timeout_ns);
 
@@ -415,6 +481,7 @@ struct te_plugin_ops {
 	 * *mem_type_out (one TE_PLUGIN_MEM_* bit) and *dev_out; TE_ERR_NOT_FOUND when it is not
 	 * (host memory, or another kind's); TE_ERR_OUT_OF_RANGE when one allocation of ours holds
 	 * @addr but the range runs past its end (say which through set_error). Must not block.
+	 * Thread-safe, like every mem_* op.
 	 */
 	enum te_status (*mem_query)(struct te_plugin_inst *inst, const void *addr, uint64_t len,
 				    uint32_t *mem_type_out, int32_t *dev_out);
@@ -431,7 +498,11 @@ struct te_plugin_ops {
 	 */
 	enum te_status (*mem_dmabuf)(struct te_plugin_inst *inst, const void *addr, uint64_t len,
 				     int *fd_out, uint64_t *offset_out);
-	/* mem_alloc / mem_free: @len bytes of owned kind @mem_type on device @dev. */
+	/*
+	 * mem_alloc / mem_free: @len bytes of owned kind @mem_type on device @dev: TE_OK with
+	 * *ptr_out; TE_ERR_NOMEM, TE_ERR_NO_DEVICE, or the runtime's failure. mem_free:
+	 * TE_OK, TE_ERR_NOT_FOUND for a pointer mem_alloc did not return.
+	 */
 	enum te_status (*mem_alloc)(struct te_plugin_inst *inst, uint32_t mem_type, int32_t dev,
 				    uint64_t len, void **ptr_out);
 	enum te_status (*mem_free)(struct te_plugin_inst *inst, void *ptr);

@@ -65,7 +65,7 @@
 extern "C" {
 #endif
 
-#define TE_PLUGIN_GPU_MAX_DEV 64u
+#define TE_PLUGIN_GPU_MAX_DEV TE_PLUGIN_MAX_DEVICES /* GPUs per instance: the core's limit */
 #define TE_PLUGIN_GPU_WIRE_VERSION 1u
 #define TE_PLUGIN_GPU_PAGE 4096ull
 #define TE_PLUGIN_GPU_DEF_SLICE (8ull << 20)
@@ -1069,8 +1069,7 @@ err:
 
 static inline void te_plugin_gpu_fini(struct te_plugin_inst *inst)
 {
-	if (inst)
-		te_plugin_gpu_destroy_(te_plugin_gpu_of(inst));
+	te_plugin_gpu_destroy_(te_plugin_gpu_of(inst));
 }
 
 static inline enum te_status te_plugin_gpu_query_caps(struct te_plugin_inst *inst,

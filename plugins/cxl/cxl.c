@@ -50,8 +50,14 @@
 
 #include <te/te_plugin.h>
 #include <te/te_plugin_opts.h>
+#include <te/te_plugin_util.h>
 
 #include "cxl_copy.h"
+
+/* The project version, passed by the build (plugins/meson.build); 0.0.0 outside meson. */
+#ifndef TE_PLUGIN_VERSION
+#define TE_PLUGIN_VERSION "0.0.0"
+#endif
 
 #define CXL_NAME "cxl"
 
@@ -127,7 +133,7 @@ struct cxl_spriv {
 	_Atomic int32_t status; /* TE_OK, or the first reason to fail */
 	char detail[CXL_PRIV_DETAIL];
 };
-_Static_assert(sizeof(struct cxl_spriv) <= 256, "slice_priv_size is at most 256 bytes");
+_Static_assert(sizeof(struct cxl_spriv) <= TE_PLUGIN_SLICE_PRIV_MAX, "slice_priv_size limit");
 
 struct cxl_inst {
 	const struct te_plugin_host *host;
@@ -184,36 +190,6 @@ static inline struct cxl_spriv *cxl_priv(const struct te_plugin_slice *s)
 	return (struct cxl_spriv *)s->priv;
 }
 
-static void cxl_put_u32(uint8_t *p, uint32_t v)
-{
-	for (unsigned i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void cxl_put_u64(uint8_t *p, uint64_t v)
-{
-	for (unsigned i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t cxl_get_u32(const uint8_t *p)
-{
-	uint32_t v = 0;
-
-	for (unsigned i = 0; i < 4; i++)
-		v |= (uint32_t)p[i] << (8 * i);
-	return v;
-}
-
-static uint64_t cxl_get_u64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (unsigned i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 /* 64-bit FNV-1a: the window id as a number, carried in every key. */
 static uint64_t cxl_hash(const char *s)
 {
@@ -250,7 +226,7 @@ static enum te_status cxl_fail(struct cxl_inst *ti, enum te_status st, const cha
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	if (TE_PLUGIN_HAS(ti->host, struct te_plugin_host, set_error) && ti->host->set_error)
+	if (ti->host->set_error)
 		ti->host->set_error(ti->ctx, CXL_NAME ": %s", msg);
 	cxl_log(ti, TE_PLUGIN_LOG_DEBUG, "%s", msg);
 	return st;
@@ -777,12 +753,12 @@ static void cxl_destroy(struct cxl_inst *ti)
 static void cxl_blob_build(const struct cxl_inst *ti, uint8_t blob[CXL_BLOB_LEN])
 {
 	memset(blob, 0, CXL_BLOB_LEN);
-	cxl_put_u32(blob, CXL_BLOB_MAGIC);
+	te_plugin_put_u32(blob, CXL_BLOB_MAGIC);
 	blob[4] = CXL_BLOB_VERSION;
 	blob[5] = ti->coherent ? CXL_BLOB_COHERENT : 0;
 	blob[6] = (uint8_t)strlen(ti->id);
-	cxl_put_u64(blob + 8, ti->size);
-	cxl_put_u64(blob + 16, ti->id_hash);
+	te_plugin_put_u64(blob + 8, ti->size);
+	te_plugin_put_u64(blob + 16, ti->id_hash);
 	memcpy(blob + 24, ti->id, strlen(ti->id));
 	memcpy(blob + 24 + CXL_ID_MAX, ti->path, strlen(ti->path));
 }
@@ -794,8 +770,8 @@ static enum te_status cxl_init(const struct te_plugin_host *host, struct te_plug
 	struct cxl_inst *ti;
 	enum te_status st;
 
-	if (!host || !inst_out || !TE_PLUGIN_HAS(host, struct te_plugin_host, local_name) ||
-	    !host->log || !host->slice_done || !host->config_get || !host->publish)
+	if (!host || !inst_out || !host->log || !host->slice_done || !host->config_get ||
+	    !host->publish)
 		return TE_ERR_INVALID_ARG;
 	ti = calloc(1, sizeof(*ti));
 	if (!ti)
@@ -830,37 +806,26 @@ err_destroy:
 
 static void cxl_fini(struct te_plugin_inst *inst)
 {
-	if (inst)
-		cxl_destroy(cxl_inst_of(inst));
+	cxl_destroy(cxl_inst_of(inst));
 }
 
 static enum te_status cxl_query_caps(struct te_plugin_inst *inst, struct te_plugin_caps *caps)
 {
 	struct cxl_inst *ti = cxl_inst_of(inst);
 
-	if (!ti || !caps)
+	if (!caps)
 		return TE_ERR_INVALID_ARG;
-	/* Fill only what the core's struct has room for; it may predate later members. */
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, mem_types))
-		caps->mem_types = TE_PLUGIN_MEM_CPU | TE_PLUGIN_MEM_CXL;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, ops))
-		caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, progress))
-		caps->progress = TE_PLUGIN_PROGRESS_AUTO;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, thread_level))
-		caps->thread_level = TE_PLUGIN_THREAD_MULTI;
+	caps->mem_types = TE_PLUGIN_MEM_CPU | TE_PLUGIN_MEM_CXL;
+	caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
+	caps->progress = TE_PLUGIN_PROGRESS_AUTO;
+	caps->thread_level = TE_PLUGIN_THREAD_MULTI;
 	/* Not same-host only: a CXL window spans hosts. */
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, flags))
-		caps->flags = 0;
+	caps->flags = 0;
 	/* Every slice touches the window, so none is longer than the window. */
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_slice_size))
-		caps->max_slice_size = ti->size;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, default_slice_size))
-		caps->default_slice_size = CXL_MIN(ti->slice_size, ti->size);
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, slice_priv_size))
-		caps->slice_priv_size = sizeof(struct cxl_spriv);
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_devices))
-		caps->max_devices = 1;
+	caps->max_slice_size = ti->size;
+	caps->default_slice_size = CXL_MIN(ti->slice_size, ti->size);
+	caps->slice_priv_size = sizeof(struct cxl_spriv);
+	caps->max_devices = 1;
 	return TE_OK;
 }
 
@@ -869,24 +834,15 @@ static enum te_status cxl_query_devices(struct te_plugin_inst *inst,
 					uint32_t *n_out)
 {
 	struct cxl_inst *ti = cxl_inst_of(inst);
-	struct te_plugin_device *d = devices;
 
-	if (!ti || !n_out || (max && !devices))
+	if (!n_out || (max && !devices))
 		return TE_ERR_INVALID_ARG;
 	if (max == 0) {
 		*n_out = 0;
 		return TE_OK;
 	}
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, name))
-		snprintf(d->name, sizeof(d->name), "%s", ti->dev_name);
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, numa_node))
-		d->numa_node = ti->numa;
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, pci))
-		d->pci[0] = '\0';
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, link_speed_mbps))
-		d->link_speed_mbps = 0;
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, mem_types))
-		d->mem_types = TE_PLUGIN_MEM_CPU | TE_PLUGIN_MEM_CXL;
+	te_plugin_device_set(devices, ti->dev_name, ti->numa, NULL, 0,
+			     TE_PLUGIN_MEM_CPU | TE_PLUGIN_MEM_CXL);
 	*n_out = 1;
 	return TE_OK;
 }
@@ -902,7 +858,7 @@ static enum te_status cxl_reg_mem(struct te_plugin_inst *inst, void *addr, uint6
 	struct cxl_mem *m;
 	char why[160];
 
-	if (!ti || !addr || length == 0 || !mem_out || (access & ~CXL_ACCESS_ALL))
+	if (!addr || length == 0 || !mem_out || (access & ~CXL_ACCESS_ALL))
 		return TE_ERR_INVALID_ARG;
 	if (mem_type != TE_PLUGIN_MEM_CPU && mem_type != TE_PLUGIN_MEM_CXL)
 		return cxl_fail(ti, TE_ERR_MEMORY_TYPE, "memory type 0x%x is neither cpu nor cxl",
@@ -947,7 +903,7 @@ static enum te_status cxl_dereg_mem(struct te_plugin_inst *inst, struct te_plugi
 	struct cxl_inst *ti = cxl_inst_of(inst);
 	struct cxl_mem *m = (struct cxl_mem *)mem;
 
-	if (!ti || !m)
+	if (!m)
 		return TE_ERR_INVALID_ARG;
 	/*
 	 * Nothing to fence: no thread of this engine copies for peers. The core calls this only
@@ -972,7 +928,7 @@ static enum te_status cxl_pack_key(struct te_plugin_inst *inst, struct te_plugin
 	const struct cxl_mem *m = (const struct cxl_mem *)mem;
 	uint8_t *p = buf;
 
-	if (!ti || !m || !len_out || (cap && !buf))
+	if (!m || !len_out || (cap && !buf))
 		return TE_ERR_INVALID_ARG;
 	/* Ordinary memory (outside the window) is a local side only: no key to publish. */
 	if (m->off == CXL_OFF_NONE) {
@@ -981,11 +937,11 @@ static enum te_status cxl_pack_key(struct te_plugin_inst *inst, struct te_plugin
 	}
 	if (cap < CXL_KEY_LEN)
 		return TE_ERR_TOO_LARGE;
-	cxl_put_u32(p, CXL_KEY_MAGIC);
-	cxl_put_u32(p + 4, m->access);
-	cxl_put_u64(p + 8, ti->id_hash);
-	cxl_put_u64(p + 16, m->off);
-	cxl_put_u64(p + 24, m->length);
+	te_plugin_put_u32(p, CXL_KEY_MAGIC);
+	te_plugin_put_u32(p + 4, m->access);
+	te_plugin_put_u64(p + 8, ti->id_hash);
+	te_plugin_put_u64(p + 16, m->off);
+	te_plugin_put_u64(p + 24, m->length);
 	*len_out = CXL_KEY_LEN;
 	return TE_OK;
 }
@@ -1001,14 +957,14 @@ static enum te_status cxl_load_peer(struct te_plugin_inst *inst, const char *pee
 	struct cxl_peer *peer;
 	uint64_t size, hash;
 
-	if (!ti || !peer_name || !peer_out || (len && !blob))
+	if (!peer_name || !peer_out || (len && !blob))
 		return TE_ERR_INVALID_ARG;
-	if (len != CXL_BLOB_LEN || cxl_get_u32(b) != CXL_BLOB_MAGIC || b[4] != CXL_BLOB_VERSION ||
-	    b[6] == 0 || b[6] >= CXL_ID_MAX)
+	if (len != CXL_BLOB_LEN || te_plugin_get_u32(b) != CXL_BLOB_MAGIC ||
+	    b[4] != CXL_BLOB_VERSION || b[6] == 0 || b[6] >= CXL_ID_MAX)
 		return cxl_fail(ti, TE_ERR_METADATA_MALFORMED,
 				"peer %s: malformed window blob (%zu bytes)", peer_name, len);
-	size = cxl_get_u64(b + 8);
-	hash = cxl_get_u64(b + 16);
+	size = te_plugin_get_u64(b + 8);
+	hash = te_plugin_get_u64(b + 16);
 	cxl_text(id, sizeof(id), b + 24, b[6]);
 	cxl_text(path, sizeof(path), b + 24 + CXL_ID_MAX, CXL_PATH_MAX);
 	if (hash != ti->id_hash || strcmp(id, ti->id) != 0) {
@@ -1052,7 +1008,7 @@ static void cxl_unload_peer(struct te_plugin_inst *inst, struct te_plugin_peer *
 	struct cxl_inst *ti = cxl_inst_of(inst);
 	struct cxl_peer *peer = (struct cxl_peer *)handle;
 
-	if (!ti || !peer)
+	if (!peer)
 		return;
 	/* Slices hold no reference to the peer object beyond submit. */
 	pthread_mutex_lock(&ti->lock);
@@ -1078,23 +1034,23 @@ static enum te_status cxl_unpack_remote_key(struct te_plugin_inst *inst,
 	struct cxl_rkey *k;
 	uint32_t access;
 
-	if (!ti || !peer || !rkey_out || (len && !blob))
+	if (!peer || !rkey_out || (len && !blob))
 		return TE_ERR_INVALID_ARG;
-	if (len != CXL_KEY_LEN || cxl_get_u32(p) != CXL_KEY_MAGIC)
+	if (len != CXL_KEY_LEN || te_plugin_get_u32(p) != CXL_KEY_MAGIC)
 		return cxl_fail(ti, TE_ERR_METADATA_MALFORMED,
 				"peer %s: malformed key (%zu bytes) for buffer [0x%" PRIx64
 				", +%" PRIu64 ")",
 				((struct cxl_peer *)peer)->name, len, addr, length);
-	access = cxl_get_u32(p + 4);
-	off = cxl_get_u64(p + 16);
-	klen = cxl_get_u64(p + 24);
+	access = te_plugin_get_u32(p + 4);
+	off = te_plugin_get_u64(p + 16);
+	klen = te_plugin_get_u64(p + 24);
 	/* The key must describe exactly the buffer the descriptor lists it under. */
 	if ((access & ~CXL_ACCESS_ALL) || klen != length || klen == 0 || addr > UINT64_MAX - klen)
 		return cxl_fail(ti, TE_ERR_METADATA_MALFORMED,
 				"peer %s: key for buffer [0x%" PRIx64 ", +%" PRIu64
 				") describes %" PRIu64 " bytes",
 				((struct cxl_peer *)peer)->name, addr, length, klen);
-	if (cxl_get_u64(p + 8) != ti->id_hash)
+	if (te_plugin_get_u64(p + 8) != ti->id_hash)
 		return cxl_fail(ti, TE_ERR_REMOTE_ACCESS,
 				"peer %s: buffer [0x%" PRIx64 ", +%" PRIu64
 				") is on another window",
@@ -1125,7 +1081,7 @@ static void cxl_release_remote_key(struct te_plugin_inst *inst, struct te_plugin
 	struct cxl_inst *ti = cxl_inst_of(inst);
 	struct cxl_rkey *k = (struct cxl_rkey *)rkey;
 
-	if (!ti || !k)
+	if (!k)
 		return;
 	pthread_mutex_lock(&ti->lock);
 	if (k->prev)
@@ -1236,7 +1192,7 @@ static enum te_status cxl_submit(struct te_plugin_inst *inst, struct te_plugin_s
 	uint64_t work = 0;
 	uint32_t i;
 
-	if (!ti || !accepted_out || (n && !slices))
+	if (!accepted_out || (n && !slices))
 		return TE_ERR_INVALID_ARG;
 	if (atomic_load_explicit(&ti->closed, memory_order_relaxed))
 		return TE_ERR_SHUTDOWN;
@@ -1295,7 +1251,7 @@ static enum te_status cxl_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 	struct cxl_spriv *p;
 	bool report = false;
 
-	if (!ti || !s || !s->priv)
+	if (!s || !s->priv)
 		return TE_ERR_INVALID_ARG;
 	p = cxl_priv(s);
 	pthread_mutex_lock(&ti->qlock);
@@ -1334,7 +1290,7 @@ static enum te_status cxl_cancel(struct te_plugin_inst *inst, struct te_plugin_s
 
 static enum te_status cxl_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_slice *s)
 {
-	if (!inst || !s)
+	if (!s)
 		return TE_ERR_INVALID_ARG;
 	s->device = 0; /* one window */
 	return TE_OK;
@@ -1363,7 +1319,7 @@ static const struct te_plugin_desc cxl_desc = {
 	.abi_major = TE_PLUGIN_ABI_MAJOR,
 	.abi_minor = TE_PLUGIN_ABI_MINOR,
 	.name = CXL_NAME,
-	.version = "1.0",
+	.version = TE_PLUGIN_VERSION,
 	.description = "CXL transport: copies through a shared memory window with explicit "
 		       "cache management",
 	.ops = &cxl_ops,

@@ -29,6 +29,11 @@
 
 #include <te/te_plugin_gpu.h>
 
+/* The project version, passed by the build (plugins/meson.build); 0.0.0 outside meson. */
+#ifndef TE_PLUGIN_VERSION
+#define TE_PLUGIN_VERSION "0.0.0"
+#endif
+
 #define HIP_NAME "hip"
 #define HIP_KEY_MAGIC 0x314b5048u  /* "HPK1" */
 #define HIP_BLOB_MAGIC 0x31425048u /* "HPB1" */
@@ -524,7 +529,7 @@ static const struct te_plugin_desc hip_desc = {
 	.abi_major = TE_PLUGIN_ABI_MAJOR,
 	.abi_minor = TE_PLUGIN_ABI_MINOR,
 	.name = HIP_NAME,
-	.version = "1.0",
+	.version = TE_PLUGIN_VERSION,
 	.description = "HIP copies between AMD GPU memory of processes (IPC handles); owns memory "
 		       "kind hip",
 	.ops = &hip_ops,

@@ -28,6 +28,11 @@
 
 #include <te/te_plugin_gpu.h>
 
+/* The project version, passed by the build (plugins/meson.build); 0.0.0 outside meson. */
+#ifndef TE_PLUGIN_VERSION
+#define TE_PLUGIN_VERSION "0.0.0"
+#endif
+
 #define NVLINK_NAME "nvlink"
 #define NVLINK_KEY_MAGIC 0x314b564eu  /* "NVK1" */
 #define NVLINK_BLOB_MAGIC 0x3142564eu /* "NVB1" */
@@ -874,7 +879,7 @@ static const struct te_plugin_desc nvlink_desc = {
 	.abi_major = TE_PLUGIN_ABI_MAJOR,
 	.abi_minor = TE_PLUGIN_ABI_MINOR,
 	.name = NVLINK_NAME,
-	.version = "1.1",
+	.version = TE_PLUGIN_VERSION,
 	.description =
 		"CUDA copies between GPU memory of processes (IPC, VMM fds, FABRIC handles); "
 		"owns memory kind cuda",

@@ -41,47 +41,6 @@ extern const struct rdma_verbs RDMA_VERBS_TABLE;
 
 /* --- small helpers shared by the plugin's files ------------------------------------------- */
 
-void rdma_put_u16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-void rdma_put_u32(uint8_t *p, uint32_t v)
-{
-	for (unsigned i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-void rdma_put_u64(uint8_t *p, uint64_t v)
-{
-	for (unsigned i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-uint16_t rdma_get_u16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
-}
-
-uint32_t rdma_get_u32(const uint8_t *p)
-{
-	uint32_t v = 0;
-
-	for (unsigned i = 0; i < 4; i++)
-		v |= (uint32_t)p[i] << (8 * i);
-	return v;
-}
-
-uint64_t rdma_get_u64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (unsigned i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 void rdma_gid_text(const union ibv_gid *gid, char *buf, size_t len)
 {
 	if (!inet_ntop(AF_INET6, gid->raw, buf, (socklen_t)len))
@@ -114,7 +73,7 @@ void rdma_set_error(struct rdma_inst *ri, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof(text), fmt, ap);
 	va_end(ap);
-	if (TE_PLUGIN_HAS(ri->host, struct te_plugin_host, set_error) && ri->host->set_error)
+	if (ri->host->set_error)
 		ri->host->set_error(ri->ctx, "%s", rdma_unprefixed(text));
 	rdma_log(ri, TE_PLUGIN_LOG_INFO, "%s", rdma_unprefixed(text));
 }
@@ -1046,10 +1005,10 @@ static void rdma_build_blob(struct rdma_inst *ri, uint8_t *b, size_t *len_out)
 	size_t len = RDMA_BLOB_HDR + (size_t)ri->n_devs * RDMA_BLOB_DEV;
 
 	memset(b, 0, len);
-	rdma_put_u32(b, RDMA_BLOB_MAGIC);
+	te_plugin_put_u32(b, RDMA_BLOB_MAGIC);
 	b[4] = RDMA_WIRE_VERSION;
 	b[5] = (uint8_t)ri->n_devs;
-	rdma_put_u64(b + 8, ri->nonce);
+	te_plugin_put_u64(b + 8, ri->nonce);
 	for (uint32_t i = 0; i < ri->n_devs; i++) {
 		struct rdma_dev *d = &ri->devs[i];
 		uint8_t *e = b + RDMA_BLOB_HDR + (size_t)i * RDMA_BLOB_DEV;
@@ -1057,7 +1016,7 @@ static void rdma_build_blob(struct rdma_inst *ri, uint8_t *b, size_t *len_out)
 		pthread_mutex_lock(&d->gid_lock);
 		memcpy(e, d->name, strnlen(d->name, RDMA_NAME_LEN));
 		memcpy(e + 32, d->gid.gid.raw, 16);
-		rdma_put_u16(e + 48, d->lid);
+		te_plugin_put_u16(e + 48, d->lid);
 		e[50] = d->port;
 		e[51] = d->link_layer;
 		e[52] = (uint8_t)d->active_mtu;
@@ -1067,7 +1026,7 @@ static void rdma_build_blob(struct rdma_inst *ri, uint8_t *b, size_t *len_out)
 		e[54] = (uint8_t)d->gid.index;
 		pthread_mutex_unlock(&d->gid_lock);
 		e[55] = atomic_load_explicit(&d->up, memory_order_relaxed);
-		rdma_put_u32(e + 56, (uint32_t)d->numa);
+		te_plugin_put_u32(e + 56, (uint32_t)d->numa);
 	}
 	*len_out = len;
 }
@@ -1350,8 +1309,7 @@ static enum te_status rdma_init(const struct te_plugin_host *host, struct te_plu
 	enum te_status st;
 	uint64_t max_msg = RDMA_MAX_SLICE;
 
-	if (!host || !inst_out || host->abi_major != TE_PLUGIN_ABI_MAJOR ||
-	    !TE_PLUGIN_HAS(host, struct te_plugin_host, peer_handshake) || !host->log ||
+	if (!host || !inst_out || host->abi_major != TE_PLUGIN_ABI_MAJOR || !host->log ||
 	    !host->slice_done || !host->config_get || !host->publish || !host->peer_handshake ||
 	    !host->now_ns)
 		return TE_ERR_INVALID_ARG;
@@ -1421,34 +1379,24 @@ err_destroy:
 
 static void rdma_fini(struct te_plugin_inst *inst)
 {
-	if (inst)
-		rdma_destroy(rdma_inst_of(inst));
+	rdma_destroy(rdma_inst_of(inst));
 }
 
 static enum te_status rdma_query_caps(struct te_plugin_inst *inst, struct te_plugin_caps *caps)
 {
 	struct rdma_inst *ri = rdma_inst_of(inst);
 
-	if (!ri || !caps)
+	if (!caps)
 		return TE_ERR_INVALID_ARG;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, mem_types))
-		caps->mem_types = TE_PLUGIN_MEM_CPU | ri->gpu_types;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, ops))
-		caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, progress))
-		caps->progress = ri->manual ? TE_PLUGIN_PROGRESS_MANUAL : TE_PLUGIN_PROGRESS_AUTO;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, thread_level))
-		caps->thread_level = TE_PLUGIN_THREAD_MULTI;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, flags))
-		caps->flags = 0;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_slice_size))
-		caps->max_slice_size = ri->overlap;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, default_slice_size))
-		caps->default_slice_size = ri->slice_size;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, slice_priv_size))
-		caps->slice_priv_size = sizeof(struct rdma_spriv);
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_devices))
-		caps->max_devices = ri->n_devs;
+	caps->mem_types = TE_PLUGIN_MEM_CPU | ri->gpu_types;
+	caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
+	caps->progress = ri->manual ? TE_PLUGIN_PROGRESS_MANUAL : TE_PLUGIN_PROGRESS_AUTO;
+	caps->thread_level = TE_PLUGIN_THREAD_MULTI;
+	caps->flags = 0;
+	caps->max_slice_size = ri->overlap;
+	caps->default_slice_size = ri->slice_size;
+	caps->slice_priv_size = sizeof(struct rdma_spriv);
+	caps->max_devices = ri->n_devs;
 	return TE_OK;
 }
 
@@ -1459,23 +1407,14 @@ static enum te_status rdma_query_devices(struct te_plugin_inst *inst,
 	struct rdma_inst *ri = rdma_inst_of(inst);
 	uint32_t n;
 
-	if (!ri || !n_out || (max && !devices))
+	if (!n_out || (max && !devices))
 		return TE_ERR_INVALID_ARG;
 	n = ri->n_devs < max ? ri->n_devs : max;
 	for (uint32_t i = 0; i < n; i++) {
-		struct te_plugin_device *o = &devices[i];
 		const struct rdma_dev *d = &ri->devs[i];
 
-		if (TE_PLUGIN_HAS(o, struct te_plugin_device, name))
-			snprintf(o->name, sizeof(o->name), "%s", d->name);
-		if (TE_PLUGIN_HAS(o, struct te_plugin_device, numa_node))
-			o->numa_node = d->numa;
-		if (TE_PLUGIN_HAS(o, struct te_plugin_device, pci))
-			snprintf(o->pci, sizeof(o->pci), "%s", d->pci);
-		if (TE_PLUGIN_HAS(o, struct te_plugin_device, link_speed_mbps))
-			o->link_speed_mbps = d->speed_mbps;
-		if (TE_PLUGIN_HAS(o, struct te_plugin_device, mem_types))
-			o->mem_types = TE_PLUGIN_MEM_CPU | ri->gpu_types;
+		te_plugin_device_set(&devices[i], d->name, d->numa, d->pci, d->speed_mbps,
+				     TE_PLUGIN_MEM_CPU | ri->gpu_types);
 	}
 	*n_out = n;
 	return TE_OK;
@@ -1571,7 +1510,7 @@ static enum te_status rdma_reg_mem(struct te_plugin_inst *inst, void *addr, uint
 	uint32_t i = 0;
 	int fd = -1; /* dmabuf of a GPU region */
 
-	if (!ri || !addr || !length || !mem_out ||
+	if (!addr || !length || !mem_out ||
 	    (access & ~(TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)))
 		return TE_ERR_INVALID_ARG;
 	if (start > UINT64_MAX - length)
@@ -1701,7 +1640,7 @@ static enum te_status rdma_dereg_mem(struct te_plugin_inst *inst, struct te_plug
 	struct rdma_mem *m = (struct rdma_mem *)mem;
 	enum te_status st = TE_OK;
 
-	if (!ri || !m)
+	if (!m)
 		return TE_ERR_INVALID_ARG;
 	/* ibv_dereg_mr is the fence: once it returns, no peer can reach the region. */
 	for (uint32_t i = 0; i < ri->n_devs * m->n_chunks; i++) {
@@ -1742,25 +1681,26 @@ static enum te_status rdma_pack_key(struct te_plugin_inst *inst, struct te_plugi
 	size_t len;
 	uint8_t *p = buf;
 
-	if (!ri || !m || !len_out || (cap && !buf))
+	if (!m || !len_out || (cap && !buf))
 		return TE_ERR_INVALID_ARG;
 	len = RDMA_KEY_HDR + (size_t)ri->n_devs * m->n_chunks * 4;
 	if (cap < len)
 		return TE_ERR_TOO_LARGE;
 	memset(p, 0, RDMA_KEY_HDR);
-	rdma_put_u32(p, RDMA_KEY_MAGIC);
+	te_plugin_put_u32(p, RDMA_KEY_MAGIC);
 	p[4] = RDMA_WIRE_VERSION;
 	p[5] = (uint8_t)ri->n_devs;
-	rdma_put_u32(p + 8, m->access);
-	rdma_put_u32(p + 12, m->n_chunks);
-	rdma_put_u64(p + 16, m->addr);
-	rdma_put_u64(p + 24, m->length);
-	rdma_put_u64(p + 32, m->step);
-	rdma_put_u64(p + 40, m->chunk_len);
-	rdma_put_u32(p + 48, (uint32_t)m->pref_mask);
-	rdma_put_u32(p + 52, (uint32_t)m->valid_mask);
+	te_plugin_put_u32(p + 8, m->access);
+	te_plugin_put_u32(p + 12, m->n_chunks);
+	te_plugin_put_u64(p + 16, m->addr);
+	te_plugin_put_u64(p + 24, m->length);
+	te_plugin_put_u64(p + 32, m->step);
+	te_plugin_put_u64(p + 40, m->chunk_len);
+	te_plugin_put_u32(p + 48, (uint32_t)m->pref_mask);
+	te_plugin_put_u32(p + 52, (uint32_t)m->valid_mask);
 	for (uint32_t i = 0; i < ri->n_devs * m->n_chunks; i++)
-		rdma_put_u32(p + RDMA_KEY_HDR + 4 * (size_t)i, m->mrs[i] ? m->mrs[i]->rkey : 0);
+		te_plugin_put_u32(p + RDMA_KEY_HDR + 4 * (size_t)i,
+				  m->mrs[i] ? m->mrs[i]->rkey : 0);
 	*len_out = len;
 	return TE_OK;
 }
@@ -1777,23 +1717,24 @@ static enum te_status rdma_unpack_remote_key(struct te_plugin_inst *inst,
 	uint32_t n_dev, n_chunks, mask;
 	uint64_t step, chunk_len, kaddr, klen;
 
-	if (!ri || !peer || !rkey_out || (len && !blob))
+	if (!peer || !rkey_out || (len && !blob))
 		return TE_ERR_INVALID_ARG;
-	if (len < RDMA_KEY_HDR || rdma_get_u32(p) != RDMA_KEY_MAGIC || p[4] != RDMA_WIRE_VERSION)
+	if (len < RDMA_KEY_HDR || te_plugin_get_u32(p) != RDMA_KEY_MAGIC ||
+	    p[4] != RDMA_WIRE_VERSION)
 		goto err_malformed;
 	n_dev = p[5];
-	n_chunks = rdma_get_u32(p + 12);
-	kaddr = rdma_get_u64(p + 16);
-	klen = rdma_get_u64(p + 24);
-	step = rdma_get_u64(p + 32);
-	chunk_len = rdma_get_u64(p + 40);
-	mask = rdma_get_u32(p + 48);
+	n_chunks = te_plugin_get_u32(p + 12);
+	kaddr = te_plugin_get_u64(p + 16);
+	klen = te_plugin_get_u64(p + 24);
+	step = te_plugin_get_u64(p + 32);
+	chunk_len = te_plugin_get_u64(p + 40);
+	mask = te_plugin_get_u32(p + 48);
 	/* Geometry must cover exactly [addr, addr + length): chunk c at c * step. */
 	if (n_dev != peer->n_rdev || n_dev == 0 || n_chunks == 0 || n_chunks > RDMA_BLOB_MAX / 4 ||
 	    len != RDMA_KEY_HDR + (size_t)n_dev * n_chunks * 4 || kaddr != addr || klen != length ||
 	    klen == 0 || kaddr > UINT64_MAX - klen || chunk_len == 0 || chunk_len > klen ||
 	    step == 0 || step > chunk_len ||
-	    (rdma_get_u32(p + 8) &
+	    (te_plugin_get_u32(p + 8) &
 	     ~(uint32_t)(TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)) ||
 	    (n_chunks == 1 && chunk_len != klen) ||
 	    (n_chunks > 1 && ((uint64_t)(n_chunks - 1) > (klen - 1) / step ||
@@ -1804,7 +1745,7 @@ static enum te_status rdma_unpack_remote_key(struct te_plugin_inst *inst,
 		return TE_ERR_NOMEM;
 	k->addr = kaddr;
 	k->length = klen;
-	k->access = rdma_get_u32(p + 8);
+	k->access = te_plugin_get_u32(p + 8);
 	k->step = step;
 	k->chunk_len = chunk_len;
 	k->n_chunks = n_chunks;
@@ -1815,9 +1756,9 @@ static enum te_status rdma_unpack_remote_key(struct te_plugin_inst *inst,
 	if (!k->n_pref)
 		for (uint32_t r = 0; r < n_dev; r++)
 			k->pref[k->n_pref++] = (uint8_t)r;
-	k->valid_mask = rdma_get_u32(p + 52) & (uint32_t)(rdma_dev_bit(n_dev) - 1);
+	k->valid_mask = te_plugin_get_u32(p + 52) & (uint32_t)(rdma_dev_bit(n_dev) - 1);
 	for (uint32_t i = 0; i < n_dev * n_chunks; i++)
-		k->keys[i] = rdma_get_u32(p + RDMA_KEY_HDR + 4 * (size_t)i);
+		k->keys[i] = te_plugin_get_u32(p + RDMA_KEY_HDR + 4 * (size_t)i);
 	pthread_mutex_lock(&ri->lock);
 	k->next = ri->rkeys;
 	if (ri->rkeys)
@@ -1839,7 +1780,7 @@ static void rdma_release_remote_key(struct te_plugin_inst *inst, struct te_plugi
 	struct rdma_inst *ri = rdma_inst_of(inst);
 	struct rdma_rkey *k = (struct rdma_rkey *)rkey;
 
-	if (!ri || !k)
+	if (!k)
 		return;
 	pthread_mutex_lock(&ri->lock);
 	if (k->prev)
@@ -1861,7 +1802,7 @@ static enum te_status rdma_load_peer(struct te_plugin_inst *inst, const char *pe
 	struct rdma_peer *peer;
 	enum te_status st;
 
-	if (!ri || !peer_name || !peer_out || (len && !blob))
+	if (!peer_name || !peer_out || (len && !blob))
 		return TE_ERR_INVALID_ARG;
 	st = rdma_conn_load_peer(ri, peer_name, blob, len, &peer);
 	if (st == TE_OK)
@@ -1878,7 +1819,7 @@ static void rdma_unload_peer(struct te_plugin_inst *inst, struct te_plugin_peer 
 static enum te_status rdma_submit(struct te_plugin_inst *inst, struct te_plugin_slice **slices,
 				  uint32_t n, uint32_t *accepted_out)
 {
-	if (!inst || !accepted_out || (n && !slices))
+	if (!accepted_out || (n && !slices))
 		return TE_ERR_INVALID_ARG;
 	return rdma_io_submit(rdma_inst_of(inst), slices, n, accepted_out);
 }
@@ -1890,14 +1831,14 @@ static uint32_t rdma_progress(struct te_plugin_inst *inst, uint32_t budget)
 
 static enum te_status rdma_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *slice)
 {
-	if (!inst || !slice)
+	if (!slice)
 		return TE_ERR_INVALID_ARG;
 	return rdma_io_cancel(rdma_inst_of(inst), slice);
 }
 
 static enum te_status rdma_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_slice *slice)
 {
-	if (!inst || !slice || !slice->priv)
+	if (!slice || !slice->priv)
 		return TE_ERR_INVALID_ARG;
 	return rdma_io_retry_prepare(rdma_inst_of(inst), slice);
 }
@@ -1906,7 +1847,7 @@ static enum te_status rdma_handshake(struct te_plugin_inst *inst, const char *pe
 				     const void *req, size_t req_len, void *resp, size_t cap,
 				     size_t *resp_len_out)
 {
-	if (!inst || !peer_name || (req_len && !req) || !resp_len_out || (cap && !resp))
+	if (!peer_name || (req_len && !req) || !resp_len_out || (cap && !resp))
 		return TE_ERR_INVALID_ARG;
 	return rdma_conn_handshake(rdma_inst_of(inst), peer_name, req, req_len, resp, cap,
 				   resp_len_out);
@@ -1937,7 +1878,7 @@ static const struct te_plugin_desc rdma_desc = {
 	.abi_major = TE_PLUGIN_ABI_MAJOR,
 	.abi_minor = TE_PLUGIN_ABI_MINOR,
 	.name = RDMA_NAME,
-	.version = "1.0",
+	.version = TE_PLUGIN_VERSION,
 	.description = "RDMA verbs (rdma-core): RC READ/WRITE, multi-device striping, QP exchange "
 		       "through the control plane",
 	.ops = &rdma_ops,

@@ -245,7 +245,7 @@ static enum te_status rdma_peer_new(struct rdma_inst *ri, const char *name, cons
 	struct rdma_peer *peer;
 	uint32_t n;
 
-	if (len < RDMA_BLOB_HDR || rdma_get_u32(b) != RDMA_BLOB_MAGIC ||
+	if (len < RDMA_BLOB_HDR || te_plugin_get_u32(b) != RDMA_BLOB_MAGIC ||
 	    b[4] != RDMA_WIRE_VERSION || b[5] == 0 || b[5] > RDMA_MAX_DEVS ||
 	    len != RDMA_BLOB_HDR + (size_t)b[5] * RDMA_BLOB_DEV) {
 		ri->host->log(ri->ctx, TE_PLUGIN_LOG_INFO,
@@ -258,7 +258,7 @@ static enum te_status rdma_peer_new(struct rdma_inst *ri, const char *name, cons
 		return TE_ERR_NOMEM;
 	peer->ri = ri;
 	peer->name = strdup(name);
-	peer->nonce = rdma_get_u64(b + 8);
+	peer->nonce = te_plugin_get_u64(b + 8);
 	peer->n_rdev = n;
 	atomic_init(&peer->refs, 1);
 	for (uint32_t i = 0; i < n; i++) {
@@ -268,7 +268,7 @@ static enum te_status rdma_peer_new(struct rdma_inst *ri, const char *name, cons
 		for (uint32_t c = 0; c < RDMA_NAME_LEN && e[c]; c++)
 			rd->name[c] = e[c] >= 0x20 && e[c] < 0x7f ? (char)e[c] : '?';
 		memcpy(rd->gid.raw, e + 32, 16);
-		rd->lid = rdma_get_u16(e + 48);
+		rd->lid = te_plugin_get_u16(e + 48);
 		rd->port = e[50];
 		rd->link_layer = e[51];
 		rd->mtu = rdma_mtu_valid(e[52]) ? e[52] : IBV_MTU_1024;
@@ -348,13 +348,13 @@ static enum te_status rdma_connect(struct rdma_inst *ri, struct rdma_peer *peer,
 		st = TE_ERR_NOMEM;
 		goto out;
 	}
-	rdma_put_u32(req, RDMA_HS_MAGIC);
+	te_plugin_put_u32(req, RDMA_HS_MAGIC);
 	req[4] = RDMA_WIRE_VERSION;
 	req[5] = RDMA_HS_CONNECT;
-	rdma_put_u16(req + 6, (uint16_t)n);
-	rdma_put_u64(req + 8, ri->nonce);
-	rdma_put_u64(req + 16, peer->nonce);
-	rdma_put_u32(req + 24, peer->conn_id);
+	te_plugin_put_u16(req + 6, (uint16_t)n);
+	te_plugin_put_u64(req + 8, ri->nonce);
+	te_plugin_put_u64(req + 16, peer->nonce);
+	te_plugin_put_u32(req + 24, peer->conn_id);
 	for (made = 0; made < n; made++) {
 		struct rdma_qp *q = qs[made];
 		struct rdma_path *path = q->path;
@@ -376,9 +376,9 @@ static enum te_status rdma_connect(struct rdma_inst *ri, struct rdma_peer *peer,
 		e[1] = (uint8_t)path->r;
 		e[2] = (uint8_t)q->qidx;
 		e[3] = (uint8_t)rdma_mtu_min(mtu, ri->mtu_cap);
-		rdma_put_u32(e + 4, hq[made].qp->qp_num);
-		rdma_put_u32(e + 8, hq[made].psn);
-		rdma_put_u16(e + 12, lid);
+		te_plugin_put_u32(e + 4, hq[made].qp->qp_num);
+		te_plugin_put_u32(e + 8, hq[made].psn);
+		te_plugin_put_u16(e + 12, lid);
 		e[14] = rdma_rd_cap(d->max_init_rd_atom);
 		e[15] = d->link_layer;
 		memcpy(e + 16, hq[made].sgid.gid.raw, 16);
@@ -396,14 +396,14 @@ static enum te_status rdma_connect(struct rdma_inst *ri, struct rdma_peer *peer,
 						       : "");
 		goto out;
 	}
-	if (resp_len != cap || rdma_get_u32(resp) != RDMA_HR_MAGIC ||
-	    resp[4] != RDMA_WIRE_VERSION || rdma_get_u16(resp + 6) != n) {
+	if (resp_len != cap || te_plugin_get_u32(resp) != RDMA_HR_MAGIC ||
+	    resp[4] != RDMA_WIRE_VERSION || te_plugin_get_u16(resp + 6) != n) {
 		snprintf(why, wlen, RDMA_NAME ": malformed QP handshake reply from %s (%zu bytes)",
 			 peer->name, resp_len);
 		st = TE_ERR_PROTOCOL;
 		goto out;
 	}
-	if (rdma_get_u64(resp + 8) != peer->nonce) {
+	if (te_plugin_get_u64(resp + 8) != peer->nonce) {
 		snprintf(why, wlen, RDMA_NAME ": %s answered as another instance (restarted)",
 			 peer->name);
 		st = TE_ERR_PEER_RESTARTED;
@@ -420,10 +420,10 @@ static enum te_status rdma_connect(struct rdma_inst *ri, struct rdma_peer *peer,
 		rdma_dev_snapshot(d, &lid, &mine);
 		mtu = rdma_mtu_min(rdma_mtu_min(mine, ri->mtu_cap),
 				   rdma_mtu_valid(e[14]) ? (enum ibv_mtu)e[14] : IBV_MTU_256);
-		if (rdma_qp_connect(ri, d, hq[i].qp, &hq[i].sgid, rdma_get_u32(e),
-				    rdma_get_u32(e + 4), e + 16, rdma_get_u16(e + 12), mtu,
-				    hq[i].psn, rdma_rd_cap(d->max_rd_atom), e[15] ? e[15] : 1, why,
-				    wlen)) {
+		if (rdma_qp_connect(ri, d, hq[i].qp, &hq[i].sgid, te_plugin_get_u32(e),
+				    te_plugin_get_u32(e + 4), e + 16, te_plugin_get_u16(e + 12),
+				    mtu, hq[i].psn, rdma_rd_cap(d->max_rd_atom), e[15] ? e[15] : 1,
+				    why, wlen)) {
 			st = TE_ERR_DEVICE_FAILED;
 			goto out;
 		}
@@ -460,8 +460,9 @@ static enum te_status rdma_connect(struct rdma_inst *ri, struct rdma_peer *peer,
 			rdma_log(ri, q->generation ? TE_PLUGIN_LOG_DEBUG : TE_PLUGIN_LOG_INFO,
 				 "path %s -> %s/%s: QP 0x%x -> 0x%x, MTU %u, gid[%u] %s -> %s%s",
 				 ri->devs[q->path->l].name, peer->name, peer->rdev[q->path->r].name,
-				 hq[i].qp->qp_num, rdma_get_u32(e), rdma_mtu_bytes(q->path->mtu),
-				 hq[i].sgid.index, sg, dg, q->generation ? " (reconnected)" : "");
+				 hq[i].qp->qp_num, te_plugin_get_u32(e),
+				 rdma_mtu_bytes(q->path->mtu), hq[i].sgid.index, sg, dg,
+				 q->generation ? " (reconnected)" : "");
 		}
 	}
 	for (uint32_t i = 0; i < n; i++) {
@@ -471,7 +472,7 @@ static enum te_status rdma_connect(struct rdma_inst *ri, struct rdma_peer *peer,
 		pthread_mutex_lock(&q->lock);
 		q->qp = hq[i].qp;
 		q->qpn = hq[i].qp->qp_num;
-		q->rqpn = rdma_get_u32(e);
+		q->rqpn = te_plugin_get_u32(e);
 		q->generation++;
 		q->err[0] = '\0';
 		atomic_store(&q->err_event, 0);
@@ -660,8 +661,8 @@ static enum te_status rdma_handshake_close(struct rdma_inst *ri, const char *fro
 	if (!old)
 		return TE_ERR_NOMEM;
 	pthread_mutex_lock(&ri->lock);
-	n = rdma_passive_take(ri, from, rdma_get_u64(req + 8), false, rdma_get_u32(req + 24), NULL,
-			      old, RDMA_MAX_PASSIVE);
+	n = rdma_passive_take(ri, from, te_plugin_get_u64(req + 8), false,
+			      te_plugin_get_u32(req + 24), NULL, old, RDMA_MAX_PASSIVE);
 	pthread_mutex_unlock(&ri->lock);
 	rdma_destroy_qps(ri, old, n);
 	free(old);
@@ -685,23 +686,23 @@ enum te_status rdma_conn_handshake(struct rdma_inst *ri, const char *from, const
 
 	if (atomic_load(&ri->stopping))
 		return TE_ERR_SHUTDOWN;
-	if (req_len < RDMA_HS_HDR || rdma_get_u32(req) != RDMA_HS_MAGIC ||
+	if (req_len < RDMA_HS_HDR || te_plugin_get_u32(req) != RDMA_HS_MAGIC ||
 	    req[4] != RDMA_WIRE_VERSION)
 		return TE_ERR_PROTOCOL;
 	if (req[5] == RDMA_HS_CLOSE)
 		return rdma_handshake_close(ri, from, req, resp_len_out);
-	n = rdma_get_u16(req + 6);
+	n = te_plugin_get_u16(req + 6);
 	if (req[5] != RDMA_HS_CONNECT || n == 0 || n > RDMA_HS_MAX_ENTRIES ||
 	    req_len != RDMA_HS_HDR + (size_t)n * RDMA_HS_ENTRY)
 		return TE_ERR_PROTOCOL;
 	if (cap < RDMA_HR_HDR + (size_t)n * RDMA_HR_ENTRY)
 		return TE_ERR_TOO_LARGE;
-	from_nonce = rdma_get_u64(req + 8);
-	if (rdma_get_u64(req + 16) != ri->nonce) {
+	from_nonce = te_plugin_get_u64(req + 8);
+	if (te_plugin_get_u64(req + 16) != ri->nonce) {
 		rdma_log(ri, TE_PLUGIN_LOG_INFO,
 			 "peer %s asked for instance %016" PRIx64 ", this is %016" PRIx64
 			 " (stale descriptor)",
-			 from, rdma_get_u64(req + 16), ri->nonce);
+			 from, te_plugin_get_u64(req + 16), ri->nonce);
 		return TE_ERR_PEER_RESTARTED;
 	}
 	made = calloc(n, sizeof(*made));
@@ -714,7 +715,7 @@ enum te_status rdma_conn_handshake(struct rdma_inst *ri, const char *from, const
 	pthread_mutex_lock(&ri->lock);
 	n_old = rdma_passive_take(ri, from, from_nonce, true, -1, NULL, old, RDMA_MAX_PASSIVE);
 	for (uint32_t i = 0; i < n && n_old < RDMA_MAX_PASSIVE; i++)
-		n_old += rdma_passive_take(ri, from, from_nonce, false, rdma_get_u32(req + 24),
+		n_old += rdma_passive_take(ri, from, from_nonce, false, te_plugin_get_u32(req + 24),
 					   req + RDMA_HS_HDR + (size_t)i * RDMA_HS_ENTRY,
 					   old + n_old, RDMA_MAX_PASSIVE - n_old);
 	if (ri->n_passive + n > RDMA_MAX_PASSIVE)
@@ -728,10 +729,10 @@ enum te_status rdma_conn_handshake(struct rdma_inst *ri, const char *from, const
 	}
 
 	memset(resp, 0, RDMA_HR_HDR + (size_t)n * RDMA_HR_ENTRY);
-	rdma_put_u32(resp, RDMA_HR_MAGIC);
+	te_plugin_put_u32(resp, RDMA_HR_MAGIC);
 	resp[4] = RDMA_WIRE_VERSION;
-	rdma_put_u16(resp + 6, (uint16_t)n);
-	rdma_put_u64(resp + 8, ri->nonce);
+	te_plugin_put_u16(resp + 6, (uint16_t)n);
+	te_plugin_put_u64(resp + 8, ri->nonce);
 	for (done = 0; done < n; done++) {
 		const uint8_t *e = req + RDMA_HS_HDR + (size_t)done * RDMA_HS_ENTRY;
 		uint8_t *o = resp + RDMA_HR_HDR + (size_t)done * RDMA_HR_ENTRY;
@@ -772,16 +773,16 @@ enum te_status rdma_conn_handshake(struct rdma_inst *ri, const char *from, const
 		p->r = e[1];
 		p->qidx = e[2];
 		p->nonce = from_nonce;
-		p->conn_id = rdma_get_u32(req + 24);
-		rdma_put_u32(o, p->qp->qp_num);
-		rdma_put_u32(o + 4, rdma_random_psn());
-		rdma_put_u16(o + 12, lid);
+		p->conn_id = te_plugin_get_u32(req + 24);
+		te_plugin_put_u32(o, p->qp->qp_num);
+		te_plugin_put_u32(o + 4, rdma_random_psn());
+		te_plugin_put_u16(o + 12, lid);
 		o[14] = (uint8_t)mtu;
 		o[15] = rd;
 		memcpy(o + 16, sgid.gid.raw, 16);
-		if (rdma_qp_connect(ri, d, p->qp, &sgid, rdma_get_u32(e + 4), rdma_get_u32(e + 8),
-				    e + 16, rdma_get_u16(e + 12), mtu, rdma_get_u32(o + 4), rd, 1,
-				    why, sizeof(why))) {
+		if (rdma_qp_connect(ri, d, p->qp, &sgid, te_plugin_get_u32(e + 4),
+				    te_plugin_get_u32(e + 8), e + 16, te_plugin_get_u16(e + 12),
+				    mtu, te_plugin_get_u32(o + 4), rd, 1, why, sizeof(why))) {
 			rdma_log(ri, TE_PLUGIN_LOG_WARN, "peer %s: %s", from, rdma_unprefixed(why));
 			ri->v->destroy_qp(p->qp);
 			p->qp = NULL;
@@ -1001,12 +1002,12 @@ void *rdma_conn_thread(void *arg)
 				pthread_mutex_unlock(&ri->lock);
 				continue;
 			}
-			rdma_put_u32(req, RDMA_HS_MAGIC);
+			te_plugin_put_u32(req, RDMA_HS_MAGIC);
 			req[4] = RDMA_WIRE_VERSION;
 			req[5] = RDMA_HS_CLOSE;
-			rdma_put_u64(req + 8, ri->nonce);
-			rdma_put_u64(req + 16, bye->to_nonce);
-			rdma_put_u32(req + 24, bye->conn_id);
+			te_plugin_put_u64(req + 8, ri->nonce);
+			te_plugin_put_u64(req + 16, bye->to_nonce);
+			te_plugin_put_u32(req + 24, bye->conn_id);
 			if (!atomic_load(&ri->stopping))
 				(void)ri->host->peer_handshake(ri->ctx, bye->to, req, sizeof(req),
 							       resp, sizeof(resp), &rlen, 1000);

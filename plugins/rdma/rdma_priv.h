@@ -67,14 +67,21 @@
 #include <string.h>
 
 #include <te/te_plugin.h>
+#include <te/te_plugin_util.h>
 
 #include "rdma_verbs.h"
+
+/* The project version, passed by the build (plugins/meson.build); 0.0.0 outside meson. */
+#ifndef TE_PLUGIN_VERSION
+#define TE_PLUGIN_VERSION "0.0.0"
+#endif
 
 #define RDMA_NAME "rdma"
 
 /* --- limits ------------------------------------------------------------------------------ */
 
 #define RDMA_MAX_DEVS 32u /* devices per instance (and in a peer's blob) */
+_Static_assert(RDMA_MAX_DEVS <= TE_PLUGIN_MAX_DEVICES, "the core's device limit");
 #define RDMA_MAX_PORT 32u
 #define RDMA_MAX_GIDS 128u /* GID table entries kept per device */
 #define RDMA_MAX_QP_PER_PEER 16u
@@ -302,7 +309,7 @@ struct rdma_spriv {
 	int32_t status;			  /* deferred failure */
 	char detail[RDMA_DETAIL - 56];
 };
-_Static_assert(sizeof(struct rdma_spriv) <= 256, "slice_priv_size is at most 256 bytes");
+_Static_assert(sizeof(struct rdma_spriv) <= TE_PLUGIN_SLICE_PRIV_MAX, "slice_priv_size limit");
 
 /* A QP created by the handshake op for a peer's initiator QP. */
 struct rdma_passive {
@@ -433,12 +440,6 @@ static inline uint64_t rdma_dev_bit(uint32_t d)
 	return 1ull << d;
 }
 
-void rdma_put_u16(uint8_t *p, uint16_t v);
-void rdma_put_u32(uint8_t *p, uint32_t v);
-void rdma_put_u64(uint8_t *p, uint64_t v);
-uint16_t rdma_get_u16(const uint8_t *p);
-uint32_t rdma_get_u32(const uint8_t *p);
-uint64_t rdma_get_u64(const uint8_t *p);
 
 /* "fe80::1" / "::ffff:127.0.0.1" text of a GID. */
 void rdma_gid_text(const union ibv_gid *gid, char *buf, size_t len);

@@ -28,7 +28,7 @@
 
 #include <te/te.h>
 
-#include "../system/sysnode_fixture.h"
+#include "sysnode_fixture.h"
 #include "cxlnode.h"
 
 #define MiB (1024ull * 1024ull)

@@ -84,7 +84,7 @@ static struct te_engine *engine_on(const char *name, const struct win *w, const 
 {
 	struct te_engine *e = NULL;
 
-	itest_ok(engine_try(name, w->path, extra, &e));
+	assert_ok(engine_try(name, w->path, extra, &e));
 	return e;
 }
 
@@ -95,7 +95,7 @@ static enum te_status run_batch(struct te_engine *e, const struct te_request *r,
 	te_batch_id bid;
 	enum te_status st;
 
-	itest_ok(te_batch_new(e, (uint32_t)n, &bid));
+	assert_ok(te_batch_new(e, (uint32_t)n, &bid));
 	st = te_batch_submit(e, bid, r, n);
 	if (st == TE_OK)
 		st = itest_wait(e, bid);
@@ -109,8 +109,8 @@ static void run_ok(struct te_engine *e, const struct te_request *r, size_t n)
 {
 	te_batch_id bid;
 
-	itest_ok(run_batch(e, r, n, &bid));
-	itest_ok(te_batch_free(e, bid));
+	assert_ok(run_batch(e, r, n, &bid));
+	assert_ok(te_batch_free(e, bid));
 }
 
 /* --- transfers ------------------------------------------------------------------------------ */
@@ -136,9 +136,9 @@ static void fixture_new(struct fixture *f, const char *extra)
 	f->p.b = engine_on("B", &f->w, extra);
 	f->bbuf = f->w.map + B_OFF;
 	cxlnode_fill(f->bbuf, 0, B_LEN, 0);
-	itest_ok(te_mem_register(f->p.b, f->bbuf, B_LEN, "cxl:0", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(f->p.b, f->bbuf, B_LEN, "cxl:0", TE_MEM_REMOTE));
 	f->local = g_malloc(2 * B_LEN + 128);
-	itest_ok(te_mem_register(f->p.a, f->local, 2 * B_LEN + 128, "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(f->p.a, f->local, 2 * B_LEN + 128, "cpu", TE_MEM_LOCAL));
 }
 
 /* Import B's descriptor into A: after every buffer of B is registered. */
@@ -211,12 +211,12 @@ static void test_transfer(void)
 	}
 	/* The task reports the transport and the window device. */
 	r = (struct te_request){ TE_OP_READ, f.p.seg, f.local, raddr(&f, 0), 4096 };
-	itest_ok(run_batch(f.p.a, &r, 1, &bid));
+	assert_ok(run_batch(f.p.a, &r, 1, &bid));
 	ti = itest_task(f.p.a, bid, 0);
 	g_assert_cmpstr(ti.transport, ==, "cxl");
 	base = g_path_get_basename(f.w.path);
 	g_assert_cmpstr(ti.device, ==, base);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 	fixture_free(&f);
 }
 
@@ -301,22 +301,22 @@ static void test_out_of_range(void)
 
 	fixture_new(&f, NULL);
 	ro = f.w.map + 7 * MiB + 4097;
-	itest_ok(te_mem_register(f.p.b, ro, 4096, "cxl:0", TE_MEM_REMOTE_READ));
+	assert_ok(te_mem_register(f.p.b, ro, 4096, "cxl:0", TE_MEM_REMOTE_READ));
 	fixture_connect(&f);
 	/* Past the end of B's buffer, and before it: rejected at submit, nothing moves. */
 	r = (struct te_request){ TE_OP_WRITE, f.p.seg, f.local, raddr(&f, B_LEN - 10), 11 };
-	itest_assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_REMOTE_ACCESS);
+	assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_REMOTE_ACCESS);
 	ti = itest_task(f.p.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 	r = (struct te_request){ TE_OP_READ, f.p.seg, f.local, raddr(&f, 0) - 1, 8 };
-	itest_assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_REMOTE_ACCESS);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_REMOTE_ACCESS);
+	assert_ok(te_batch_free(f.p.a, bid));
 	g_assert_cmpuint(cxlnode_check(f.bbuf, 0, B_LEN, 0), ==, B_LEN);
 	/* A read-only buffer refuses WRITE. */
 	r = (struct te_request){ TE_OP_WRITE, f.p.seg, f.local, (uint64_t)(uintptr_t)ro, 8 };
-	itest_assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_REMOTE_ACCESS);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_REMOTE_ACCESS);
+	assert_ok(te_batch_free(f.p.a, bid));
 	r.opcode = TE_OP_READ;
 	run_ok(f.p.a, &r, 1);
 	fixture_free(&f);
@@ -332,44 +332,41 @@ static void test_register(void)
 
 	win_new(&w, 4 * MiB);
 	e = engine_on("E", &w, NULL);
-	itest_assert_status(te_mem_register(e, anon, 8192, "cxl:0", TE_MEM_REMOTE),
-			    TE_ERR_OUT_OF_RANGE);
-	itest_assert_contains(te_last_error(), "not in window");
-	itest_assert_contains(te_last_error(), w.path);
-	itest_assert_status(te_mem_register(e, w.map, 4096, "cxl:1", TE_MEM_REMOTE),
-			    TE_ERR_MEMORY_TYPE);
-	itest_assert_contains(te_last_error(), "cxl:0");
+	assert_status(te_mem_register(e, anon, 8192, "cxl:0", TE_MEM_REMOTE), TE_ERR_OUT_OF_RANGE);
+	assert_contains(te_last_error(), "not in window");
+	assert_contains(te_last_error(), w.path);
+	assert_status(te_mem_register(e, w.map, 4096, "cxl:1", TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "cxl:0");
 	/* Ordinary memory registers (the local side of transfers). */
-	itest_ok(te_mem_register(e, anon, 8192, "cpu", TE_MEM_LOCAL));
-	itest_ok(te_mem_unregister(e, anon));
+	assert_ok(te_mem_register(e, anon, 8192, "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_unregister(e, anon));
 	/* A private (copy-on-write) mapping of the window file is not the window. */
 	fd = open(w.path, O_RDWR | O_CLOEXEC);
 	g_assert_cmpint(fd, >=, 0);
 	priv = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
 	g_assert_true(priv != MAP_FAILED);
-	itest_assert_status(te_mem_register(e, priv, 8192, "cxl:0", TE_MEM_REMOTE),
-			    TE_ERR_OUT_OF_RANGE);
-	itest_assert_contains(te_last_error(), "private");
+	assert_status(te_mem_register(e, priv, 8192, "cxl:0", TE_MEM_REMOTE), TE_ERR_OUT_OF_RANGE);
+	assert_contains(te_last_error(), "private");
 	munmap(priv, 8192);
 	/* A second shared mapping at a file offset: registered at that window offset. */
 	alias = mmap(NULL, 64 * KiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 2 * MiB);
 	g_assert_true(alias != MAP_FAILED);
 	close(fd);
-	itest_ok(te_mem_register(e, alias + 100, 1000, "cxl:0", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(e, alias + 100, 1000, "cxl:0", TE_MEM_REMOTE));
 	{
 		struct te_request r;
 		te_segment_id self = TE_SEGMENT_LOCAL;
 
-		itest_ok(te_mem_register(e, anon, 8192, "cpu", TE_MEM_LOCAL));
+		assert_ok(te_mem_register(e, anon, 8192, "cpu", TE_MEM_LOCAL));
 		cxlnode_fill(anon, 0, 1000, 5);
 		r = (struct te_request){ TE_OP_WRITE, self, anon,
 					 (uint64_t)(uintptr_t)(alias + 100), 1000 };
 		run_ok(e, &r, 1);
 		/* Landed at file offset 2 MiB + 100, seen through the test's first mapping. */
 		g_assert_cmpuint(cxlnode_check(w.map + 2 * MiB + 100, 0, 1000, 5), ==, 1000);
-		itest_ok(te_mem_unregister(e, anon));
+		assert_ok(te_mem_unregister(e, anon));
 	}
-	itest_ok(te_mem_unregister(e, alias + 100));
+	assert_ok(te_mem_unregister(e, alias + 100));
 	munmap(alias, 64 * KiB);
 	te_engine_free(e);
 	g_free(anon);
@@ -389,9 +386,9 @@ static void test_cpu_target(void)
 	const char *at, *keys, *end;
 
 	fixture_new(&f, NULL);
-	itest_ok(te_mem_register(f.p.b, anon, 4096, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(f.p.b, anon, 4096, "cpu", TE_MEM_REMOTE));
 	/* cxl publishes no key for it (pack_key length 0): the descriptor has none. */
-	itest_ok(te_segment_export(f.p.b, &json, NULL));
+	assert_ok(te_segment_export(f.p.b, &json, NULL));
 	snprintf(addr, sizeof(addr), "\"0x%" PRIx64 "\"", (uint64_t)(uintptr_t)anon);
 	at = strstr(json, addr);
 	g_assert_nonnull(at);
@@ -403,10 +400,10 @@ static void test_cpu_target(void)
 	te_free(json);
 	fixture_connect(&f);
 	r = (struct te_request){ TE_OP_WRITE, f.p.seg, f.local, (uint64_t)(uintptr_t)anon, 8 };
-	itest_assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_NO_TRANSPORT);
+	assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_NO_TRANSPORT);
 	ti = itest_task(f.p.a, bid, 0);
-	itest_assert_contains(ti.detail, "no key");
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_contains(ti.detail, "no key");
+	assert_ok(te_batch_free(f.p.a, bid));
 	fixture_free(&f);
 	g_free(anon);
 }
@@ -424,21 +421,21 @@ static void test_other_window(void)
 	win_new(&w2, 1 * MiB);
 	p.a = engine_on("A", &w1, NULL);
 	p.b = engine_on("B", &w2, NULL);
-	itest_ok(te_mem_register(p.b, w2.map, 4096, "cxl:0", TE_MEM_REMOTE));
-	itest_ok(te_segment_export(p.b, &json, &len));
-	itest_assert_status(te_segment_import(p.a, json, len, &seg), TE_ERR_NO_TRANSPORT);
-	itest_assert_contains(te_last_error(), "peer unreachable");
-	itest_assert_contains(te_last_error(), "is on window");
-	itest_assert_contains(te_last_error(), "this engine on");
+	assert_ok(te_mem_register(p.b, w2.map, 4096, "cxl:0", TE_MEM_REMOTE));
+	assert_ok(te_segment_export(p.b, &json, &len));
+	assert_status(te_segment_import(p.a, json, len, &seg), TE_ERR_NO_TRANSPORT);
+	assert_contains(te_last_error(), "peer unreachable");
+	assert_contains(te_last_error(), "is on window");
+	assert_contains(te_last_error(), "this engine on");
 	te_free(json);
 	itest_pair_free(&p);
 	/* Same file, different explicit window ids: different windows. */
 	p.a = engine_on("A", &w1, "window_id: left");
 	p.b = engine_on("B", &w1, "window_id: right");
-	itest_ok(te_mem_register(p.b, w1.map, 4096, "cxl:0", TE_MEM_REMOTE));
-	itest_ok(te_segment_export(p.b, &json, &len));
-	itest_assert_status(te_segment_import(p.a, json, len, &seg), TE_ERR_NO_TRANSPORT);
-	itest_assert_contains(te_last_error(), "is on window right");
+	assert_ok(te_mem_register(p.b, w1.map, 4096, "cxl:0", TE_MEM_REMOTE));
+	assert_ok(te_segment_export(p.b, &json, &len));
+	assert_status(te_segment_import(p.a, json, len, &seg), TE_ERR_NO_TRANSPORT);
+	assert_contains(te_last_error(), "is on window right");
 	te_free(json);
 	itest_pair_free(&p);
 	win_free(&w1);
@@ -457,7 +454,7 @@ static void test_local_in_window(void)
 	fixture_new(&f, NULL);
 	fixture_connect(&f);
 	lw = f.w.map + 7 * MiB + 9;
-	itest_ok(te_mem_register(f.p.a, lw, 256 * KiB, "cxl:0", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(f.p.a, lw, 256 * KiB, "cxl:0", TE_MEM_LOCAL));
 	cxlnode_fill(lw, 0, 100000, 33);
 	r = (struct te_request){ TE_OP_WRITE, f.p.seg, lw, raddr(&f, 77), 100000 };
 	run_ok(f.p.a, &r, 1);
@@ -468,17 +465,17 @@ static void test_local_in_window(void)
 	g_assert_cmpuint(cxlnode_check(lw + 1, 0, 100000, 33), ==, 100000);
 	g_assert_cmpuint(lw[0], ==, 0);
 	g_assert_cmpuint(lw[100001], ==, 0);
-	itest_ok(te_mem_unregister(f.p.a, lw));
+	assert_ok(te_mem_unregister(f.p.a, lw));
 	/* A local range that is the same window bytes as the remote one. */
 	lw = f.bbuf + 4096;
-	itest_ok(te_mem_register(f.p.a, lw, 8192, "cxl:0", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(f.p.a, lw, 8192, "cxl:0", TE_MEM_LOCAL));
 	r = (struct te_request){ TE_OP_WRITE, f.p.seg, lw, raddr(&f, 4096 + 100), 1000 };
-	itest_assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_INVALID_ARG);
+	assert_status(run_batch(f.p.a, &r, 1, &bid), TE_ERR_INVALID_ARG);
 	ti = itest_task(f.p.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
-	itest_assert_contains(ti.detail, "overlap");
-	itest_ok(te_batch_free(f.p.a, bid));
-	itest_ok(te_mem_unregister(f.p.a, lw));
+	assert_contains(ti.detail, "overlap");
+	assert_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_mem_unregister(f.p.a, lw));
 	fixture_free(&f);
 }
 
@@ -493,8 +490,8 @@ static void test_local_segment(void)
 	win_new(&w, 1 * MiB);
 	e = engine_on("E", &w, NULL);
 	cxlnode_fill(w.map + 1000, 0, 65536, 8);
-	itest_ok(te_mem_register(e, w.map + 1000, 65536, "cxl:0", TE_MEM_REMOTE));
-	itest_ok(te_mem_register(e, local, 65536, "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(e, w.map + 1000, 65536, "cxl:0", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(e, local, 65536, "cpu", TE_MEM_LOCAL));
 	r = (struct te_request){ TE_OP_READ, TE_SEGMENT_LOCAL, local,
 				 (uint64_t)(uintptr_t)(w.map + 1000), 65536 };
 	run_ok(e, &r, 1);
@@ -522,9 +519,9 @@ static void test_cancel(void)
 	for (size_t i = 0; i < N; i++)
 		r[i] = (struct te_request){ TE_OP_WRITE, f.p.seg, f.local + (i % 4) * MiB,
 					    raddr(&f, (i % 5) * MiB), 1 * MiB };
-	itest_ok(te_batch_new(f.p.a, N, &bid));
-	itest_ok(te_batch_submit(f.p.a, bid, r, N));
-	itest_ok(te_batch_cancel(f.p.a, bid));
+	assert_ok(te_batch_new(f.p.a, N, &bid));
+	assert_ok(te_batch_submit(f.p.a, bid, r, N));
+	assert_ok(te_batch_cancel(f.p.a, bid));
 	(void)itest_wait(f.p.a, bid);
 	bi = itest_batch(f.p.a, bid);
 	g_assert_true(te_state_is_terminal(bi.state));
@@ -535,7 +532,7 @@ static void test_cancel(void)
 		canceled += ti.state == TE_STATE_CANCELED;
 	}
 	g_test_message("%u of %d tasks canceled", canceled, N);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 	/* The engine still works afterwards. */
 	write_read_check(&f, 0, 0, 4096, 3);
 	fixture_free(&f);
@@ -556,8 +553,8 @@ static void test_free_in_flight(void)
 	for (size_t i = 0; i < N; i++)
 		r[i] = (struct te_request){ TE_OP_READ, f.p.seg, f.local + (i % 4) * MiB,
 					    raddr(&f, (i % 5) * MiB), 1 * MiB };
-	itest_ok(te_batch_new(f.p.a, N, &bid));
-	itest_ok(te_batch_submit(f.p.a, bid, r, N));
+	assert_ok(te_batch_new(f.p.a, N, &bid));
+	assert_ok(te_batch_submit(f.p.a, bid, r, N));
 	fixture_free(&f);
 }
 
@@ -585,19 +582,18 @@ static void test_bad_options(void)
 	for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
 		struct te_engine *e = NULL;
 
-		itest_assert_status(engine_try("E", w.path, cases[i].extra, &e),
-				    TE_ERR_PLUGIN_INIT);
+		assert_status(engine_try("E", w.path, cases[i].extra, &e), TE_ERR_PLUGIN_INIT);
 		g_assert_null(e);
-		itest_assert_contains(te_last_error(), cases[i].why);
+		assert_contains(te_last_error(), cases[i].why);
 	}
 	{
 		struct te_engine *e = NULL;
 		struct itest_transport t = { .name = "cxl", .required = true, .options = NULL };
 		g_autofree char *yaml = itest_yaml("E", &t, 1, NULL);
 
-		itest_assert_status(te_engine_new_from_string(yaml, strlen(yaml), &e),
-				    TE_ERR_PLUGIN_INIT);
-		itest_assert_contains(te_last_error(), "option 'device' is required");
+		assert_status(te_engine_new_from_string(yaml, strlen(yaml), &e),
+			      TE_ERR_PLUGIN_INIT);
+		assert_contains(te_last_error(), "option 'device' is required");
 	}
 	win_free(&w);
 }
@@ -631,23 +627,23 @@ static void test_gpu_staged(void)
 	p.b = itest_engine(yb);
 	bbuf = w.map + B_OFF;
 	cxlnode_fill(bbuf, 0, B_LEN, 0);
-	itest_ok(te_mem_register(p.b, bbuf, B_LEN, "cxl:0", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(p.b, bbuf, B_LEN, "cxl:0", TE_MEM_REMOTE));
 
-	itest_ok(te_mem_alloc(p.a, "cuda:0", span, (void **)&dev));
+	assert_ok(te_mem_alloc(p.a, "cuda:0", span, (void **)&dev));
 	cxlnode_fill(host, 0, span, 21);
-	itest_ok(te_mem_copy(p.a, dev, host, span));
-	itest_ok(te_mem_register(p.a, dev, span, "cuda:0", TE_MEM_LOCAL));
+	assert_ok(te_mem_copy(p.a, dev, host, span));
+	assert_ok(te_mem_register(p.a, dev, span, "cuda:0", TE_MEM_LOCAL));
 	itest_pair_connect(&p);
 
 	/* WRITE device bytes [5, +len) to window offset 11. */
 	r = (struct te_request){ TE_OP_WRITE, p.seg, dev + 5, (uint64_t)(uintptr_t)(bbuf + 11),
 				 len };
-	itest_ok(run_batch(p.a, &r, 1, &bid));
+	assert_ok(run_batch(p.a, &r, 1, &bid));
 	ti = itest_task(p.a, bid, 0);
 	g_assert_cmpstr(ti.transport, ==, "cxl");
-	itest_assert_contains(ti.device, "(staged)");
+	assert_contains(ti.device, "(staged)");
 	g_assert_cmpuint(ti.bytes, ==, len);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	/* The window holds pattern 21 from offset 5 (shifted by 11 - 5 against window offsets). */
 	{
 		g_autofree uint8_t *want = g_malloc(len);
@@ -662,7 +658,7 @@ static void test_gpu_staged(void)
 	r = (struct te_request){ TE_OP_READ, p.seg, dev + 4 * MiB + 1,
 				 (uint64_t)(uintptr_t)(bbuf + 11), len };
 	run_ok(p.a, &r, 1);
-	itest_ok(te_mem_copy(p.a, host, dev, span));
+	assert_ok(te_mem_copy(p.a, host, dev, span));
 	{
 		g_autofree uint8_t *want = g_malloc(span);
 
@@ -673,8 +669,8 @@ static void test_gpu_staged(void)
 				g_error("device byte %zu: 0x%02x, expected 0x%02x", i, host[i],
 					want[i]);
 	}
-	itest_ok(te_mem_unregister(p.a, dev));
-	itest_ok(te_mem_free(p.a, dev));
+	assert_ok(te_mem_unregister(p.a, dev));
+	assert_ok(te_mem_free(p.a, dev));
 	itest_pair_free(&p);
 	win_free(&w);
 }
@@ -691,11 +687,11 @@ static void test_offset_window(void)
 	p.a = engine_on("A", &w, "offset: 1M, size: 2M");
 	p.b = engine_on("B", &w, "offset: 1M, size: 2M");
 	/* Window offset 0 is file offset 1 MiB; the test's mapping sees it there. */
-	itest_ok(te_mem_register(p.b, w.map + 1 * MiB + 10, 8192, "cxl:0", TE_MEM_REMOTE));
-	itest_assert_status(te_mem_register(p.b, w.map + 3 * MiB, 4096, "cxl:0", TE_MEM_REMOTE),
-			    TE_ERR_OUT_OF_RANGE);
-	itest_assert_contains(te_last_error(), "outside the window");
-	itest_ok(te_mem_register(p.a, local, 4096, "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(p.b, w.map + 1 * MiB + 10, 8192, "cxl:0", TE_MEM_REMOTE));
+	assert_status(te_mem_register(p.b, w.map + 3 * MiB, 4096, "cxl:0", TE_MEM_REMOTE),
+		      TE_ERR_OUT_OF_RANGE);
+	assert_contains(te_last_error(), "outside the window");
+	assert_ok(te_mem_register(p.a, local, 4096, "cpu", TE_MEM_LOCAL));
 	itest_pair_connect(&p);
 	cxlnode_fill(local, 0, 4096, 4);
 	r = (struct te_request){ TE_OP_WRITE, p.seg, local,

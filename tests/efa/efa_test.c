@@ -28,8 +28,8 @@
 
 #include <te/te.h>
 
-#include "../system/sysnode.h"
-#include "../system/sysnode_fixture.h"
+#include "sysnode.h"
+#include "sysnode_fixture.h"
 
 #define BATCH_WAIT_NS (120 * S_NS) /* a batch expected to complete */
 #define POLL_WAIT_NS (30 * S_NS)   /* 16 MiB, completion found by polling */

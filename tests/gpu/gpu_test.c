@@ -33,8 +33,9 @@
 
 #include <te/te.h>
 
-#include "../system/sysnode.h"
-#include "../system/sysnode_fixture.h"
+#include "logcap.h"
+#include "sysnode.h"
+#include "sysnode_fixture.h"
 
 #define WAIT_NS (60 * S_NS)
 #define MIB (1ull << 20)
@@ -198,21 +199,7 @@ static char *yaml_for(const char *opts, const char *transfer, const char *extra)
 			       opts ? opts : "", extra ? extra : "");
 }
 
-struct logbuf {
-	GMutex lock;
-	GString *text;
-};
-
-static void log_cb(void *user, enum te_log_level level, const char *msg)
-{
-	struct logbuf *l = user;
-
-	g_mutex_lock(&l->lock);
-	g_string_append_printf(l->text, "%d %s\n", (int)level, msg);
-	g_mutex_unlock(&l->lock);
-}
-
-static enum te_status engine_new(const char *yaml, struct logbuf *log, struct te_engine **out)
+static enum te_status engine_new(const char *yaml, struct logcap *log, struct te_engine **out)
 {
 	struct te_engine_opts o;
 
@@ -222,7 +209,7 @@ static enum te_status engine_new(const char *yaml, struct logbuf *log, struct te
 	o.config_yaml_len = strlen(yaml);
 	o.config_name = "gpu_test";
 	if (log) {
-		o.log_fn = log_cb;
+		o.log_fn = logcap_fn;
 		o.log_user = log;
 		o.log_level = TE_LOG_INFO;
 	} else {
@@ -487,35 +474,36 @@ static void count_states(struct te_engine *e, te_batch_id b, uint32_t n, uint32_
 static void test_load(void)
 {
 	g_autofree char *y = yaml_for(NULL, NULL, NULL);
-	struct logbuf log = { .text = g_string_new(NULL) };
+	struct logcap log;
+	g_autofree char *text = NULL;
 	struct te_engine *e = NULL;
 	void *p = NULL;
 
-	g_mutex_init(&log.lock);
+	logcap_init(&log);
 	step("engine with %s on the fake runtime", V->name);
 	assert_ok(engine_new(y, &log, &e));
-	g_test_message("log:\n%s", log.text->str);
+	text = logcap_text(&log);
+	g_test_message("log:\n%s", text);
 	if (!real_driver) {
 		g_autofree char *d0 = g_strdup_printf("2 GPU(s): %s %s GPU 0 (0000:10:00.0, NUMA ",
 						      gpu0, V->fake);
 		g_autofree char *d1 =
 			g_strdup_printf("%s:1 %s GPU 1 (0000:20:00.0, NUMA ", V->kind, V->fake);
 
-		assert_contains(log.text->str, d0);
-		assert_contains(log.text->str, d1);
-		assert_contains(log.text->str, V->runtime);
+		assert_contains(text, d0);
+		assert_contains(text, d1);
+		assert_contains(text, V->runtime);
 	}
 	{
 		g_autofree char *any = g_strdup_printf(" GPU(s): %s ", gpu0);
 
-		assert_contains(log.text->str, any);
+		assert_contains(text, any);
 	}
 	assert_ok(te_mem_alloc(e, gpu1, 4096, &p));
 	assert_ok(te_mem_free(e, p));
 	free_engine(e);
 	assert_fake_clean("after the engine");
-	g_string_free(log.text, TRUE);
-	g_mutex_clear(&log.lock);
+	logcap_clear(&log);
 }
 
 /* te_engine_new fails with TE_ERR_PLUGIN_INIT and @text in the error. */
@@ -556,7 +544,8 @@ static void test_missing_library(void)
 						V->name, V->no_runtime, V->missing, V->missing);
 	g_autofree char *skipped = g_strdup_printf("%s' (optional) skipped", V->name);
 	g_autofree char *cannot = g_strdup_printf("cannot load %s", V->missing);
-	struct logbuf log = { .text = g_string_new(NULL) };
+	struct logcap log;
+	g_autofree char *text = NULL;
 	struct te_engine *e = NULL;
 	const char *at;
 	void *p = NULL;
@@ -571,23 +560,23 @@ static void test_missing_library(void)
 	g_free(y);
 
 	step("optional: the engine starts without it and says so once");
-	g_mutex_init(&log.lock);
+	logcap_init(&log);
 	y = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
 			    "transports:\n  - name: %s\n    required: false\n"
 			    "    options: {library: %s}\n"
 			    "  - name: tcp\n",
 			    V->name, V->missing);
 	assert_ok(engine_new(y, &log, &e));
-	for (at = log.text->str; (at = strstr(at, V->name)); at++)
+	text = logcap_text(&log);
+	for (at = text; (at = strstr(at, V->name)); at++)
 		hits += g_str_has_prefix(at, skipped);
-	g_test_message("log:\n%s", log.text->str);
+	g_test_message("log:\n%s", text);
 	g_assert_cmpint(hits, ==, 1);
-	assert_contains(log.text->str, cannot);
+	assert_contains(text, cannot);
 	/* Nobody owns the kind's memory now. */
 	assert_status(te_mem_alloc(e, gpu0, 4096, &p), TE_ERR_MEMORY_TYPE);
 	free_engine(e);
-	g_string_free(log.text, TRUE);
-	g_mutex_clear(&log.lock);
+	logcap_clear(&log);
 }
 
 static void test_options(void)
@@ -1678,7 +1667,8 @@ static void test_rocm6(void)
 	g_autofree char *oom = g_strdup_printf("%s (0000:10:00.0): hipMalloc of 134217728 bytes: "
 					       "hipErrorOutOfMemory: out of memory",
 					       gpu0);
-	struct logbuf log = { .text = g_string_new(NULL) };
+	struct logcap log;
+	g_autofree char *text = NULL;
 	g_autofree char *y = NULL;
 	struct te_engine *e = NULL;
 	struct node *n;
@@ -1691,10 +1681,11 @@ static void test_rocm6(void)
 	fake_setenv("RUNTIME_VERSION", "60200000"); /* inherited by the target */
 	n = gnode_start(NULL, gpu0, NULL);
 	fake_setenv("OOM_BYTES", "104857600"); /* this process only */
-	g_mutex_init(&log.lock);
+	logcap_init(&log);
 	y = yaml_for(NULL, NULL, NULL);
 	assert_ok(engine_new(y, &log, &e));
-	assert_contains(log.text->str, "HIP runtime 6.2 (driver 6.2) via ");
+	text = logcap_text(&log);
+	assert_contains(text, "HIP runtime 6.2 (driver 6.2) via ");
 
 	step("pointer attributes of ROCm 6: device memory, host memory, '*'");
 	assert_ok(te_mem_alloc(e, gpu1, MIB, (void **)&d));
@@ -1721,8 +1712,7 @@ static void test_rocm6(void)
 	free_engine(e);
 	assert_fake_clean("after the initiator");
 	node_close_free(n, 10000, false);
-	g_string_free(log.text, TRUE);
-	g_mutex_clear(&log.lock);
+	logcap_clear(&log);
 	g_free(h);
 }
 

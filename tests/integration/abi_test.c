@@ -40,9 +40,9 @@ static void expect_start_failure(const char *name, const char *path, const char 
 		g_error("%s: engine start returned %d (%s), want %d (%s); message: %s", name, st,
 			te_status_str(st), want, te_status_str(want), msg);
 	g_assert_true(e == SENTINEL);
-	itest_assert_contains(msg, file);
+	assert_contains(msg, file);
 	for (size_t i = 0; words && i < 3 && words[i]; i++)
-		itest_assert_contains(msg, words[i]);
+		assert_contains(msg, words[i]);
 }
 
 static char *need_plugin_file(const char *name)
@@ -114,7 +114,7 @@ static void search_path_env_child(void)
 	g_test_message("empty search path: %d %s: %s", st, te_status_str(st), te_last_error());
 	g_assert_cmpint(st, ==, TE_ERR_PLUGIN_NOT_FOUND);
 	g_assert_true(e == SENTINEL);
-	itest_assert_contains(te_last_error(), "never_complete");
+	assert_contains(te_last_error(), "never_complete");
 
 	/* Several directories, the right one last. */
 	{
@@ -123,7 +123,7 @@ static void search_path_env_child(void)
 
 		g_setenv("TE_PLUGIN_PATH", multi, TRUE);
 		st = te_engine_new_from_string(yaml, strlen(yaml), &e);
-		itest_assert_status(st, TE_OK);
+		assert_status(st, TE_OK);
 		te_engine_free(e);
 	}
 }
@@ -157,8 +157,8 @@ static void test_required_failure_after_good_one(void)
 	g_test_message("good then bad: %d %s: %s", st, te_status_str(st), te_last_error());
 	g_assert_cmpint(st, ==, TE_ERR_PLUGIN_INVALID);
 	g_assert_true(e == SENTINEL);
-	itest_assert_contains(te_last_error(), file);
-	itest_assert_contains(te_last_error(), "submit");
+	assert_contains(te_last_error(), file);
+	assert_contains(te_last_error(), "submit");
 }
 
 /*
@@ -182,13 +182,13 @@ static void test_abi_1_0_plugin(void)
 	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 300000 };
 	r[1] = (struct te_request){ TE_OP_READ, p.seg, la.data + 600000, itest_raddr(&rb, 600000),
 				    300000 };
-	itest_ok(te_batch_new(p.a, 2, &bid));
-	itest_ok(te_batch_submit(p.a, bid, r, 2));
-	itest_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_new(p.a, 2, &bid));
+	assert_ok(te_batch_submit(p.a, bid, r, 2));
+	assert_ok(itest_wait(p.a, bid));
 	g_assert_true(itest_range_is(&rb, 0, 300000, &la, 0));
 	g_assert_true(itest_range_is(&la, 600000, 300000, &rb, 600000));
 	g_assert_cmpuint(itest_batch(p.a, bid).bytes, ==, 600000);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);

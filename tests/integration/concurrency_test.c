@@ -113,7 +113,7 @@ static void test_threads_one_segment(gconstpointer data)
 	itest_buf_register(&s->rb, s->p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&s->p);
 	for (int t = 0; t < THREADS; t++)
-		itest_ok(te_batch_new(s->p.a, REQS, &s->bid[t]));
+		assert_ok(te_batch_new(s->p.a, REQS, &s->bid[t]));
 
 	pt = g_thread_new("poller", poller, s);
 	for (int t = 0; t < THREADS; t++) {
@@ -128,8 +128,8 @@ static void test_threads_one_segment(gconstpointer data)
 	for (int t = 0; t < THREADS; t++) {
 		struct te_batch_info bi;
 
-		itest_assert_status(w[t].submit_st, TE_OK);
-		itest_assert_status(w[t].wait_st, TE_OK);
+		assert_status(w[t].submit_st, TE_OK);
+		assert_status(w[t].wait_st, TE_OK);
 		bi = itest_batch(s->p.a, s->bid[t]);
 		g_assert_cmpint(bi.state, ==, TE_STATE_COMPLETED);
 		g_assert_cmpuint(bi.completed, ==, REQS);
@@ -141,7 +141,7 @@ static void test_threads_one_segment(gconstpointer data)
 			else
 				g_assert_true(itest_range_is(&s->la, off, req_len(i), &s->rb, off));
 		}
-		itest_ok(te_batch_free(s->p.a, s->bid[t]));
+		assert_ok(te_batch_free(s->p.a, s->bid[t]));
 	}
 	itest_pair_free(&s->p);
 	itest_buf_free(&s->la);
@@ -225,7 +225,7 @@ static void test_churn(gconstpointer data)
 	}
 	for (int t = 0; t < THREADS; t++) {
 		g_thread_join(th[t]);
-		itest_assert_status(w[t].wait_st, TE_OK);
+		assert_status(w[t].wait_st, TE_OK);
 	}
 	g_thread_join(ft);
 	g_assert_cmpint(atomic_load(&s->failures), ==, 0);

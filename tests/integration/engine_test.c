@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* engine_test.c: engine creation from strings, files, options and $TE_CONFIG, and config errors. */
 #include "itest.h"
+#include "logcap.h"
 
 #include <unistd.h>
 
@@ -41,7 +42,7 @@ static void test_from_string(void)
 {
 	struct te_engine *e = NULL;
 
-	itest_ok(te_engine_new_from_string(LOOPBACK_YAML, strlen(LOOPBACK_YAML), &e));
+	assert_ok(te_engine_new_from_string(LOOPBACK_YAML, strlen(LOOPBACK_YAML), &e));
 	g_assert_nonnull(e);
 	g_assert_cmpstr(te_engine_name(e), ==, "A");
 	te_engine_set_log_level(e, TE_LOG_DEBUG);
@@ -56,7 +57,7 @@ static void test_from_string_not_terminated(void)
 	g_autofree char *buf = g_strconcat(LOOPBACK_YAML, "bogus_key: [", NULL);
 	struct te_engine *e = NULL;
 
-	itest_ok(te_engine_new_from_string(buf, strlen(LOOPBACK_YAML), &e));
+	assert_ok(te_engine_new_from_string(buf, strlen(LOOPBACK_YAML), &e));
 	g_assert_cmpstr(te_engine_name(e), ==, "A");
 	te_engine_free(e);
 }
@@ -66,7 +67,7 @@ static void test_from_file(void)
 	g_autofree char *path = write_tmp(LOOPBACK_YAML);
 	struct te_engine *e = NULL;
 
-	itest_ok(te_engine_new_from_file(path, &e));
+	assert_ok(te_engine_new_from_file(path, &e));
 	g_assert_cmpstr(te_engine_name(e), ==, "A");
 	te_engine_free(e);
 	unlink(path);
@@ -80,7 +81,7 @@ static void test_from_missing_file(void)
 	g_test_message("missing file: %d %s: %s", st, te_status_str(st), te_last_error());
 	g_assert_cmpint(st, <, 0);
 	g_assert_true(e == SENTINEL);
-	itest_assert_contains(te_last_error(), "/nonexistent/te.yaml");
+	assert_contains(te_last_error(), "/nonexistent/te.yaml");
 }
 
 static void test_opts(void)
@@ -92,7 +93,7 @@ static void test_opts(void)
 	o.config_yaml_len = strlen(LOOPBACK_YAML);
 	o.config_name = "opts.yaml";
 	o.log_level = -1;
-	itest_ok(te_engine_new(&o, &e));
+	assert_ok(te_engine_new(&o, &e));
 	g_assert_cmpstr(te_engine_name(e), ==, "A");
 	te_engine_free(e);
 }
@@ -102,14 +103,14 @@ static void test_opts_invalid(void)
 	struct te_engine_opts o = { .size = sizeof(o) };
 	struct te_engine *e = SENTINEL;
 
-	itest_assert_status(te_engine_new(NULL, &e), TE_ERR_INVALID_ARG);
+	assert_status(te_engine_new(NULL, &e), TE_ERR_INVALID_ARG);
 	g_assert_true(e == SENTINEL);
 	o.config_yaml = LOOPBACK_YAML;
 	o.config_yaml_len = strlen(LOOPBACK_YAML);
-	itest_assert_status(te_engine_new(&o, NULL), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_engine_new_from_string(LOOPBACK_YAML, strlen(LOOPBACK_YAML), NULL),
-			    TE_ERR_INVALID_ARG);
-	itest_assert_status(te_engine_new_from_file(NULL, &e), TE_ERR_INVALID_ARG);
+	assert_status(te_engine_new(&o, NULL), TE_ERR_INVALID_ARG);
+	assert_status(te_engine_new_from_string(LOOPBACK_YAML, strlen(LOOPBACK_YAML), NULL),
+		      TE_ERR_INVALID_ARG);
+	assert_status(te_engine_new_from_file(NULL, &e), TE_ERR_INVALID_ARG);
 	g_assert_true(e == SENTINEL);
 }
 
@@ -123,7 +124,7 @@ static void te_config_env_child(void)
 	struct te_engine *e = NULL;
 
 	g_setenv("TE_CONFIG", path, TRUE);
-	itest_ok(te_engine_new(&o, &e));
+	assert_ok(te_engine_new(&o, &e));
 	g_assert_cmpstr(te_engine_name(e), ==, "from-env");
 	te_engine_free(e);
 	unlink(path);
@@ -160,7 +161,7 @@ static void expect_config_error(const char *yaml, const char *name, unsigned lin
 	if (!has_location(te_last_error(), name, line))
 		g_error("\"%s\" does not name %s:%u:<col>", te_last_error(), name, line);
 	if (word)
-		itest_assert_contains(te_last_error(), word);
+		assert_contains(te_last_error(), word);
 }
 
 static void test_bad_yaml_syntax(void)
@@ -234,7 +235,7 @@ static void test_string_error_has_location(void)
 	g_assert_cmpint(st, ==, TE_ERR_CONFIG);
 	g_assert_true(e == SENTINEL);
 	g_assert_true(g_regex_match_simple(":2:[0-9]+", te_last_error(), 0, 0));
-	itest_assert_contains(te_last_error(), "nope");
+	assert_contains(te_last_error(), "nope");
 }
 
 static void test_unknown_required_transport(void)
@@ -249,27 +250,7 @@ static void test_unknown_required_transport(void)
 	g_test_message("unknown transport: %d %s: %s", st, te_status_str(st), te_last_error());
 	g_assert_cmpint(st, ==, TE_ERR_PLUGIN_NOT_FOUND);
 	g_assert_true(e == SENTINEL);
-	itest_assert_contains(te_last_error(), "no_such_transport");
-}
-
-/* Log sink that keeps every line. */
-static void collect_log(void *user, enum te_log_level level, const char *msg)
-{
-	GPtrArray *lines = user;
-	static GMutex lock;
-
-	(void)level;
-	g_mutex_lock(&lock);
-	g_ptr_array_add(lines, g_strdup(msg));
-	g_mutex_unlock(&lock);
-}
-
-static bool log_mentions(GPtrArray *lines, const char *word)
-{
-	for (guint i = 0; i < lines->len; i++)
-		if (strstr(g_ptr_array_index(lines, i), word))
-			return true;
-	return false;
+	assert_contains(te_last_error(), "no_such_transport");
 }
 
 static void test_optional_plugins_skipped(void)
@@ -280,23 +261,26 @@ static void test_optional_plugins_skipped(void)
 		{ .name = "loopback", .required = true },
 	};
 	g_autofree char *yaml = itest_yaml("A", t, G_N_ELEMENTS(t), NULL);
-	g_autoptr(GPtrArray) lines = g_ptr_array_new_with_free_func(g_free);
+	struct logcap lines;
 	struct te_engine_opts o = { .size = sizeof(o) };
 	struct te_engine *e = NULL;
+	g_autofree char *text = NULL;
 
+	logcap_init(&lines);
 	o.config_yaml = yaml;
 	o.config_yaml_len = strlen(yaml);
-	o.log_fn = collect_log;
-	o.log_user = lines;
+	o.log_fn = logcap_fn;
+	o.log_user = &lines;
 	o.log_level = TE_LOG_DEBUG;
-	itest_ok(te_engine_new(&o, &e));
+	assert_ok(te_engine_new(&o, &e));
 	g_assert_nonnull(e);
-	for (guint i = 0; i < lines->len; i++)
-		g_test_message("log: %s", (const char *)g_ptr_array_index(lines, i));
+	text = logcap_text(&lines);
+	g_test_message("log:\n%s", text);
 	/* Skipped optional plugins are logged, each by name. */
-	g_assert_true(log_mentions(lines, "no_such_transport"));
-	g_assert_true(log_mentions(lines, "init_fail"));
+	g_assert_true(logcap_has(&lines, "no_such_transport"));
+	g_assert_true(logcap_has(&lines, "init_fail"));
 	te_engine_free(e);
+	logcap_clear(&lines);
 }
 
 static void test_optional_only_usable(void)
@@ -319,12 +303,12 @@ static void test_optional_only_usable(void)
 	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&p);
 	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
-	itest_ok(te_batch_new(p.a, 1, &bid));
-	itest_ok(te_batch_submit(p.a, bid, &r, 1));
-	itest_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	assert_ok(itest_wait(p.a, bid));
 	g_assert_true(itest_range_is(&la, 0, 4096, &rb, 0));
 	g_assert_cmpstr(itest_task(p.a, bid, 0).transport, ==, "loopback");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);

@@ -25,17 +25,17 @@ static void test_register_unregister(void)
 	struct te_engine *e = new_engine();
 	g_autofree uint8_t *buf = g_malloc(1 << 16);
 
-	itest_ok(te_mem_register(e, buf, 1 << 16, "cpu", TE_MEM_REMOTE));
-	itest_ok(te_mem_unregister(e, buf));
+	assert_ok(te_mem_register(e, buf, 1 << 16, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_unregister(e, buf));
 	/* Again, with other spellings of the location. */
-	itest_ok(te_mem_register(e, buf, 1 << 16, NULL, TE_MEM_LOCAL));
-	itest_ok(te_mem_unregister(e, buf));
-	itest_ok(te_mem_register(e, buf, 1 << 16, "*", TE_MEM_REMOTE_READ));
-	itest_ok(te_mem_unregister(e, buf));
-	itest_ok(te_mem_register(e, buf, 1 << 16, "cpu:0", TE_MEM_REMOTE_WRITE));
-	itest_ok(te_mem_unregister(e, buf));
+	assert_ok(te_mem_register(e, buf, 1 << 16, NULL, TE_MEM_LOCAL));
+	assert_ok(te_mem_unregister(e, buf));
+	assert_ok(te_mem_register(e, buf, 1 << 16, "*", TE_MEM_REMOTE_READ));
+	assert_ok(te_mem_unregister(e, buf));
+	assert_ok(te_mem_register(e, buf, 1 << 16, "cpu:0", TE_MEM_REMOTE_WRITE));
+	assert_ok(te_mem_unregister(e, buf));
 	/* Twice: the second time it is gone. */
-	itest_assert_status(te_mem_unregister(e, buf), TE_ERR_NOT_REGISTERED);
+	assert_status(te_mem_unregister(e, buf), TE_ERR_NOT_REGISTERED);
 	te_engine_free(e);
 }
 
@@ -48,10 +48,9 @@ static void test_register_invalid(void)
 	expect_reg(e, NULL, 4096, "cpu", TE_MEM_REMOTE, TE_ERR_INVALID_ARG);
 	expect_reg(e, buf, 4096, "bogus", TE_MEM_REMOTE, TE_ERR_INVALID_ARG);
 	expect_reg(e, buf, 4096, "cpu", 1u << 7, TE_ERR_INVALID_ARG);
-	itest_assert_status(te_mem_register(NULL, buf, 4096, "cpu", TE_MEM_REMOTE),
-			    TE_ERR_INVALID_ARG);
+	assert_status(te_mem_register(NULL, buf, 4096, "cpu", TE_MEM_REMOTE), TE_ERR_INVALID_ARG);
 	/* Nothing of that was registered. */
-	itest_assert_status(te_mem_unregister(e, buf), TE_ERR_NOT_REGISTERED);
+	assert_status(te_mem_unregister(e, buf), TE_ERR_NOT_REGISTERED);
 	te_engine_free(e);
 }
 
@@ -71,18 +70,18 @@ static void test_register_overlap(void)
 	g_autofree uint8_t *buf = g_malloc(3 * 4096);
 	uint8_t *mid = buf + 4096;
 
-	itest_ok(te_mem_register(e, mid, 4096, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(e, mid, 4096, "cpu", TE_MEM_REMOTE));
 	expect_reg(e, mid, 4096, "cpu", TE_MEM_REMOTE, TE_ERR_ADDRESS_OVERLAPPED);     /* same */
 	expect_reg(e, mid + 100, 10, "cpu", TE_MEM_REMOTE, TE_ERR_ADDRESS_OVERLAPPED); /* inside */
 	expect_reg(e, buf, 4097, "cpu", TE_MEM_REMOTE, TE_ERR_ADDRESS_OVERLAPPED);     /* head */
 	expect_reg(e, mid + 4095, 4096, "cpu", TE_MEM_REMOTE, TE_ERR_ADDRESS_OVERLAPPED); /* tail */
 	expect_reg(e, buf, 3 * 4096, "cpu", TE_MEM_REMOTE, TE_ERR_ADDRESS_OVERLAPPED); /* around */
 	/* Adjacent on both sides is fine. */
-	itest_ok(te_mem_register(e, buf, 4096, "cpu", TE_MEM_REMOTE));
-	itest_ok(te_mem_register(e, mid + 4096, 4096, "cpu", TE_MEM_REMOTE));
-	itest_ok(te_mem_unregister(e, buf));
-	itest_ok(te_mem_unregister(e, mid));
-	itest_ok(te_mem_unregister(e, mid + 4096));
+	assert_ok(te_mem_register(e, buf, 4096, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(e, mid + 4096, 4096, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_unregister(e, buf));
+	assert_ok(te_mem_unregister(e, mid));
+	assert_ok(te_mem_unregister(e, mid + 4096));
 	te_engine_free(e);
 }
 
@@ -91,13 +90,13 @@ static void test_unregister_unknown(void)
 	struct te_engine *e = new_engine();
 	g_autofree uint8_t *buf = g_malloc(8192);
 
-	itest_assert_status(te_mem_unregister(e, buf), TE_ERR_NOT_REGISTERED);
+	assert_status(te_mem_unregister(e, buf), TE_ERR_NOT_REGISTERED);
 	g_assert_cmpint(te_mem_unregister(e, NULL), <, 0);
-	itest_ok(te_mem_register(e, buf, 8192, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(e, buf, 8192, "cpu", TE_MEM_REMOTE));
 	/* Only the start address identifies a region. */
-	itest_assert_status(te_mem_unregister(e, buf + 1), TE_ERR_NOT_REGISTERED);
-	itest_assert_status(te_mem_unregister(e, buf + 4096), TE_ERR_NOT_REGISTERED);
-	itest_ok(te_mem_unregister(e, buf));
+	assert_status(te_mem_unregister(e, buf + 1), TE_ERR_NOT_REGISTERED);
+	assert_status(te_mem_unregister(e, buf + 4096), TE_ERR_NOT_REGISTERED);
+	assert_ok(te_mem_unregister(e, buf));
 	te_engine_free(e);
 }
 
@@ -121,21 +120,21 @@ static void test_unregister_busy(gconstpointer data)
 	itest_pair_connect(&p);
 
 	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
-	itest_ok(te_batch_new(p.a, 1, &bid));
-	itest_ok(te_batch_submit(p.a, bid, &r, 1));
-	itest_assert_status(te_mem_unregister(p.a, la.base), TE_ERR_BUSY);
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	assert_status(te_mem_unregister(p.a, la.base), TE_ERR_BUSY);
 	g_test_message("unregister busy: %s", te_last_error());
 	if (g_str_equal(plugin, "never_complete")) {
-		itest_ok(te_batch_cancel(p.a, bid));
-		itest_assert_status(itest_wait(p.a, bid), TE_ERR_CANCELED);
+		assert_ok(te_batch_cancel(p.a, bid));
+		assert_status(itest_wait(p.a, bid), TE_ERR_CANCELED);
 	} else {
-		itest_ok(itest_wait(p.a, bid));
+		assert_ok(itest_wait(p.a, bid));
 	}
 	/* Terminal but not freed: still referenced. */
-	itest_assert_status(te_mem_unregister(p.a, la.base), TE_ERR_BUSY);
-	itest_ok(te_batch_free(p.a, bid));
-	itest_ok(te_mem_unregister(p.a, la.base));
-	itest_ok(te_mem_unregister(p.b, rb.base));
+	assert_status(te_mem_unregister(p.a, la.base), TE_ERR_BUSY);
+	assert_ok(te_batch_free(p.a, bid));
+	assert_ok(te_mem_unregister(p.a, la.base));
+	assert_ok(te_mem_unregister(p.b, rb.base));
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
@@ -185,7 +184,7 @@ static void test_register_concurrent(void)
 		g_assert_cmpint(jobs[i].st, ==, TE_OK);
 	}
 	/* Everything was unregistered. */
-	itest_assert_status(te_mem_unregister(e, buf), TE_ERR_NOT_REGISTERED);
+	assert_status(te_mem_unregister(e, buf), TE_ERR_NOT_REGISTERED);
 	te_engine_free(e);
 }
 
@@ -195,8 +194,8 @@ static void test_engine_free_with_registered(void)
 	struct te_engine *e = new_engine();
 	g_autofree uint8_t *buf = g_malloc(8192);
 
-	itest_ok(te_mem_register(e, buf, 4096, "cpu", TE_MEM_REMOTE));
-	itest_ok(te_mem_register(e, buf + 4096, 4096, "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(e, buf, 4096, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(e, buf + 4096, 4096, "cpu", TE_MEM_LOCAL));
 	te_engine_free(e);
 }
 

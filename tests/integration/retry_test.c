@@ -4,40 +4,23 @@
 
 #define LEN (16u * 4096u)
 
-struct fx {
-	struct itest_pair p;
-	struct itest_buf la, rb;
-};
-
-static void fx_new(struct fx *f, const char *options, const char *transfer)
+static void fx_new(struct itest_fx *f, const char *options, const char *transfer)
 {
-	itest_pair_new(&f->p, "fail_nth", options, transfer);
-	itest_buf_new(&f->la, LEN, 4096, 1);
-	itest_buf_new(&f->rb, LEN, 4096, 2);
-	itest_buf_register(&f->la, f->p.a, TE_MEM_LOCAL);
-	itest_buf_register(&f->rb, f->p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&f->p);
-}
-
-static void fx_free(struct fx *f)
-{
-	itest_pair_free(&f->p);
-	itest_buf_free(&f->la);
-	itest_buf_free(&f->rb);
+	itest_fx_new(f, "fail_nth", options, transfer, LEN, 4096);
 }
 
 /* One request of @len bytes (4 KiB slices). */
-static te_batch_id submit_len(struct fx *f, enum te_opcode op, uint64_t len)
+static te_batch_id submit_len(struct itest_fx *f, enum te_opcode op, uint64_t len)
 {
 	struct te_request r = { op, f->p.seg, f->la.data, itest_raddr(&f->rb, 0), len };
 	te_batch_id bid;
 
-	itest_ok(te_batch_new(f->p.a, 1, &bid));
-	itest_ok(te_batch_submit(f->p.a, bid, &r, 1));
+	assert_ok(te_batch_new(f->p.a, 1, &bid));
+	assert_ok(te_batch_submit(f->p.a, bid, &r, 1));
 	return bid;
 }
 
-static te_batch_id submit(struct fx *f, enum te_opcode op)
+static te_batch_id submit(struct itest_fx *f, enum te_opcode op)
 {
 	return submit_len(f, op, LEN);
 }
@@ -45,7 +28,7 @@ static te_batch_id submit(struct fx *f, enum te_opcode op)
 static void test_retry_succeeds(gconstpointer data)
 {
 	const enum te_opcode *op = data;
-	struct fx f;
+	struct itest_fx f;
 	struct te_task_info ti;
 	size_t off = 0, len = LEN;
 	te_batch_id bid;
@@ -53,7 +36,7 @@ static void test_retry_succeeds(gconstpointer data)
 	fx_new(&f, "fail_nth: 2, fail_count: 1",
 	       "slice_size: 4096, timeout_ms: 60000, retries: 3, retry_backoff_us: 10");
 	bid = submit(&f, *op);
-	itest_assert_status(itest_wait(f.p.a, bid), TE_OK);
+	assert_status(itest_wait(f.p.a, bid), TE_OK);
 	ti = itest_task(f.p.a, bid, 0);
 	g_test_message("retried: %s retries %u slices %u bytes %" PRIu64, te_state_str(ti.state),
 		       ti.retries, ti.slices, ti.bytes);
@@ -71,8 +54,8 @@ static void test_retry_succeeds(gconstpointer data)
 		g_assert_true(itest_untouched_outside(&f.rb, &off, &len, 1));
 	}
 	g_assert_cmpuint(itest_batch(f.p.a, bid).bytes, ==, LEN);
-	itest_ok(te_batch_free(f.p.a, bid));
-	fx_free(&f);
+	assert_ok(te_batch_free(f.p.a, bid));
+	itest_fx_free(&f);
 }
 
 static void test_retries_exhausted(void)
@@ -81,45 +64,45 @@ static void test_retries_exhausted(void)
 	 * Two slices: the second attempt and every later one fail, so the second slice
 	 * uses up its two retries whichever way the plugin counts attempts.
 	 */
-	struct fx f;
+	struct itest_fx f;
 	struct te_task_info ti;
 	te_batch_id bid;
 
 	fx_new(&f, "fail_nth: 2, fail_count: 10",
 	       "slice_size: 4096, timeout_ms: 60000, retries: 2, retry_backoff_us: 10");
 	bid = submit_len(&f, TE_OP_WRITE, 2 * 4096);
-	itest_assert_status(itest_wait(f.p.a, bid), TE_ERR_TRANSIENT);
+	assert_status(itest_wait(f.p.a, bid), TE_ERR_TRANSIENT);
 	ti = itest_task(f.p.a, bid, 0);
 	g_test_message("exhausted: %s %s retries %u bytes %" PRIu64 " detail \"%s\"",
 		       te_state_str(ti.state), te_status_str(ti.status), ti.retries, ti.bytes,
 		       ti.detail);
 	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 	g_assert_cmpint(ti.status, ==, TE_ERR_TRANSIENT);
-	itest_assert_contains(ti.detail, "injected transient failure");
+	assert_contains(ti.detail, "injected transient failure");
 	g_assert_cmpuint(ti.retries, >=, 2);
 	g_assert_cmpuint(ti.bytes, <, 2 * 4096);
 	g_assert_cmpint(itest_batch(f.p.a, bid).state, ==, TE_STATE_FAILED);
-	itest_ok(te_batch_free(f.p.a, bid));
-	fx_free(&f);
+	assert_ok(te_batch_free(f.p.a, bid));
+	itest_fx_free(&f);
 }
 
 static void test_no_retries(void)
 {
 	/* retries: 0 turns the first transient failure into the task's failure. */
-	struct fx f;
+	struct itest_fx f;
 	struct te_task_info ti;
 	te_batch_id bid;
 
 	fx_new(&f, "fail_nth: 2, fail_count: 1",
 	       "slice_size: 4096, timeout_ms: 60000, retries: 0, retry_backoff_us: 10");
 	bid = submit(&f, TE_OP_READ);
-	itest_assert_status(itest_wait(f.p.a, bid), TE_ERR_TRANSIENT);
+	assert_status(itest_wait(f.p.a, bid), TE_ERR_TRANSIENT);
 	ti = itest_task(f.p.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 	g_assert_cmpuint(ti.retries, ==, 0);
-	itest_assert_contains(ti.detail, "injected transient failure");
-	itest_ok(te_batch_free(f.p.a, bid));
-	fx_free(&f);
+	assert_contains(ti.detail, "injected transient failure");
+	assert_ok(te_batch_free(f.p.a, bid));
+	itest_fx_free(&f);
 }
 
 /*
@@ -154,20 +137,20 @@ static void fallback_case(bool fallback)
 	itest_buf_fill(&rb);
 	itest_buf_register(&la, a, TE_MEM_LOCAL);
 	itest_buf_register(&rb, b, TE_MEM_REMOTE);
-	itest_ok(te_segment_export(b, &json, &len));
-	itest_ok(te_segment_import(a, json, len, &seg));
+	assert_ok(te_segment_export(b, &json, &len));
+	assert_ok(te_segment_import(a, json, len, &seg));
 	te_free(json);
 	r = (struct te_request){ TE_OP_WRITE, seg, la.data, (uint64_t)(uintptr_t)rb.data,
 				 4 * 4096 };
-	itest_ok(te_batch_new(a, 1, &bid));
-	itest_ok(te_batch_submit(a, bid, &r, 1));
+	assert_ok(te_batch_new(a, 1, &bid));
+	assert_ok(te_batch_submit(a, bid, &r, 1));
 	{
 		enum te_status wst = te_batch_wait(a, bid, ITEST_WAIT_NS);
 
 		g_assert_cmpint(wst, !=, TE_INPROGRESS);
 		g_assert_cmpint(wst, ==, fallback ? TE_OK : TE_ERR_TRANSIENT);
 	}
-	itest_ok(te_task_status(a, bid, 0, &ti));
+	assert_ok(te_task_status(a, bid, 0, &ti));
 	g_test_message("fallback %s: %s %s via %s, retries %u, detail \"%s\"",
 		       fallback ? "on" : "off", te_state_str(ti.state), te_status_str(ti.status),
 		       ti.transport, ti.retries, ti.detail);
@@ -180,10 +163,10 @@ static void fallback_case(bool fallback)
 		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 		g_assert_cmpint(ti.status, ==, TE_ERR_TRANSIENT);
 		g_assert_cmpstr(ti.transport, ==, "fail_nth");
-		itest_assert_contains(ti.detail, "injected transient failure");
+		assert_contains(ti.detail, "injected transient failure");
 	}
-	itest_ok(te_batch_free(a, bid));
-	itest_ok(te_segment_close(a, seg));
+	assert_ok(te_batch_free(a, bid));
+	assert_ok(te_segment_close(a, seg));
 	te_engine_free(a);
 	te_engine_free(b);
 	itest_buf_free(&la);
@@ -207,7 +190,7 @@ static void test_quarantine(void)
 	 * outcome is only that the task ends terminal: COMPLETED with every byte, or
 	 * FAILED because the path was paused. After the pause a new batch completes.
 	 */
-	struct fx f;
+	struct itest_fx f;
 	struct te_task_info ti;
 	te_batch_id bid;
 	enum te_status st;
@@ -231,16 +214,16 @@ static void test_quarantine(void)
 			      ti.status == TE_ERR_TRANSIENT || ti.status == TE_ERR_NO_DEVICE);
 		g_assert_cmpint(st, ==, ti.status);
 	}
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 
 	/* Well past the pause, the path is usable again (fail_nth fails no more). */
-	itest_sleep_ms(200);
+	sleep_ms(200);
 	itest_buf_fill(&f.la);
 	bid = submit(&f, TE_OP_READ);
-	itest_assert_status(itest_wait(f.p.a, bid), TE_OK);
+	assert_status(itest_wait(f.p.a, bid), TE_OK);
 	g_assert_true(itest_range_is(&f.la, 0, LEN, &f.rb, 0));
-	itest_ok(te_batch_free(f.p.a, bid));
-	fx_free(&f);
+	assert_ok(te_batch_free(f.p.a, bid));
+	itest_fx_free(&f);
 }
 
 int main(int argc, char **argv)

@@ -2,27 +2,10 @@
 /* segment_test.c: opening, importing and closing remote segments, and their errors. */
 #include "itest.h"
 
-struct fx {
-	struct itest_pair p;
-	struct itest_buf la, rb;
-};
-
-static void fx_new(struct fx *f, const char *plugin)
+static void fx_new(struct itest_fx *f, const char *plugin)
 {
-	itest_pair_new(&f->p, plugin, plugin[0] == 'l' ? "progress: manual" : NULL,
-		       "timeout_ms: 60000");
-	itest_buf_new(&f->la, 4096, 0, 1);
-	itest_buf_new(&f->rb, 4096, 0, 2);
-	itest_buf_register(&f->la, f->p.a, TE_MEM_LOCAL);
-	itest_buf_register(&f->rb, f->p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&f->p);
-}
-
-static void fx_free(struct fx *f)
-{
-	itest_pair_free(&f->p);
-	itest_buf_free(&f->la);
-	itest_buf_free(&f->rb);
+	itest_fx_new(f, plugin, plugin[0] == 'l' ? "progress: manual" : NULL, "timeout_ms: 60000",
+		     4096, 0);
 }
 
 static void read_all(struct te_engine *a, te_segment_id seg, struct itest_buf *la,
@@ -31,11 +14,11 @@ static void read_all(struct te_engine *a, te_segment_id seg, struct itest_buf *l
 	struct te_request r = { TE_OP_READ, seg, la->data, itest_raddr(rb, 0), rb->len };
 	te_batch_id bid;
 
-	itest_ok(te_batch_new(a, 1, &bid));
-	itest_ok(te_batch_submit(a, bid, &r, 1));
-	itest_ok(itest_wait(a, bid));
+	assert_ok(te_batch_new(a, 1, &bid));
+	assert_ok(te_batch_submit(a, bid, &r, 1));
+	assert_ok(itest_wait(a, bid));
 	g_assert_true(itest_range_is(la, 0, rb->len, rb, 0));
-	itest_ok(te_batch_free(a, bid));
+	assert_ok(te_batch_free(a, bid));
 }
 
 static void expect_open_fails(struct te_engine *e, const char *name)
@@ -46,7 +29,7 @@ static void expect_open_fails(struct te_engine *e, const char *name)
 	g_test_message("open \"%s\": %d %s: %s", name, st, te_status_str(st), te_last_error());
 	g_assert_cmpint(st, <, 0);
 	g_assert_cmpuint(id, ==, 0x5e5e);
-	itest_assert_contains(te_last_error(), name);
+	assert_contains(te_last_error(), name);
 }
 
 static void test_open_unknown(void)
@@ -61,28 +44,28 @@ static void test_open_unknown(void)
 		      st == TE_ERR_PEER_UNREACHABLE || st == TE_ERR_METADATA_UNAVAILABLE);
 	/* A host:port where nothing listens (port 1 on loopback). */
 	expect_open_fails(a, "127.0.0.1:1");
-	itest_assert_status(te_segment_open(a, NULL, &id), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_segment_open(a, "x", NULL), TE_ERR_INVALID_ARG);
+	assert_status(te_segment_open(a, NULL, &id), TE_ERR_INVALID_ARG);
+	assert_status(te_segment_open(a, "x", NULL), TE_ERR_INVALID_ARG);
 	te_engine_free(a);
 }
 
 static void test_open_imported_by_name(void)
 {
 	/* Opening the name of an imported segment returns its id, reference counted. */
-	struct fx f;
+	struct itest_fx f;
 	te_segment_id id = 0;
 
 	fx_new(&f, "loopback");
-	itest_ok(te_segment_open(f.p.a, "B", &id));
+	assert_ok(te_segment_open(f.p.a, "B", &id));
 	g_assert_cmpuint(id, ==, f.p.seg);
 	read_all(f.p.a, id, &f.la, &f.rb);
-	itest_ok(te_segment_close(f.p.a, id));
+	assert_ok(te_segment_close(f.p.a, id));
 	/* One reference left (the import): still usable. */
 	read_all(f.p.a, f.p.seg, &f.la, &f.rb);
-	itest_ok(te_segment_close(f.p.a, f.p.seg));
-	itest_assert_status(te_segment_close(f.p.a, f.p.seg), TE_ERR_UNKNOWN_SEGMENT);
-	itest_assert_status(te_segment_open(f.p.a, "B", &id), TE_ERR_UNKNOWN_SEGMENT);
-	fx_free(&f);
+	assert_ok(te_segment_close(f.p.a, f.p.seg));
+	assert_status(te_segment_close(f.p.a, f.p.seg), TE_ERR_UNKNOWN_SEGMENT);
+	assert_status(te_segment_open(f.p.a, "B", &id), TE_ERR_UNKNOWN_SEGMENT);
+	itest_fx_free(&f);
 }
 
 static void test_open_by_name_p2p(void)
@@ -112,14 +95,14 @@ static void test_open_by_name_p2p(void)
 				  "listener) is not implemented yet");
 		goto out;
 	}
-	itest_assert_status(st, TE_OK);
-	itest_ok(te_segment_open(a, name, &s2));
+	assert_status(st, TE_OK);
+	assert_ok(te_segment_open(a, name, &s2));
 	g_assert_cmpuint(s1, ==, s2);
 	g_assert_cmpuint(s1, !=, TE_SEGMENT_LOCAL);
 	read_all(a, s1, &la, &rb);
-	itest_ok(te_segment_close(a, s1));
-	itest_ok(te_segment_close(a, s1));
-	itest_assert_status(te_segment_close(a, s1), TE_ERR_UNKNOWN_SEGMENT);
+	assert_ok(te_segment_close(a, s1));
+	assert_ok(te_segment_close(a, s1));
+	assert_status(te_segment_close(a, s1), TE_ERR_UNKNOWN_SEGMENT);
 out:
 	te_engine_free(a);
 	te_engine_free(b);
@@ -129,43 +112,43 @@ out:
 
 static void test_close_errors(void)
 {
-	struct fx f;
+	struct itest_fx f;
 
 	fx_new(&f, "loopback");
-	itest_assert_status(te_segment_close(f.p.a, TE_SEGMENT_LOCAL), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_segment_close(f.p.a, 999), TE_ERR_UNKNOWN_SEGMENT);
-	itest_assert_status(te_segment_close(f.p.a, f.p.seg + 1), TE_ERR_UNKNOWN_SEGMENT);
-	itest_ok(te_segment_close(f.p.a, f.p.seg));
-	itest_assert_status(te_segment_close(f.p.a, f.p.seg), TE_ERR_UNKNOWN_SEGMENT);
-	fx_free(&f);
+	assert_status(te_segment_close(f.p.a, TE_SEGMENT_LOCAL), TE_ERR_INVALID_ARG);
+	assert_status(te_segment_close(f.p.a, 999), TE_ERR_UNKNOWN_SEGMENT);
+	assert_status(te_segment_close(f.p.a, f.p.seg + 1), TE_ERR_UNKNOWN_SEGMENT);
+	assert_ok(te_segment_close(f.p.a, f.p.seg));
+	assert_status(te_segment_close(f.p.a, f.p.seg), TE_ERR_UNKNOWN_SEGMENT);
+	itest_fx_free(&f);
 }
 
 static void test_close_busy(gconstpointer data)
 {
 	const char *plugin = data;
-	struct fx f;
+	struct itest_fx f;
 	struct te_request r;
 	te_batch_id bid;
 
 	fx_new(&f, plugin);
 	r = (struct te_request){ TE_OP_READ, f.p.seg, f.la.data, itest_raddr(&f.rb, 0), 64 };
-	itest_ok(te_batch_new(f.p.a, 1, &bid));
-	itest_ok(te_batch_submit(f.p.a, bid, &r, 1));
-	itest_assert_status(te_segment_close(f.p.a, f.p.seg), TE_ERR_BUSY);
+	assert_ok(te_batch_new(f.p.a, 1, &bid));
+	assert_ok(te_batch_submit(f.p.a, bid, &r, 1));
+	assert_status(te_segment_close(f.p.a, f.p.seg), TE_ERR_BUSY);
 	g_test_message("close busy: %s", te_last_error());
 	if (g_str_equal(plugin, "never_complete"))
-		itest_ok(te_batch_cancel(f.p.a, bid));
+		assert_ok(te_batch_cancel(f.p.a, bid));
 	(void)itest_wait(f.p.a, bid);
 	/* Terminal but not freed: the batch still refers to the segment. */
-	itest_assert_status(te_segment_close(f.p.a, f.p.seg), TE_ERR_BUSY);
-	itest_ok(te_batch_free(f.p.a, bid));
-	itest_ok(te_segment_close(f.p.a, f.p.seg));
+	assert_status(te_segment_close(f.p.a, f.p.seg), TE_ERR_BUSY);
+	assert_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_segment_close(f.p.a, f.p.seg));
 
 	/* Requests to the closed segment are rejected at submit. */
-	itest_ok(te_batch_new(f.p.a, 1, &bid));
-	itest_assert_status(te_batch_submit(f.p.a, bid, &r, 1), TE_ERR_UNKNOWN_SEGMENT);
-	itest_ok(te_batch_free(f.p.a, bid));
-	fx_free(&f);
+	assert_ok(te_batch_new(f.p.a, 1, &bid));
+	assert_status(te_batch_submit(f.p.a, bid, &r, 1), TE_ERR_UNKNOWN_SEGMENT);
+	assert_ok(te_batch_free(f.p.a, bid));
+	itest_fx_free(&f);
 }
 
 static void expect_import_malformed(struct te_engine *a, const char *what, const char *json,
@@ -184,7 +167,7 @@ static void expect_import_malformed(struct te_engine *a, const char *what, const
 
 static void test_import_malformed(void)
 {
-	struct fx f;
+	struct itest_fx f;
 	char *json = NULL;
 	size_t len = 0;
 	te_segment_id id;
@@ -195,8 +178,8 @@ static void test_import_malformed(void)
 		"{}",
 		"null",
 		"{\"name\": 5}",
-		"{\"name\": \"X\", \"generation\": \"1\", \"rpc\": \"\", \"transports\": {},"
-		" \"buffers\": [{\"addr\": \"zz\", \"length\": \"10\"}]}",
+		("{\"name\": \"X\", \"generation\": \"1\", \"rpc\": \"\", \"transports\": {},"
+		 " \"buffers\": [{\"addr\": \"zz\", \"length\": \"10\"}]}"),
 	};
 
 	fx_new(&f, "loopback");
@@ -204,7 +187,7 @@ static void test_import_malformed(void)
 		expect_import_malformed(f.p.a, bad[i], bad[i], strlen(bad[i]));
 
 	/* A real descriptor, truncated or with a byte flipped into garbage. */
-	itest_ok(te_segment_export(f.p.b, &json, &len));
+	assert_ok(te_segment_export(f.p.b, &json, &len));
 	expect_import_malformed(f.p.a, "truncated", json, len / 2);
 	expect_import_malformed(f.p.a, "cut by one", json, len - 1 - (json[len - 1] == '\n'));
 	{
@@ -215,45 +198,45 @@ static void test_import_malformed(void)
 	}
 	te_free(json);
 
-	itest_assert_status(te_segment_import(f.p.a, NULL, 10, &id), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_segment_import(f.p.a, "{}", 2, NULL), TE_ERR_INVALID_ARG);
+	assert_status(te_segment_import(f.p.a, NULL, 10, &id), TE_ERR_INVALID_ARG);
+	assert_status(te_segment_import(f.p.a, "{}", 2, NULL), TE_ERR_INVALID_ARG);
 	g_assert_cmpint(te_segment_import(f.p.a, "{}", 0, &id), <, 0);
-	itest_assert_status(te_segment_export(f.p.a, NULL, &len), TE_ERR_INVALID_ARG);
-	fx_free(&f);
+	assert_status(te_segment_export(f.p.a, NULL, &len), TE_ERR_INVALID_ARG);
+	itest_fx_free(&f);
 }
 
 static void test_export_content(void)
 {
-	struct fx f;
+	struct itest_fx f;
 	char *json = NULL;
 	size_t len = 0;
 	char addr[32];
 
 	fx_new(&f, "loopback");
-	itest_ok(te_segment_export(f.p.b, &json, &len));
+	assert_ok(te_segment_export(f.p.b, &json, &len));
 	g_test_message("B's descriptor: %s", json);
 	g_assert_cmpuint(strlen(json), ==, len);
-	itest_assert_contains(json, "\"B\"");
-	itest_assert_contains(json, "loopback");
+	assert_contains(json, "\"B\"");
+	assert_contains(json, "loopback");
 	snprintf(addr, sizeof(addr), "%" PRIx64, itest_raddr(&f.rb, 0));
-	itest_assert_contains(json, addr);
+	assert_contains(json, addr);
 	te_free(json);
 	te_free(NULL);
-	fx_free(&f);
+	itest_fx_free(&f);
 }
 
 static void test_import_twice_and_restart(void)
 {
 	/* The same descriptor imported twice is the same segment; a restarted B replaces it. */
-	struct fx f;
+	struct itest_fx f;
 	struct itest_buf rb2;
 	te_segment_id again, fresh;
 	char *json = NULL;
 	size_t len = 0;
 
 	fx_new(&f, "loopback");
-	itest_ok(te_segment_export(f.p.b, &json, &len));
-	itest_ok(te_segment_import(f.p.a, json, len, &again));
+	assert_ok(te_segment_export(f.p.b, &json, &len));
+	assert_ok(te_segment_import(f.p.a, json, len, &again));
 	te_free(json);
 	g_assert_cmpuint(again, ==, f.p.seg);
 	read_all(f.p.a, f.p.seg, &f.la, &f.rb);
@@ -263,8 +246,8 @@ static void test_import_twice_and_restart(void)
 	f.p.b = itest_engine1("B", "loopback", "progress: manual", NULL);
 	itest_buf_new(&rb2, 4096, 0, 9);
 	itest_buf_register(&rb2, f.p.b, TE_MEM_REMOTE);
-	itest_ok(te_segment_export(f.p.b, &json, &len));
-	itest_ok(te_segment_import(f.p.a, json, len, &fresh));
+	assert_ok(te_segment_export(f.p.b, &json, &len));
+	assert_ok(te_segment_import(f.p.a, json, len, &fresh));
 	te_free(json);
 	g_test_message("segment id before restart %u, after %u", f.p.seg, fresh);
 	read_all(f.p.a, fresh, &f.la, &rb2);
@@ -289,7 +272,7 @@ static void test_no_common_transport(void)
 	itest_buf_new(&rb, 4096, 0, 2);
 	itest_buf_register(&la, a, TE_MEM_LOCAL);
 	itest_buf_register(&rb, b, TE_MEM_REMOTE);
-	itest_ok(te_segment_export(b, &json, &len));
+	assert_ok(te_segment_export(b, &json, &len));
 	st = te_segment_import(a, json, len, &seg);
 	te_free(json);
 	g_test_message("import without a common transport: %d %s: %s", st, te_status_str(st),
@@ -300,13 +283,13 @@ static void test_no_common_transport(void)
 		struct te_task_info ti;
 		te_batch_id bid;
 
-		itest_ok(te_batch_new(a, 1, &bid));
-		itest_assert_status(te_batch_submit(a, bid, &r, 1), TE_ERR_NO_TRANSPORT);
+		assert_ok(te_batch_new(a, 1, &bid));
+		assert_status(te_batch_submit(a, bid, &r, 1), TE_ERR_NO_TRANSPORT);
 		ti = itest_task(a, bid, 0);
 		g_test_message("no transport: detail \"%s\"", ti.detail);
 		g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
 		g_assert_cmpstr(ti.detail, !=, "");
-		itest_ok(te_batch_free(a, bid));
+		assert_ok(te_batch_free(a, bid));
 	} else {
 		g_assert_cmpint(st, ==, TE_ERR_NO_TRANSPORT);
 		g_assert_cmpuint(seg, ==, 0x5e5e);
@@ -340,7 +323,7 @@ static void test_buffers(void)
 	want[1] = r1.base < r2.base ? &r2 : &r1;
 
 	memset(bi, 0x5a, sizeof(bi));
-	itest_ok(te_segment_buffers(p.a, p.seg, bi, 4, &n));
+	assert_ok(te_segment_buffers(p.a, p.seg, bi, 4, &n));
 	g_assert_cmpuint(n, ==, 2);
 	for (size_t i = 0; i < 2; i++) {
 		g_test_message("buffer %zu: 0x%" PRIx64 " +%" PRIu64 " access %#x %s", i,
@@ -355,22 +338,22 @@ static void test_buffers(void)
 
 	/* Short array: the total count, only @max entries written. */
 	memset(bi, 0x5a, sizeof(bi));
-	itest_ok(te_segment_buffers(p.a, p.seg, bi, 1, &n));
+	assert_ok(te_segment_buffers(p.a, p.seg, bi, 1, &n));
 	g_assert_cmpuint(n, ==, 2);
 	g_assert_cmpuint(bi[0].addr, ==, (uintptr_t)want[0]->base);
 	g_assert_cmpuint(((uint8_t *)&bi[1])[0], ==, 0x5a);
-	itest_ok(te_segment_buffers(p.a, p.seg, NULL, 0, &n));
+	assert_ok(te_segment_buffers(p.a, p.seg, NULL, 0, &n));
 	g_assert_cmpuint(n, ==, 2);
 
 	/* The local segment of B shows the same two; A has none to offer. */
-	itest_ok(te_segment_buffers(p.b, TE_SEGMENT_LOCAL, bi, 4, &n));
+	assert_ok(te_segment_buffers(p.b, TE_SEGMENT_LOCAL, bi, 4, &n));
 	g_assert_cmpuint(n, ==, 2);
-	itest_ok(te_segment_buffers(p.a, TE_SEGMENT_LOCAL, bi, 4, &n));
+	assert_ok(te_segment_buffers(p.a, TE_SEGMENT_LOCAL, bi, 4, &n));
 	g_assert_cmpuint(n, ==, 0);
 
-	itest_assert_status(te_segment_buffers(p.a, 999, bi, 4, &n), TE_ERR_UNKNOWN_SEGMENT);
-	itest_assert_status(te_segment_buffers(p.a, p.seg, bi, 4, NULL), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_segment_buffers(p.a, p.seg, NULL, 4, &n), TE_ERR_INVALID_ARG);
+	assert_status(te_segment_buffers(p.a, 999, bi, 4, &n), TE_ERR_UNKNOWN_SEGMENT);
+	assert_status(te_segment_buffers(p.a, p.seg, bi, 4, NULL), TE_ERR_INVALID_ARG);
+	assert_status(te_segment_buffers(p.a, p.seg, NULL, 4, &n), TE_ERR_INVALID_ARG);
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&r1);

@@ -70,7 +70,7 @@ static enum te_status expect_rejected(struct fx *f, const char *what, struct te_
 	enum te_status st;
 	te_batch_id bid;
 
-	itest_ok(te_batch_new(f->p.a, 1, &bid));
+	assert_ok(te_batch_new(f->p.a, 1, &bid));
 	st = te_batch_submit(f->p.a, bid, &r, 1);
 	g_test_message("%s: submit %d %s: %s", what, st, te_status_str(st), te_last_error());
 	if (st != want && (alt == TE_OK || st != alt))
@@ -90,8 +90,8 @@ static enum te_status expect_rejected(struct fx *f, const char *what, struct te_
 	g_assert_cmpuint(bi.tasks, ==, 1);
 	g_assert_cmpuint(bi.failed, ==, 1);
 	g_assert_cmpuint(bi.bytes, ==, 0);
-	itest_assert_status(itest_wait(f->p.a, bid), st);
-	itest_ok(te_batch_free(f->p.a, bid));
+	assert_status(itest_wait(f->p.a, bid), st);
+	assert_ok(te_batch_free(f->p.a, bid));
 	return st;
 }
 
@@ -99,11 +99,11 @@ static void expect_accepted(struct fx *f, struct te_request r)
 {
 	te_batch_id bid;
 
-	itest_ok(te_batch_new(f->p.a, 1, &bid));
-	itest_ok(te_batch_submit(f->p.a, bid, &r, 1));
-	itest_ok(itest_wait(f->p.a, bid));
+	assert_ok(te_batch_new(f->p.a, 1, &bid));
+	assert_ok(te_batch_submit(f->p.a, bid, &r, 1));
+	assert_ok(itest_wait(f->p.a, bid));
 	g_assert_cmpuint(itest_task(f->p.a, bid, 0).bytes, ==, r.length);
-	itest_ok(te_batch_free(f->p.a, bid));
+	assert_ok(te_batch_free(f->p.a, bid));
 }
 
 static void test_local_unregistered(void)
@@ -160,23 +160,23 @@ static void test_remote_outside(void)
 
 	/* Nowhere near any buffer of B: the detail names the range. */
 	r = req(&f, TE_OP_WRITE, f.la.data, 0x1000, 64);
-	itest_ok(te_batch_new(f.p.a, 1, &bid));
-	itest_assert_status(te_batch_submit(f.p.a, bid, &r, 1), TE_ERR_REMOTE_ACCESS);
+	assert_ok(te_batch_new(f.p.a, 1, &bid));
+	assert_status(te_batch_submit(f.p.a, bid, &r, 1), TE_ERR_REMOTE_ACCESS);
 	ti = itest_task(f.p.a, bid, 0);
 	g_test_message("remote 0x1000+64: detail \"%s\"", ti.detail);
 	if (!names_addr(ti.detail, 0x1000))
 		g_error("detail \"%s\" does not name the remote range 0x1000", ti.detail);
-	itest_assert_status(itest_wait(f.p.a, bid), TE_ERR_REMOTE_ACCESS);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_status(itest_wait(f.p.a, bid), TE_ERR_REMOTE_ACCESS);
+	assert_ok(te_batch_free(f.p.a, bid));
 
 	/* The detail of a straddling range names its start too. */
 	r = req(&f, TE_OP_READ, f.la.data, ra, 200);
-	itest_ok(te_batch_new(f.p.a, 1, &bid));
-	itest_assert_status(te_batch_submit(f.p.a, bid, &r, 1), TE_ERR_REMOTE_ACCESS);
+	assert_ok(te_batch_new(f.p.a, 1, &bid));
+	assert_status(te_batch_submit(f.p.a, bid, &r, 1), TE_ERR_REMOTE_ACCESS);
 	ti = itest_task(f.p.a, bid, 0);
 	if (!names_addr(ti.detail, ra))
 		g_error("detail \"%s\" does not name the remote range %#" PRIx64, ti.detail, ra);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 
 	/* Wrapping remote range. */
 	expect_rejected(&f, "remote wraps", req(&f, TE_OP_READ, f.la.data, UINT64_MAX - 10, 64),
@@ -265,14 +265,14 @@ static void test_mixed(void)
 	for (size_t i = 0; i < 5; i++)
 		total += r[i].length;
 
-	itest_ok(te_batch_new(f.p.a, N, &bid));
+	assert_ok(te_batch_new(f.p.a, N, &bid));
 	st = te_batch_submit(f.p.a, bid, r, N);
 	g_test_message("mixed submit: %d %s: %s", st, te_status_str(st), te_last_error());
 	g_assert_cmpint(st, ==, TE_ERR_UNKNOWN_SEGMENT);
 	if (!g_regex_match_simple("(^|[^0-9])5([^0-9]|$)", te_last_error(), 0, 0))
 		g_error("te_last_error \"%s\" does not name request index 5", te_last_error());
 
-	itest_assert_status(itest_wait(f.p.a, bid), TE_ERR_UNKNOWN_SEGMENT);
+	assert_status(itest_wait(f.p.a, bid), TE_ERR_UNKNOWN_SEGMENT);
 	for (size_t i = 0; i < 5; i++) {
 		struct te_task_info ti = itest_task(f.p.a, bid, (uint32_t)i);
 
@@ -292,7 +292,7 @@ static void test_mixed(void)
 	g_assert_cmpuint(bi.completed, ==, 5);
 	g_assert_cmpuint(bi.failed, ==, 3);
 	g_assert_cmpuint(bi.bytes, ==, total);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 	fx_free(&f);
 }
 
@@ -306,25 +306,25 @@ static void test_capacity(void)
 	fx_new(&f);
 	for (size_t i = 0; i < 4; i++)
 		r[i] = req(&f, TE_OP_READ, f.la.data + i * 64, itest_raddr(&f.rb, i * 64), 64);
-	itest_ok(te_batch_new(f.p.a, 4, &bid));
-	itest_ok(te_batch_submit(f.p.a, bid, r, 3));
+	assert_ok(te_batch_new(f.p.a, 4, &bid));
+	assert_ok(te_batch_submit(f.p.a, bid, r, 3));
 	/* Two more do not fit: nothing is appended. */
-	itest_assert_status(te_batch_submit(f.p.a, bid, r, 2), TE_ERR_BATCH_FULL);
+	assert_status(te_batch_submit(f.p.a, bid, r, 2), TE_ERR_BATCH_FULL);
 	g_test_message("batch full: %s", te_last_error());
 	g_assert_cmpuint(itest_batch(f.p.a, bid).tasks, ==, 3);
-	itest_assert_status(te_task_status(f.p.a, bid, 3, &ti), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_batch_submit(f.p.a, bid, r + 3, 1), TE_OK);
+	assert_status(te_task_status(f.p.a, bid, 3, &ti), TE_ERR_INVALID_ARG);
+	assert_status(te_batch_submit(f.p.a, bid, r + 3, 1), TE_OK);
 	g_assert_cmpuint(itest_batch(f.p.a, bid).tasks, ==, 4);
-	itest_assert_status(te_batch_submit(f.p.a, bid, r, 1), TE_ERR_BATCH_FULL);
-	itest_ok(itest_wait(f.p.a, bid));
+	assert_status(te_batch_submit(f.p.a, bid, r, 1), TE_ERR_BATCH_FULL);
+	assert_ok(itest_wait(f.p.a, bid));
 	g_assert_cmpuint(itest_batch(f.p.a, bid).completed, ==, 4);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 
 	/* More than the capacity in a single submit. */
-	itest_ok(te_batch_new(f.p.a, 2, &bid));
-	itest_assert_status(te_batch_submit(f.p.a, bid, r, 3), TE_ERR_BATCH_FULL);
+	assert_ok(te_batch_new(f.p.a, 2, &bid));
+	assert_status(te_batch_submit(f.p.a, bid, r, 3), TE_ERR_BATCH_FULL);
 	g_assert_cmpuint(itest_batch(f.p.a, bid).tasks, ==, 0);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 	fx_free(&f);
 }
 
@@ -335,14 +335,14 @@ static void test_bad_arguments(void)
 	te_batch_id bid;
 
 	fx_new(&f);
-	itest_ok(te_batch_new(f.p.a, 1, &bid));
-	itest_assert_status(te_batch_submit(f.p.a, bid, NULL, 1), TE_ERR_INVALID_ARG);
+	assert_ok(te_batch_new(f.p.a, 1, &bid));
+	assert_status(te_batch_submit(f.p.a, bid, NULL, 1), TE_ERR_INVALID_ARG);
 	g_assert_cmpint(te_batch_submit(NULL, bid, NULL, 1), <, 0);
-	itest_assert_status(te_task_status(f.p.a, bid, 0, &ti), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_task_status(f.p.a, bid, 0, NULL), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_batch_status(f.p.a, bid, NULL), TE_ERR_INVALID_ARG);
+	assert_status(te_task_status(f.p.a, bid, 0, &ti), TE_ERR_INVALID_ARG);
+	assert_status(te_task_status(f.p.a, bid, 0, NULL), TE_ERR_INVALID_ARG);
+	assert_status(te_batch_status(f.p.a, bid, NULL), TE_ERR_INVALID_ARG);
 	g_assert_cmpuint(itest_batch(f.p.a, bid).tasks, ==, 0);
-	itest_ok(te_batch_free(f.p.a, bid));
+	assert_ok(te_batch_free(f.p.a, bid));
 	fx_free(&f);
 }
 

@@ -49,9 +49,9 @@ static void test_single(gconstpointer data)
 	itest_pair_connect(&p);
 
 	r = (struct te_request){ c->op, p.seg, la.data + lo, itest_raddr(&rb, ro), len };
-	itest_ok(te_batch_new(p.a, 1, &bid));
-	itest_ok(te_batch_submit(p.a, bid, &r, 1));
-	itest_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	assert_ok(itest_wait(p.a, bid));
 
 	if (c->op == TE_OP_READ) {
 		g_assert_true(itest_range_is(&la, lo, len, &rb, ro));
@@ -83,8 +83,8 @@ static void test_single(gconstpointer data)
 	g_assert_cmpuint(bi.bytes, ==, len);
 
 	/* A finished batch waits instantly and reports the same outcome again. */
-	itest_ok(te_batch_wait(p.a, bid, 0));
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_wait(p.a, bid, 0));
+	assert_ok(te_batch_free(p.a, bid));
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
@@ -131,9 +131,9 @@ static void test_many(gconstpointer data)
 			rd_len[n_rd++] = len[i];
 		}
 	}
-	itest_ok(te_batch_new(p.a, N, &bid));
-	itest_ok(te_batch_submit(p.a, bid, r, N));
-	itest_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_new(p.a, N, &bid));
+	assert_ok(te_batch_submit(p.a, bid, r, N));
+	assert_ok(itest_wait(p.a, bid));
 
 	for (size_t i = 0; i < N; i++) {
 		struct te_task_info ti = itest_task(p.a, bid, (uint32_t)i);
@@ -157,7 +157,7 @@ static void test_many(gconstpointer data)
 	g_assert_cmpuint(bi.tasks, ==, N);
 	g_assert_cmpuint(bi.completed, ==, N);
 	g_assert_cmpuint(bi.bytes, ==, total);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
@@ -181,11 +181,11 @@ static void test_multi_submit(gconstpointer data)
 	for (size_t i = 0; i < 10; i++)
 		r[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + i * 512,
 					    itest_raddr(&rb, (9 - i) * 512), 100 + i };
-	itest_ok(te_batch_new(p.a, 10, &bid));
-	itest_ok(te_batch_submit(p.a, bid, r, 3));
-	itest_ok(itest_wait(p.a, bid));
-	itest_ok(te_batch_submit(p.a, bid, r + 3, 7));
-	itest_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_new(p.a, 10, &bid));
+	assert_ok(te_batch_submit(p.a, bid, r, 3));
+	assert_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_submit(p.a, bid, r + 3, 7));
+	assert_ok(itest_wait(p.a, bid));
 	g_assert_cmpuint(itest_batch(p.a, bid).tasks, ==, 10);
 	for (size_t i = 0; i < 10; i++) {
 		struct te_task_info ti = itest_task(p.a, bid, (uint32_t)i);
@@ -194,7 +194,7 @@ static void test_multi_submit(gconstpointer data)
 		g_assert_cmpuint(ti.length, ==, 100 + i);
 		g_assert_true(itest_range_is(&la, i * 512, 100 + i, &rb, (9 - i) * 512));
 	}
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
@@ -218,13 +218,13 @@ static void test_batch_slots_recycled(void)
 	for (int i = 0; i < 200; i++) {
 		te_batch_id bid;
 
-		itest_ok(te_batch_new(p.a, 1, &bid));
+		assert_ok(te_batch_new(p.a, 1, &bid));
 		g_assert_cmpuint(bid, !=, 0);
 		/* A reused slot gets a new generation: the old handle stays stale. */
 		g_assert_cmpuint(bid, !=, old);
-		itest_ok(te_batch_submit(p.a, bid, &r, 1));
-		itest_ok(itest_wait(p.a, bid));
-		itest_ok(te_batch_free(p.a, bid));
+		assert_ok(te_batch_submit(p.a, bid, &r, 1));
+		assert_ok(itest_wait(p.a, bid));
+		assert_ok(te_batch_free(p.a, bid));
 		old = bid;
 	}
 	g_assert_true(itest_range_is(&la, 0, 64, &rb, 0));
@@ -239,20 +239,20 @@ static void test_batch_new_limits(void)
 	te_batch_id b[4], extra = 0x77;
 
 	itest_pair_new(&p, "loopback", "progress: manual", "max_batches: 4, max_batch_size: 100");
-	itest_assert_status(te_batch_new(p.a, 0, &extra), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_batch_new(p.a, 101, &extra), TE_ERR_TOO_LARGE);
-	itest_assert_status(te_batch_new(p.a, 1, NULL), TE_ERR_INVALID_ARG);
-	itest_assert_status(te_batch_new(NULL, 1, &extra), TE_ERR_INVALID_ARG);
+	assert_status(te_batch_new(p.a, 0, &extra), TE_ERR_INVALID_ARG);
+	assert_status(te_batch_new(p.a, 101, &extra), TE_ERR_TOO_LARGE);
+	assert_status(te_batch_new(p.a, 1, NULL), TE_ERR_INVALID_ARG);
+	assert_status(te_batch_new(NULL, 1, &extra), TE_ERR_INVALID_ARG);
 	g_assert_cmpuint(extra, ==, 0x77);
 	for (int i = 0; i < 4; i++)
-		itest_ok(te_batch_new(p.a, 100, &b[i]));
-	itest_assert_status(te_batch_new(p.a, 1, &extra), TE_ERR_BUSY);
+		assert_ok(te_batch_new(p.a, 100, &b[i]));
+	assert_status(te_batch_new(p.a, 1, &extra), TE_ERR_BUSY);
 	g_assert_cmpuint(extra, ==, 0x77);
 	/* Empty batches are terminal (nothing pending) and can be freed. */
 	for (int i = 0; i < 4; i++)
-		itest_ok(te_batch_free(p.a, b[i]));
-	itest_ok(te_batch_new(p.a, 1, &extra));
-	itest_ok(te_batch_free(p.a, extra));
+		assert_ok(te_batch_free(p.a, b[i]));
+	assert_ok(te_batch_new(p.a, 1, &extra));
+	assert_ok(te_batch_free(p.a, extra));
 	itest_pair_free(&p);
 }
 
@@ -293,11 +293,11 @@ static void test_workers_drive_manual(void)
 	for (int i = 0; i < 16; i++)
 		r[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + i * 65536,
 					    (uint64_t)(uintptr_t)(rb.data + i * 65536), 65536 };
-	itest_ok(te_batch_new(p.a, 16, &bid));
-	itest_ok(te_batch_submit(p.a, bid, r, 16));
+	assert_ok(te_batch_new(p.a, 16, &bid));
+	assert_ok(te_batch_submit(p.a, bid, r, 16));
 	until = g_get_monotonic_time() + 60 * G_USEC_PER_SEC;
 	do {
-		itest_ok(te_batch_status(p.a, bid, &bi));
+		assert_ok(te_batch_status(p.a, bid, &bi));
 		if (te_state_is_terminal(bi.state))
 			break;
 		g_usleep(1000);
@@ -305,7 +305,7 @@ static void test_workers_drive_manual(void)
 	g_assert_cmpint(bi.state, ==, TE_STATE_COMPLETED);
 	g_assert_cmpuint(bi.bytes, ==, 16 * 65536);
 	g_assert_true(itest_range_is(&la, 0, 16 * 65536, &rb, 0));
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);

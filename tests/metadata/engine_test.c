@@ -22,7 +22,7 @@
 
 #include <te/te.h>
 
-#include "../system/sysnode_fixture.h"
+#include "sysnode_fixture.h"
 #include "core/metadata/metadata.h"
 #include "mdserver.h"
 #include "core/te_metadata_config.h"
@@ -70,20 +70,6 @@ static struct te_engine *engine_yaml(const char *yaml)
 
 	assert_ok(te_engine_new_from_string(yaml, strlen(yaml), &e));
 	return e;
-}
-
-/* A free loopback port (for engines that must come back on the same address). */
-static unsigned free_port(void)
-{
-	g_autoptr(GSocket) s = g_socket_new(G_SOCKET_FAMILY_IPV4, G_SOCKET_TYPE_STREAM,
-					    G_SOCKET_PROTOCOL_TCP, NULL);
-	g_autoptr(GInetAddress) lo = g_inet_address_new_loopback(G_SOCKET_FAMILY_IPV4);
-	g_autoptr(GSocketAddress) a = g_inet_socket_address_new(lo, 0);
-	g_autoptr(GSocketAddress) got = NULL;
-
-	g_assert_true(g_socket_bind(s, a, FALSE, NULL));
-	got = g_socket_get_local_address(s, NULL);
-	return g_inet_socket_address_get_port(G_INET_SOCKET_ADDRESS(got));
 }
 
 /* A buffer of @e that peers may READ and WRITE (lbuf_free releases it). */
@@ -254,7 +240,7 @@ static void test_peer_restart(void)
 {
 	struct mdserver *srv = mdserver_shared(kind);
 	g_autofree char *ns = case_ns();
-	g_autofree char *listen = g_strdup_printf("127.0.0.1:%u", free_port());
+	g_autofree char *listen = g_strdup_printf("127.0.0.1:%u", mdserver_dead_port());
 	g_autofree char *ya = yaml_for("node-a", listen, srv->url, ns, 30);
 	g_autofree char *yb = yaml_for("node-b", "127.0.0.1:0", srv->url, ns, TTL_S);
 	struct node *a = node_start(ya, NULL);
@@ -418,7 +404,7 @@ static void test_unreachable(void)
 	g_autofree char *url = NULL;
 	g_autofree char *y = NULL;
 	struct te_engine *e = NULL;
-	unsigned port = free_port();
+	unsigned port = mdserver_dead_port();
 
 	url = g_strdup_printf(kind == MDSERVER_REDIS  ? "redis://127.0.0.1:%u"
 			      : kind == MDSERVER_HTTP ? "http://127.0.0.1:%u/metadata"

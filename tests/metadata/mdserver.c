@@ -361,3 +361,8 @@ void mdserver_free(struct mdserver *s)
 	g_strfreev(s->extra);
 	g_free(s);
 }
+
+unsigned mdserver_dead_port(void)
+{
+	return free_port();
+}

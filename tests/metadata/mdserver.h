@@ -52,4 +52,7 @@ void mdserver_free(struct mdserver *s);
 /* The program for te-metadata-server: $TE_METADATA_SERVER, else under $TE_BUILD_ROOT/tools. */
 char *mdserver_http_program(void);
 
+/* A loopback TCP port where nothing listens (bound, then closed). */
+unsigned mdserver_dead_port(void);
+
 #endif /* TE_TESTS_METADATA_MDSERVER_H */

@@ -39,6 +39,11 @@
 #include <te/te_plugin.h>
 #include <te/te_plugin_opts.h>
 
+/* The project version, passed by the build; 0.0.0 when built outside meson. */
+#ifndef TE_PLUGIN_VERSION
+#define TE_PLUGIN_VERSION "0.0.0"
+#endif
+
 #define FAKEGPU_NAME "fakegpu"
 #define FAKEGPU_MAX_ALLOCS 1024u
 
@@ -138,8 +143,6 @@ static void fakegpu_fini(struct te_plugin_inst *inst)
 {
 	struct fakegpu_inst *fi = fakegpu_of(inst);
 
-	if (!fi)
-		return;
 	for (uint32_t i = 0; i < fi->n_allocs; i++)
 		fakegpu_release(&fi->allocs[i]);
 	pthread_mutex_destroy(&fi->lock);
@@ -420,7 +423,7 @@ static const struct te_plugin_desc fakegpu_desc = {
 	.abi_major = TE_PLUGIN_ABI_MAJOR,
 	.abi_minor = TE_PLUGIN_ABI_MINOR,
 	.name = FAKEGPU_NAME,
-	.version = "1.0",
+	.version = TE_PLUGIN_VERSION,
 	.description = "test plugin: owns a fake GPU memory kind, moves no data",
 	.ops = &fakegpu_ops,
 };

@@ -41,6 +41,12 @@
 
 #include <te/te_plugin.h>
 #include <te/te_plugin_opts.h>
+#include <te/te_plugin_util.h>
+
+/* The project version, passed by the build; 0.0.0 when built outside meson. */
+#ifndef TE_PLUGIN_VERSION
+#define TE_PLUGIN_VERSION "0.0.0"
+#endif
 
 #ifndef LOOPBACK_NAME
 #define LOOPBACK_NAME "loopback"
@@ -84,14 +90,6 @@
 
 #define LOOPBACK_ACCESS_ALL (TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)
 
-/* One registered region as the serving side sees it; kept sorted by start, disjoint. */
-struct loopback_region {
-	uint64_t start;
-	uint64_t end; /* exclusive */
-	uint32_t access;
-	struct loopback_mem *mem;
-};
-
 /*
  * The serving half of an instance: what peers need to execute against it.
  * Shared by the owning instance and every peer handle that targets it;
@@ -100,10 +98,8 @@ struct loopback_region {
 struct loopback_endpoint {
 	/* Readers: slices copying to/from this instance's memory. Writer: reg, dereg, fini. */
 	pthread_rwlock_t lock;
-	bool gone; /* owner finished; under lock */
-	struct loopback_region *regions;
-	uint32_t n_regions;
-	uint32_t cap_regions;
+	bool gone;			  /* owner finished; under lock */
+	struct te_plugin_regions regions; /* handles: struct loopback_mem */
 	atomic_uint refs;
 	uint64_t token;
 	struct loopback_endpoint *next; /* registry list; under loopback_registry_lock */
@@ -233,36 +229,6 @@ static uint64_t loopback_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void loopback_put_u32(uint8_t *p, uint32_t v)
-{
-	for (unsigned i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void loopback_put_u64(uint8_t *p, uint64_t v)
-{
-	for (unsigned i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t loopback_get_u32(const uint8_t *p)
-{
-	uint32_t v = 0;
-
-	for (unsigned i = 0; i < 4; i++)
-		v |= (uint32_t)p[i] << (8 * i);
-	return v;
-}
-
-static uint64_t loopback_get_u64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (unsigned i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
 /*
  * The host prefixes every line with the plugin name. A failing op logs its reason at WARN:
  * ops have no detail out-parameter, and the core quotes the last WARN/ERROR line in the
@@ -278,7 +244,7 @@ static void loopback_endpoint_put(struct loopback_endpoint *ep)
 	if (atomic_fetch_sub_explicit(&ep->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	pthread_rwlock_destroy(&ep->lock);
-	free(ep->regions);
+	te_plugin_regions_free(&ep->regions);
 	free(ep);
 }
 
@@ -357,22 +323,6 @@ static struct loopback_endpoint *loopback_registry_get(uint64_t nonce, uint64_t 
 	}
 	pthread_mutex_unlock(&loopback_registry_lock);
 	return found;
-}
-
-/* Index of the first region whose end is above @addr (n_regions if none). Under ep->lock. */
-static uint32_t loopback_region_search(const struct loopback_endpoint *ep, uint64_t addr)
-{
-	uint32_t lo = 0, hi = ep->n_regions;
-
-	while (lo < hi) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (ep->regions[mid].end <= addr)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
 }
 
 /* --- options ---------------------------------------------------------------------------- */
@@ -508,7 +458,7 @@ static enum loopback_outcome loopback_serve(const struct loopback_endpoint *ep,
 {
 	uint32_t need = s->opcode == TE_PLUGIN_OP_READ ? TE_PLUGIN_ACCESS_REMOTE_READ
 						       : TE_PLUGIN_ACCESS_REMOTE_WRITE;
-	const struct loopback_region *r;
+	const struct te_plugin_region *r;
 	uint64_t end;
 
 	if (ep->gone)
@@ -516,17 +466,17 @@ static enum loopback_outcome loopback_serve(const struct loopback_endpoint *ep,
 	if (s->remote > UINT64_MAX - s->length)
 		return LOOPBACK_NO_REGION;
 	end = s->remote + s->length;
-	if (*hint < ep->n_regions && ep->regions[*hint].start <= s->remote &&
-	    end <= ep->regions[*hint].end) {
-		r = &ep->regions[*hint];
+	if (*hint < ep->regions.n && ep->regions.v[*hint].start <= s->remote &&
+	    end <= ep->regions.v[*hint].end) {
+		r = &ep->regions.v[*hint];
 	} else {
-		uint32_t i = loopback_region_search(ep, s->remote);
+		uint32_t i = te_plugin_regions_search(&ep->regions, s->remote);
 
-		if (i == ep->n_regions || ep->regions[i].start > s->remote ||
-		    end > ep->regions[i].end)
+		if (i == ep->regions.n || ep->regions.v[i].start > s->remote ||
+		    end > ep->regions.v[i].end)
 			return LOOPBACK_NO_REGION;
 		*hint = i;
-		r = &ep->regions[i];
+		r = &ep->regions.v[i];
 	}
 	if (!(r->access & need))
 		return LOOPBACK_NO_ACCESS;
@@ -889,10 +839,10 @@ static void loopback_destroy(struct loopback_inst *li)
 		/* The write lock waits for peers' copies in progress; later ones see gone. */
 		pthread_rwlock_wrlock(&li->ep->lock);
 		li->ep->gone = true;
-		mems = li->ep->n_regions;
-		for (uint32_t i = 0; i < li->ep->n_regions; i++)
-			free(li->ep->regions[i].mem);
-		li->ep->n_regions = 0;
+		mems = li->ep->regions.n;
+		for (uint32_t i = 0; i < li->ep->regions.n; i++)
+			free(li->ep->regions.v[i].mem);
+		li->ep->regions.n = 0;
 		pthread_rwlock_unlock(&li->ep->lock);
 		/* Handles the core never released: a leak there, not here (regions are freed). */
 		if (peers || rkeys)
@@ -942,8 +892,8 @@ static enum te_status loopback_init(const struct te_plugin_host *host,
 	uint32_t cap = 1;
 	enum te_status st;
 
-	if (!host || !inst_out || !TE_PLUGIN_HAS(host, struct te_plugin_host, local_name) ||
-	    !host->log || !host->slice_done || !host->config_get || !host->publish)
+	if (!host || !inst_out || !host->log || !host->slice_done || !host->config_get ||
+	    !host->publish)
 		return TE_ERR_INVALID_ARG;
 #ifdef LOOPBACK_FAULT_INIT_FAIL
 	host->log(ctx, TE_PLUGIN_LOG_ERROR, "no device (injected)");
@@ -976,11 +926,11 @@ static enum te_status loopback_init(const struct te_plugin_host *host,
 		goto err_destroy;
 	loopback_registry_add(li->ep);
 
-	loopback_put_u32(blob, LOOPBACK_PEER_MAGIC);
-	loopback_put_u32(blob + 4, 1);
-	loopback_put_u64(blob + 8, (uint64_t)getpid());
-	loopback_put_u64(blob + 16, loopback_nonce);
-	loopback_put_u64(blob + 24, li->ep->token);
+	te_plugin_put_u32(blob, LOOPBACK_PEER_MAGIC);
+	te_plugin_put_u32(blob + 4, 1);
+	te_plugin_put_u64(blob + 8, (uint64_t)getpid());
+	te_plugin_put_u64(blob + 16, loopback_nonce);
+	te_plugin_put_u64(blob + 24, li->ep->token);
 	st = host->publish(ctx, blob, sizeof(blob));
 	if (st != TE_OK) {
 		loopback_log(li, TE_PLUGIN_LOG_ERROR, "publish failed (%d)", st);
@@ -1012,35 +962,24 @@ err_destroy:
 
 static void loopback_fini(struct te_plugin_inst *inst)
 {
-	if (inst)
-		loopback_destroy(loopback_inst_of(inst));
+	loopback_destroy(loopback_inst_of(inst));
 }
 
 static enum te_status loopback_query_caps(struct te_plugin_inst *inst, struct te_plugin_caps *caps)
 {
 	struct loopback_inst *li = loopback_inst_of(inst);
 
-	if (!li || !caps)
+	if (!caps)
 		return TE_ERR_INVALID_ARG;
-	/* Fill only what the core's struct has room for; it may predate later members. */
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, mem_types))
-		caps->mem_types = TE_PLUGIN_MEM_CPU;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, ops))
-		caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, progress))
-		caps->progress = li->progress;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, thread_level))
-		caps->thread_level = TE_PLUGIN_THREAD_MULTI;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, flags))
-		caps->flags = TE_PLUGIN_CAP_SAME_PROCESS_ONLY;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_slice_size))
-		caps->max_slice_size = li->max_slice_size;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, default_slice_size))
-		caps->default_slice_size = li->slice_size;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, slice_priv_size))
-		caps->slice_priv_size = 0;
-	if (TE_PLUGIN_HAS(caps, struct te_plugin_caps, max_devices))
-		caps->max_devices = 1;
+	caps->mem_types = TE_PLUGIN_MEM_CPU;
+	caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
+	caps->progress = li->progress;
+	caps->thread_level = TE_PLUGIN_THREAD_MULTI;
+	caps->flags = TE_PLUGIN_CAP_SAME_PROCESS_ONLY;
+	caps->max_slice_size = li->max_slice_size;
+	caps->default_slice_size = li->slice_size;
+	caps->slice_priv_size = 0;
+	caps->max_devices = 1;
 	return TE_OK;
 }
 
@@ -1048,24 +987,13 @@ static enum te_status loopback_query_devices(struct te_plugin_inst *inst,
 					     struct te_plugin_device *devices, uint32_t max,
 					     uint32_t *n_out)
 {
-	struct te_plugin_device *d = devices;
-
-	if (!inst || !n_out || (max && !devices))
+	if (!n_out || (max && !devices))
 		return TE_ERR_INVALID_ARG;
 	if (max == 0) {
 		*n_out = 0;
 		return TE_OK;
 	}
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, name))
-		snprintf(d->name, sizeof(d->name), "lo0");
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, numa_node))
-		d->numa_node = -1;
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, pci))
-		d->pci[0] = '\0';
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, link_speed_mbps))
-		d->link_speed_mbps = 0;
-	if (TE_PLUGIN_HAS(d, struct te_plugin_device, mem_types))
-		d->mem_types = TE_PLUGIN_MEM_CPU;
+	te_plugin_device_set(devices, "lo0", -1, NULL, 0, TE_PLUGIN_MEM_CPU);
 	*n_out = 1;
 	return TE_OK;
 }
@@ -1080,10 +1008,10 @@ static enum te_status loopback_reg_mem(struct te_plugin_inst *inst, void *addr, 
 	struct loopback_endpoint *ep;
 	uint64_t start = (uint64_t)(uintptr_t)addr;
 	struct loopback_mem *m;
-	uint32_t i;
+	enum te_status st;
 
 	(void)dev; /* CPU memory only: no device to pin */
-	if (!li || !addr || length == 0 || !mem_out || (access & ~LOOPBACK_ACCESS_ALL))
+	if (!addr || length == 0 || !mem_out || (access & ~LOOPBACK_ACCESS_ALL))
 		return TE_ERR_INVALID_ARG;
 	if (mem_type != TE_PLUGIN_MEM_CPU)
 		return TE_ERR_MEMORY_TYPE;
@@ -1098,33 +1026,16 @@ static enum te_status loopback_reg_mem(struct te_plugin_inst *inst, void *addr, 
 
 	ep = li->ep;
 	pthread_rwlock_wrlock(&ep->lock);
-	/* Disjoint regions keep "inside one region" a single binary search. */
-	i = loopback_region_search(ep, start);
-	if (i < ep->n_regions && ep->regions[i].start < start + length) {
-		pthread_rwlock_unlock(&ep->lock);
-		free(m);
-		loopback_log(li, TE_PLUGIN_LOG_WARN,
-			     "[%p,+%" PRIu64 ") overlaps a registered region", addr, length);
-		return TE_ERR_ADDRESS_OVERLAPPED;
-	}
-	if (ep->n_regions == ep->cap_regions) {
-		uint32_t ncap = ep->cap_regions ? ep->cap_regions * 2 : 16;
-		struct loopback_region *nr = realloc(ep->regions, ncap * sizeof(*nr));
-
-		if (!nr) {
-			pthread_rwlock_unlock(&ep->lock);
-			free(m);
-			return TE_ERR_NOMEM;
-		}
-		ep->regions = nr;
-		ep->cap_regions = ncap;
-	}
-	memmove(&ep->regions[i + 1], &ep->regions[i], (ep->n_regions - i) * sizeof(*ep->regions));
-	ep->regions[i] = (struct loopback_region){
-		.start = start, .end = start + length, .access = access, .mem = m
-	};
-	ep->n_regions++;
+	st = te_plugin_regions_add(&ep->regions, start, length, access, m);
 	pthread_rwlock_unlock(&ep->lock);
+	if (st != TE_OK) {
+		free(m);
+		if (st == TE_ERR_ADDRESS_OVERLAPPED)
+			loopback_log(li, TE_PLUGIN_LOG_WARN,
+				     "[%p,+%" PRIu64 ") overlaps a registered region", addr,
+				     length);
+		return st;
+	}
 	*mem_out = (struct te_plugin_mem *)m;
 	return TE_OK;
 }
@@ -1134,25 +1045,20 @@ static enum te_status loopback_dereg_mem(struct te_plugin_inst *inst, struct te_
 	struct loopback_inst *li = loopback_inst_of(inst);
 	struct loopback_mem *m = (struct loopback_mem *)mem;
 	struct loopback_endpoint *ep;
-	uint32_t i;
+	enum te_status st;
 
-	if (!li || !m)
+	if (!m)
 		return TE_ERR_INVALID_ARG;
 	ep = li->ep;
 	/* The write lock also waits out peers' copies into this region. */
 	pthread_rwlock_wrlock(&ep->lock);
 	/* Found by identity, never dereferenced first: a stale handle is an error, not a crash. */
-	for (i = 0; i < ep->n_regions && ep->regions[i].mem != m; i++)
-		;
-	if (i == ep->n_regions) {
-		pthread_rwlock_unlock(&ep->lock);
-		loopback_log(li, TE_PLUGIN_LOG_WARN, "dereg_mem of an unknown handle");
-		return TE_ERR_INVALID_HANDLE;
-	}
-	memmove(&ep->regions[i], &ep->regions[i + 1],
-		(ep->n_regions - i - 1) * sizeof(*ep->regions));
-	ep->n_regions--;
+	st = te_plugin_regions_remove(&ep->regions, m);
 	pthread_rwlock_unlock(&ep->lock);
+	if (st != TE_OK) {
+		loopback_log(li, TE_PLUGIN_LOG_WARN, "dereg_mem of an unknown handle");
+		return st;
+	}
 	free(m);
 	return TE_OK;
 }
@@ -1163,14 +1069,14 @@ static enum te_status loopback_pack_key(struct te_plugin_inst *inst, struct te_p
 	const struct loopback_mem *m = (const struct loopback_mem *)mem;
 	uint8_t *p = buf;
 
-	if (!inst || !m || !len_out || (cap && !buf))
+	if (!m || !len_out || (cap && !buf))
 		return TE_ERR_INVALID_ARG;
 	if (cap < LOOPBACK_KEY_BLOB_LEN)
 		return TE_ERR_TOO_LARGE;
-	loopback_put_u32(p, LOOPBACK_KEY_MAGIC);
-	loopback_put_u32(p + 4, m->access);
-	loopback_put_u64(p + 8, m->addr);
-	loopback_put_u64(p + 16, m->length);
+	te_plugin_put_u32(p, LOOPBACK_KEY_MAGIC);
+	te_plugin_put_u32(p + 4, m->access);
+	te_plugin_put_u64(p + 8, m->addr);
+	te_plugin_put_u64(p + 16, m->length);
 	*len_out = LOOPBACK_KEY_BLOB_LEN;
 	return TE_OK;
 }
@@ -1185,17 +1091,17 @@ static enum te_status loopback_load_peer(struct te_plugin_inst *inst, const char
 	struct loopback_peer *peer;
 	uint64_t pid, nonce, token;
 
-	if (!li || !peer_name || !peer_out || (len && !blob))
+	if (!peer_name || !peer_out || (len && !blob))
 		return TE_ERR_INVALID_ARG;
-	if (len != LOOPBACK_PEER_BLOB_LEN || loopback_get_u32(p) != LOOPBACK_PEER_MAGIC ||
-	    loopback_get_u32(p + 4) != 1) {
+	if (len != LOOPBACK_PEER_BLOB_LEN || te_plugin_get_u32(p) != LOOPBACK_PEER_MAGIC ||
+	    te_plugin_get_u32(p + 4) != 1) {
 		loopback_log(li, TE_PLUGIN_LOG_WARN,
 			     "peer %s: malformed transport blob (%zu bytes)", peer_name, len);
 		return TE_ERR_METADATA_MALFORMED;
 	}
-	pid = loopback_get_u64(p + 8);
-	nonce = loopback_get_u64(p + 16);
-	token = loopback_get_u64(p + 24);
+	pid = te_plugin_get_u64(p + 8);
+	nonce = te_plugin_get_u64(p + 16);
+	token = te_plugin_get_u64(p + 24);
 	if (pid != (uint64_t)getpid()) {
 		loopback_log(li, TE_PLUGIN_LOG_WARN,
 			     "peer pid %" PRIu64 " is another process (peer %s)", pid, peer_name);
@@ -1226,7 +1132,7 @@ static void loopback_unload_peer(struct te_plugin_inst *inst, struct te_plugin_p
 {
 	struct loopback_peer *p = loopback_peer_of(peer);
 
-	if (!inst || !p)
+	if (!p)
 		return;
 	atomic_fetch_sub_explicit(&loopback_inst_of(inst)->live_peers, 1, memory_order_relaxed);
 	loopback_endpoint_put(p->ep);
@@ -1245,13 +1151,13 @@ static enum te_status loopback_unpack_remote_key(struct te_plugin_inst *inst,
 	uint64_t kaddr, klen;
 	uint32_t access;
 
-	if (!li || !peer || !rkey_out || (len && !blob))
+	if (!peer || !rkey_out || (len && !blob))
 		return TE_ERR_INVALID_ARG;
-	if (len != LOOPBACK_KEY_BLOB_LEN || loopback_get_u32(p) != LOOPBACK_KEY_MAGIC)
+	if (len != LOOPBACK_KEY_BLOB_LEN || te_plugin_get_u32(p) != LOOPBACK_KEY_MAGIC)
 		goto err_malformed;
-	access = loopback_get_u32(p + 4);
-	kaddr = loopback_get_u64(p + 8);
-	klen = loopback_get_u64(p + 16);
+	access = te_plugin_get_u32(p + 4);
+	kaddr = te_plugin_get_u64(p + 8);
+	klen = te_plugin_get_u64(p + 16);
 	/* The key must describe exactly the buffer the descriptor lists it under. */
 	if ((access & ~LOOPBACK_ACCESS_ALL) || klen == 0 || kaddr > UINT64_MAX - klen ||
 	    kaddr != addr || klen != length)
@@ -1275,7 +1181,7 @@ err_malformed:
 
 static void loopback_release_remote_key(struct te_plugin_inst *inst, struct te_plugin_rkey *rkey)
 {
-	if (!inst || !rkey)
+	if (!rkey)
 		return;
 	atomic_fetch_sub_explicit(&loopback_inst_of(inst)->live_rkeys, 1, memory_order_relaxed);
 	free(rkey);
@@ -1290,7 +1196,7 @@ static LOOPBACK_UNUSED enum te_status loopback_submit(struct te_plugin_inst *ins
 	struct loopback_inst *li = loopback_inst_of(inst);
 	uint32_t count, tail, k;
 
-	if (!li || !accepted_out || (n && !slices))
+	if (!accepted_out || (n && !slices))
 		return TE_ERR_INVALID_ARG;
 	pthread_mutex_lock(&li->qlock);
 	if (atomic_load_explicit(&li->stop, memory_order_relaxed)) {
@@ -1317,7 +1223,7 @@ static uint32_t loopback_progress(struct te_plugin_inst *inst, uint32_t budget)
 	uint32_t done = 0;
 
 	/* never_complete and late_cancel: slices wait for cancel or fini. */
-	if (!li || li->progress != TE_PLUGIN_PROGRESS_MANUAL || LOOPBACK_NEVER_RUNS)
+	if (li->progress != TE_PLUGIN_PROGRESS_MANUAL || LOOPBACK_NEVER_RUNS)
 		return 0;
 	while (done < budget) {
 		struct te_plugin_slice *batch[LOOPBACK_BATCH];
@@ -1343,7 +1249,7 @@ static enum te_status loopback_cancel(struct te_plugin_inst *inst, struct te_plu
 	struct loopback_inst *li = loopback_inst_of(inst);
 	bool queued;
 
-	if (!li || !slice)
+	if (!slice)
 		return TE_ERR_INVALID_ARG;
 	pthread_mutex_lock(&li->qlock);
 	queued = loopback_unqueue_locked(li, slice);
@@ -1363,7 +1269,7 @@ static enum te_status loopback_cancel(struct te_plugin_inst *inst, struct te_plu
 static enum te_status loopback_retry_prepare(struct te_plugin_inst *inst,
 					     struct te_plugin_slice *slice)
 {
-	if (!inst || !slice)
+	if (!slice)
 		return TE_ERR_INVALID_ARG;
 	/* One device, one path: a retry goes the same way. */
 	slice->device = 0;
@@ -1396,7 +1302,7 @@ static const struct te_plugin_desc loopback_desc = {
 	.abi_major = LOOPBACK_DESC_ABI_MAJOR,
 	.abi_minor = LOOPBACK_DESC_ABI_MINOR,
 	.name = LOOPBACK_NAME,
-	.version = "1.0",
+	.version = TE_PLUGIN_VERSION,
 	.description = "in-process test transport (" LOOPBACK_NAME ")",
 	.ops = &loopback_ops,
 };

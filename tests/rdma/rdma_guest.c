@@ -814,7 +814,7 @@ int main(int argc, char **argv)
 		{ "deadline-ms", 0, 0, G_OPTION_ARG_INT, &deadline_ms, "kill: transfer.timeout_ms",
 		  "MS" },
 		{ "verbose", 'v', 0, G_OPTION_ARG_NONE, &verbose, "Debug log", NULL },
-		{ NULL },
+		{ NULL, 0, 0, G_OPTION_ARG_NONE, NULL, NULL, NULL },
 	};
 	g_autoptr(GOptionContext) oc = g_option_context_new("- te rdma checks in the guest");
 	g_autoptr(GError) err = NULL;

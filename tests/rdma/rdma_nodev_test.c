@@ -26,9 +26,9 @@ static void test_required(void)
 	g_autofree char *yaml = itest_yaml("N", &t, 1, NULL);
 	struct te_engine *e = NULL;
 
-	itest_assert_status(te_engine_new_from_string(yaml, strlen(yaml), &e), TE_ERR_PLUGIN_INIT);
+	assert_status(te_engine_new_from_string(yaml, strlen(yaml), &e), TE_ERR_PLUGIN_INIT);
 	g_assert_null(e);
-	itest_assert_contains(te_last_error(), "no RDMA device found");
+	assert_contains(te_last_error(), "no RDMA device found");
 }
 
 /* Optional: skipped; the engine starts on the transports that did install. */
@@ -43,8 +43,8 @@ static void test_optional(void)
 	char *json = NULL;
 	size_t len = 0;
 
-	itest_ok(te_engine_new_from_string(yaml, strlen(yaml), &e));
-	itest_ok(te_segment_export(e, &json, &len));
+	assert_ok(te_engine_new_from_string(yaml, strlen(yaml), &e));
+	assert_ok(te_segment_export(e, &json, &len));
 	g_assert_null(strstr(json, "\"rdma\""));
 	g_assert_nonnull(strstr(json, "\"tcp\""));
 	te_free(json);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* rdma_unit_test.c: the rdma plugin's retry, failover and status paths over a software fabric. */
 #include "itest.h"
+#include "logcap.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -14,34 +15,6 @@
 
 /* The test build of rdma.so (over fakeverbs), next to this executable. */
 static char plugin_path[PATH_MAX];
-
-/* Log lines of both engines, for checks on what the plugin reported. */
-struct logcap {
-	GMutex lock;
-	GString *text;
-};
-
-static void logcap_fn(void *user, enum te_log_level level, const char *msg)
-{
-	struct logcap *lc = user;
-
-	(void)level;
-	g_mutex_lock(&lc->lock);
-	g_string_append_printf(lc->text, "%s\n", msg);
-	g_mutex_unlock(&lc->lock);
-	if (g_getenv("RDMA_TEST_VERBOSE"))
-		g_printerr("%s\n", msg);
-}
-
-static bool logcap_has(struct logcap *lc, const char *needle)
-{
-	bool hit;
-
-	g_mutex_lock(&lc->lock);
-	hit = strstr(lc->text->str, needle) != NULL;
-	g_mutex_unlock(&lc->lock);
-	return hit;
-}
 
 /* Two engines (A initiator, B target) with rdma over the fake fabric, and a buffer each. */
 struct fx {
@@ -95,16 +68,15 @@ static void fx_new_named(struct fx *f, const char *a_name, const char *a_opts, c
 	size_t jlen = 0;
 
 	memset(f, 0, sizeof(*f));
-	g_mutex_init(&f->log.lock);
-	f->log.text = g_string_new(NULL);
+	logcap_init(&f->log);
 	f->a = engine_new(a_name, a_opts, transfer ? transfer : "timeout_ms: 20000", &f->log);
 	f->b = engine_new(b_name, b_opts, transfer ? transfer : "timeout_ms: 20000", &f->log);
 	itest_buf_new(&f->la, len, 4096, 11);
 	itest_buf_new(&f->rb, len, 4096, 22);
 	itest_buf_register(&f->la, f->a, TE_MEM_LOCAL);
 	itest_buf_register(&f->rb, f->b, TE_MEM_REMOTE);
-	itest_ok(te_segment_export(f->b, &json, &jlen));
-	itest_ok(te_segment_import(f->a, json, jlen, &f->seg));
+	assert_ok(te_segment_export(f->b, &json, &jlen));
+	assert_ok(te_segment_import(f->a, json, jlen, &f->seg));
 	te_free(json);
 }
 
@@ -120,8 +92,7 @@ static void fx_free(struct fx *f)
 	te_engine_free(f->b);
 	itest_buf_free(&f->la);
 	itest_buf_free(&f->rb);
-	g_string_free(f->log.text, TRUE);
-	g_mutex_clear(&f->log.lock);
+	logcap_clear(&f->log);
 	fakeverbs_reset();
 }
 
@@ -142,8 +113,8 @@ static te_batch_id run(struct fx *f, const struct te_request *r, size_t n, enum 
 {
 	te_batch_id bid;
 
-	itest_ok(te_batch_new(f->a, (uint32_t)n, &bid));
-	itest_ok(te_batch_submit(f->a, bid, r, n));
+	assert_ok(te_batch_new(f->a, (uint32_t)n, &bid));
+	assert_ok(te_batch_submit(f->a, bid, r, n));
 	*st = itest_wait(f->a, bid);
 	return bid;
 }
@@ -162,7 +133,7 @@ static void run_ok(struct fx *f, const struct te_request *r, size_t n)
 					te_status_str(ti.status), ti.detail);
 		}
 	}
-	itest_ok(te_batch_free(f->a, bid));
+	assert_ok(te_batch_free(f->a, bid));
 }
 
 /* WRITE n blocks of @len at staggered offsets, then READ them back elsewhere; verify both. */
@@ -307,7 +278,7 @@ static void test_gid_explicit(void)
 static void test_gid_link_local(void)
 {
 	struct fakeverbs_dev_opts o = { .n_gids = 2 };
-	struct logcap lc = { .text = g_string_new(NULL) };
+	struct logcap lc;
 	struct te_engine *e = NULL;
 	struct fx f;
 
@@ -318,12 +289,11 @@ static void test_gid_link_local(void)
 	o.gid_types[1] = IBV_GID_TYPE_ROCE_V2;
 	fakeverbs_add_device("a0", &o);
 	fakeverbs_add_device("b0", &o);
-	g_mutex_init(&lc.lock);
-	itest_assert_status(engine_try("X", "devices: a0, gid_index: 7", NULL, &lc, &e),
-			    TE_ERR_PLUGIN_INIT);
-	itest_assert_contains(te_last_error(), "no valid GID at index 7");
-	g_string_free(lc.text, TRUE);
-	g_mutex_clear(&lc.lock);
+	logcap_init(&lc);
+	assert_status(engine_try("X", "devices: a0, gid_index: 7", NULL, &lc, &e),
+		      TE_ERR_PLUGIN_INIT);
+	assert_contains(te_last_error(), "no valid GID at index 7");
+	logcap_clear(&lc);
 	fx_new(&f, "devices: a0", "devices: b0", NULL, MiB);
 	g_assert_cmpint(fakeverbs_last_sgid_index("a0"), ==, 1);
 	roundtrip(&f, 4096, 2);
@@ -421,10 +391,10 @@ static void test_wc_status(gconstpointer data)
 	ti = itest_task(f.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 	g_assert_cmpint(ti.status, ==, c->final);
-	itest_assert_contains(ti.detail, ibv_wc_status_str(c->wc));
+	assert_contains(ti.detail, ibv_wc_status_str(c->wc));
 	if (c->wc != IBV_WC_WR_FLUSH_ERR)
-		itest_assert_contains(ti.detail, "a0 -> B/b0");
-	itest_ok(te_batch_free(f.a, bid));
+		assert_contains(ti.detail, "a0 -> B/b0");
+	assert_ok(te_batch_free(f.a, bid));
 	/* Other traffic continues (the broken QP is replaced on demand). */
 	for (size_t i = 0; i < 4; i++)
 		r[i] = req(&f, TE_OP_WRITE, 8192 * (i + 1), 8192 * (i + 1), 8192);
@@ -450,7 +420,7 @@ static void test_wc_status(gconstpointer data)
 		/* Remote errors move the retry to the peer's other device, local ones do not. */
 		g_assert_cmpuint(fakeverbs_qps_created("b1"), ==, c->remote ? 2 : 0);
 	}
-	itest_ok(te_batch_free(f.a, bid));
+	assert_ok(te_batch_free(f.a, bid));
 	fx_free(&f);
 }
 
@@ -476,17 +446,17 @@ static void test_flush_in_flight(void)
 	{
 		te_batch_id bid;
 
-		itest_ok(te_batch_new(f.a, 64, &bid));
-		itest_ok(te_batch_submit(f.a, bid, r, 64));
-		itest_sleep_ms(50);
+		assert_ok(te_batch_new(f.a, 64, &bid));
+		assert_ok(te_batch_submit(f.a, bid, r, 64));
+		sleep_ms(50);
 		fakeverbs_hold(false);
-		itest_ok(itest_wait(f.a, bid));
-		itest_ok(te_batch_free(f.a, bid));
+		assert_ok(itest_wait(f.a, bid));
+		assert_ok(te_batch_free(f.a, bid));
 	}
 	g_assert_true(itest_range_is(&f.rb, 0, 64 * 65536, &f.la, 0));
 	g_assert_true(logcap_has(&f.log, "in error after"));
 	/* The broken QP is replaced once traffic needs it again (after the core's quarantine). */
-	itest_sleep_ms(150);
+	sleep_ms(150);
 	roundtrip(&f, 65536, 32);
 	g_assert_cmpuint(fakeverbs_qps_created("a0"), >, before);
 	g_assert_cmpuint(fakeverbs_qps_live("a0"), <=, 1);
@@ -507,9 +477,9 @@ static void test_remote_access_isolated(void)
 	fx_new(&f, "devices: a0, test_fault: \"oob@40\"", "devices: b0", NULL, 16 * MiB);
 	for (size_t i = 0; i < 200; i++)
 		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
-	itest_ok(te_batch_new(f.a, 200, &bid));
-	itest_ok(te_batch_submit(f.a, bid, r, 200));
-	itest_assert_status(itest_wait(f.a, bid), TE_ERR_REMOTE_ACCESS);
+	assert_ok(te_batch_new(f.a, 200, &bid));
+	assert_ok(te_batch_submit(f.a, bid, r, 200));
+	assert_status(itest_wait(f.a, bid), TE_ERR_REMOTE_ACCESS);
 	for (uint32_t i = 0; i < 200; i++) {
 		struct te_task_info ti = itest_task(f.a, bid, i);
 
@@ -519,11 +489,11 @@ static void test_remote_access_isolated(void)
 		}
 		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 		g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
-		itest_assert_contains(ti.detail, "remote access error");
+		assert_contains(ti.detail, "remote access error");
 		failed++;
 	}
 	g_assert_cmpuint(failed, ==, 1);
-	itest_ok(te_batch_free(f.a, bid));
+	assert_ok(te_batch_free(f.a, bid));
 	/* The target dropped its broken QP; traffic goes on over a new pair. */
 	itest_buf_fill(&f.rb);
 	roundtrip(&f, 65536, 32);
@@ -546,11 +516,11 @@ static void test_local_failover(void)
 	fakeverbs_fail_wr("a0", 1, IBV_WC_LOC_PROT_ERR);
 	r[0] = req(&f, TE_OP_WRITE, 0, 0, 4096);
 	bid = run(&f, r, 1, &st);
-	itest_ok(st);
+	assert_ok(st);
 	ti = itest_task(f.a, bid, 0);
 	g_assert_cmpuint(ti.retries, ==, 1);
 	g_assert_cmpstr(ti.device, ==, "a1");
-	itest_ok(te_batch_free(f.a, bid));
+	assert_ok(te_batch_free(f.a, bid));
 	fx_free(&f);
 }
 
@@ -583,13 +553,13 @@ static void test_port_events(void)
 
 		for (size_t i = 0; i < 48; i++)
 			r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
-		itest_ok(te_batch_new(f.a, 48, &bid));
-		itest_ok(te_batch_submit(f.a, bid, r, 48));
+		assert_ok(te_batch_new(f.a, 48, &bid));
+		assert_ok(te_batch_submit(f.a, bid, r, 48));
 		fakeverbs_set_port("a0", false);
-		itest_sleep_ms(100);
+		sleep_ms(100);
 		fakeverbs_hold(false);
-		itest_ok(itest_wait(f.a, bid));
-		itest_ok(te_batch_free(f.a, bid));
+		assert_ok(itest_wait(f.a, bid));
+		assert_ok(te_batch_free(f.a, bid));
 		g_assert_true(itest_range_is(&f.rb, 0, 48 * 65536, &f.la, 0));
 		g_free(r);
 	}
@@ -600,11 +570,11 @@ static void test_port_events(void)
 	g_assert_cmpuint(fakeverbs_wrs("a0"), ==, a0);
 	fakeverbs_set_port("a0", true);
 	for (int i = 0; i < 100 && !logcap_has(&f.log, "rdma: device 0 up"); i++)
-		itest_sleep_ms(20);
+		sleep_ms(20);
 	/* Its paths reconnect in the background on the next demand; striping resumes. */
 	for (int i = 0; i < 50 && fakeverbs_wrs("a0") == a0; i++) {
 		roundtrip(&f, 65536, 16);
-		itest_sleep_ms(20);
+		sleep_ms(20);
 	}
 	g_assert_cmpuint(fakeverbs_wrs("a0"), >, a0);
 	fx_free(&f);
@@ -619,7 +589,7 @@ static void test_device_fatal(void)
 	fx_new(&f, "devices: \"a0,a1\"", "devices: \"b0,b1\"", NULL, 4 * MiB);
 	fakeverbs_device_fatal("a1");
 	for (int i = 0; i < 100 && !logcap_has(&f.log, "rdma: device 1 down"); i++)
-		itest_sleep_ms(20);
+		sleep_ms(20);
 	a1 = fakeverbs_wrs("a1");
 	roundtrip(&f, 65536, 16);
 	g_assert_cmpuint(fakeverbs_wrs("a1"), ==, a1);
@@ -633,29 +603,27 @@ static void test_device_fatal(void)
  */
 static void test_remote_device_dead(void)
 {
-	struct logcap lc = { .text = g_string_new(NULL) };
 	struct itest_buf la, rb;
 	struct fx f = { 0 };
 	char *json = NULL;
 	size_t len = 0;
 
 	devices2();
-	g_mutex_init(&lc.lock);
-	f.b = engine_new("B", "devices: \"b0,b1\"", "timeout_ms: 20000", &lc);
+	logcap_init(&f.log);
+	f.b = engine_new("B", "devices: \"b0,b1\"", "timeout_ms: 20000", &f.log);
 	fakeverbs_device_fatal("b1");
-	for (int i = 0; i < 100 && !logcap_has(&lc, "rdma: device 1 down"); i++)
-		itest_sleep_ms(20);
-	f.a = engine_new("A", "devices: \"a0,a1\"", "timeout_ms: 20000", &lc);
+	for (int i = 0; i < 100 && !logcap_has(&f.log, "rdma: device 1 down"); i++)
+		sleep_ms(20);
+	f.a = engine_new("A", "devices: \"a0,a1\"", "timeout_ms: 20000", &f.log);
 	itest_buf_new(&la, 4 * MiB, 4096, 11);
 	itest_buf_new(&rb, 4 * MiB, 4096, 22);
 	itest_buf_register(&la, f.a, TE_MEM_LOCAL);
 	itest_buf_register(&rb, f.b, TE_MEM_REMOTE);
-	itest_ok(te_segment_export(f.b, &json, &len));
-	itest_ok(te_segment_import(f.a, json, len, &f.seg));
+	assert_ok(te_segment_export(f.b, &json, &len));
+	assert_ok(te_segment_import(f.a, json, len, &f.seg));
 	te_free(json);
 	f.la = la;
 	f.rb = rb;
-	f.log = lc;
 	roundtrip(&f, 65536, 16);
 	g_assert_cmpuint(fakeverbs_wrs("a0"), >, 0);
 	g_assert_cmpuint(fakeverbs_wrs("a1"), >, 0);
@@ -679,8 +647,8 @@ static void test_peer_gone(void)
 	for (size_t i = 0; i < 100; i++)
 		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
 	t0 = g_get_monotonic_time();
-	itest_ok(te_batch_new(f.a, 100, &bid));
-	itest_ok(te_batch_submit(f.a, bid, r, 100));
+	assert_ok(te_batch_new(f.a, 100, &bid));
+	assert_ok(te_batch_submit(f.a, bid, r, 100));
 	g_assert_cmpint(itest_wait(f.a, bid), !=, TE_OK);
 	g_assert_cmpint(g_get_monotonic_time() - t0, <, 10 * G_USEC_PER_SEC);
 	for (uint32_t i = 0; i < 100; i++) {
@@ -689,14 +657,14 @@ static void test_peer_gone(void)
 		g_assert_true(te_state_is_terminal(ti.state));
 		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 	}
-	itest_ok(te_batch_free(f.a, bid));
+	assert_ok(te_batch_free(f.a, bid));
 	g_free(r);
 	fx_free(&f);
 }
 
 static gpointer release_later(gpointer data)
 {
-	itest_sleep_ms(GPOINTER_TO_UINT(data));
+	sleep_ms(GPOINTER_TO_UINT(data));
 	fakeverbs_hold(false);
 	return NULL;
 }
@@ -715,16 +683,16 @@ static void test_cancel_and_shutdown(void)
 	fakeverbs_hold(true);
 	for (size_t i = 0; i < 32; i++)
 		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
-	itest_ok(te_batch_new(f.a, 32, &bid));
-	itest_ok(te_batch_submit(f.a, bid, r, 32));
-	itest_ok(te_batch_cancel(f.a, bid));
+	assert_ok(te_batch_new(f.a, 32, &bid));
+	assert_ok(te_batch_submit(f.a, bid, r, 32));
+	assert_ok(te_batch_cancel(f.a, bid));
 	fakeverbs_hold(false);
 	(void)itest_wait(f.a, bid);
-	itest_ok(te_batch_free(f.a, bid));
+	assert_ok(te_batch_free(f.a, bid));
 	/* The engine goes away with work in the fabric; it completes during the teardown. */
 	fakeverbs_hold(true);
-	itest_ok(te_batch_new(f.a, 32, &bid));
-	itest_ok(te_batch_submit(f.a, bid, r, 32));
+	assert_ok(te_batch_new(f.a, 32, &bid));
+	assert_ok(te_batch_submit(f.a, bid, r, 32));
 	th = g_thread_new("release", release_later, GUINT_TO_POINTER(300));
 	te_engine_free(f.a);
 	f.a = NULL;
@@ -765,11 +733,11 @@ static void cancel_fences_round(const char *opts, bool by_cancel)
 	flushed = fakeverbs_flushed_queued("a0");
 	fakeverbs_hold(true);
 	w = req(&f, TE_OP_WRITE, 1 * MiB, 1 * MiB, len);
-	itest_ok(te_batch_new(f.a, 1, &bid));
-	itest_ok(te_batch_submit(f.a, bid, &w, 1));
+	assert_ok(te_batch_new(f.a, 1, &bid));
+	assert_ok(te_batch_submit(f.a, bid, &w, 1));
 	if (by_cancel) {
-		itest_sleep_ms(50);
-		itest_ok(te_batch_cancel(f.a, bid));
+		sleep_ms(50);
+		assert_ok(te_batch_cancel(f.a, bid));
 	}
 	st = itest_wait(f.a, bid);
 	ti = itest_task(f.a, bid, 0);
@@ -778,14 +746,13 @@ static void cancel_fences_round(const char *opts, bool by_cancel)
 	g_assert_cmpint(st, ==, by_cancel ? TE_ERR_CANCELED : TE_ERR_TIMEOUT);
 	g_assert_cmpint(ti.state, ==, by_cancel ? TE_STATE_CANCELED : TE_STATE_TIMEOUT);
 	/* Reported from the flush that the move to the error state caused, by the plugin. */
-	itest_assert_contains(ti.detail,
-			      "Work Request Flushed Error after a cancel stopped the QP");
+	assert_contains(ti.detail, "Work Request Flushed Error after a cancel stopped the QP");
 	g_assert_null(strstr(ti.detail, "did not hand the slice back"));
 	g_assert_cmpuint(fakeverbs_qps_errored("a0"), ==, errored + 1);
 	g_assert_cmpuint(fakeverbs_flushed_queued("a0"), ==, flushed + 1);
 	g_assert_true(
 		logcap_has(&f.log, "moved to error to take back a canceled WRITE of 65536 B"));
-	itest_ok(te_batch_free(f.a, bid));
+	assert_ok(te_batch_free(f.a, bid));
 	fakeverbs_hold(false);
 	fakeverbs_settle();
 	/* The request never ran: not a byte of it reached the target. */
@@ -797,7 +764,7 @@ static void cancel_fences_round(const char *opts, bool by_cancel)
 	run_ok(&f, &w, 1);
 	g_assert_cmpuint(fakeverbs_qps_created("a0"), ==, created + 1);
 	fakeverbs_settle();
-	itest_sleep_ms(100);
+	sleep_ms(100);
 	g_assert_true(itest_range_is(&f.rb, 1 * MiB, len, &f.la, 3 * MiB));
 	fx_free(&f);
 }
@@ -826,8 +793,8 @@ static void test_shutdown_held(void)
 	fakeverbs_hold(true);
 	for (size_t i = 0; i < 32; i++)
 		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
-	itest_ok(te_batch_new(f.a, 32, &bid));
-	itest_ok(te_batch_submit(f.a, bid, r, 32));
+	assert_ok(te_batch_new(f.a, 32, &bid));
+	assert_ok(te_batch_submit(f.a, bid, r, 32));
 	te_engine_free(f.a);
 	f.a = NULL;
 	fakeverbs_hold(false);
@@ -847,9 +814,9 @@ static void test_close_frees_passive(void)
 	fx_new_named(&f, NULL, "devices: a0, qp_per_peer: 3", NULL, "devices: b0", NULL, MiB);
 	g_assert_cmpuint(fakeverbs_qps_live("b0"), ==, 3);
 	roundtrip(&f, 4096, 4);
-	itest_ok(te_segment_close(f.a, f.seg));
+	assert_ok(te_segment_close(f.a, f.seg));
 	for (int i = 0; i < 200 && fakeverbs_qps_live("b0"); i++)
-		itest_sleep_ms(10);
+		sleep_ms(10);
 	g_assert_cmpuint(fakeverbs_qps_live("b0"), ==, 0);
 	fx_free(&f);
 }
@@ -858,15 +825,14 @@ static void test_close_frees_passive(void)
 
 static void expect_init_failure(const char *options, const char *needle)
 {
-	struct logcap lc = { .text = g_string_new(NULL) };
+	struct logcap lc;
 	struct te_engine *e = NULL;
 
-	g_mutex_init(&lc.lock);
-	itest_assert_status(engine_try("X", options, NULL, &lc, &e), TE_ERR_PLUGIN_INIT);
+	logcap_init(&lc);
+	assert_status(engine_try("X", options, NULL, &lc, &e), TE_ERR_PLUGIN_INIT);
 	g_assert_null(e);
-	itest_assert_contains(te_last_error(), needle);
-	g_string_free(lc.text, TRUE);
-	g_mutex_clear(&lc.lock);
+	assert_contains(te_last_error(), needle);
+	logcap_clear(&lc);
 }
 
 static void test_no_device(void)
@@ -886,7 +852,7 @@ static void test_no_device(void)
 		g_test_skip("loopback test plugin not built");
 		return;
 	}
-	itest_ok(te_engine_new_from_string(yaml, strlen(yaml), &e));
+	assert_ok(te_engine_new_from_string(yaml, strlen(yaml), &e));
 	te_engine_free(e);
 }
 
@@ -917,26 +883,25 @@ static void test_inactive_device(void)
 /* Segment import fails cleanly when QPs cannot be created. */
 static void test_create_qp_failure(void)
 {
-	struct logcap lc = { .text = g_string_new(NULL) };
+	struct logcap lc;
 	struct te_engine *a, *b;
 	char *json = NULL;
 	size_t len = 0;
 	te_segment_id seg;
 
 	devices2();
-	g_mutex_init(&lc.lock);
+	logcap_init(&lc);
 	a = engine_new("A", "devices: a0", NULL, &lc);
 	b = engine_new("B", "devices: b0", NULL, &lc);
-	itest_ok(te_segment_export(b, &json, &len));
+	assert_ok(te_segment_export(b, &json, &len));
 	fakeverbs_fail_call(FAKEVERBS_CREATE_QP, ENOMEM, 1);
-	itest_assert_status(te_segment_import(a, json, len, &seg), TE_ERR_NO_TRANSPORT);
-	itest_assert_contains(te_last_error(), "ibv_create_qp");
-	itest_ok(te_segment_import(a, json, len, &seg));
+	assert_status(te_segment_import(a, json, len, &seg), TE_ERR_NO_TRANSPORT);
+	assert_contains(te_last_error(), "ibv_create_qp");
+	assert_ok(te_segment_import(a, json, len, &seg));
 	te_free(json);
 	te_engine_free(a);
 	te_engine_free(b);
-	g_string_free(lc.text, TRUE);
-	g_mutex_clear(&lc.lock);
+	logcap_clear(&lc);
 	fakeverbs_reset();
 }
 
@@ -969,16 +934,16 @@ static void gbuf_new(struct gbuf *b, struct te_engine *e, const char *loc, size_
 	b->mirror = g_malloc(len);
 	for (size_t i = 0; i < len; i++)
 		b->mirror[i] = itest_pattern(seed, i);
-	itest_ok(te_mem_alloc(e, loc, len, &p));
+	assert_ok(te_mem_alloc(e, loc, len, &p));
 	b->p = p;
-	itest_ok(te_mem_copy(e, b->p, b->mirror, len));
+	assert_ok(te_mem_copy(e, b->p, b->mirror, len));
 }
 
 static void gbuf_check(const struct gbuf *b, const char *what)
 {
 	g_autofree uint8_t *host = g_malloc(b->len);
 
-	itest_ok(te_mem_copy(b->e, host, b->p, b->len));
+	assert_ok(te_mem_copy(b->e, host, b->p, b->len));
 	if (memcmp(host, b->mirror, b->len) == 0)
 		return;
 	for (size_t i = 0; i < b->len; i++)
@@ -991,8 +956,8 @@ static void gbuf_free(struct gbuf *b)
 {
 	if (!b->p)
 		return;
-	itest_ok(te_mem_unregister(b->e, b->p));
-	itest_ok(te_mem_free(b->e, b->p));
+	assert_ok(te_mem_unregister(b->e, b->p));
+	assert_ok(te_mem_free(b->e, b->p));
 	g_free(b->mirror);
 	memset(b, 0, sizeof(*b));
 }
@@ -1035,8 +1000,7 @@ static void gfx_engines(struct gfx *f, const char *a_gpu, const char *a_rdma, co
 			const char *b_rdma)
 {
 	memset(f, 0, sizeof(*f));
-	g_mutex_init(&f->log.lock);
-	f->log.text = g_string_new(NULL);
+	logcap_init(&f->log);
 	devices2();
 	f->a = gpu_engine("A", a_gpu, a_rdma ? a_rdma : "devices: a0", &f->log);
 	f->b = gpu_engine("B", b_gpu, b_rdma ? b_rdma : "devices: b0", &f->log);
@@ -1053,11 +1017,11 @@ static void gfx_buffers(struct gfx *f)
 	gbuf_new(&f->rb[0], f->b, "cpu", GPU_BUF, 0x41);
 	gbuf_new(&f->rb[1], f->b, "cuda:1", GPU_BUF, 0x42);
 	for (int k = 0; k < 2; k++) {
-		itest_ok(te_mem_register(f->a, f->la[k].p, GPU_BUF, f->la[k].loc, TE_MEM_LOCAL));
-		itest_ok(te_mem_register(f->b, f->rb[k].p, GPU_BUF, f->rb[k].loc, TE_MEM_REMOTE));
+		assert_ok(te_mem_register(f->a, f->la[k].p, GPU_BUF, f->la[k].loc, TE_MEM_LOCAL));
+		assert_ok(te_mem_register(f->b, f->rb[k].p, GPU_BUF, f->rb[k].loc, TE_MEM_REMOTE));
 	}
-	itest_ok(te_segment_export(f->b, &json, &jlen));
-	itest_ok(te_segment_import(f->a, json, jlen, &f->seg));
+	assert_ok(te_segment_export(f->b, &json, &jlen));
+	assert_ok(te_segment_import(f->a, json, jlen, &f->seg));
 	te_free(json);
 }
 
@@ -1069,8 +1033,7 @@ static void gfx_free(struct gfx *f)
 	}
 	te_engine_free(f->a);
 	te_engine_free(f->b);
-	g_string_free(f->log.text, TRUE);
-	g_mutex_clear(&f->log.lock);
+	logcap_clear(&f->log);
 	fakeverbs_reset();
 }
 
@@ -1088,8 +1051,8 @@ static void gpu_xfer(struct gfx *f, enum te_opcode op, struct gbuf *l, size_t lo
 	te_batch_id bid;
 	enum te_status st;
 
-	itest_ok(te_batch_new(f->a, 1, &bid));
-	itest_ok(te_batch_submit(f->a, bid, &q, 1));
+	assert_ok(te_batch_new(f->a, 1, &bid));
+	assert_ok(te_batch_submit(f->a, bid, &q, 1));
 	st = itest_wait(f->a, bid);
 	ti = itest_task(f->a, bid, 0);
 	if (st != TE_OK)
@@ -1097,10 +1060,10 @@ static void gpu_xfer(struct gfx *f, enum te_opcode op, struct gbuf *l, size_t lo
 	g_assert_cmpstr(ti.transport, ==, "rdma");
 	g_assert_cmpuint(ti.bytes, ==, len);
 	if (staged)
-		itest_assert_contains(ti.device, "(staged)");
+		assert_contains(ti.device, "(staged)");
 	else if (strstr(ti.device, "(staged)"))
 		g_error("%s: staged (device \"%s\"), expected GPUDirect", what, ti.device);
-	itest_ok(te_batch_free(f->a, bid));
+	assert_ok(te_batch_free(f->a, bid));
 	if (op == TE_OP_WRITE)
 		memcpy(r->mirror + roff, l->mirror + loff, len);
 	else
@@ -1153,15 +1116,15 @@ static void gpu_batch_1000(struct gfx *f, int rk, bool staged)
 			else
 				memcpy(r->mirror + roff, l->mirror + loff, LEN);
 		}
-		itest_ok(te_batch_new(f->a, N, &bid));
-		itest_ok(te_batch_submit(f->a, bid, q, N));
+		assert_ok(te_batch_new(f->a, N, &bid));
+		assert_ok(te_batch_submit(f->a, bid, q, N));
 		g_assert_cmpint(itest_wait(f->a, bid), ==, TE_OK);
 		bi = itest_batch(f->a, bid);
 		g_assert_cmpuint(bi.completed, ==, N);
 		ti = itest_task(f->a, bid, N - 1);
 		g_assert_cmpstr(ti.transport, ==, "rdma");
 		g_assert_true((strstr(ti.device, "(staged)") != NULL) == staged);
-		itest_ok(te_batch_free(f->a, bid));
+		assert_ok(te_batch_free(f->a, bid));
 		gbuf_check(l, "batch of 1000");
 		gbuf_check(r, "batch of 1000");
 	}
@@ -1233,14 +1196,14 @@ static void test_gpu_staged(void)
 	gpu_pair(&f, 1, 0, true);
 	q = (struct te_request){ TE_OP_WRITE, f.seg, f.la[0].p, (uint64_t)(uintptr_t)f.rb[1].p,
 				 4096 };
-	itest_ok(te_batch_new(f.a, 1, &bid));
-	itest_assert_status(te_batch_submit(f.a, bid, &q, 1), TE_ERR_NO_TRANSPORT);
-	itest_assert_contains(te_last_error(), "rdma: remote buffer has no key for it");
+	assert_ok(te_batch_new(f.a, 1, &bid));
+	assert_status(te_batch_submit(f.a, bid, &q, 1), TE_ERR_NO_TRANSPORT);
+	assert_contains(te_last_error(), "rdma: remote buffer has no key for it");
 	ti = itest_task(f.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
 	g_assert_cmpint(ti.status, ==, TE_ERR_NO_TRANSPORT);
-	itest_assert_contains(ti.detail, "no key");
-	itest_ok(te_batch_free(f.a, bid));
+	assert_contains(ti.detail, "no key");
+	assert_ok(te_batch_free(f.a, bid));
 	gbuf_check(&f.rb[1], "after the refused request");
 	gpu_batch_1000(&f, 0, true);
 	gfx_free(&f);
@@ -1275,14 +1238,14 @@ static void test_gpu_dmabuf_faults(void)
 	gbuf_new(&f.la[1], f.a, "cuda:0", GPU_BUF, 0x32);
 	gbuf_new(&f.rb[0], f.b, "cpu", GPU_BUF, 0x41);
 	fakeverbs_fail_call(FAKEVERBS_REG_DMABUF_MR, EOPNOTSUPP, 1);
-	itest_ok(te_mem_register(f.a, f.la[1].p, GPU_BUF, "cuda:0", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(f.a, f.la[1].p, GPU_BUF, "cuda:0", TE_MEM_LOCAL));
 	g_assert_true(logcap_has(&f.log, "does not take this dmabuf (no GPUDirect RDMA); the "
 					 "core stages it"));
 	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0") + fakeverbs_dmabuf_mrs_live("a1"), ==, 0);
-	itest_ok(te_mem_register(f.a, f.la[0].p, GPU_BUF, "cpu", TE_MEM_LOCAL));
-	itest_ok(te_mem_register(f.b, f.rb[0].p, GPU_BUF, "cpu", TE_MEM_REMOTE));
-	itest_ok(te_segment_export(f.b, &json, &jlen));
-	itest_ok(te_segment_import(f.a, json, jlen, &f.seg));
+	assert_ok(te_mem_register(f.a, f.la[0].p, GPU_BUF, "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(f.b, f.rb[0].p, GPU_BUF, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_segment_export(f.b, &json, &jlen));
+	assert_ok(te_segment_import(f.a, json, jlen, &f.seg));
 	te_free(json);
 	gpu_pair(&f, 1, 0, true);
 
@@ -1290,14 +1253,14 @@ static void test_gpu_dmabuf_faults(void)
 	gbuf_new(&extra, f.a, "cuda:1", 65536, 0x61);
 	fds = open_fds();
 	fakeverbs_fail_call_after(FAKEVERBS_REG_DMABUF_MR, EPERM, 1, 1);
-	itest_assert_status(te_mem_register(f.a, extra.p, extra.len, "cuda:1", TE_MEM_LOCAL),
-			    TE_ERR_SYSTEM);
-	itest_assert_contains(te_last_error(), "a1: ibv_reg_dmabuf_mr of cuda:1 [");
-	itest_assert_contains(te_last_error(), strerror(EPERM));
+	assert_status(te_mem_register(f.a, extra.p, extra.len, "cuda:1", TE_MEM_LOCAL),
+		      TE_ERR_SYSTEM);
+	assert_contains(te_last_error(), "a1: ibv_reg_dmabuf_mr of cuda:1 [");
+	assert_contains(te_last_error(), strerror(EPERM));
 	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0") + fakeverbs_dmabuf_mrs_live("a1"), ==, 0);
 	g_assert_cmpuint(open_fds(), ==, fds);
 	/* And works once the fault is gone: on both devices. */
-	itest_ok(te_mem_register(f.a, extra.p, extra.len, "cuda:1", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(f.a, extra.p, extra.len, "cuda:1", TE_MEM_LOCAL));
 	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a0"), ==, 1);
 	g_assert_cmpuint(fakeverbs_dmabuf_mrs_live("a1"), ==, 1);
 	g_assert_cmpuint(open_fds(), ==, fds);
@@ -1315,27 +1278,27 @@ static void test_gpu_direct_option(void)
 		    "devices: b0, gpu_direct: dmabuf");
 	gbuf_new(&f.la[0], f.a, "cpu", GPU_BUF, 0x31);
 	gbuf_new(&f.la[1], f.a, "cuda:0", GPU_BUF, 0x32);
-	itest_ok(te_mem_register(f.a, f.la[1].p, GPU_BUF, "cuda:0", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(f.a, f.la[1].p, GPU_BUF, "cuda:0", TE_MEM_LOCAL));
 	g_assert_cmpuint(fakeverbs_dmabuf_mrs("a0"), ==, 0);
 	g_assert_true(logcap_has(&f.log, "staged by the core (gpu_direct: off)"));
 	/* B exports no dmabuf but insists on GPUDirect: the registration fails, saying why. */
 	gbuf_new(&g, f.b, "cuda:0", 65536, 0x51);
-	itest_assert_status(te_mem_register(f.b, g.p, g.len, "cuda:0", TE_MEM_REMOTE),
-			    TE_ERR_MEMORY_TYPE);
-	itest_assert_contains(te_last_error(), "exports no dmabuf");
-	itest_assert_contains(te_last_error(), "gpu_direct is 'dmabuf'");
-	itest_ok(te_mem_free(f.b, g.p));
+	assert_status(te_mem_register(f.b, g.p, g.len, "cuda:0", TE_MEM_REMOTE),
+		      TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "exports no dmabuf");
+	assert_contains(te_last_error(), "gpu_direct is 'dmabuf'");
+	assert_ok(te_mem_free(f.b, g.p));
 	g_free(g.mirror);
-	itest_ok(te_mem_register(f.a, f.la[0].p, GPU_BUF, "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(f.a, f.la[0].p, GPU_BUF, "cpu", TE_MEM_LOCAL));
 	/* A's cuda side is staged, although its owner would export a dmabuf. */
 	gbuf_new(&f.rb[0], f.b, "cpu", GPU_BUF, 0x41);
-	itest_ok(te_mem_register(f.b, f.rb[0].p, GPU_BUF, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(f.b, f.rb[0].p, GPU_BUF, "cpu", TE_MEM_REMOTE));
 	{
 		char *json = NULL;
 		size_t jlen = 0;
 
-		itest_ok(te_segment_export(f.b, &json, &jlen));
-		itest_ok(te_segment_import(f.a, json, jlen, &f.seg));
+		assert_ok(te_segment_export(f.b, &json, &jlen));
+		assert_ok(te_segment_import(f.a, json, jlen, &f.seg));
 		te_free(json);
 	}
 	gpu_xfer(&f, TE_OP_WRITE, &f.la[1], 5, &f.rb[0], 9, 70000, true);

@@ -31,10 +31,10 @@ static void *gpu_buf(struct te_engine *e, const char *location, size_t len, uint
 	g_autofree uint8_t *host = g_malloc(len);
 	void *p = NULL;
 
-	itest_ok(te_mem_alloc(e, location, len, &p));
+	assert_ok(te_mem_alloc(e, location, len, &p));
 	for (size_t i = 0; i < len; i++)
 		host[i] = itest_pattern(seed, i);
-	itest_ok(te_mem_copy(e, p, host, len));
+	assert_ok(te_mem_copy(e, p, host, len));
 	return p;
 }
 
@@ -43,7 +43,7 @@ static bool gpu_is(struct te_engine *e, const void *p, size_t len, uint32_t seed
 {
 	g_autofree uint8_t *host = g_malloc(len);
 
-	itest_ok(te_mem_copy(e, host, p, len));
+	assert_ok(te_mem_copy(e, host, p, len));
 	for (size_t i = 0; i < len; i++) {
 		if (host[i] != itest_pattern(seed, off + i)) {
 			g_test_message("byte %zu: 0x%02x, expected 0x%02x", i, host[i],
@@ -59,8 +59,8 @@ static enum te_status run(struct te_engine *a, const struct te_request *r, size_
 {
 	te_batch_id bid;
 
-	itest_ok(te_batch_new(a, (uint32_t)n, &bid));
-	itest_ok(te_batch_submit(a, bid, r, n));
+	assert_ok(te_batch_new(a, (uint32_t)n, &bid));
+	assert_ok(te_batch_submit(a, bid, r, n));
 	*bid_out = bid;
 	return te_batch_wait(a, bid, ITEST_WAIT_NS);
 }
@@ -92,18 +92,18 @@ static void test_sizes(gconstpointer data)
 	p.b = engine_gpu("B", NULL, NULL, NULL);
 	la = gpu_buf(p.a, c->local, span, 0x51);
 	rb = gpu_buf(p.b, c->remote, span, 0x62);
-	itest_ok(te_mem_register(p.a, la, span, c->local, TE_MEM_LOCAL));
-	itest_ok(te_mem_register(p.b, rb, span, c->remote, TE_MEM_REMOTE));
+	assert_ok(te_mem_register(p.a, la, span, c->local, TE_MEM_LOCAL));
+	assert_ok(te_mem_register(p.b, rb, span, c->remote, TE_MEM_REMOTE));
 	connect_pair(&p);
 
 	r = (struct te_request){ TE_OP_WRITE, p.seg, la + loff, (uintptr_t)rb + roff, c->len };
-	itest_ok(run(p.a, &r, 1, &bid));
+	assert_ok(run(p.a, &r, 1, &bid));
 	ti = itest_task(p.a, bid, 0);
 	g_assert_cmpstr(ti.transport, ==, "tcp");
 	if (strcmp(c->local, "cpu") != 0)
-		itest_assert_contains(ti.device, "(staged)");
+		assert_contains(ti.device, "(staged)");
 	g_assert_cmpuint(ti.bytes, ==, c->len);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(gpu_is(p.b, rb + roff, c->len, 0x51, loff));
 	/* Around it: untouched. */
 	g_assert_true(gpu_is(p.b, rb, roff, 0x62, 0));
@@ -111,15 +111,15 @@ static void test_sizes(gconstpointer data)
 
 	/* READ back into another part of A's buffer. */
 	r = (struct te_request){ TE_OP_READ, p.seg, la + 10 * MiB, (uintptr_t)rb + roff, c->len };
-	itest_ok(run(p.a, &r, 1, &bid));
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(run(p.a, &r, 1, &bid));
+	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(gpu_is(p.a, la + 10 * MiB, c->len, 0x51, loff));
 	g_assert_true(gpu_is(p.a, la + 10 * MiB + c->len, 4096, 0x51, 10 * MiB + c->len));
 
-	itest_ok(te_mem_unregister(p.a, la));
-	itest_ok(te_mem_unregister(p.b, rb));
-	itest_ok(te_mem_free(p.a, la));
-	itest_ok(te_mem_free(p.b, rb));
+	assert_ok(te_mem_unregister(p.a, la));
+	assert_ok(te_mem_unregister(p.b, rb));
+	assert_ok(te_mem_free(p.a, la));
+	assert_ok(te_mem_free(p.b, rb));
 	itest_pair_free(&p);
 }
 
@@ -140,21 +140,21 @@ static void test_batch_1000(void)
 	p.b = engine_gpu("B", NULL, NULL, NULL);
 	la = gpu_buf(p.a, "cuda:0", (size_t)N * LEN, 0x71);
 	rb = gpu_buf(p.b, "cuda:1", (size_t)N * LEN, 0x72);
-	itest_ok(te_mem_register(p.a, la, (size_t)N * LEN, "*", TE_MEM_LOCAL));
-	itest_ok(te_mem_register(p.b, rb, (size_t)N * LEN, "*", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(p.a, la, (size_t)N * LEN, "*", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(p.b, rb, (size_t)N * LEN, "*", TE_MEM_REMOTE));
 	connect_pair(&p);
 	for (int i = 0; i < N; i++)
 		r[i] = (struct te_request){ TE_OP_WRITE, p.seg, la + (size_t)i * LEN,
 					    (uintptr_t)rb + (size_t)(N - 1 - i) * LEN, LEN };
-	itest_ok(run(p.a, r, N, &bid));
-	itest_ok(te_batch_status(p.a, bid, &bi));
+	assert_ok(run(p.a, r, N, &bid));
+	assert_ok(te_batch_status(p.a, bid, &bi));
 	g_assert_cmpuint(bi.completed, ==, N);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	for (int i = 0; i < N; i++)
 		g_assert_true(
 			gpu_is(p.b, rb + (size_t)(N - 1 - i) * LEN, LEN, 0x71, (size_t)i * LEN));
-	itest_ok(te_mem_unregister(p.a, la));
-	itest_ok(te_mem_unregister(p.b, rb));
+	assert_ok(te_mem_unregister(p.a, la));
+	assert_ok(te_mem_unregister(p.b, rb));
 	itest_pair_free(&p);
 	g_free(r);
 }
@@ -171,35 +171,33 @@ static void test_locations(void)
 	d0 = gpu_buf(e, "cuda:0", MiB, 1);
 	d1 = gpu_buf(e, "cuda:1", MiB, 2);
 	/* "*" asks the owner. */
-	itest_ok(te_mem_register(e, d1, MiB, "*", TE_MEM_REMOTE));
-	itest_ok(te_segment_export(e, (char **)&json, &len));
-	itest_assert_contains(json, "\"cuda:1\"");
-	itest_ok(te_mem_unregister(e, d1));
+	assert_ok(te_mem_register(e, d1, MiB, "*", TE_MEM_REMOTE));
+	assert_ok(te_segment_export(e, (char **)&json, &len));
+	assert_contains(json, "\"cuda:1\"");
+	assert_ok(te_mem_unregister(e, d1));
 	/* A location that disagrees with the owner. */
-	itest_assert_status(te_mem_register(e, d0, MiB, "cuda:1", TE_MEM_REMOTE),
-			    TE_ERR_MEMORY_TYPE);
-	itest_assert_contains(te_last_error(), "is cuda:0 memory, not 'cuda:1'");
-	itest_assert_status(te_mem_register(e, d0, MiB, "cpu", TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
-	itest_assert_contains(te_last_error(), "is cuda:0 memory, not 'cpu'");
-	itest_assert_status(te_mem_register(e, host, sizeof(host), "cuda:0", TE_MEM_REMOTE),
-			    TE_ERR_MEMORY_TYPE);
-	itest_assert_contains(te_last_error(), "is not cuda:0 memory");
+	assert_status(te_mem_register(e, d0, MiB, "cuda:1", TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "is cuda:0 memory, not 'cuda:1'");
+	assert_status(te_mem_register(e, d0, MiB, "cpu", TE_MEM_REMOTE), TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "is cuda:0 memory, not 'cpu'");
+	assert_status(te_mem_register(e, host, sizeof(host), "cuda:0", TE_MEM_REMOTE),
+		      TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "is not cuda:0 memory");
 	/* A range that runs past its allocation. */
-	itest_assert_status(te_mem_register(e, d0 + 4096, MiB, "*", TE_MEM_REMOTE),
-			    TE_ERR_OUT_OF_RANGE);
-	itest_assert_contains(te_last_error(), "runs past its allocation");
+	assert_status(te_mem_register(e, d0 + 4096, MiB, "*", TE_MEM_REMOTE), TE_ERR_OUT_OF_RANGE);
+	assert_contains(te_last_error(), "runs past its allocation");
 	/* "*" on memory nobody has. */
-	itest_assert_status(te_mem_register(e, (void *)(uintptr_t)0x1000, 4096, "*", TE_MEM_REMOTE),
-			    TE_ERR_MEMORY_TYPE);
-	itest_assert_contains(te_last_error(), "not host memory of this process");
+	assert_status(te_mem_register(e, (void *)(uintptr_t)0x1000, 4096, "*", TE_MEM_REMOTE),
+		      TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "not host memory of this process");
 	/* A device that does not exist. */
-	itest_assert_status(te_mem_alloc(e, "cuda:7", 4096, &p), TE_ERR_NO_DEVICE);
-	itest_assert_contains(te_last_error(), "no device 7");
-	itest_assert_status(te_mem_alloc(e, "hip:0", 4096, &p), TE_ERR_MEMORY_TYPE);
-	itest_assert_contains(te_last_error(), "no loaded transport owns hip memory");
-	itest_ok(te_mem_free(e, d0));
-	itest_ok(te_mem_free(e, d1));
-	itest_assert_status(te_mem_free(e, host), TE_ERR_NOT_FOUND);
+	assert_status(te_mem_alloc(e, "cuda:7", 4096, &p), TE_ERR_NO_DEVICE);
+	assert_contains(te_last_error(), "no device 7");
+	assert_status(te_mem_alloc(e, "hip:0", 4096, &p), TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "no loaded transport owns hip memory");
+	assert_ok(te_mem_free(e, d0));
+	assert_ok(te_mem_free(e, d1));
+	assert_status(te_mem_free(e, host), TE_ERR_NOT_FOUND);
 	te_engine_free(e);
 }
 
@@ -217,20 +215,20 @@ static void test_copy_failure(void)
 	p.b = engine_gpu("B", "fail_copy_after: 1", NULL, NULL);
 	la = gpu_buf(p.a, "cuda:0", MiB, 0x11);
 	rb = gpu_buf(p.b, "cuda:0", MiB, 0x22);
-	itest_ok(te_mem_register(p.a, la, MiB, "cuda:0", TE_MEM_LOCAL));
-	itest_ok(te_mem_register(p.b, rb, MiB, "cuda:0", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(p.a, la, MiB, "cuda:0", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(p.b, rb, MiB, "cuda:0", TE_MEM_REMOTE));
 	connect_pair(&p);
 	r = (struct te_request){ TE_OP_WRITE, p.seg, la, (uintptr_t)rb, 4096 };
 	g_assert_cmpint(run(p.a, &r, 1, &bid), ==, TE_ERR_DEVICE_FAILED);
 	ti = itest_task(p.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
-	itest_assert_contains(ti.detail, "into cuda:0: the staging copy failed");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_contains(ti.detail, "into cuda:0: the staging copy failed");
+	assert_ok(te_batch_free(p.a, bid));
 	r.opcode = TE_OP_READ;
 	g_assert_cmpint(run(p.a, &r, 1, &bid), ==, TE_ERR_DEVICE_FAILED);
 	ti = itest_task(p.a, bid, 0);
-	itest_assert_contains(ti.detail, "of cuda:0: the staging copy failed");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_contains(ti.detail, "of cuda:0: the staging copy failed");
+	assert_ok(te_batch_free(p.a, bid));
 	itest_pair_free(&p);
 
 	/* A's side: the core's staging copy fails. */
@@ -238,20 +236,20 @@ static void test_copy_failure(void)
 	p.b = engine_gpu("B", NULL, NULL, NULL);
 	la = gpu_buf(p.a, "cuda:0", MiB, 0x11);
 	rb = gpu_buf(p.b, "cuda:0", MiB, 0x22);
-	itest_ok(te_mem_register(p.a, la, MiB, "cuda:0", TE_MEM_LOCAL));
-	itest_ok(te_mem_register(p.b, rb, MiB, "cuda:0", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(p.a, la, MiB, "cuda:0", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(p.b, rb, MiB, "cuda:0", TE_MEM_REMOTE));
 	connect_pair(&p);
 	r = (struct te_request){ TE_OP_WRITE, p.seg, la, (uintptr_t)rb, 4096 };
 	g_assert_cmpint(run(p.a, &r, 1, &bid), ==, TE_ERR_DEVICE_FAILED);
 	ti = itest_task(p.a, bid, 0);
-	itest_assert_contains(ti.detail, "staging: copying 4096 bytes out of cuda:0");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_contains(ti.detail, "staging: copying 4096 bytes out of cuda:0");
+	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(gpu_is(p.b, rb, MiB, 0x22, 0)); /* nothing landed */
 	r.opcode = TE_OP_READ;
 	g_assert_cmpint(run(p.a, &r, 1, &bid), ==, TE_ERR_DEVICE_FAILED);
 	ti = itest_task(p.a, bid, 0);
-	itest_assert_contains(ti.detail, "staging: copying 4096 bytes into cuda:0");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_contains(ti.detail, "staging: copying 4096 bytes into cuda:0");
+	assert_ok(te_batch_free(p.a, bid));
 	itest_pair_free(&p);
 }
 
@@ -262,10 +260,10 @@ static void test_no_owner(void)
 	uint8_t buf[4096];
 	void *p = NULL;
 
-	itest_assert_status(te_mem_register(e, buf, sizeof(buf), "cuda:0", TE_MEM_REMOTE),
-			    TE_ERR_MEMORY_TYPE);
-	itest_assert_contains(te_last_error(), "no loaded transport owns that kind");
-	itest_assert_status(te_mem_alloc(e, "cuda:0", 4096, &p), TE_ERR_MEMORY_TYPE);
+	assert_status(te_mem_register(e, buf, sizeof(buf), "cuda:0", TE_MEM_REMOTE),
+		      TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "no loaded transport owns that kind");
+	assert_status(te_mem_alloc(e, "cuda:0", 4096, &p), TE_ERR_MEMORY_TYPE);
 	te_engine_free(e);
 }
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* tcp_test.c: the tcp transport between two engines of this process, and hostile raw clients. */
 #include "itest.h"
+#include "logcap.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -51,7 +52,7 @@ static enum te_status run_batch(struct itest_pair *p, const struct te_request *r
 	te_batch_id bid;
 	enum te_status st;
 
-	itest_ok(te_batch_new(p->a, (uint32_t)n, &bid));
+	assert_ok(te_batch_new(p->a, (uint32_t)n, &bid));
 	st = te_batch_submit(p->a, bid, r, n);
 	if (st != TE_OK) {
 		*bid_out = bid;
@@ -66,26 +67,12 @@ static void run_ok(struct itest_pair *p, const struct te_request *r, size_t n)
 {
 	te_batch_id bid;
 
-	itest_ok(run_batch(p, r, n, &bid));
-	itest_ok(te_batch_free(p->a, bid));
+	assert_ok(run_batch(p, r, n, &bid));
+	assert_ok(te_batch_free(p->a, bid));
 }
 
-/* Log lines of an engine, for tests that must see no protocol trouble behind retries. */
-struct logcap {
-	GMutex lock;
-	GString *text;
-};
-
-static void logcap_fn(void *user, enum te_log_level level, const char *msg)
-{
-	struct logcap *lc = user;
-
-	(void)level;
-	g_mutex_lock(&lc->lock);
-	g_string_append_printf(lc->text, "%s\n", msg);
-	g_mutex_unlock(&lc->lock);
-}
-
+/* An engine whose log lines go to @lc, for tests that must see no protocol trouble behind
+ * retries. */
 static struct te_engine *engine_logged(const char *name, const char *options, const char *transfer,
 				       struct logcap *lc)
 {
@@ -100,14 +87,13 @@ static struct te_engine *engine_logged(const char *name, const char *options, co
 	o.log_fn = logcap_fn;
 	o.log_user = lc;
 	o.log_level = TE_LOG_INFO;
-	itest_ok(te_engine_new(&o, &e));
+	assert_ok(te_engine_new(&o, &e));
 	return e;
 }
 
 static void pair_logged(struct itest_pair *p, const char *options, struct logcap *lc)
 {
-	g_mutex_init(&lc->lock);
-	lc->text = g_string_new(NULL);
+	logcap_init(lc);
 	p->a = engine_logged("A", options, default_transfer, lc);
 	p->b = engine_logged("B", options, default_transfer, lc);
 	p->seg = (te_segment_id)-1;
@@ -116,11 +102,13 @@ static void pair_logged(struct itest_pair *p, const char *options, struct logcap
 /* Neither side ever saw a malformed frame (the stream stayed in sync). */
 static void logcap_check_free(struct logcap *lc)
 {
-	if (strstr(lc->text->str, "protocol error") || strstr(lc->text->str, "bad frame") ||
-	    strstr(lc->text->str, "unexpected"))
-		g_error("protocol trouble logged:\n%s", lc->text->str);
-	g_string_free(lc->text, TRUE);
-	g_mutex_clear(&lc->lock);
+	if (logcap_has(lc, "protocol error") || logcap_has(lc, "bad frame") ||
+	    logcap_has(lc, "unexpected")) {
+		g_autofree char *text = logcap_text(lc);
+
+		g_error("protocol trouble logged:\n%s", text);
+	}
+	logcap_clear(lc);
 }
 
 /* The endpoint engine @e publishes for tcp: port, nonce and address family. */
@@ -150,7 +138,7 @@ static struct endpoint endpoint_of(struct te_engine *e)
 	JsonObject *root, *tps;
 	const char *b64;
 
-	itest_ok(te_segment_export(e, &json, &len));
+	assert_ok(te_segment_export(e, &json, &len));
 	g_assert_true(json_parser_load_from_data(parser, json, (gssize)len, NULL));
 	te_free(json);
 	root = json_node_get_object(json_parser_get_root(parser));
@@ -615,11 +603,11 @@ static void test_ipv6(void)
 	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), MiB + 17 };
 	r[1] = (struct te_request){ TE_OP_READ, p.seg, la.data + 2 * MiB, itest_raddr(&rb, 2 * MiB),
 				    MiB - 5 };
-	itest_ok(run_batch(&p, r, 2, &bid));
+	assert_ok(run_batch(&p, r, 2, &bid));
 	ti = itest_task(p.a, bid, 0);
 	g_assert_cmpstr(ti.transport, ==, "tcp");
-	itest_assert_contains(ti.device, "[::1]");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_contains(ti.device, "[::1]");
+	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(itest_range_is(&rb, 0, MiB + 17, &la, 0));
 	g_assert_true(itest_range_is(&la, 2 * MiB, MiB - 5, &rb, 2 * MiB));
 	itest_pair_free(&p);
@@ -646,11 +634,11 @@ static void test_out_of_range_at_submit(void)
 	itest_pair_connect(&p);
 	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 8192 + GUARD - 10),
 				 100 };
-	itest_ok(te_batch_new(p.a, 1, &bid));
-	itest_assert_status(te_batch_submit(p.a, bid, &r, 1), TE_ERR_REMOTE_ACCESS);
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_status(te_batch_submit(p.a, bid, &r, 1), TE_ERR_REMOTE_ACCESS);
 	ti = itest_task(p.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
 	itest_pair_free(&p);
 	itest_buf_free(&la);
@@ -689,8 +677,8 @@ static void test_hostile_ranges(void)
 	g_assert_true(recv_reply(fd, &rep));
 	g_assert_cmpuint(rep.req_id, ==, 7);
 	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
-	itest_assert_contains(rep.detail, "is not inside a registered remote-writable buffer of");
-	itest_assert_contains(rep.detail, "B");
+	assert_contains(rep.detail, "is not inside a registered remote-writable buffer of");
+	assert_contains(rep.detail, "B");
 
 	/* A rejected WRITE larger than any internal buffer is discarded byte-exactly. */
 	{
@@ -724,7 +712,7 @@ static void test_hostile_ranges(void)
 		g_assert_true(recv_reply(fd, &rep));
 		g_assert_cmpuint(rep.req_id, ==, 9);
 		g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
-		itest_assert_contains(rep.detail, "remote-readable");
+		assert_contains(rep.detail, "remote-readable");
 	}
 
 	/* READ of unregistered memory (this stack frame) and one that wraps around. */
@@ -779,7 +767,7 @@ static void test_stale_descriptor(void)
 	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
 	itest_buf_register(&keep, p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&p);
-	itest_ok(te_mem_unregister(p.b, rb.base));
+	assert_ok(te_mem_unregister(p.b, rb.base));
 
 	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 100), 5000 };
 	r[1] = (struct te_request){ TE_OP_READ, p.seg, la.data + 8192, itest_raddr(&rb, 0), 77 };
@@ -788,12 +776,12 @@ static void test_stale_descriptor(void)
 	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 	g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
 	range = g_strdup_printf("remote range [0x%" PRIx64 ", +5000)", itest_raddr(&rb, 100));
-	itest_assert_contains(ti.detail, range);
-	itest_assert_contains(ti.detail, "is not inside a registered remote-writable buffer of B");
+	assert_contains(ti.detail, range);
+	assert_contains(ti.detail, "is not inside a registered remote-writable buffer of B");
 	ti = itest_task(p.a, bid, 1);
 	g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
-	itest_assert_contains(ti.detail, "remote-readable buffer of B");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_contains(ti.detail, "remote-readable buffer of B");
+	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
 	g_assert_true(itest_untouched_outside(&la, NULL, NULL, 0));
 	itest_pair_free(&p);
@@ -953,7 +941,7 @@ static void test_bad_stream(gconstpointer data)
 	bs->make(buf, &len, itest_raddr(&rb, 0));
 	send_rejected(bad, buf, len);
 	if (bs->stall) {
-		itest_sleep_ms(150); /* the server sits in the middle of a frame */
+		sleep_ms(150); /* the server sits in the middle of a frame */
 		shutdown(bad, SHUT_WR);
 	}
 	g_assert_true(closed_by_peer(bad));
@@ -1022,8 +1010,8 @@ static void test_peer_freed_mid_batch(void)
 		r[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, p.seg,
 					    la.data + (size_t)(i % 4) * MiB,
 					    itest_raddr(&rb, (size_t)(i % 4) * MiB), MiB };
-	itest_ok(te_batch_new(p.a, N, &bid));
-	itest_ok(te_batch_submit(p.a, bid, r, N));
+	assert_ok(te_batch_new(p.a, N, &bid));
+	assert_ok(te_batch_submit(p.a, bid, r, N));
 	te_engine_free(p.b);
 	p.b = NULL;
 	st = itest_wait(p.a, bid);
@@ -1035,15 +1023,15 @@ static void test_peer_freed_mid_batch(void)
 		    (ti.status == TE_ERR_PEER_UNREACHABLE || ti.status == TE_ERR_CONN_RESET))
 			saw_conn_failure = true;
 	}
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	/* Nothing is left dangling: a new batch to the dead peer fails too, promptly. */
 	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
 	g_assert_cmpint(run_batch(&p, r, 1, &bid), !=, TE_OK);
 	ti = itest_task(p.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 	g_assert_cmpint(ti.status, ==, TE_ERR_PEER_UNREACHABLE);
-	itest_assert_contains(ti.detail, "connect to B");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_contains(ti.detail, "connect to B");
+	assert_ok(te_batch_free(p.a, bid));
 	(void)saw_conn_failure;
 	te_engine_free(p.a);
 	itest_buf_free(&la);
@@ -1085,8 +1073,8 @@ static void test_peer_restarted(void)
 	ti = itest_task(p.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 	g_assert_cmpint(ti.status, ==, TE_ERR_PEER_RESTARTED);
-	itest_assert_contains(ti.detail, "restarted");
-	itest_ok(te_batch_free(p.a, bid));
+	assert_contains(ti.detail, "restarted");
+	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
 	te_engine_free(b2);
 	te_engine_free(p.a);
@@ -1123,18 +1111,18 @@ static void test_cancel_in_flight(void)
 			r[i] = (struct te_request){ (i + round) % 2 ? TE_OP_READ : TE_OP_WRITE,
 						    p.seg, la.data + (size_t)(i % 8) * MiB,
 						    itest_raddr(&rb, (size_t)(i % 8) * MiB), MiB };
-		itest_ok(te_batch_new(p.a, N, &bid));
-		itest_ok(te_batch_submit(p.a, bid, r, N));
+		assert_ok(te_batch_new(p.a, N, &bid));
+		assert_ok(te_batch_submit(p.a, bid, r, N));
 		if (round)
-			itest_sleep_ms((unsigned)round);
-		itest_ok(te_batch_cancel(p.a, bid));
+			sleep_ms((unsigned)round);
+		assert_ok(te_batch_cancel(p.a, bid));
 		(void)itest_wait(p.a, bid);
 		bi = itest_batch(p.a, bid);
 		g_assert_true(te_state_is_terminal(bi.state));
-		itest_ok(te_batch_free(p.a, bid));
+		assert_ok(te_batch_free(p.a, bid));
 		/* Terminal means done with the destination: it must not change any more. */
 		memcpy(snap, la.data, 8 * MiB);
-		itest_sleep_ms(20);
+		sleep_ms(20);
 		g_assert_cmpmem(la.data, 8 * MiB, snap, 8 * MiB);
 	}
 	/* Lanes are healthy afterwards (canceled responses were discarded, not misrouted). */
@@ -1175,7 +1163,7 @@ static gpointer churn_thread(gpointer data)
 		for (int i = 0; i < 8; i++)
 			r[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, c->p->seg,
 						    c->la->data, c->raddr, c->len };
-		itest_ok(te_batch_new(c->p->a, 8, &bid));
+		assert_ok(te_batch_new(c->p->a, 8, &bid));
 		st = te_batch_submit(c->p->a, bid, r, 8);
 		if (st == TE_OK)
 			st = itest_wait(c->p->a, bid);
@@ -1183,7 +1171,7 @@ static gpointer churn_thread(gpointer data)
 			c->ok++;
 		else
 			c->failed++;
-		itest_ok(te_batch_free(c->p->a, bid));
+		assert_ok(te_batch_free(c->p->a, bid));
 	}
 	return NULL;
 }
@@ -1206,15 +1194,15 @@ static void test_dereg_while_serving(void)
 	itest_buf_register(&keep, p.b, TE_MEM_REMOTE);
 	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	g_assert_true(m != MAP_FAILED);
-	itest_ok(te_mem_register(p.b, m, len, "cpu", TE_MEM_REMOTE));
+	assert_ok(te_mem_register(p.b, m, len, "cpu", TE_MEM_REMOTE));
 	itest_pair_connect(&p);
 	c = (struct churn){ .p = &p, .la = &la, .raddr = (uint64_t)(uintptr_t)m, .len = len };
 	th = g_thread_new("churn", churn_thread, &c);
 	while (atomic_load(&c.ok) + atomic_load(&c.failed) == 0)
-		itest_sleep_ms(1);
-	itest_ok(te_mem_unregister(p.b, m));
+		sleep_ms(1);
+	assert_ok(te_mem_unregister(p.b, m));
 	g_assert_cmpint(munmap(m, len), ==, 0);
-	itest_sleep_ms(50);
+	sleep_ms(50);
 	atomic_store(&c.stop, true);
 	g_thread_join(th);
 	g_assert_cmpuint(atomic_load(&c.ok) + atomic_load(&c.failed), >, 0);
@@ -1245,7 +1233,7 @@ static char *desc_redirect(struct te_engine *b, uint16_t port)
 	size_t len = 0, blen = 0;
 	JsonObject *tps;
 
-	itest_ok(te_segment_export(b, &json, &len));
+	assert_ok(te_segment_export(b, &json, &len));
 	g_assert_true(json_parser_load_from_data(parser, json, (gssize)len, NULL));
 	te_free(json);
 	tps = json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
@@ -1284,7 +1272,7 @@ static void fake_pair(struct itest_pair *p, struct fake *f, struct itest_buf *la
 	f->port = ntohs(sa.sin_port);
 	f->nonce = endpoint_of(p->b).nonce;
 	json = desc_redirect(p->b, f->port);
-	itest_ok(te_segment_import(p->a, json, strlen(json), &p->seg));
+	assert_ok(te_segment_import(p->a, json, strlen(json), &p->seg));
 }
 
 /* Accept the initiator's lane and read its HELLO (not answered yet). */
@@ -1375,8 +1363,8 @@ static void test_cancel_mid_payload(void)
 	memset(junk, 0xaa, half);
 
 	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 2 * half };
-	itest_ok(te_batch_new(p.a, 1, &bid));
-	itest_ok(te_batch_submit(p.a, bid, &r, 1));
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
 	fake_accept(&f);
 	q = fake_request(&f);
 	g_assert_cmpuint(q.op, ==, W_READ);
@@ -1385,28 +1373,28 @@ static void test_cancel_mid_payload(void)
 	send_all(f.fd, h, sizeof(h));
 	send_all(f.fd, junk, half);
 	for (int i = 0; i < 30000 && la.data[half - 1] != 0xaa; i++)
-		itest_sleep_ms(1);
+		sleep_ms(1);
 	g_assert_cmphex(la.data[half - 1], ==, 0xaa);
 
-	itest_ok(te_batch_cancel(p.a, bid));
+	assert_ok(te_batch_cancel(p.a, bid));
 	(void)itest_wait(p.a, bid);
 	ti = itest_task(p.a, bid, 0);
 	g_assert_cmpint(ti.state, ==, TE_STATE_CANCELED);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	send_all(f.fd, junk, half); /* the rest of the canceled payload */
 
 	/* A later READ on the same connection completes: the stream is still in step. */
 	r = (struct te_request){ TE_OP_READ, p.seg, la.data + 3 * half, itest_raddr(&rb, 0), 16 };
-	itest_ok(te_batch_new(p.a, 1, &bid2));
-	itest_ok(te_batch_submit(p.a, bid2, &r, 1));
+	assert_ok(te_batch_new(p.a, 1, &bid2));
+	assert_ok(te_batch_submit(p.a, bid2, &r, 1));
 	q = fake_request(&f);
 	g_assert_cmpuint(q.length, ==, 16);
 	memset(small, 0xbb, sizeof(small));
 	frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, 16);
 	send_all(f.fd, h, sizeof(h));
 	send_all(f.fd, small, sizeof(small));
-	itest_ok(itest_wait(p.a, bid2));
-	itest_ok(te_batch_free(p.a, bid2));
+	assert_ok(itest_wait(p.a, bid2));
+	assert_ok(te_batch_free(p.a, bid2));
 	g_assert_cmpmem(la.data + 3 * half, 16, small, 16);
 	{
 		size_t offs[2] = { 0, 3 * half }, lens[2] = { half, 16 };
@@ -1449,8 +1437,8 @@ static void test_bad_reply(gconstpointer data)
 					   : "timeout_ms: 60000, retries: 0");
 	memset(junk, 0x77, sizeof(junk));
 	r = (struct te_request){ TE_OP_READ, p.seg, la.data + 4096, itest_raddr(&rb, 0), 4096 };
-	itest_ok(te_batch_new(p.a, 1, &bid));
-	itest_ok(te_batch_submit(p.a, bid, &r, 1));
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
 	fake_accept(&f);
 	q = fake_request(&f);
 	switch (kind) {
@@ -1482,9 +1470,9 @@ static void test_bad_reply(gconstpointer data)
 	} else {
 		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 		g_assert_cmpint(ti.status, ==, TE_ERR_CONN_RESET);
-		itest_assert_contains(ti.detail, "protocol error from B");
+		assert_contains(ti.detail, "protocol error from B");
 	}
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	/* The initiator drops the connection (a silent one once it saw no progress). */
 	g_assert_true(closed_by_peer(f.fd));
 	g_assert_true(itest_untouched_outside(&la, NULL, NULL, 0));
@@ -1706,8 +1694,8 @@ static void test_auth_engines_mismatch(void)
 			g_assert_cmpint(run_batch(&p, &r, 1, &bid), ==, TE_ERR_AUTH);
 			ti = itest_task(p.a, bid, 0);
 			g_assert_cmpint(ti.status, ==, TE_ERR_AUTH);
-			itest_assert_contains(ti.detail, cases[i].want);
-			itest_ok(te_batch_free(p.a, bid));
+			assert_contains(ti.detail, cases[i].want);
+			assert_ok(te_batch_free(p.a, bid));
 			g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
 		}
 		itest_pair_free(&p);
@@ -1743,7 +1731,7 @@ static void test_fence_server(void)
 	send_all(f1, old, MiB / 2);
 	/* The first half lands (the server is not fenced yet). */
 	for (int i = 0; i < 30000 && rw.data[MiB / 2 - 1] != 0x0d; i++)
-		itest_sleep_ms(1);
+		sleep_ms(1);
 	g_assert_cmphex(rw.data[MiB / 2 - 1], ==, 0x0d);
 
 	id.epoch = 2;
@@ -1759,7 +1747,7 @@ static void test_fence_server(void)
 	g_assert_cmpint(rep.status, ==, 0);
 	g_assert_true(closed_by_peer(f1));
 	close(f1);
-	itest_sleep_ms(100);
+	sleep_ms(100);
 	g_assert_cmpmem(rw.data + MiB / 2, sizeof(fresh), fresh, sizeof(fresh));
 	for (size_t k = MiB / 2 + sizeof(fresh); k < MiB; k++)
 		if (rw.data[k] != itest_pattern(rw.seed, rw.guard + k))
@@ -1773,7 +1761,7 @@ static void test_fence_server(void)
 	rep = refusal_of(f3);
 	close(f3);
 	g_assert_cmpint(rep.status, ==, TE_ERR_CONN_RESET);
-	itest_assert_contains(rep.detail, "epoch 1 is older than the lane's newest (2)");
+	assert_contains(rep.detail, "epoch 1 is older than the lane's newest (2)");
 	close(f2);
 	te_engine_free(b);
 	g_free(old);
@@ -1804,13 +1792,13 @@ static void test_server_deadline(void)
 	send_all(fd, h, sizeof(h));
 	send_all(fd, data, MiB / 2);
 	for (int i = 0; i < 30000 && rw.data[MiB / 2 - 1] != 0x3b; i++)
-		itest_sleep_ms(1);
+		sleep_ms(1);
 	g_assert_cmphex(rw.data[MiB / 2 - 1], ==, 0x3b);
-	itest_sleep_ms(600);
+	sleep_ms(600);
 	send_all(fd, data + MiB / 2, MiB / 2);
 	g_assert_true(recv_reply(fd, &rep));
 	g_assert_cmpint(rep.status, ==, TE_ERR_TIMEOUT);
-	itest_assert_contains(rep.detail, "passed its deadline after 524288 bytes");
+	assert_contains(rep.detail, "passed its deadline after 524288 bytes");
 	for (size_t k = MiB / 2; k < MiB; k++)
 		g_assert_cmphex(rw.data[k], ==, itest_pattern(rw.seed, rw.guard + k));
 	/* Deadline 0: already passed when it arrives. */
@@ -1849,8 +1837,8 @@ static void test_cancel_write_fenced(void)
 	itest_buf_new(&rb, 8 * MiB, GUARD, 0x38);
 	fake_pair(&p, &f, &la, &rb, "timeout_ms: 60000, retries: 0");
 	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 8 * MiB };
-	itest_ok(te_batch_new(p.a, 1, &bid));
-	itest_ok(te_batch_submit(p.a, bid, &r, 1));
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
 	fake_accept(&f);
 	g_test_message("first connection: epoch %" PRIu64, f.epoch);
 	epoch1 = f.epoch;
@@ -1860,17 +1848,17 @@ static void test_cancel_write_fenced(void)
 	g_assert_cmpuint(q.deadline_ms, >, 50000);
 	g_assert_cmpuint(q.deadline_ms, <=, 60000);
 	g_assert_true(recv_all(f.fd, junk, sizeof(junk)));
-	itest_ok(te_batch_cancel(p.a, bid));
+	assert_ok(te_batch_cancel(p.a, bid));
 	old_fd = f.fd;
 	/* The old connection is reset (its unsent bytes dropped), and the lane reconnects. */
 	fake_accept_hello(&f);
 	g_assert_cmpuint(f.epoch, ==, epoch1 + 1);
-	itest_sleep_ms(200);
+	sleep_ms(200);
 	g_assert_cmpint(itest_task(p.a, bid, 0).state, ==, TE_STATE_PENDING);
 	fake_answer_hello(&f);
 	g_assert_cmpint(itest_wait(p.a, bid), ==, TE_ERR_CANCELED);
 	g_assert_cmpint(itest_task(p.a, bid, 0).state, ==, TE_STATE_CANCELED);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	{
 		/*
 		 * The old connection ends (with a reset): what the fake's socket buffer already
@@ -1911,16 +1899,16 @@ static void test_cancel_write_deadline(void)
 	itest_buf_new(&rb, 8 * MiB, GUARD, 0x3a);
 	fake_pair(&p, &f, &la, &rb, "timeout_ms: 1500, retries: 0");
 	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 8 * MiB };
-	itest_ok(te_batch_new(p.a, 1, &bid));
-	itest_ok(te_batch_submit(p.a, bid, &r, 1));
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
 	fake_accept(&f);
 	(void)fake_request(&f);
 	g_assert_true(recv_all(f.fd, junk, sizeof(junk)));
-	itest_ok(te_batch_cancel(p.a, bid));
+	assert_ok(te_batch_cancel(p.a, bid));
 	old_fd = f.fd;
 	fake_accept_hello(&f); /* and never answered */
 	g_assert_cmpint(itest_wait(p.a, bid), ==, TE_ERR_CANCELED);
-	itest_ok(te_batch_free(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
 	close(old_fd);
 	itest_pair_free(&p);
 	fake_close(&f);
@@ -1955,7 +1943,7 @@ static void test_limits(void)
 		close(fd[i]);
 
 	/* A connection that says nothing is closed after hello_timeout_ms. */
-	itest_sleep_ms(100); /* the three above are gone from the server's count */
+	sleep_ms(100); /* the three above are gone from the server's count */
 	silent = raw_connect(&ep);
 	g_assert_true(closed_by_peer(silent));
 	close(silent);
@@ -1966,7 +1954,7 @@ static void test_limits(void)
 	for (size_t i = 0; i < W_HDR - 1; i++) {
 		if (send(slow, h + i, 1, MSG_NOSIGNAL) != 1)
 			break; /* closed: as expected, sooner or later */
-		itest_sleep_ms(50);
+		sleep_ms(50);
 	}
 	g_assert_true(closed_by_peer(slow));
 	close(slow);
@@ -2001,7 +1989,7 @@ static void test_idle_lanes_reconnect(void)
 		r = (struct te_request){ TE_OP_WRITE, p.seg, la.data + i * 1024,
 					 itest_raddr(&rb, (size_t)i * 1024), 1024 };
 		run_ok(&p, &r, 1);
-		itest_sleep_ms(500); /* the server closes the idle lanes meanwhile */
+		sleep_ms(500); /* the server closes the idle lanes meanwhile */
 	}
 	g_assert_true(itest_range_is(&rb, 0, 3072, &la, 0));
 	itest_pair_free(&p);
@@ -2025,7 +2013,7 @@ static void test_bad_blob_reason(void)
 
 	itest_buf_new(&rb, 4096, 0, 0x3f);
 	itest_buf_register(&rb, b, TE_MEM_REMOTE);
-	itest_ok(te_segment_export(b, &json, &len));
+	assert_ok(te_segment_export(b, &json, &len));
 	g_assert_true(json_parser_load_from_data(parser, json, (gssize)len, NULL));
 	te_free(json);
 	tps = json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
@@ -2033,8 +2021,8 @@ static void test_bad_blob_reason(void)
 	json_object_set_string_member(tps, "tcp", "AAAA"); /* 3 bytes */
 	json_generator_set_root(gen, json_parser_get_root(parser));
 	out = json_generator_to_data(gen, NULL);
-	itest_assert_status(te_segment_import(a, out, strlen(out), &seg), TE_ERR_NO_TRANSPORT);
-	itest_assert_contains(te_last_error(), "malformed transport blob (3 bytes, expected 40)");
+	assert_status(te_segment_import(a, out, strlen(out), &seg), TE_ERR_NO_TRANSPORT);
+	assert_contains(te_last_error(), "malformed transport blob (3 bytes, expected 40)");
 	te_engine_free(a);
 	te_engine_free(b);
 	itest_buf_free(&rb);
@@ -2072,7 +2060,7 @@ static void test_bad_options(void)
 		g_test_message("options {%s}: %s", bad[i].options, te_last_error());
 		g_assert_cmpint(st, !=, TE_OK);
 		g_assert_null(e);
-		itest_assert_contains(te_last_error(), bad[i].needle);
+		assert_contains(te_last_error(), bad[i].needle);
 	}
 }
 

@@ -121,6 +121,13 @@ static void test_good(void)
 	g_assert_cmpuint(out.size, ==, sizeof(out));
 }
 
+
+/* Stands beyond a short ops table's size: answers what the core's stub never does. */
+static enum te_status cancel_beyond_size(struct te_plugin_inst *inst, struct te_plugin_slice *slice)
+{
+	return TE_OK;
+}
+
 static void test_older_smaller_ops_table(void)
 {
 	/* A plugin built against an older 1.x may have a shorter ops table. */
@@ -129,7 +136,7 @@ static void test_older_smaller_ops_table(void)
 	char *err = NULL;
 
 	ops.size = offsetof(struct te_plugin_ops, submit) + sizeof(void *);
-	ops.cancel = (void *)0x1; /* beyond its size: must not be copied */
+	ops.cancel = cancel_beyond_size; /* beyond its size: must not be copied */
 	g_assert_cmpint(plugin_validate(&d, "/x/fake.so", &out, &err), ==, TE_OK);
 	g_assert_cmpint(out.cancel(NULL, NULL), ==, TE_ERR_UNSUPPORTED);
 }

@@ -21,6 +21,7 @@
 #include "core/control.h"
 #include "core/log.h"
 #include "core/rpc.h"
+#include "logcap_core.h"
 
 /* Every wait in this file is bounded by this, and none is expected to come near it. */
 #define WAIT_S 30
@@ -30,95 +31,10 @@
 #define SECRET "s3cret-for-the-rpc-tests"
 #define SECRET_WRONG "s3cret-for-the-rpc-tests!"
 
-/* --- log capture ------------------------------------------------------------------ */
-
-struct capture {
-	GMutex lock;
-	GCond cond;
-	GPtrArray *lines;
-	struct log_sink sink;
-};
-
-/* Lines are kept as "[<level>] <message>", so that a test can count warnings. */
-static const char *const level_names[] = { "[error] ", "[warn] ", "[info] ", "[debug] ",
-					   "[trace] " };
-
-static void capture_fn(void *user, enum te_log_level level, const char *msg)
-{
-	struct capture *c = user;
-
-	g_mutex_lock(&c->lock);
-	g_ptr_array_add(c->lines,
-			g_strconcat((unsigned)level < G_N_ELEMENTS(level_names) ? level_names[level]
-										: "[?] ",
-				    msg, NULL));
-	g_cond_broadcast(&c->cond);
-	g_mutex_unlock(&c->lock);
-	if (g_getenv("RPC_TEST_VERBOSE"))
-		g_printerr("# log: %s\n", msg);
-}
-
-static void capture_init(struct capture *c)
-{
-	g_mutex_init(&c->lock);
-	g_cond_init(&c->cond);
-	c->lines = g_ptr_array_new_with_free_func(g_free);
-	c->sink.fn = capture_fn;
-	c->sink.user = c;
-	atomic_init(&c->sink.level, TE_LOG_DEBUG);
-}
-
-static void capture_clear(struct capture *c)
-{
-	g_ptr_array_unref(c->lines);
-	g_cond_clear(&c->cond);
-	g_mutex_clear(&c->lock);
-}
-
-static guint capture_count_locked(struct capture *c, const char *a, const char *b)
-{
-	guint n = 0;
-
-	for (guint i = 0; i < c->lines->len; i++) {
-		const char *line = c->lines->pdata[i];
-
-		if (strstr(line, a) && (!b || strstr(line, b)))
-			n++;
-	}
-	return n;
-}
-
-static guint capture_count(struct capture *c, const char *a, const char *b)
-{
-	guint n;
-
-	g_mutex_lock(&c->lock);
-	n = capture_count_locked(c, a, b);
-	g_mutex_unlock(&c->lock);
-	return n;
-}
-
-/* Wait (bounded) until at least @n lines contain @a (and @b when given). */
-static gboolean capture_wait(struct capture *c, guint n, const char *a, const char *b)
-{
-	gint64 end = g_get_monotonic_time() + WAIT_S * G_USEC_PER_SEC;
-	gboolean found;
-
-	g_mutex_lock(&c->lock);
-	while (!(found = capture_count_locked(c, a, b) >= n))
-		if (!g_cond_wait_until(&c->cond, &c->lock, end))
-			break;
-	found = capture_count_locked(c, a, b) >= n;
-	g_mutex_unlock(&c->lock);
-	if (!found)
-		g_printerr("# no log line with '%s' '%s'\n", a, b ? b : "");
-	return found;
-}
-
 /* --- the test server's handler ------------------------------------------------------ */
 
 struct fixture {
-	struct capture log;
+	struct logcap_sink log;
 	struct rpc_server *srv;
 	const char *addr;
 	GMutex lock;
@@ -219,7 +135,7 @@ static struct fixture *fx_new(void)
 {
 	struct fixture *fx = g_new0(struct fixture, 1);
 
-	capture_init(&fx->log);
+	logcap_sink_init(&fx->log);
 	g_mutex_init(&fx->lock);
 	g_cond_init(&fx->cond);
 	return fx;
@@ -256,7 +172,7 @@ static void fx_free(struct fixture *fx)
 	rpc_server_stop(fx->srv);
 	g_cond_clear(&fx->cond);
 	g_mutex_clear(&fx->lock);
-	capture_clear(&fx->log);
+	logcap_sink_clear(&fx->log);
 	g_free(fx);
 }
 
@@ -665,7 +581,8 @@ static void test_server_basic(void)
 	g_free(s);
 	s = handshake_ok(c, fx->addr, "big", "", TE_ERR_TOO_LARGE);
 	g_assert_cmpstr(s, ==, "reply of 4097 bytes over limit 4096");
-	g_assert_true(capture_wait(&fx->log, 1, "HANDSHAKE reply of 4097 bytes over limit", NULL));
+	g_assert_true(
+		logcap_wait(&fx->log.cap, 1, "HANDSHAKE reply of 4097 bytes over limit", NULL));
 	g_free(s);
 
 	g_assert_cmpint(rpc_body_pack(nb, "engine-b", "hello", 5), ==, TE_OK);
@@ -683,7 +600,7 @@ static void test_server_basic(void)
 		g_assert_cmpstr(s, ==, "probe:");
 		g_free(s);
 	}
-	g_assert_cmpuint(capture_count(&fx->log, "connected", NULL), <, 10);
+	g_assert_cmpuint(logcap_count(&fx->log.cap, "connected", NULL), <, 10);
 	s = NULL;
 
 	/* Refused before anything is sent; outputs untouched. */
@@ -923,7 +840,7 @@ static void expect_refused(struct fixture *fx, const void *bytes, size_t len, in
 	text = raw_wait_closed(fd, &status);
 	g_assert_cmpstr(text, ==, want);
 	g_assert_cmpint(status, ==, want_status);
-	g_assert_true(capture_wait(&fx->log, 1, want, "closing the connection"));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, want, "closing the connection"));
 	assert_serving(fx);
 }
 
@@ -1003,8 +920,8 @@ static void test_server_malformed(void)
 		g_assert_cmpint(shutdown(fd, SHUT_WR), ==, 0);
 		text = raw_wait_closed(fd, NULL);
 		g_assert_null(text);
-		g_assert_true(
-			capture_wait(&fx->log, 1, "peer closed mid-frame, 28 bytes into it", NULL));
+		g_assert_true(logcap_wait(&fx->log.cap, 1,
+					  "peer closed mid-frame, 28 bytes into it", NULL));
 		assert_serving(fx);
 	}
 	g_rand_free(rand);
@@ -1039,14 +956,14 @@ static void test_server_stall(void)
 	raw_send(fd, f->data, RPC_HEADER_SIZE + 3);
 	g_assert_null(raw_wait_closed(fd, NULL));
 	g_assert_true(
-		capture_wait(&fx->log, 1,
-			     "stalled mid-frame (27 bytes of it): not complete 200 ms after its "
-			     "first byte (control.frame_timeout_ms)",
-			     NULL));
+		logcap_wait(&fx->log.cap, 1,
+			    "stalled mid-frame (27 bytes of it): not complete 200 ms after its "
+			    "first byte (control.frame_timeout_ms)",
+			    NULL));
 	/* A silent client is closed as idle (debug: not a fault). */
 	fd = raw_open(fx->addr, NULL, NULL);
 	g_assert_null(raw_wait_closed(fd, NULL));
-	g_assert_true(capture_wait(&fx->log, 1, "idle for 200 ms", NULL));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "idle for 200 ms", NULL));
 	assert_serving(fx);
 	fx_free(fx);
 }
@@ -1078,7 +995,7 @@ static void test_server_limit(void)
 	for (int i = 0; i < 4; i++)
 		close(fds[i]);
 	/* Once the server has seen the closes, a client gets in again. */
-	g_assert_true(capture_wait(&fx->log, 4, "peer closed", NULL));
+	g_assert_true(logcap_wait(&fx->log.cap, 4, "peer closed", NULL));
 	assert_serving(fx);
 	rpc_client_free(c);
 	fx_free(fx);
@@ -1206,15 +1123,15 @@ static void test_auth(void)
 
 	s = call_ok(good, fx->addr, RPC_DESC_FETCH, NULL, 0, TE_OK);
 	g_assert_cmpstr(s, ==, desc_json);
-	g_assert_true(capture_wait(&fx->log, 1, "authenticated", NULL));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "authenticated", NULL));
 
 	g_assert_cmpint(rpc_client_call(wrong, fx->addr, RPC_PROBE, NULL, 0, CALL_MS, &reply,
 					&status, &err),
 			==, TE_ERR_AUTH);
 	g_assert_nonnull(strstr(err, fx->addr));
 	g_assert_nonnull(strstr(err, "authentication failed (wrong secret)"));
-	g_assert_true(capture_wait(&fx->log, 1, "authentication failed (wrong secret)",
-				   "closing the connection"));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "authentication failed (wrong secret)",
+				  "closing the connection"));
 	g_clear_pointer(&err, g_free);
 
 	g_assert_cmpint(
@@ -1373,14 +1290,14 @@ static void fake_start(struct fake *fk, enum fake_script script)
 static void fake_expect(enum fake_script script, const char *secret, uint32_t timeout_ms,
 			enum te_status want, const char *want_text)
 {
-	struct capture log;
+	struct logcap_sink log;
 	struct fake fk;
 	struct rpc_client *c = NULL;
 	g_autofree char *err = NULL;
 	GBytes *reply = NULL;
 	int32_t status = 0;
 
-	capture_init(&log);
+	logcap_sink_init(&log);
 	fake_start(&fk, script);
 	g_assert_cmpint(rpc_client_new(secret, secret ? strlen(secret) : 0, &log.sink, &c), ==,
 			TE_OK);
@@ -1395,7 +1312,7 @@ static void fake_expect(enum fake_script script, const char *secret, uint32_t ti
 	rpc_client_free(c);
 	g_thread_join(fk.thread);
 	close(fk.listen_fd);
-	capture_clear(&log);
+	logcap_sink_clear(&log);
 }
 
 static void test_client_vs_bad_servers(void)
@@ -1536,7 +1453,7 @@ static void test_ipv6(void)
 	s = handshake_ok(c, fx->addr, "tcp", "v6", TE_OK);
 	g_assert_cmpstr(s, ==, "tcp:v6");
 	/* Peers are named in the same bracketed form. */
-	g_assert_true(capture_wait(&fx->log, 1, "rpc: [::1]:", "authenticated"));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "rpc: [::1]:", "authenticated"));
 	rpc_client_free(c);
 	fx_free(fx);
 }
@@ -1549,7 +1466,7 @@ static void test_wildcard_warns(void)
 	/* Without a secret a non-loopback listener is allowed but called out. */
 	fx_start(fx, &cfg);
 	g_assert_true(g_str_has_prefix(fx->addr, "0.0.0.0:"));
-	g_assert_cmpuint(capture_count(&fx->log, "without authentication", NULL), ==, 1);
+	g_assert_cmpuint(logcap_count(&fx->log.cap, "without authentication", NULL), ==, 1);
 	fx_free(fx);
 }
 
@@ -1640,10 +1557,11 @@ static void test_server_slowloris_frame(void)
 	rpc_frame_append(f, RPC_PROBE, 2, 0, body, 4096);
 	g_assert_cmpuint(raw_trickle(fd, f->data, f->len), <, TRICKLE_MAX);
 	close(fd);
-	g_assert_true(capture_wait(&fx->log, 1, "[warn] ",
-				   "not complete 1000 ms after its first byte "
-				   "(control.frame_timeout_ms); connection closed"));
-	g_assert_cmpuint(capture_count(&fx->log, "stalled mid-frame (", "frame_timeout_ms"), ==, 1);
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "[warn] ",
+				  "not complete 1000 ms after its first byte "
+				  "(control.frame_timeout_ms); connection closed"));
+	g_assert_cmpuint(logcap_count(&fx->log.cap, "stalled mid-frame (", "frame_timeout_ms"), ==,
+			 1);
 	assert_serving(fx);
 	fx_free(fx);
 }
@@ -1668,14 +1586,14 @@ static void test_server_auth_deadline(void)
 	rpc_frame_append(f, RPC_AUTH, 0, 0, auth, sizeof(auth));
 	g_assert_cmpuint(raw_trickle(fd, f->data, f->len), <, f->len);
 	close(fd);
-	g_assert_true(capture_wait(&fx->log, 1, "stalled mid-frame (",
-				   "did not authenticate within 1000 ms of connecting "
-				   "(control.auth_timeout_ms)"));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "stalled mid-frame (",
+				  "did not authenticate within 1000 ms of connecting "
+				  "(control.auth_timeout_ms)"));
 	/* A silent one goes the same way, whatever the idle timeout. */
 	fd = raw_open(fx->addr, NULL, NULL);
 	g_assert_null(raw_wait_closed(fd, NULL));
-	g_assert_true(capture_wait(&fx->log, 2, "[warn] ",
-				   "did not authenticate within 1000 ms of connecting"));
+	g_assert_true(logcap_wait(&fx->log.cap, 2, "[warn] ",
+				  "did not authenticate within 1000 ms of connecting"));
 	good = client_new(fx, SECRET);
 	s = call_ok(good, fx->addr, RPC_PROBE, "ok", 2, TE_OK);
 	g_assert_cmpstr(s, ==, "probe:ok");
@@ -1699,9 +1617,9 @@ static void test_server_auth_deadline(void)
 		rpc_frame_append(f, RPC_PROBE, 1, 0, body, 512);
 		g_assert_cmpuint(raw_trickle(fd, f->data, f->len), <, TRICKLE_MAX);
 		close(fd);
-		g_assert_true(capture_wait(&fx->log, 1, "stalled mid-frame (",
-					   "sent no complete request within 1000 ms of connecting "
-					   "(control.auth_timeout_ms)"));
+		g_assert_true(logcap_wait(&fx->log.cap, 1, "stalled mid-frame (",
+					  "sent no complete request within 1000 ms of connecting "
+					  "(control.auth_timeout_ms)"));
 		/* More than auth_timeout_ms after its accept, it is still served. */
 		g_free(text);
 		text = NULL;
@@ -1738,7 +1656,7 @@ static void test_server_per_host_limit(void)
 		rpc_client_call(c, fx->addr, RPC_PROBE, NULL, 0, CALL_MS, &reply, &status, &err),
 		==, TE_ERR_AGAIN);
 	g_assert_nonnull(strstr(err, want));
-	g_assert_true(capture_wait(&fx->log, 1, want, "connection refused"));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, want, "connection refused"));
 	/* Another host is served meanwhile. */
 	fd = raw_connect_from(fx->addr, "127.0.0.2");
 	{
@@ -1755,7 +1673,7 @@ static void test_server_per_host_limit(void)
 	/* Closing one frees a slot for this host, once the server has seen the close (and
 	 * that of the other host's connection). */
 	close(fds[0]);
-	g_assert_true(capture_wait(&fx->log, 2, "peer closed", NULL));
+	g_assert_true(logcap_wait(&fx->log.cap, 2, "peer closed", NULL));
 	{
 		g_autofree char *s = call_ok(c, fx->addr, RPC_PROBE, "x", 1, TE_OK);
 
@@ -1797,7 +1715,7 @@ static void test_server_unauthenticated_limit(void)
 		==, TE_ERR_AGAIN);
 	g_assert_nonnull(strstr(err, want));
 	close(fds[0]);
-	g_assert_true(capture_wait(&fx->log, 1, "peer closed", NULL));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "peer closed", NULL));
 	{
 		g_autofree char *s = call_ok(good, fx->addr, RPC_PROBE, "in", 2, TE_OK);
 
@@ -1843,9 +1761,9 @@ static void test_server_max_buffered(void)
 	fx_start(fx, &cfg);
 	/* A header reserves its whole body, however little of it has come. */
 	a = raw_partial(fx, RPC_PROBE, 4000, 10);
-	g_assert_true(capture_wait(&fx->log, 1, "4000-byte body reserved (4000 of 10000", NULL));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "4000-byte body reserved (4000 of 10000", NULL));
 	b = raw_partial(fx, RPC_PROBE, 4096, 0);
-	g_assert_true(capture_wait(&fx->log, 1, "4096-byte body reserved (8096 of 10000", NULL));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "4096-byte body reserved (8096 of 10000", NULL));
 	/* The next that does not fit is refused with TE_ERR_BUSY and closed. */
 	fd = raw_partial(fx, RPC_PROBE, 4096, 0);
 	text = raw_wait_closed(fd, &status);
@@ -1868,12 +1786,14 @@ static void test_server_max_buffered(void)
 		g_assert_cmpuint(reply->len, ==, 4000 + 6);
 	}
 	fd = raw_partial(fx, RPC_PROBE, 4096, 100);
-	g_assert_true(capture_wait(&fx->log, 1, "4096-byte body reserved (8192 of 10000", NULL));
+	g_assert_true(logcap_wait(&fx->log.cap, 1, "4096-byte body reserved (8192 of 10000", NULL));
 	/* So does a connection closed mid-frame. */
 	close(b);
-	g_assert_true(capture_wait(&fx->log, 1, "peer closed mid-frame, 24 bytes into it", NULL));
+	g_assert_true(
+		logcap_wait(&fx->log.cap, 1, "peer closed mid-frame, 24 bytes into it", NULL));
 	close(fd);
-	g_assert_true(capture_wait(&fx->log, 1, "peer closed mid-frame, 124 bytes into it", NULL));
+	g_assert_true(
+		logcap_wait(&fx->log.cap, 1, "peer closed mid-frame, 124 bytes into it", NULL));
 	close(a);
 
 	/* Requests held by handlers count too, until the handler returns. */
@@ -1920,13 +1840,13 @@ static void test_server_max_buffered(void)
 }
 
 /* Sum of N over the lines "... (and N more like it since the last warning ...)". */
-static guint capture_sum_demoted(struct capture *c, const char *a)
+static guint capture_sum_demoted(struct logcap_sink *c, const char *a)
 {
 	guint sum = 0;
 
-	g_mutex_lock(&c->lock);
-	for (guint i = 0; i < c->lines->len; i++) {
-		const char *line = c->lines->pdata[i];
+	g_mutex_lock(&c->cap.lock);
+	for (guint i = 0; i < c->cap.lines->len; i++) {
+		const char *line = c->cap.lines->pdata[i];
 		const char *more = strstr(line, "(and ");
 		unsigned n = 0;
 
@@ -1934,7 +1854,7 @@ static guint capture_sum_demoted(struct capture *c, const char *a)
 		    sscanf(more, "(and %u more like it", &n) == 1)
 			sum += n;
 	}
-	g_mutex_unlock(&c->lock);
+	g_mutex_unlock(&c->cap.lock);
 	return sum;
 }
 
@@ -1956,15 +1876,16 @@ static void test_server_refusal_log_rate(void)
 	g_usleep(1100 * 1000);
 	fd = raw_connect(fx->addr);
 	g_free(raw_wait_closed(fd, NULL));
-	g_assert_true(capture_wait(&fx->log, flood + 1, "connection refused", NULL));
-	warned = capture_count(&fx->log, "[warn] ", "connection refused");
-	demoted = capture_count(&fx->log, "[debug] ", "connection refused");
+	g_assert_true(logcap_wait(&fx->log.cap, flood + 1, "connection refused", NULL));
+	warned = logcap_count(&fx->log.cap, "[warn] ", "connection refused");
+	demoted = logcap_count(&fx->log.cap, "[debug] ", "connection refused");
 	/* Every refusal is logged once, as a warning or at debug level counted by the next
 	 * warning; a flood makes no more than one warning a second. */
 	g_assert_cmpuint(warned + demoted, ==, flood + 1);
 	g_assert_cmpuint(capture_sum_demoted(&fx->log, "connection refused"), ==, demoted);
 	g_assert_cmpuint(demoted, >, 0);
-	g_assert_true(capture_wait(&fx->log, 1, "[warn] ", "more like it since the last warning"));
+	g_assert_true(
+		logcap_wait(&fx->log.cap, 1, "[warn] ", "more like it since the last warning"));
 	close(keep);
 	fx_free(fx);
 }
@@ -2140,7 +2061,8 @@ static void test_secret_file(void)
 }
 
 /* An engine on 127.0.0.1 with the loopback transport and @extra YAML; NULL on failure. */
-static struct te_engine *engine_start(struct capture *log, const char *extra, enum te_status want)
+static struct te_engine *engine_start(struct logcap_sink *log, const char *extra,
+				      enum te_status want)
 {
 	g_autofree char *yaml = g_strdup_printf("engine: {listen: \"127.0.0.1:0\"}\n"
 						"transports: [{name: loopback, required: true}]\n"
@@ -2150,8 +2072,8 @@ static struct te_engine *engine_start(struct capture *log, const char *extra, en
 				       .config_yaml = yaml,
 				       .config_yaml_len = strlen(yaml),
 				       .config_name = "rpc-test.yaml",
-				       .log_fn = capture_fn,
-				       .log_user = log,
+				       .log_fn = logcap_fn,
+				       .log_user = &log->cap,
 				       .log_level = TE_LOG_DEBUG };
 	struct te_engine *e = NULL;
 	enum te_status st = te_engine_new(&opts, &e);
@@ -2168,14 +2090,14 @@ static void test_engine_secret(void)
 	g_autofree char *dir = g_dir_make_tmp("rpc-test-XXXXXX", NULL);
 	g_autofree char *path = secret_file(dir, "secret", bytes, sizeof(bytes), 0600);
 	g_autofree char *yaml = g_strdup_printf("auth: {secret_file: \"%s\"}\n", path);
-	struct capture log;
+	struct logcap_sink log;
 	struct rpc_client *full = NULL, *cut = NULL;
 	g_autofree char *err = NULL;
 	GBytes *reply = NULL;
 	int32_t status = 0;
 	struct te_engine *e;
 
-	capture_init(&log);
+	logcap_sink_init(&log);
 	/* The file holds bytes, NUL and the final newline (the array's own NUL here, so the
 	 * file ends "q\0": nothing is dropped) included. */
 	e = engine_start(&log, yaml, TE_OK);
@@ -2217,7 +2139,7 @@ static void test_engine_secret(void)
 
 	g_assert_cmpint(g_unlink(path), ==, 0);
 	g_assert_cmpint(g_rmdir(dir), ==, 0);
-	capture_clear(&log);
+	logcap_sink_clear(&log);
 }
 
 /* One NOTIFY from @sender with sequence @seq on raw connection @fd: its status and text. */
@@ -2259,7 +2181,7 @@ static void notify_busy(int fd, const char *sender, uint64_t seq, const char *wa
 
 static void test_engine_notify_quota(void)
 {
-	struct capture log;
+	struct logcap_sink log;
 	struct te_notify got[8];
 	struct te_engine *e;
 	struct rpc_frame_header hdr;
@@ -2267,7 +2189,7 @@ static void test_engine_notify_quota(void)
 	size_t n = 0;
 	int a, b;
 
-	capture_init(&log);
+	logcap_sink_init(&log);
 	e = engine_start(&log,
 			 "control: {notify_per_sender: 3, notify_per_host: 5, notify_inbox: 8}\n",
 			 TE_OK);
@@ -2283,7 +2205,7 @@ static void test_engine_notify_quota(void)
 		    "notify refused: 3 messages from sender \"flood\" at 127.0.0.1 wait in the "
 		    "inbox, the per-sender limit (control.notify_per_sender); the receiver takes "
 		    "them with te_notify_recv");
-	g_assert_true(capture_wait(&log, 1, "[warn] ", "the per-sender limit"));
+	g_assert_true(logcap_wait(&log.cap, 1, "[warn] ", "the per-sender limit"));
 	notify_ok(a, "honest", 1, "h1");
 	notify_ok(a, "honest", 2, "h2");
 	/* Any number of names from one host: the host has its own quota. */
@@ -2327,7 +2249,7 @@ static void test_engine_notify_quota(void)
 	close(a);
 	close(b);
 	te_engine_free(e);
-	capture_clear(&log);
+	logcap_sink_clear(&log);
 }
 
 int main(int argc, char **argv)

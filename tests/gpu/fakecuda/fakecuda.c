@@ -990,20 +990,25 @@ CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
 
 /* --- entry points ------------------------------------------------------------------------- */
 
-/* Each entry: the base name, the CUDA version that introduced this variant, the function. */
+/*
+ * Each entry: the base name, the CUDA version that introduced this variant, the function (as a
+ * generic function pointer: ISO C has no conversion to void *, POSIX gives both one size).
+ */
+typedef void (*fk_fn)(void);
+
 #define FK_FN(name, ver)                                                                           \
 	{                                                                                          \
-#name, ver, (void *)(name)                                                         \
+#name, ver, (fk_fn)(name)                                                          \
 	}
 #define FK_FN_AS(base, fn, ver)                                                                    \
 	{                                                                                          \
-		base, ver, (void *)(fn)                                                            \
+		base, ver, (fk_fn)(fn)                                                             \
 	}
 
 static const struct {
 	const char *name;
 	int version;
-	void *fn;
+	fk_fn fn;
 } fk_table[] = {
 	FK_FN(cuInit, 2000),
 	FK_FN(cuDriverGetVersion, 2020),
@@ -1079,7 +1084,7 @@ CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersio
 			continue;
 		found = true;
 		if (fk_table[i].version <= cudaVersion) {
-			*pfn = fk_table[i].fn;
+			memcpy(pfn, &fk_table[i].fn, sizeof(*pfn));
 			if (symbolStatus)
 				*symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
 			return CUDA_SUCCESS;

@@ -9,187 +9,11 @@
 
 #include "core/metadata/mdcurl.h"
 #include "core/metadata/metadata.h"
+#include "mdcase.h"
 #include "mdserver.h"
 
-#define TTL_S 2u
 
-/* ---- fixtures ---- */
-
-/* Log lines the backend wrote, with their level. */
-struct logcap {
-	GMutex lock;
-	GString *text;
-	struct log_sink sink;
-};
-
-static void logcap_fn(void *user, enum te_log_level level, const char *msg)
-{
-	struct logcap *c = user;
-	static const char lv[] = "EWIDT";
-
-	g_mutex_lock(&c->lock);
-	g_string_append_printf(c->text, "[%c] %s\n", lv[level <= TE_LOG_TRACE ? level : 4], msg);
-	g_mutex_unlock(&c->lock);
-	if (g_test_verbose())
-		g_test_message("log: [%c] %s", lv[level <= TE_LOG_TRACE ? level : 4], msg);
-}
-
-static struct logcap *logcap_new(void)
-{
-	struct logcap *c = g_new0(struct logcap, 1);
-
-	g_mutex_init(&c->lock);
-	c->text = g_string_new(NULL);
-	c->sink.fn = logcap_fn;
-	c->sink.user = c;
-	atomic_init(&c->sink.level, TE_LOG_DEBUG);
-	return c;
-}
-
-/* How many logged lines contain @needle (and start with @level's tag, NULL: any). */
-static unsigned logcap_count(struct logcap *c, const char *tag, const char *needle)
-{
-	unsigned n = 0;
-	g_auto(GStrv) lines = NULL;
-
-	g_mutex_lock(&c->lock);
-	lines = g_strsplit(c->text->str, "\n", -1);
-	g_mutex_unlock(&c->lock);
-	for (char **l = lines; *l; l++)
-		if ((!tag || g_str_has_prefix(*l, tag)) && strstr(*l, needle))
-			n++;
-	return n;
-}
-
-static void logcap_free(struct logcap *c)
-{
-	g_string_free(c->text, TRUE);
-	g_mutex_clear(&c->lock);
-	g_free(c);
-}
-
-/* One opened backend; its params (and the strings they point to) live as long as it. */
-struct md {
-	struct metadata_params p;
-	const char *eps[4];
-	char *ns;
-	void *st;
-};
-
-static enum te_status md_try_open(struct md *m, const char *const *eps, const char *ns,
-				  uint32_t ttl_s, struct logcap *cap, const char *user,
-				  const char *password, char **err_out)
-{
-	size_t n = 0;
-
-	memset(m, 0, sizeof(*m));
-	while (eps[n])
-		n++;
-	g_assert_cmpuint(n, <, G_N_ELEMENTS(m->eps));
-	for (size_t i = 0; i < n; i++)
-		m->eps[i] = eps[i];
-	m->ns = g_strdup(ns);
-	m->p.endpoints = m->eps;
-	m->p.n_endpoints = n;
-	m->p.ns = m->ns;
-	m->p.ttl_s = ttl_s;
-	m->p.username = user;
-	m->p.password = password;
-	m->p.timeout_ms = 3000;
-	m->p.log = cap ? &cap->sink : NULL;
-	return metadata_etcd_ops.open(&m->p, &m->st, err_out);
-}
-
-static void md_open(struct md *m, const char *url, const char *ns, struct logcap *cap)
-{
-	const char *eps[] = { url, NULL };
-	g_autofree char *err = NULL;
-	enum te_status st = md_try_open(m, eps, ns, TTL_S, cap, NULL, NULL, &err);
-
-	if (st != TE_OK)
-		g_error("open: %s: %s", te_status_str(st), err);
-}
-
-static void md_close(struct md *m)
-{
-	if (m->st)
-		metadata_etcd_ops.close(m->st);
-	m->st = NULL;
-	g_free(m->ns);
-}
-
-/* A fresh namespace per case, so cases can share a server. */
-static char *new_ns(const char *tag)
-{
-	return g_strdup_printf("/te-test/%s-%d-%08x", tag, (int)getpid(), g_random_int());
-}
-
-/* A descriptor-like JSON value (the backend reads only "generation" and "rpc"). */
-static char *desc(const char *name, const char *gen, const char *rpc, const char *extra)
-{
-	return g_strdup_printf("{\"name\":\"%s\",\"generation\":\"%s\",\"rpc\":\"%s\","
-			       "\"pad\":\"caf\\u00e9 \xe2\x82\xac \\\"q\\\" %s\"}",
-			       name, gen, rpc, extra ? extra : "");
-}
-
-static void publish_ok(struct md *m, const char *name, const char *json)
-{
-	g_autofree char *err = NULL;
-	enum te_status st = metadata_etcd_ops.publish(m->st, name, json, strlen(json), &err);
-
-	if (st != TE_OK)
-		g_error("publish %s: %s: %s", name, te_status_str(st), err);
-}
-
-/* get: TE_OK with the value (g_bytes_unref), or the status. */
-static enum te_status get(struct md *m, const char *name, GBytes **out, char **err_out)
-{
-	*out = NULL;
-	return metadata_etcd_ops.get(m->st, name, 2000, out, err_out);
-}
-
-static void assert_value(struct md *m, const char *name, const void *data, size_t len)
-{
-	g_autofree char *err = NULL;
-	GBytes *v = NULL;
-	enum te_status st = get(m, name, &v, &err);
-
-	if (st != TE_OK)
-		g_error("get %s: %s: %s", name, te_status_str(st), err);
-	g_assert_cmpmem(g_bytes_get_data(v, NULL), g_bytes_get_size(v), data, len);
-	g_bytes_unref(v);
-}
-
-static void assert_absent(struct md *m, const char *name)
-{
-	g_autofree char *err = NULL;
-	GBytes *v = NULL;
-
-	g_assert_cmpint(get(m, name, &v, &err), ==, TE_ERR_METADATA_NOT_FOUND);
-	g_assert_nonnull(strstr(err, name));
-}
-
-/* Poll get until @name is absent (@want_absent) or present; ms waited, or -1. */
-static int64_t wait_presence(struct md *m, const char *name, bool want_absent, int64_t limit_ms)
-{
-	int64_t t0 = g_get_monotonic_time();
-
-	for (;;) {
-		g_autofree char *err = NULL;
-		GBytes *v = NULL;
-		enum te_status st = get(m, name, &v, &err);
-		int64_t ms = (g_get_monotonic_time() - t0) / 1000;
-
-		if (v)
-			g_bytes_unref(v);
-		if ((want_absent && st == TE_ERR_METADATA_NOT_FOUND) ||
-		    (!want_absent && st == TE_OK))
-			return ms;
-		if (ms > limit_ms)
-			return -1;
-		g_usleep(100000);
-	}
-}
+static const struct metadata_ops *const ops = &metadata_etcd_ops;
 
 /* What a watch delivered. */
 struct event {
@@ -344,20 +168,6 @@ static void etcdctl(const char *url, const char *const *args)
 }
 
 /* A loopback port nobody listens on. */
-static unsigned dead_port(void)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	unsigned port;
-
-	g_assert_cmpint(bind(fd, (struct sockaddr *)&a, sizeof(a)), ==, 0);
-	g_assert_cmpint(getsockname(fd, (struct sockaddr *)&a, &len), ==, 0);
-	port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
-
 static bool skip_without_etcd(void)
 {
 	if (mdserver_available(MDSERVER_ETCD))
@@ -372,8 +182,8 @@ static bool skip_without_etcd(void)
 static void test_roundtrip(void)
 {
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("rt");
-	g_autofree char *v1 = desc("a", "11", "127.0.0.1:7001", NULL);
+	g_autofree char *ns = md_new_ns("rt");
+	g_autofree char *v1 = md_desc("a", "11", "127.0.0.1:7001", NULL);
 	g_autofree char *big_pad = NULL, *v2 = NULL;
 	g_autofree char *err = NULL;
 	struct md m;
@@ -381,18 +191,18 @@ static void test_roundtrip(void)
 	if (skip_without_etcd())
 		return;
 	srv = mdserver_shared(MDSERVER_ETCD);
-	md_open(&m, srv->url, ns, NULL);
-	assert_absent(&m, "a");
-	publish_ok(&m, "a", v1);
-	assert_value(&m, "a", v1, strlen(v1));
+	md_open(&m, ops, srv->url, ns, NULL);
+	md_assert_absent(&m, "a");
+	md_publish_ok(&m, "a", v1);
+	md_assert_value(&m, "a", v1, strlen(v1));
 
 	big_pad = g_strnfill(1u << 20, 'x');
-	v2 = desc("a", "11", "127.0.0.1:7001", big_pad);
-	publish_ok(&m, "a", v2);
-	assert_value(&m, "a", v2, strlen(v2));
+	v2 = md_desc("a", "11", "127.0.0.1:7001", big_pad);
+	md_publish_ok(&m, "a", v2);
+	md_assert_value(&m, "a", v2, strlen(v2));
 
 	g_assert_cmpint(metadata_etcd_ops.withdraw(m.st, "a", &err), ==, TE_OK);
-	assert_absent(&m, "a");
+	md_assert_absent(&m, "a");
 	/* A name never published is left alone. */
 	g_assert_cmpint(metadata_etcd_ops.withdraw(m.st, "other", &err), ==, TE_OK);
 	md_close(&m);
@@ -403,27 +213,27 @@ static void test_roundtrip(void)
 static void test_collision(void)
 {
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("coll");
-	g_autofree char *va = desc("n", "1001", "10.0.0.1:5000", NULL);
-	g_autofree char *vb = desc("n", "2002", "10.0.0.2:5000", NULL);
+	g_autofree char *ns = md_new_ns("coll");
+	g_autofree char *va = md_desc("n", "1001", "10.0.0.1:5000", NULL);
+	g_autofree char *vb = md_desc("n", "2002", "10.0.0.2:5000", NULL);
 	g_autofree char *err = NULL;
 	struct md a, b;
 
 	if (skip_without_etcd())
 		return;
 	srv = mdserver_shared(MDSERVER_ETCD);
-	md_open(&a, srv->url, ns, NULL);
-	md_open(&b, srv->url, ns, NULL);
-	publish_ok(&a, "n", va);
+	md_open(&a, ops, srv->url, ns, NULL);
+	md_open(&b, ops, srv->url, ns, NULL);
+	md_publish_ok(&a, "n", va);
 	g_assert_cmpint(metadata_etcd_ops.publish(b.st, "n", vb, strlen(vb), &err), ==,
 			TE_ERR_EXISTS);
 	g_test_message("%s", err);
 	g_assert_nonnull(strstr(err, "10.0.0.1:5000"));
 	g_assert_nonnull(strstr(err, "1001"));
 	g_assert_nonnull(strstr(err, "'n'"));
-	assert_value(&b, "n", va, strlen(va));
+	md_assert_value(&b, "n", va, strlen(va));
 	/* The holder keeps updating its own value. */
-	publish_ok(&a, "n", va);
+	md_publish_ok(&a, "n", va);
 	md_close(&b);
 	md_close(&a);
 	mdserver_free(srv);
@@ -436,26 +246,27 @@ static void test_collision(void)
 static void test_takeover(void)
 {
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("take");
-	g_autofree char *va = desc("t", "1", "127.0.0.1:6000", NULL);
-	g_autofree char *vb = desc("t", "2", "127.0.0.1:6000", NULL);
-	struct logcap *cap = logcap_new();
+	g_autofree char *ns = md_new_ns("take");
+	g_autofree char *va = md_desc("t", "1", "127.0.0.1:6000", NULL);
+	g_autofree char *vb = md_desc("t", "2", "127.0.0.1:6000", NULL);
+	struct logcap_sink *cap = logcap_sink_new();
 	struct md a, b;
 
 	if (skip_without_etcd())
 		return;
 	srv = mdserver_shared(MDSERVER_ETCD);
-	md_open(&a, srv->url, ns, NULL);
-	publish_ok(&a, "t", va);
+	md_open(&a, ops, srv->url, ns, NULL);
+	md_publish_ok(&a, "t", va);
 	md_close(&a); /* killed: no withdraw, its lease runs out by itself */
-	md_open(&b, srv->url, ns, cap);
-	publish_ok(&b, "t", vb);
-	assert_value(&b, "t", vb, strlen(vb));
-	g_assert_cmpuint(logcap_count(cap, "[I]", "taking over segment name 't'"), ==, 1);
-	g_usleep((TTL_S + 1) * G_USEC_PER_SEC + 500000);
-	assert_value(&b, "t", vb, strlen(vb));
+	md_open(&b, ops, srv->url, ns, cap);
+	md_publish_ok(&b, "t", vb);
+	md_assert_value(&b, "t", vb, strlen(vb));
+	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_INFO, "taking over segment name 't'"),
+			 ==, 1);
+	g_usleep((MD_TTL_S + 1) * G_USEC_PER_SEC + 500000);
+	md_assert_value(&b, "t", vb, strlen(vb));
 	md_close(&b);
-	logcap_free(cap);
+	logcap_sink_free(cap);
 	mdserver_free(srv);
 }
 
@@ -463,8 +274,8 @@ static void test_takeover(void)
 static void test_expiry(void)
 {
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("exp");
-	g_autofree char *va = desc("e", "5", "127.0.0.1:6100", NULL);
+	g_autofree char *ns = md_new_ns("exp");
+	g_autofree char *va = md_desc("e", "5", "127.0.0.1:6100", NULL);
 	struct rec *r = rec_new();
 	struct md a, w;
 	int64_t t0, ms;
@@ -472,21 +283,21 @@ static void test_expiry(void)
 	if (skip_without_etcd())
 		return;
 	srv = mdserver_shared(MDSERVER_ETCD);
-	md_open(&w, srv->url, ns, NULL);
+	md_open(&w, ops, srv->url, ns, NULL);
 	watch_ok(&w, r);
-	md_open(&a, srv->url, ns, NULL);
-	publish_ok(&a, "e", va);
+	md_open(&a, ops, srv->url, ns, NULL);
+	md_publish_ok(&a, "e", va);
 	g_assert_true(rec_wait(r, "e", va, strlen(va), false, 5000));
 	/* Alive past its TTL while kept alive. */
-	g_usleep((TTL_S + 1) * G_USEC_PER_SEC);
-	assert_value(&w, "e", va, strlen(va));
+	g_usleep((MD_TTL_S + 1) * G_USEC_PER_SEC);
+	md_assert_value(&w, "e", va, strlen(va));
 	t0 = g_get_monotonic_time();
 	md_close(&a);
-	ms = wait_presence(&w, "e", true, (TTL_S + 1) * 1000);
+	ms = md_wait_presence(&w, "e", true, (MD_TTL_S + 1) * 1000);
 	g_test_message("expired %" G_GINT64_FORMAT " ms after close", ms);
 	g_assert_cmpint(ms, >=, 0);
 	g_assert_true(rec_wait(r, "e", NULL, 0, false, 2000));
-	g_assert_cmpint((g_get_monotonic_time() - t0) / 1000, <=, (TTL_S + 1) * 1000 + 500);
+	g_assert_cmpint((g_get_monotonic_time() - t0) / 1000, <=, (MD_TTL_S + 1) * 1000 + 500);
 	md_close(&w);
 	rec_free(r);
 	mdserver_free(srv);
@@ -496,9 +307,9 @@ static void test_expiry(void)
 static void test_watch(void)
 {
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("watch");
-	g_autofree char *v1 = desc("w", "100", "127.0.0.1:6200", NULL);
-	g_autofree char *v2 = desc("w", "200", "127.0.0.1:6200", NULL);
+	g_autofree char *ns = md_new_ns("watch");
+	g_autofree char *v1 = md_desc("w", "100", "127.0.0.1:6200", NULL);
+	g_autofree char *v2 = md_desc("w", "200", "127.0.0.1:6200", NULL);
 	g_autofree char *err = NULL;
 	struct rec *r = rec_new();
 	struct md a, b, w;
@@ -507,13 +318,13 @@ static void test_watch(void)
 	if (skip_without_etcd())
 		return;
 	srv = mdserver_shared(MDSERVER_ETCD);
-	md_open(&a, srv->url, ns, NULL);
-	publish_ok(&a, "w", v1);
-	md_open(&w, srv->url, ns, NULL);
+	md_open(&a, ops, srv->url, ns, NULL);
+	md_publish_ok(&a, "w", v1);
+	md_open(&w, ops, srv->url, ns, NULL);
 	watch_ok(&w, r);
 	md_close(&a);
-	md_open(&b, srv->url, ns, NULL);
-	publish_ok(&b, "w", v2);
+	md_open(&b, ops, srv->url, ns, NULL);
+	md_publish_ok(&b, "w", v2);
 	g_assert_true(rec_wait(r, "w", "\"generation\":\"200\"", 0, true, 5000));
 	g_assert_cmpint(metadata_etcd_ops.withdraw(b.st, "w", &err), ==, TE_OK);
 	g_assert_true(rec_wait(r, "w", NULL, 0, false, 5000));
@@ -534,37 +345,37 @@ static void test_watch(void)
 static void test_restart(void)
 {
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("rs");
-	g_autofree char *va = desc("r", "7", "127.0.0.1:6300", NULL);
-	g_autofree char *vc = desc("c", "8", "127.0.0.1:6301", NULL);
-	struct logcap *cap = logcap_new();
+	g_autofree char *ns = md_new_ns("rs");
+	g_autofree char *va = md_desc("r", "7", "127.0.0.1:6300", NULL);
+	g_autofree char *vc = md_desc("c", "8", "127.0.0.1:6301", NULL);
+	struct logcap_sink *cap = logcap_sink_new();
 	struct rec *r = rec_new();
 	struct md a, c, w;
 
 	if (skip_without_etcd())
 		return;
 	srv = mdserver_start(MDSERVER_ETCD, NULL);
-	md_open(&a, srv->url, ns, cap);
-	publish_ok(&a, "r", va);
-	md_open(&w, srv->url, ns, NULL);
+	md_open(&a, ops, srv->url, ns, cap);
+	md_publish_ok(&a, "r", va);
+	md_open(&w, ops, srv->url, ns, NULL);
 	watch_ok(&w, r);
 	mdserver_stop(srv, true);
 	g_usleep(G_USEC_PER_SEC); /* keepalives fail meanwhile */
 	mdserver_restart(srv);
 	/* Kept alive across the restart and beyond its TTL. */
-	g_usleep((TTL_S + 1) * G_USEC_PER_SEC);
-	assert_value(&w, "r", va, strlen(va));
-	g_assert_cmpuint(logcap_count(cap, "[W]", "etcd metadata"), ==, 1);
-	g_assert_cmpuint(logcap_count(cap, "[I]", "published again"), ==, 1);
+	g_usleep((MD_TTL_S + 1) * G_USEC_PER_SEC);
+	md_assert_value(&w, "r", va, strlen(va));
+	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_WARN, "etcd metadata"), ==, 1);
+	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_INFO, "published again"), ==, 1);
 	/* The watch is back: it sees a new engine. */
-	md_open(&c, srv->url, ns, NULL);
-	publish_ok(&c, "c", vc);
+	md_open(&c, ops, srv->url, ns, NULL);
+	md_publish_ok(&c, "c", vc);
 	g_assert_true(rec_wait(r, "c", vc, strlen(vc), false, 5000));
 	md_close(&c);
 	md_close(&w);
 	md_close(&a);
 	rec_free(r);
-	logcap_free(cap);
+	logcap_sink_free(cap);
 	mdserver_free(srv);
 }
 
@@ -572,9 +383,9 @@ static void test_restart(void)
 static void test_restart_wiped(void)
 {
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("wipe");
-	g_autofree char *va = desc("p", "9", "127.0.0.1:6400", NULL);
-	struct logcap *cap = logcap_new();
+	g_autofree char *ns = md_new_ns("wipe");
+	g_autofree char *va = md_desc("p", "9", "127.0.0.1:6400", NULL);
+	struct logcap_sink *cap = logcap_sink_new();
 	struct rec *r = rec_new();
 	struct md a, w;
 	int64_t ms;
@@ -582,44 +393,44 @@ static void test_restart_wiped(void)
 	if (skip_without_etcd())
 		return;
 	srv = mdserver_start(MDSERVER_ETCD, NULL);
-	md_open(&a, srv->url, ns, cap);
-	publish_ok(&a, "p", va);
-	md_open(&w, srv->url, ns, NULL);
+	md_open(&a, ops, srv->url, ns, cap);
+	md_publish_ok(&a, "p", va);
+	md_open(&w, ops, srv->url, ns, NULL);
 	watch_ok(&w, r);
 	mdserver_stop(srv, true);
 	mdserver_wipe(srv);
 	rec_clear(r);
 	mdserver_restart(srv);
-	ms = wait_presence(&w, "p", false, TTL_S * 1000);
+	ms = md_wait_presence(&w, "p", false, MD_TTL_S * 1000);
 	g_test_message("re-published %" G_GINT64_FORMAT " ms after the restart", ms);
 	g_assert_cmpint(ms, >=, 0);
-	assert_value(&w, "p", va, strlen(va));
+	md_assert_value(&w, "p", va, strlen(va));
 	/* The watcher resynced and saw it come back. */
 	g_assert_true(rec_wait(r, "p", va, strlen(va), false, 5000));
-	g_assert_cmpuint(logcap_count(cap, "[W]", "etcd metadata"), ==, 1);
-	g_assert_cmpuint(logcap_count(cap, "[I]", "published again"), ==, 1);
+	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_WARN, "etcd metadata"), ==, 1);
+	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_INFO, "published again"), ==, 1);
 	/* And it stays: the new lease is kept alive. */
-	g_usleep((TTL_S + 1) * G_USEC_PER_SEC);
-	assert_value(&w, "p", va, strlen(va));
+	g_usleep((MD_TTL_S + 1) * G_USEC_PER_SEC);
+	md_assert_value(&w, "p", va, strlen(va));
 	md_close(&w);
 	md_close(&a);
 	rec_free(r);
-	logcap_free(cap);
+	logcap_sink_free(cap);
 	mdserver_free(srv);
 }
 
 /* No etcd: TE_ERR_METADATA_UNAVAILABLE naming the endpoints and curl's error. */
 static void test_down(void)
 {
-	unsigned p1 = dead_port(), p2 = dead_port();
+	unsigned p1 = mdserver_dead_port(), p2 = mdserver_dead_port();
 	g_autofree char *u1 = g_strdup_printf("http://127.0.0.1:%u", p1);
 	g_autofree char *u2 = g_strdup_printf("127.0.0.1:%u", p2);
 	const char *eps[] = { u1, u2, NULL };
-	g_autofree char *ns = new_ns("down");
+	g_autofree char *ns = md_new_ns("down");
 	g_autofree char *err = NULL;
 	struct md m;
 
-	g_assert_cmpint(md_try_open(&m, eps, ns, TTL_S, NULL, NULL, NULL, &err), ==,
+	g_assert_cmpint(md_try_open(&m, ops, eps, ns, MD_TTL_S, NULL, NULL, NULL, &err), ==,
 			TE_ERR_METADATA_UNAVAILABLE);
 	g_test_message("%s", err);
 	g_assert_nonnull(strstr(err, u1));
@@ -632,9 +443,9 @@ static void test_down(void)
 static void test_failover(void)
 {
 	struct mdserver *srv;
-	g_autofree char *dead = g_strdup_printf("http://127.0.0.1:%u", dead_port());
-	g_autofree char *ns = new_ns("fo");
-	g_autofree char *v = desc("f", "3", "127.0.0.1:6500", NULL);
+	g_autofree char *dead = g_strdup_printf("http://127.0.0.1:%u", mdserver_dead_port());
+	g_autofree char *ns = md_new_ns("fo");
+	g_autofree char *v = md_desc("f", "3", "127.0.0.1:6500", NULL);
 	g_autofree char *err = NULL;
 	struct rec *r = rec_new();
 	const char *eps[3];
@@ -646,13 +457,13 @@ static void test_failover(void)
 	eps[0] = dead;
 	eps[1] = srv->url;
 	eps[2] = NULL;
-	g_assert_cmpint(md_try_open(&m, eps, ns, TTL_S, NULL, NULL, NULL, &err), ==, TE_OK);
+	g_assert_cmpint(md_try_open(&m, ops, eps, ns, MD_TTL_S, NULL, NULL, NULL, &err), ==, TE_OK);
 	watch_ok(&m, r);
-	publish_ok(&m, "f", v);
-	assert_value(&m, "f", v, strlen(v));
+	md_publish_ok(&m, "f", v);
+	md_assert_value(&m, "f", v, strlen(v));
 	g_assert_true(rec_wait(r, "f", v, strlen(v), false, 5000));
-	g_usleep((TTL_S + 1) * G_USEC_PER_SEC);
-	assert_value(&m, "f", v, strlen(v));
+	g_usleep((MD_TTL_S + 1) * G_USEC_PER_SEC);
+	md_assert_value(&m, "f", v, strlen(v));
 	md_close(&m);
 	rec_free(r);
 	mdserver_free(srv);
@@ -664,35 +475,36 @@ static void test_garbage(void)
 	static const char bin[] = { 0, 1, 2, (char)0xff, (char)0xfe, '{', 0, '"', '\n' };
 	static const char text[] = "this is not JSON {";
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("junk");
+	g_autofree char *ns = md_new_ns("junk");
 	g_autofree char *k1 = metadata_key(ns, "text");
 	g_autofree char *k2 = metadata_key(ns, "bin");
 	g_autofree char *k3 = metadata_key(ns, "empty");
-	g_autofree char *mine = desc("text", "4", "127.0.0.1:6600", NULL);
-	struct logcap *cap = logcap_new();
+	g_autofree char *mine = md_desc("text", "4", "127.0.0.1:6600", NULL);
+	struct logcap_sink *cap = logcap_sink_new();
 	struct rec *r = rec_new();
 	struct md m;
 
 	if (skip_without_etcd())
 		return;
 	srv = mdserver_shared(MDSERVER_ETCD);
-	md_open(&m, srv->url, ns, cap);
+	md_open(&m, ops, srv->url, ns, cap);
 	raw_put(srv->url, k1, text, strlen(text));
 	watch_ok(&m, r);
 	raw_put(srv->url, k2, bin, sizeof(bin));
 	raw_put(srv->url, k3, "", 0);
-	assert_value(&m, "text", text, strlen(text));
-	assert_value(&m, "bin", bin, sizeof(bin));
-	assert_value(&m, "empty", "", 0);
+	md_assert_value(&m, "text", text, strlen(text));
+	md_assert_value(&m, "bin", bin, sizeof(bin));
+	md_assert_value(&m, "empty", "", 0);
 	g_assert_true(rec_wait(r, "bin", bin, sizeof(bin), false, 5000));
 	g_assert_true(rec_wait(r, "empty", "", 0, false, 5000));
 	/* Not a descriptor and under no lease: nobody holds it, publishing takes it over. */
-	publish_ok(&m, "text", mine);
-	assert_value(&m, "text", mine, strlen(mine));
-	g_assert_cmpuint(logcap_count(cap, "[W]", "taking over segment name 'text'"), ==, 1);
+	md_publish_ok(&m, "text", mine);
+	md_assert_value(&m, "text", mine, strlen(mine));
+	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_WARN, "taking over segment name 'text'"),
+			 ==, 1);
 	md_close(&m);
 	rec_free(r);
-	logcap_free(cap);
+	logcap_sink_free(cap);
 	mdserver_free(srv);
 }
 
@@ -703,12 +515,12 @@ static void test_auth(void)
 	static const char *const add[] = { "user", "add", "root:s3cret", NULL };
 	static const char *const enable[] = { "auth", "enable", NULL };
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("auth");
-	g_autofree char *v = desc("u", "12", "127.0.0.1:6700", NULL);
-	g_autofree char *v2 = desc("u", "12", "127.0.0.1:6700", "second");
-	g_autofree char *vx = desc("x", "13", "127.0.0.1:6701", NULL);
+	g_autofree char *ns = md_new_ns("auth");
+	g_autofree char *v = md_desc("u", "12", "127.0.0.1:6700", NULL);
+	g_autofree char *v2 = md_desc("u", "12", "127.0.0.1:6700", "second");
+	g_autofree char *vx = md_desc("x", "13", "127.0.0.1:6701", NULL);
 	g_autofree char *err = NULL;
-	struct logcap *cap = logcap_new();
+	struct logcap_sink *cap = logcap_sink_new();
 	struct rec *r = rec_new();
 	const char *eps[2];
 	struct md m, bad, none;
@@ -721,36 +533,37 @@ static void test_auth(void)
 	eps[0] = srv->url;
 	eps[1] = NULL;
 
-	g_assert_cmpint(md_try_open(&bad, eps, ns, TTL_S, NULL, "root", "wrong", &err), ==,
+	g_assert_cmpint(md_try_open(&bad, ops, eps, ns, MD_TTL_S, NULL, "root", "wrong", &err), ==,
 			TE_ERR_AUTH);
 	g_test_message("%s", err);
 	g_assert_nonnull(strstr(err, "authentication failed"));
 	g_assert_nonnull(strstr(err, "root"));
 	g_free(bad.ns);
 	g_clear_pointer(&err, g_free);
-	g_assert_cmpint(md_try_open(&none, eps, ns, TTL_S, NULL, NULL, NULL, &err), ==,
+	g_assert_cmpint(md_try_open(&none, ops, eps, ns, MD_TTL_S, NULL, NULL, NULL, &err), ==,
 			TE_ERR_AUTH);
 	g_test_message("%s", err);
 	g_assert_nonnull(strstr(err, "metadata.username"));
 	g_free(none.ns);
 	g_clear_pointer(&err, g_free);
 
-	g_assert_cmpint(md_try_open(&m, eps, ns, TTL_S, cap, "root", "s3cret", &err), ==, TE_OK);
+	g_assert_cmpint(md_try_open(&m, ops, eps, ns, MD_TTL_S, cap, "root", "s3cret", &err), ==,
+			TE_OK);
 	watch_ok(&m, r);
-	publish_ok(&m, "u", v);
-	assert_value(&m, "u", v, strlen(v));
+	md_publish_ok(&m, "u", v);
+	md_assert_value(&m, "u", v, strlen(v));
 	g_assert_true(rec_wait(r, "u", v, strlen(v), false, 5000));
 	/* Idle past the token's TTL: the next request authenticates again. */
 	g_assert_cmpint(metadata_etcd_ops.withdraw(m.st, "u", &err), ==, TE_OK);
 	g_usleep(3 * G_USEC_PER_SEC);
-	publish_ok(&m, "u", v2);
-	assert_value(&m, "u", v2, strlen(v2));
-	g_assert_cmpuint(logcap_count(cap, "[D]", "refused our token"), >=, 1);
-	publish_ok(&m, "x", vx);
+	md_publish_ok(&m, "u", v2);
+	md_assert_value(&m, "u", v2, strlen(v2));
+	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_DEBUG, "refused our token"), >=, 1);
+	md_publish_ok(&m, "x", vx);
 	g_assert_true(rec_wait(r, "x", vx, strlen(vx), false, 5000));
 	md_close(&m);
 	rec_free(r);
-	logcap_free(cap);
+	logcap_sink_free(cap);
 	mdserver_free(srv);
 }
 
@@ -758,7 +571,7 @@ static void test_auth(void)
 static void test_not_etcd(void)
 {
 	struct mdserver *srv;
-	g_autofree char *ns = new_ns("notetcd");
+	g_autofree char *ns = md_new_ns("notetcd");
 	g_autofree char *base = NULL, *err = NULL;
 	const char *eps[2];
 	struct md m;
@@ -771,7 +584,7 @@ static void test_not_etcd(void)
 	base = g_strdup_printf("http://127.0.0.1:%u", srv->port);
 	eps[0] = base;
 	eps[1] = NULL;
-	g_assert_cmpint(md_try_open(&m, eps, ns, TTL_S, NULL, NULL, NULL, &err), ==,
+	g_assert_cmpint(md_try_open(&m, ops, eps, ns, MD_TTL_S, NULL, NULL, NULL, &err), ==,
 			TE_ERR_METADATA);
 	g_test_message("%s", err);
 	g_assert_nonnull(strstr(err, base));

@@ -9,67 +9,15 @@
 #include <glib.h>
 #include <hiredis/hiredis.h>
 
-#include "core/log.h"
 #include "core/metadata/descriptor.h"
 #include "core/metadata/metadata.h"
 #include "tests/metadata/mdserver.h"
+#include "logcap_core.h"
 
 #define NS "/te/test"
 #define TTL_S 2u
 
 static const struct metadata_ops *ops = &metadata_redis_ops;
-
-/* --- log capture --- */
-
-struct logs {
-	GMutex lock;
-	GPtrArray *lines; /* "W: text" */
-	struct log_sink sink;
-};
-
-static void logs_fn(void *user, enum te_log_level level, const char *msg)
-{
-	struct logs *l = user;
-	static const char lv[] = "EWIDT";
-
-	g_mutex_lock(&l->lock);
-	g_ptr_array_add(l->lines, g_strdup_printf("%c: %s", lv[level % 5], msg));
-	g_mutex_unlock(&l->lock);
-	if (g_getenv("TE_TEST_VERBOSE"))
-		g_printerr("# log %c: %s\n", lv[level % 5], msg);
-}
-
-static void logs_init(struct logs *l)
-{
-	g_mutex_init(&l->lock);
-	l->lines = g_ptr_array_new_with_free_func(g_free);
-	l->sink.fn = logs_fn;
-	l->sink.user = l;
-	atomic_init(&l->sink.level, TE_LOG_DEBUG);
-	l->sink.prefix = NULL;
-}
-
-static void logs_clear(struct logs *l)
-{
-	g_ptr_array_unref(l->lines);
-	g_mutex_clear(&l->lock);
-}
-
-/* Lines starting with @lv (e.g. "W") that contain @needle. */
-static unsigned logs_count(struct logs *l, const char *lv, const char *needle)
-{
-	unsigned n = 0;
-
-	g_mutex_lock(&l->lock);
-	for (guint i = 0; i < l->lines->len; i++) {
-		const char *s = l->lines->pdata[i];
-
-		if (g_str_has_prefix(s, lv) && strstr(s, needle))
-			n++;
-	}
-	g_mutex_unlock(&l->lock);
-	return n;
-}
 
 /* --- watch events --- */
 
@@ -144,8 +92,8 @@ struct md {
 	struct metadata_params p;
 };
 
-static enum te_status md_open_eps(struct md *m, struct logs *l, const char *const *eps, size_t n,
-				  char **err_out)
+static enum te_status md_open_eps(struct md *m, struct logcap_sink *l, const char *const *eps,
+				  size_t n, char **err_out)
 {
 	memset(m, 0, sizeof(*m));
 	for (size_t i = 0; i < n; i++)
@@ -159,7 +107,7 @@ static enum te_status md_open_eps(struct md *m, struct logs *l, const char *cons
 	return ops->open(&m->p, &m->st, err_out);
 }
 
-static void md_open(struct md *m, struct logs *l, const char *url)
+static void md_open(struct md *m, struct logcap_sink *l, const char *url)
 {
 	g_autofree char *err = NULL;
 	const char *eps[] = { url };
@@ -251,19 +199,6 @@ static long long raw_exists(redisContext *c, const char *key)
 }
 
 /* A loopback port nobody listens on (bound, then closed). */
-static unsigned dead_port(void)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t al = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	g_assert_cmpint(fd, >=, 0);
-	g_assert_cmpint(bind(fd, (struct sockaddr *)&a, sizeof(a)), ==, 0);
-	g_assert_cmpint(getsockname(fd, (struct sockaddr *)&a, &al), ==, 0);
-	close(fd);
-	return ntohs(a.sin_port);
-}
-
 static struct mdserver *server(const char *const *extra)
 {
 	if (!mdserver_available(MDSERVER_REDIS)) {
@@ -278,13 +213,13 @@ static struct mdserver *server(const char *const *extra)
 static void test_roundtrip(void)
 {
 	struct mdserver *s = server(NULL);
-	struct logs l;
+	struct logcap_sink l;
 	struct md m;
 	g_autofree char *json = NULL, *err = NULL;
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	md_open(&m, &l, s->url);
 	/* Bytes a JSON re-encoder would change: spacing, escapes, UTF-8. */
 	json = desc("seg-a", "123456789012345678", "127.0.0.1:4000",
@@ -310,20 +245,20 @@ static void test_roundtrip(void)
 	/* Withdrawing what we do not hold is a no-op. */
 	g_assert_cmpint(ops->withdraw(m.st, "seg-a", &err), ==, TE_OK);
 	md_close(&m);
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
 static void test_collision(void)
 {
 	struct mdserver *s = server(NULL);
-	struct logs l;
+	struct logcap_sink l;
 	struct md a, b;
 	g_autofree char *ja = NULL, *jb = NULL, *err = NULL;
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	md_open(&a, &l, s->url);
 	md_open(&b, &l, s->url);
 	ja = desc("seg", "1111", "10.0.0.1:7001", NULL);
@@ -351,8 +286,9 @@ static void test_collision(void)
 
 		freeReplyObject(r);
 		g_usleep(TTL_S * 1000 * 1000);
-		g_assert_cmpuint(logs_count(&l, "E", "now held by another engine"), ==, 1);
-		g_assert_cmpuint(logs_count(&l, "E", "10.0.0.2:7002"), ==, 1);
+		g_assert_cmpuint(
+			logcap_count_at(&l.cap, TE_LOG_ERROR, "now held by another engine"), ==, 1);
+		g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_ERROR, "10.0.0.2:7002"), ==, 1);
 		assert_get(&b, "seg", jb);
 		/* ...and publishes again once that key is gone. */
 		r = redisCommand(c, "DEL %s", NS "/segments/seg");
@@ -361,23 +297,24 @@ static void test_collision(void)
 	}
 	g_assert_true(wait_get_status(&b, "seg", TE_OK, TTL_S * 1000));
 	assert_get(&b, "seg", ja);
-	g_assert_cmpuint(logs_count(&l, "E", "now held by another engine"), ==, 1);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_ERROR, "now held by another engine"), ==,
+			 1);
 	md_close(&b);
 	md_close(&a);
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
 static void test_takeover(void)
 {
 	struct mdserver *s = server(NULL);
-	struct logs l;
+	struct logcap_sink l;
 	struct md a, b;
 	g_autofree char *ja = NULL, *jb = NULL;
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	md_open(&a, &l, s->url);
 	ja = desc("seg", "1111", "127.0.0.1:7001", NULL);
 	jb = desc("seg", "2222", "127.0.0.1:7001", NULL);
@@ -387,14 +324,14 @@ static void test_takeover(void)
 	publish_ok(&b, "seg", jb); /* same rpc: the old process is gone */
 	assert_get(&b, "seg", jb);
 	md_close(&b);
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
 static void test_expiry(void)
 {
 	struct mdserver *s = server(NULL);
-	struct logs l;
+	struct logcap_sink l;
 	struct md a, w;
 	GAsyncQueue *q = g_async_queue_new_full(event_free);
 	g_autofree char *ja = NULL, *err = NULL;
@@ -402,7 +339,7 @@ static void test_expiry(void)
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	md_open(&a, &l, s->url);
 	md_open(&w, &l, s->url);
 	g_assert_cmpint(ops->watch(w.st, watch_fn, q, &err), ==, TE_OK);
@@ -419,12 +356,12 @@ static void test_expiry(void)
 	g_assert_cmpint(get_status(&w, "seg", &err), ==, TE_ERR_METADATA_NOT_FOUND);
 	md_close(&w);
 	g_async_queue_unref(q);
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
 /* Publish, change, withdraw and expire under a watcher. */
-static void watch_cases(struct mdserver *s, struct logs *l, int db)
+static void watch_cases(struct mdserver *s, struct logcap_sink *l, int db)
 {
 	struct md a, w;
 	GAsyncQueue *q = g_async_queue_new_full(event_free);
@@ -472,14 +409,14 @@ static void watch_cases(struct mdserver *s, struct logs *l, int db)
 static void test_watch_notify(void)
 {
 	struct mdserver *s = server(NULL);
-	struct logs l;
+	struct logcap_sink l;
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	watch_cases(s, &l, 0);
-	g_assert_cmpuint(logs_count(&l, "I", "by keyspace notifications"), >=, 1);
-	g_assert_cmpuint(logs_count(&l, "I", "polling"), ==, 0);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_INFO, "by keyspace notifications"), >=, 1);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_INFO, "polling"), ==, 0);
 	{
 		redisContext *c = raw(s, 0);
 		redisReply *r = redisCommand(c, "CONFIG GET notify-keyspace-events");
@@ -489,7 +426,7 @@ static void test_watch_notify(void)
 		freeReplyObject(r);
 		redisFree(c);
 	}
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
@@ -497,35 +434,35 @@ static void test_watch_poll(void)
 {
 	static const char *const extra[] = { "--rename-command", "CONFIG", "", NULL };
 	struct mdserver *s = server(extra);
-	struct logs l;
+	struct logcap_sink l;
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	watch_cases(s, &l, 0);
-	g_assert_cmpuint(logs_count(&l, "I", "polling"), >=, 1);
-	g_assert_cmpuint(logs_count(&l, "I", "by keyspace notifications"), ==, 0);
-	logs_clear(&l);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_INFO, "polling"), >=, 1);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_INFO, "by keyspace notifications"), ==, 0);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
 static void test_select_db(void)
 {
 	struct mdserver *s = server(NULL);
-	struct logs l;
+	struct logcap_sink l;
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	watch_cases(s, &l, 3);
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
 static void test_restart(void)
 {
 	struct mdserver *s = server(NULL);
-	struct logs l;
+	struct logcap_sink l;
 	struct md a, c, w;
 	GAsyncQueue *q = g_async_queue_new_full(event_free);
 	g_autofree char *ja = NULL, *jc = NULL, *err = NULL;
@@ -533,7 +470,7 @@ static void test_restart(void)
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	md_open(&a, &l, s->url);
 	md_open(&w, &l, s->url);
 	g_assert_cmpint(ops->watch(w.st, watch_fn, q, &err), ==, TE_OK);
@@ -560,34 +497,37 @@ static void test_restart(void)
 	publish_ok(&c, "other", jc);
 	g_assert_true(wait_event(q, "other", jc, false, 5000));
 	/* The resync may deliver "other" just before the watch logs that it is back. */
-	for (int i = 0; i < 200 && logs_count(&l, "I", "watch reconnected") == 0; i++)
+	for (int i = 0; i < 200 && logcap_count_at(&l.cap, TE_LOG_INFO, "watch reconnected") == 0;
+	     i++)
 		g_usleep(10 * 1000);
-	g_assert_cmpuint(logs_count(&l, "W", "keeping this engine's descriptor alive"), ==, 1);
-	g_assert_cmpuint(logs_count(&l, "W", "the watch reconnects"), ==, 1);
-	g_assert_cmpuint(logs_count(&l, "I", "answers again"), ==, 1);
-	g_assert_cmpuint(logs_count(&l, "I", "watch reconnected"), ==, 1);
+	g_assert_cmpuint(
+		logcap_count_at(&l.cap, TE_LOG_WARN, "keeping this engine's descriptor alive"), ==,
+		1);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_WARN, "the watch reconnects"), ==, 1);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_INFO, "answers again"), ==, 1);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_INFO, "watch reconnected"), ==, 1);
 	md_close(&c);
 	md_close(&a);
 	md_close(&w);
 	g_async_queue_unref(q);
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
 static void test_down_at_start(void)
 {
-	struct logs l;
+	struct logcap_sink l;
 	struct md m;
-	g_autofree char *url = g_strdup_printf("redis://127.0.0.1:%u", dead_port());
+	g_autofree char *url = g_strdup_printf("redis://127.0.0.1:%u", mdserver_dead_port());
 	g_autofree char *err = NULL;
 	const char *eps[] = { url };
 
-	logs_init(&l);
+	logcap_sink_init(&l);
 	g_assert_cmpint(md_open_eps(&m, &l, eps, 1, &err), ==, TE_ERR_METADATA_UNAVAILABLE);
 	g_test_message("%s", err);
 	g_assert_nonnull(strstr(err, url));
 	g_assert_nonnull(strstr(err, "refused"));
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 }
 
 static void test_endpoints(void)
@@ -596,11 +536,11 @@ static void test_endpoints(void)
 		"rediss://127.0.0.1:6379",  "redis://127.0.0.1:6379/x", "redis://alice@127.0.0.1:1",
 		"redis://127.0.0.1:6379?a", "http://127.0.0.1:1",	"redis://:1",
 	};
-	struct logs l;
+	struct logcap_sink l;
 	struct md m;
-	unsigned port = dead_port();
+	unsigned port = mdserver_dead_port();
 
-	logs_init(&l);
+	logcap_sink_init(&l);
 	for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
 		g_autofree char *err = NULL;
 		const char *eps[] = { bad[i] };
@@ -623,7 +563,7 @@ static void test_endpoints(void)
 		g_assert_nonnull(strstr(err, want_b));
 		g_assert_null(strstr(err, "hush"));
 	}
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 }
 
 static void test_failover(void)
@@ -632,9 +572,9 @@ static void test_failover(void)
 	static const char *const pextra[] = { "--repl-diskless-sync-delay", "0", NULL };
 	struct mdserver *s = server(pextra);
 	struct mdserver *rep;
-	struct logs l;
+	struct logcap_sink l;
 	struct md m;
-	g_autofree char *dead = g_strdup_printf("redis://127.0.0.1:%u", dead_port());
+	g_autofree char *dead = g_strdup_printf("redis://127.0.0.1:%u", mdserver_dead_port());
 	g_autofree char *port = NULL, *err = NULL, *json = NULL;
 	const char *extra[] = { "--replicaof", "127.0.0.1", NULL, NULL };
 
@@ -643,7 +583,7 @@ static void test_failover(void)
 	port = g_strdup_printf("%u", s->port);
 	extra[2] = port;
 	rep = mdserver_start(MDSERVER_REDIS, extra);
-	logs_init(&l);
+	logcap_sink_init(&l);
 	{
 		/* A dead port, a read-only replica, then the primary: writes land on it. */
 		const char *eps[] = { dead, rep->url, s->url };
@@ -655,7 +595,7 @@ static void test_failover(void)
 	/* Reads stay on the replica (the first endpoint that answered): replication lags. */
 	g_assert_true(wait_get_status(&m, "seg", TE_OK, 3000));
 	assert_get(&m, "seg", json);
-	g_assert_cmpuint(logs_count(&l, "I", "read-only replica"), >=, 1);
+	g_assert_cmpuint(logcap_count_at(&l.cap, TE_LOG_INFO, "read-only replica"), >=, 1);
 	{
 		redisContext *c = raw(s, 0);
 
@@ -664,7 +604,7 @@ static void test_failover(void)
 	}
 	g_assert_cmpint(ops->withdraw(m.st, "seg", &err), ==, TE_OK);
 	md_close(&m);
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(rep);
 	mdserver_free(s);
 }
@@ -676,14 +616,14 @@ static void test_auth(void)
 		">alicepw",	 "~*",	      "&*",	"+@all", NULL
 	};
 	struct mdserver *s = server(extra);
-	struct logs l;
+	struct logcap_sink l;
 	struct md m;
 	g_autofree char *url = NULL, *err = NULL, *json = NULL;
 	const char *eps[1];
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	json = desc("seg", "1111", "127.0.0.1:7001", NULL);
 	/* Password in the URL (percent-encoded space). */
 	url = g_strdup_printf("redis://:pw%%20s3cret@127.0.0.1:%u", s->port);
@@ -726,14 +666,14 @@ static void test_auth(void)
 	g_assert_cmpint(md_open_eps(&m, &l, eps, 1, &err), ==, TE_ERR_METADATA);
 	g_test_message("%s", err);
 	g_assert_nonnull(strstr(err, "NOAUTH"));
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 
 static void test_garbage(void)
 {
 	struct mdserver *s = server(NULL);
-	struct logs l;
+	struct logcap_sink l;
 	struct md m, w;
 	GAsyncQueue *q = g_async_queue_new_full(event_free);
 	static const char junk[] = "\x00\xff{\"generation\":\x01\x02 not json";
@@ -744,7 +684,7 @@ static void test_garbage(void)
 
 	if (!s)
 		return;
-	logs_init(&l);
+	logcap_sink_init(&l);
 	md_open(&m, &l, s->url);
 	md_open(&w, &l, s->url);
 	g_assert_cmpint(ops->watch(w.st, watch_fn, q, &err), ==, TE_OK);
@@ -797,7 +737,7 @@ static void test_garbage(void)
 	md_close(&m);
 	md_close(&w);
 	g_async_queue_unref(q);
-	logs_clear(&l);
+	logcap_sink_clear(&l);
 	mdserver_free(s);
 }
 

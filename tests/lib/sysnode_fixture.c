@@ -16,16 +16,6 @@ char *node_path;
 /* ---------------------------------------------------------------------------------------- */
 /* small helpers */
 
-int64_t now_ns(void)
-{
-	return g_get_monotonic_time() * 1000;
-}
-
-void sleep_ms(unsigned ms)
-{
-	g_usleep((gulong)ms * 1000);
-}
-
 static struct {
 	GMutex lock;
 	GCond cond;

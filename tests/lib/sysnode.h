@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* sysnode.h: data patterns and checksums shared by te-node and the system tests that drive it. */
-#ifndef TE_TESTS_SYSTEM_SYSNODE_H
-#define TE_TESTS_SYSTEM_SYSNODE_H
+#ifndef TE_TESTS_LIB_SYSNODE_H
+#define TE_TESTS_LIB_SYSNODE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -54,4 +54,4 @@ static inline uint64_t sysnode_fnv(const uint8_t *p, size_t len)
 /* Longest range the "dump" command prints. */
 #define SYSNODE_DUMP_MAX 4096u
 
-#endif /* TE_TESTS_SYSTEM_SYSNODE_H */
+#endif /* TE_TESTS_LIB_SYSNODE_H */

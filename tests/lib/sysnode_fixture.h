@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* sysnode_fixture.h: the node driver and test helpers shared by the te-node/cxl-node tests. */
-#ifndef TE_TESTS_SYSTEM_SYSNODE_FIXTURE_H
-#define TE_TESTS_SYSTEM_SYSNODE_FIXTURE_H
+#ifndef TE_TESTS_LIB_SYSNODE_FIXTURE_H
+#define TE_TESTS_LIB_SYSNODE_FIXTURE_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -13,40 +13,15 @@
 
 #include <te/te.h>
 
-#define MS_NS (1000ll * 1000)
-#define S_NS (1000ll * MS_NS)
+#include "tlib.h"
 
 /* Deadline for a node's answer to one command (a 64 MiB fill or checksum included). */
 #define NODE_REPLY_MS 30000
 /* Deadline for a node to print "ready" (a fresh 64 MiB costs ~0.3 s to touch). */
 #define NODE_READY_MS 30000
 
-#define assert_status(call, expected)                                                              \
-	do {                                                                                       \
-		enum te_status st_ = (call);                                                       \
-		enum te_status ex_ = (expected);                                                   \
-		if (st_ != ex_)                                                                    \
-			g_error("%s:%d: %s returned %d (%s), expected %d (%s); last error: %s",    \
-				__FILE__, __LINE__, #call, st_, te_status_str(st_), ex_,           \
-				te_status_str(ex_), te_last_error());                              \
-	} while (0)
-
-#define assert_ok(call) assert_status(call, TE_OK)
-
-#define assert_contains(haystack, needle)                                                          \
-	do {                                                                                       \
-		const char *h_ = (haystack);                                                       \
-		const char *n_ = (needle);                                                         \
-		if (!h_ || !strstr(h_, n_))                                                        \
-			g_error("%s:%d: \"%s\" does not contain \"%s\"", __FILE__, __LINE__,       \
-				h_ ? h_ : "(null)", n_);                                           \
-	} while (0)
-
 /* The node program node_start runs (te-node); set by the test's main. */
 extern char *node_path;
-
-int64_t now_ns(void);
-void sleep_ms(unsigned ms);
 
 /*
  * Watchdog: a test arms it around a call that must not hang (te_batch_wait after a kill,
@@ -197,4 +172,4 @@ struct bad_range {
 /* The ranges next to, across the edges of and far from @n's buffer, refused at submit. */
 void bad_ranges(const struct node *n, struct bad_range out[BAD_RANGES]);
 
-#endif /* TE_TESTS_SYSTEM_SYSNODE_FIXTURE_H */
+#endif /* TE_TESTS_LIB_SYSNODE_FIXTURE_H */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* itest.c: helpers shared by the integration tests (engine pairs, patterns, plugin files). */
+/* itest.c: engines in the test process: engine pairs, guarded buffers, patterns, plugin files. */
 #include "itest.h"
 
 #include <stdlib.h>
@@ -62,10 +62,10 @@ void itest_pair_connect(struct itest_pair *p)
 	size_t len = 0;
 	te_segment_id seg = (te_segment_id)-1;
 
-	itest_ok(te_segment_export(p->b, &json, &len));
+	assert_ok(te_segment_export(p->b, &json, &len));
 	g_assert_nonnull(json);
 	g_assert_cmpuint(strlen(json), ==, len);
-	itest_ok(te_segment_import(p->a, json, len, &seg));
+	assert_ok(te_segment_import(p->a, json, len, &seg));
 	te_free(json);
 	g_assert_cmpuint(seg, !=, TE_SEGMENT_LOCAL);
 	p->seg = seg;
@@ -98,7 +98,7 @@ void itest_buf_free(struct itest_buf *b)
 
 void itest_buf_register(struct itest_buf *b, struct te_engine *engine, uint32_t access)
 {
-	itest_ok(te_mem_register(engine, b->base, b->len + 2 * b->guard, "cpu", access));
+	assert_ok(te_mem_register(engine, b->base, b->len + 2 * b->guard, "cpu", access));
 }
 
 void itest_buf_fill(struct itest_buf *b)
@@ -107,6 +107,24 @@ void itest_buf_fill(struct itest_buf *b)
 
 	for (size_t i = 0; i < span; i++)
 		b->base[i] = itest_pattern(b->seed, i);
+}
+
+void itest_fx_new(struct itest_fx *f, const char *plugin, const char *options, const char *transfer,
+		  size_t len, size_t guard)
+{
+	itest_pair_new(&f->p, plugin, options, transfer);
+	itest_buf_new(&f->la, len, guard, 1);
+	itest_buf_new(&f->rb, len, guard, 2);
+	itest_buf_register(&f->la, f->p.a, TE_MEM_LOCAL);
+	itest_buf_register(&f->rb, f->p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&f->p);
+}
+
+void itest_fx_free(struct itest_fx *f)
+{
+	itest_pair_free(&f->p);
+	itest_buf_free(&f->la);
+	itest_buf_free(&f->rb);
 }
 
 bool itest_range_is(const struct itest_buf *b, size_t off, size_t len, const struct itest_buf *src,
@@ -189,7 +207,7 @@ struct te_task_info itest_task(struct te_engine *e, te_batch_id batch, uint32_t 
 	struct te_task_info info;
 
 	memset(&info, 0, sizeof(info));
-	itest_ok(te_task_status(e, batch, task, &info));
+	assert_ok(te_task_status(e, batch, task, &info));
 	return info;
 }
 
@@ -198,11 +216,6 @@ struct te_batch_info itest_batch(struct te_engine *e, te_batch_id batch)
 	struct te_batch_info info;
 
 	memset(&info, 0, sizeof(info));
-	itest_ok(te_batch_status(e, batch, &info));
+	assert_ok(te_batch_status(e, batch, &info));
 	return info;
-}
-
-void itest_sleep_ms(unsigned ms)
-{
-	g_usleep((gulong)ms * 1000);
 }

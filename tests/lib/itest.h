@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* itest.h: helpers shared by the integration tests (engine pairs, patterns, plugin files). */
-#ifndef TE_TESTS_INTEGRATION_ITEST_H
-#define TE_TESTS_INTEGRATION_ITEST_H
+/* itest.h: engines in the test process: engine pairs, guarded buffers, patterns, plugin files. */
+#ifndef TE_TESTS_LIB_ITEST_H
+#define TE_TESTS_LIB_ITEST_H
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -14,31 +14,10 @@
 
 #include <te/te.h>
 
+#include "tlib.h"
+
 /* Upper bound for every te_batch_wait that is expected to finish: 60 s. */
 #define ITEST_WAIT_NS (60ll * 1000 * 1000 * 1000)
-
-/* Assert that a te_* call returned @expected; on mismatch print te_last_error(). */
-#define itest_assert_status(call, expected)                                                        \
-	do {                                                                                       \
-		enum te_status itest_st_ = (call);                                                 \
-		enum te_status itest_ex_ = (expected);                                             \
-		if (itest_st_ != itest_ex_)                                                        \
-			g_error("%s:%d: %s returned %d (%s), expected %d (%s); last error: %s",    \
-				__FILE__, __LINE__, #call, itest_st_, te_status_str(itest_st_),    \
-				itest_ex_, te_status_str(itest_ex_), te_last_error());             \
-	} while (0)
-
-#define itest_ok(call) itest_assert_status(call, TE_OK)
-
-/* Assert @haystack contains @needle, printing both when it does not. */
-#define itest_assert_contains(haystack, needle)                                                    \
-	do {                                                                                       \
-		const char *itest_h_ = (haystack);                                                 \
-		const char *itest_n_ = (needle);                                                   \
-		if (!itest_h_ || !strstr(itest_h_, itest_n_))                                      \
-			g_error("%s:%d: \"%s\" does not contain \"%s\"", __FILE__, __LINE__,       \
-				itest_h_ ? itest_h_ : "(null)", itest_n_);                         \
-	} while (0)
 
 /*
  * One transport entry of an engine configuration. @options and @path may be NULL;
@@ -101,6 +80,20 @@ void itest_buf_register(struct itest_buf *b, struct te_engine *engine, uint32_t 
 /* Fill the whole span (guards included) with the buffer's pattern. */
 void itest_buf_fill(struct itest_buf *b);
 
+/*
+ * The fixture most cases start from: a pair (as itest_pair_new) with buffer la on a
+ * (TE_MEM_LOCAL, seed 1) and rb on b (TE_MEM_REMOTE, seed 2), each @len bytes with @guard
+ * bytes on each side, connected.
+ */
+struct itest_fx {
+	struct itest_pair p;
+	struct itest_buf la, rb;
+};
+
+void itest_fx_new(struct itest_fx *f, const char *plugin, const char *options, const char *transfer,
+		  size_t len, size_t guard);
+void itest_fx_free(struct itest_fx *f);
+
 /* Pattern byte for absolute offset @off of a span seeded with @seed. */
 static inline uint8_t itest_pattern(uint32_t seed, size_t off)
 {
@@ -145,7 +138,4 @@ struct te_task_info itest_task(struct te_engine *e, te_batch_id batch, uint32_t 
 /* te_batch_status that must succeed. */
 struct te_batch_info itest_batch(struct te_engine *e, te_batch_id batch);
 
-/* Sleep @ms milliseconds (not used as a threshold: only to let late events happen). */
-void itest_sleep_ms(unsigned ms);
-
-#endif /* TE_TESTS_INTEGRATION_ITEST_H */
+#endif /* TE_TESTS_LIB_ITEST_H */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* cxl-memcpy.c: the memcpy baseline of bench/compare-cxl.sh, on the window file te-bench uses. */
+/* cxl_memcpy.c: the memcpy baseline of bench/compare-cxl.sh, on the window file te-bench uses. */
 
 /*
  * cxl-memcpy --window FILE --op read|write --block SIZE --batch N [--duration SECONDS]

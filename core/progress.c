@@ -1,0 +1,339 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* progress.c: the worker threads, manual progress, and te_batch_wait driving it. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/batch.h"
+#include "core/control.h"
+#include "core/engine.h"
+#include "core/progress.h"
+#include "core/retry.h"
+#include "core/slice.h"
+#include "core/transport.h"
+#include "core/wake.h"
+
+/* te_batch_wait keeps polling manual transports this long after their last completion */
+#define BATCH_WAIT_SPIN_NS (2ull * 1000 * 1000)
+/* ... back to back for this long, then blocking in a plugin's wait op between polls */
+#define BATCH_WAIT_BUSY_NS (20ull * 1000)
+/* ... at most this long at a time */
+#define BATCH_WAIT_BLOCK_NS (500ull * 1000)
+/* ... reading the clock once per this many empty polls */
+#define BATCH_WAIT_IDLE_POLLS 4
+
+
+/* Whether a manual-progress transport has slices in flight. Relaxed, like the callers. */
+static bool progress_manual_in_flight(struct engine *e)
+{
+	for (unsigned i = 0; i < e->n_tps; i++) {
+		struct transport *tp = e->tps[i];
+
+		if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+		    atomic_load_explicit(&tp->in_flight, memory_order_relaxed) > 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Nothing to reap: block in the manual transport with slices in flight (ops.wait) for at
+ * most @timeout_ns when it is the only one and can; else yield the CPU. A serialized
+ * plugin is never blocked in: its call lock would stall every submitter meanwhile.
+ */
+static void progress_manual_wait(struct engine *e, uint64_t timeout_ns)
+{
+	struct transport *only = NULL;
+
+	for (unsigned i = 0; i < e->n_tps; i++) {
+		struct transport *tp = e->tps[i];
+
+		if (tp->caps.progress != TE_PLUGIN_PROGRESS_MANUAL ||
+		    !atomic_load_explicit(&tp->in_flight, memory_order_relaxed))
+			continue;
+		if (only || tp->serialized) {
+			only = NULL;
+			break;
+		}
+		only = tp;
+	}
+	if (!only || transport_wait(only, timeout_ns) == TE_ERR_UNSUPPORTED)
+		g_thread_yield();
+}
+
+unsigned progress_once(struct engine *e, bool from_worker)
+{
+	unsigned work = 0;
+	/* Relaxed: a stale view only costs one redundant or skipped poll. */
+	bool skip_manual = from_worker && wake_user_driving(e, engine_now_ns());
+
+	for (unsigned i = 0; i < e->n_tps; i++) {
+		struct transport *tp = e->tps[i];
+
+		if (!skip_manual && tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+		    atomic_load_explicit(&tp->in_flight, memory_order_relaxed) > 0) {
+			work += transport_progress(tp, 256);
+		}
+		work += slice_drain_backlog(e, tp);
+	}
+	return work;
+}
+
+/* Retries whose time has come, resubmitted outside the retry queue's lock. */
+static unsigned progress_run_retries(struct engine *e, uint64_t now, uint64_t *next_out)
+{
+	struct slice *due = retry_take_due(e, now, next_out);
+	unsigned n = 0;
+
+	while (due) {
+		struct slice *s = due;
+
+		due = s->next;
+		s->next = NULL;
+		slice_retry(e, s);
+		n++;
+	}
+	return n;
+}
+
+/* Work the worker must poll for: backlogs, and manual progress nobody else drives. */
+static bool progress_has_pending_io(struct engine *e)
+{
+	bool drivers = wake_user_driving(e, engine_now_ns());
+
+	for (unsigned i = 0; i < e->n_tps; i++) {
+		struct transport *tp = e->tps[i];
+
+		if (atomic_load(&tp->backlog_len))
+			return true;
+		if (!drivers && tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+		    atomic_load(&tp->in_flight))
+			return true;
+	}
+	return false;
+}
+
+static gpointer progress_worker(gpointer data)
+{
+	struct engine *e = data;
+	unsigned idle = 0;
+
+	while (!atomic_load(&e->stopping)) {
+		uint64_t now, next_retry, wake;
+		unsigned work;
+
+		work = progress_once(e, true);
+		now = engine_now_ns();
+		work += progress_run_retries(e, now, &next_retry);
+		work += retry_check_deadlines(e, now);
+		work += control_send_notifies(e);
+		if (work) {
+			idle = 0;
+			continue;
+		}
+		if (progress_has_pending_io(e) && ++idle < 32) {
+			/* Manual transports in flight: poll, yielding the core between tries. */
+			g_thread_yield();
+			continue;
+		}
+		wake = MIN(next_retry, retry_next_deadline(e));
+		if (progress_has_pending_io(e))
+			wake = MIN(wake, now + 50000); /* keep manual progress going at 50 us */
+		else if (!atomic_load(&e->drivers) && progress_manual_in_flight(e))
+			/* te_batch_wait drove them and returned: take over when that lapses. */
+			wake = MIN(wake, MAX(now, atomic_load_explicit(&e->last_drive_ns,
+								       memory_order_relaxed) +
+							  WAKE_DRIVE_NS));
+		wake = MIN(wake, now + 100000000ull);
+		g_mutex_lock(&e->work_lock);
+		atomic_store(&e->sleeping, progress_has_pending_io(e) ? 1 : 2);
+		if (!atomic_load(&e->stopping) &&
+		    (atomic_load(&e->sleeping) == 1 || !progress_has_pending_io(e)) &&
+		    !retry_due_locked(e, now))
+			g_cond_wait_until(&e->work_cond, &e->work_lock,
+					  g_get_monotonic_time() + (gint64)((wake - now) / 1000) +
+						  1);
+		atomic_store(&e->sleeping, 0);
+		g_mutex_unlock(&e->work_lock);
+		idle = 0;
+	}
+	return NULL;
+}
+
+/*
+ * Extra workers (transfer.worker_threads > 1) only drive manual-progress
+ * transports and backlogs, so several manual plugins (or one with independent
+ * queues) progress in parallel; retries, deadlines and notifies stay on worker 0.
+ */
+static gpointer progress_extra_worker(gpointer data)
+{
+	struct engine *e = data;
+
+	while (!atomic_load(&e->stopping)) {
+		if (progress_once(e, true))
+			continue;
+		if (progress_has_pending_io(e)) {
+			g_thread_yield();
+			g_usleep(20);
+			continue;
+		}
+		g_mutex_lock(&e->work_lock);
+		if (!atomic_load(&e->stopping))
+			g_cond_wait_until(&e->work_cond, &e->work_lock,
+					  g_get_monotonic_time() + 10000);
+		g_mutex_unlock(&e->work_lock);
+	}
+	return NULL;
+}
+
+/*
+ * Poll manual-progress transports for @b as the engine's one polling waiter: while
+ * completions keep coming (within BATCH_WAIT_SPIN_NS of the last one, or of @start, when
+ * this wait began; providers like libfabric's tcp move data only while polled): back to
+ * back for BATCH_WAIT_BUSY_NS after a completion, then sleeping in the plugin's wait op
+ * (or yielding the CPU) between empty polls. Returns when @b is terminal or when it is
+ * time to sleep (nothing completed lately: a dead or frozen peer; or @end passed).
+ */
+static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, uint64_t end)
+{
+	unsigned idle = 0;
+	bool worked = false;
+
+	while (!batch_is_terminal(b)) {
+		uint64_t now, quiet;
+
+		if (progress_once(e, false)) {
+			idle = 0;
+			worked = true;
+			continue;
+		}
+		if (++idle < BATCH_WAIT_IDLE_POLLS)
+			continue;
+		idle = 0;
+		now = engine_now_ns();
+		/* No clock read per completion: the last one was at most a few polls ago. */
+		if (worked) {
+			atomic_store_explicit(&e->manual_work_ns, now, memory_order_relaxed);
+			worked = false;
+		}
+		/* Since the last completion, or since this wait began. */
+		quiet = now -
+			MAX(start, atomic_load_explicit(&e->manual_work_ns, memory_order_relaxed));
+		if (now >= end || quiet >= BATCH_WAIT_SPIN_NS || !progress_manual_in_flight(e))
+			return;
+		/*
+		 * A burst usually has more: poll back to back for a moment, as the raw provider
+		 * loops do. Then sleep on the plugin's queues if it can, never past @end: a
+		 * waiter polling an empty queue (libfabric's tcp: one epoll_wait per poll) takes
+		 * the CPU and the socket locks from the peer that is sending.
+		 */
+		if (quiet >= BATCH_WAIT_BUSY_NS)
+			progress_manual_wait(e, MIN(BATCH_WAIT_BLOCK_NS, end - now));
+	}
+}
+
+/* Give up polling; wake the waiters standing by to take it over. */
+static void batch_wait_unpoll(struct engine *e)
+{
+	atomic_store(&e->polling, false);
+	batch_wake_any(e);
+}
+
+enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_ns)
+{
+	uint64_t start = engine_now_ns();
+	uint64_t end = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
+	struct batch *b;
+	enum te_status st;
+
+	st = batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	if (e->has_manual)
+		atomic_fetch_add(&e->drivers, 1);
+	while (!batch_is_terminal(b)) {
+		uint64_t now;
+
+		/*
+		 * Drive manual-progress transports from the waiting thread, one waiter at a
+		 * time: several threads polling one queue only take turns on its lock and on
+		 * the CPUs the peers need. The others stand by until their batch ends (the
+		 * poller reports it), the poller lets go, or 200 us pass.
+		 */
+		if (e->has_manual) {
+			if (!atomic_load_explicit(&e->polling, memory_order_relaxed) &&
+			    !atomic_exchange(&e->polling, true)) {
+				batch_wait_poll(e, b, start, end);
+				batch_wait_unpoll(e);
+				if (batch_is_terminal(b))
+					break;
+			} else {
+				now = engine_now_ns();
+				if (now >= end)
+					break;
+				batch_wait_any(e, b,
+					       g_get_monotonic_time() +
+						       (gint64)MIN((end - now) / 1000, 200));
+				continue;
+			}
+		}
+		now = engine_now_ns();
+		if (now >= end)
+			break;
+		{
+			/* With manual transports, wake up soon to drive them again. */
+			uint64_t until = e->has_manual ? MIN(end, now + 200000) : end;
+
+			batch_wait_terminal(
+				b, g_get_monotonic_time() +
+					   (gint64)MIN((until - now) / 1000, (uint64_t)G_MAXINT32));
+		}
+	}
+	if (e->has_manual) {
+		atomic_store_explicit(&e->last_drive_ns, engine_now_ns(), memory_order_relaxed);
+		atomic_fetch_sub(&e->drivers, 1);
+	}
+	if (!batch_is_terminal(b)) {
+		batch_unref(b);
+		return log_error(TE_INPROGRESS,
+				 "te_batch_wait: batch not terminal after %" PRId64 " ns",
+				 timeout_ns);
+	}
+	st = batch_result(b);
+	batch_unref(b);
+	return st;
+}
+
+bool progress_start(struct engine *e)
+{
+	const struct config *cfg = e->cfg;
+
+	e->worker = g_thread_try_new("te-worker", progress_worker, e, NULL);
+	if (e->worker && cfg->worker_threads > 1 && e->has_manual) {
+		e->extra = g_new0(GThread *, cfg->worker_threads - 1);
+		while (e->n_extra < cfg->worker_threads - 1) {
+			GThread *t = g_thread_try_new("te-worker", progress_extra_worker, e, NULL);
+
+			if (!t)
+				break;
+			e->extra[e->n_extra++] = t;
+		}
+	}
+	return e->worker != NULL;
+}
+
+void progress_stop(struct engine *e)
+{
+	if (e->worker) {
+		atomic_store(&e->stopping, true);
+		g_mutex_lock(&e->work_lock);
+		g_cond_broadcast(&e->work_cond);
+		g_mutex_unlock(&e->work_lock);
+		g_thread_join(e->worker);
+		for (unsigned i = 0; i < e->n_extra; i++)
+			g_thread_join(e->extra[i]);
+		e->worker = NULL;
+	}
+	g_clear_pointer(&e->extra, g_free);
+	e->n_extra = 0;
+}

@@ -1,0 +1,938 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* slice.c: requests split into slices and posted to transports, back-pressure, completion. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/batch.h"
+#include "core/engine.h"
+#include "core/mem.h"
+#include "core/retry.h"
+#include "core/segment.h"
+#include "core/slice.h"
+#include "core/stage.h"
+#include "core/transport.h"
+#include "core/wake.h"
+
+#define POST_CHUNK 256
+
+
+/* --- posting to plugins ----------------------------------------------------- */
+
+static void backlog_push(struct transport *tp, struct te_plugin_slice **ps, uint32_t n,
+			 bool at_head)
+{
+	struct slice *head = NULL, *tail = NULL;
+
+	if (!n)
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		struct slice *s = SLICE_OF(ps[i]);
+
+		s->next = NULL;
+		if (tail)
+			tail->next = s;
+		else
+			head = s;
+		tail = s;
+	}
+	g_mutex_lock(&tp->backlog_lock);
+	if (at_head) {
+		tail->next = tp->backlog_head;
+		tp->backlog_head = head;
+		if (!tp->backlog_tail)
+			tp->backlog_tail = tail;
+	} else {
+		if (tp->backlog_tail)
+			tp->backlog_tail->next = head;
+		else
+			tp->backlog_head = head;
+		tp->backlog_tail = tail;
+	}
+	atomic_fetch_add(&tp->backlog_len, n);
+	g_mutex_unlock(&tp->backlog_lock);
+}
+
+/*
+ * Hand the *@n_io slices of @ps to the plugin. Slices already settled are dropped
+ * first (order kept; *@n_io shrinks). Returns how many of the rest were consumed
+ * (accepted, or failed because submit returned an error): ps[0..ret) are gone,
+ * ps[ret..*n_io) are back-pressure for the caller to queue.
+ */
+static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_slice **ps,
+		     uint32_t *n_io)
+{
+	bool manual = tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL;
+	uint32_t acc = 0, n = 0;
+	enum te_status st;
+
+	/*
+	 * seq_cst store then load of term pairs with batch_free's scan of in_plugin:
+	 * a slice whose outcome is already settled (timed out, canceled) is never
+	 * handed to a plugin once its batch may have released its memory.
+	 */
+	for (uint32_t i = 0; i < *n_io; i++) {
+		struct slice *s = SLICE_OF(ps[i]);
+		int32_t abort;
+
+		atomic_store(&s->in_plugin, 1);
+		/* seq_cst: pairs with abort_slices (retry.c) (abort_status, then in_plugin). */
+		abort = atomic_load(&s->abort_status);
+		if (atomic_load(&s->term) || abort) {
+			atomic_store(&s->in_plugin, 0);
+			if (abort) {
+				char why[TE_DETAIL_MAX];
+
+				slice_abort_why(s, abort, why, sizeof(why));
+				slice_fail(s, abort, why);
+			}
+			batch_release_slice(s);
+			continue;
+		}
+		ps[n++] = ps[i];
+	}
+	*n_io = n;
+	if (!n)
+		return 0;
+	/*
+	 * Staged slices get their bounce buffers now (a WRITE's bytes are copied in); the first
+	 * that finds the pool empty stops this post: it and those after it are back-pressure.
+	 */
+	for (uint32_t i = 0; i < n; i++) {
+		struct slice *s = SLICE_OF(ps[i]);
+		char why[TE_DETAIL_MAX];
+		int32_t ab;
+
+		if (!s->staged)
+			continue;
+		/*
+		 * Device copies take time: the slice's deadline or a cancel may have come while
+		 * an earlier slice's copy (or its own) ran. Such a slice ends here, unposted.
+		 */
+		ab = atomic_load(&s->abort_status);
+		st = ab ? TE_OK : stage_attach(e, s, why, sizeof(why));
+		if (st == TE_OK && !ab)
+			ab = atomic_load(&s->abort_status);
+		if (ab) {
+			stage_release(e, s);
+			atomic_store(&s->in_plugin, 0);
+			slice_abort_why(s, ab, why, sizeof(why));
+			slice_fail(s, ab, why);
+			batch_release_slice(s);
+			memmove(&ps[i], &ps[i + 1], (n - i - 1) * sizeof(ps[0]));
+			n--;
+			(*n_io)--;
+			i--;
+			continue;
+		}
+		if (st == TE_OK)
+			continue;
+		if (st == TE_ERR_AGAIN) {
+			for (uint32_t k = i; k < n; k++)
+				atomic_store_explicit(&SLICE_OF(ps[k])->in_plugin, 0,
+						      memory_order_relaxed);
+			n = i;
+			break;
+		}
+		/* The copy or the pool failed: this slice ends here; the others go on. */
+		atomic_store(&s->in_plugin, 0);
+		slice_fail(s, st, why);
+		batch_release_slice(s);
+		memmove(&ps[i], &ps[i + 1], (n - i - 1) * sizeof(ps[0]));
+		n--;
+		(*n_io)--;
+		i--;
+	}
+	if (!n)
+		return 0;
+	if (manual) /* seq_cst: pairs with the worker's sleeping store (wake_kick) */
+		atomic_fetch_add(&tp->in_flight, n);
+	st = transport_submit(tp, ps, n, &acc);
+	if (acc > n) {
+		ENGINE_LOG(e, TE_LOG_ERROR, "%s: submit accepted %u of %u slices (plugin bug)",
+			   tp->plugin->name, acc, n);
+		acc = n;
+	}
+	if (acc) {
+		for (uint32_t i = 0; i < acc; i++) {
+			struct task *t = SLICE_OF(ps[i])->task;
+
+			if (!atomic_load_explicit(&t->posted, memory_order_relaxed))
+				atomic_store_explicit(&t->posted, 1, memory_order_relaxed);
+		}
+	}
+	for (uint32_t i = acc; i < n; i++) {
+		atomic_store_explicit(&SLICE_OF(ps[i])->in_plugin, 0, memory_order_relaxed);
+		stage_release(e, SLICE_OF(ps[i])); /* taken again when posted again */
+	}
+	if (manual && acc < n)
+		atomic_fetch_sub_explicit(&tp->in_flight, n - acc, memory_order_relaxed);
+	if (st != TE_OK && acc < n) {
+		char detail[TE_DETAIL_MAX];
+
+		snprintf(detail, sizeof(detail), "%s: submit failed: %s%s%s", tp->plugin->name,
+			 te_status_str(st), *transport_error(tp) ? ": " : "", transport_error(tp));
+		for (uint32_t i = acc; i < n; i++) {
+			slice_fail(SLICE_OF(ps[i]), st, detail);
+			batch_release_slice(SLICE_OF(ps[i]));
+		}
+		return n;
+	}
+	return acc;
+}
+
+void slice_post(struct engine *e, struct transport *tp, struct slice **slices, uint32_t n)
+{
+	struct te_plugin_slice *ps[POST_CHUNK];
+
+	while (n) {
+		uint32_t k = MIN(n, (uint32_t)POST_CHUNK), acc, total = k;
+
+		for (uint32_t i = 0; i < k; i++)
+			ps[i] = &slices[i]->ps;
+		/* Keep order behind an existing backlog: the worker drains it first. */
+		if (atomic_load_explicit(&tp->backlog_len, memory_order_acquire)) {
+			backlog_push(tp, ps, k, false);
+			wake_kick(e);
+		} else {
+			acc = post(e, tp, ps, &k);
+			if (acc < k) {
+				backlog_push(tp, ps + acc, k - acc, false);
+				wake_kick(e);
+			} else if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+				   !wake_user_driving(e, engine_now_ns())) {
+				wake_kick(e);
+			}
+		}
+		slices += total;
+		n -= total;
+	}
+}
+
+unsigned slice_drain_backlog(struct engine *e, struct transport *tp)
+{
+	struct te_plugin_slice *ps[POST_CHUNK];
+	uint32_t k = 0, acc;
+	unsigned done = 0;
+
+	if (!atomic_load_explicit(&tp->backlog_len, memory_order_acquire))
+		return 0;
+	g_mutex_lock(&tp->backlog_lock);
+	while (tp->backlog_head && k < POST_CHUNK) {
+		struct slice *s = tp->backlog_head;
+
+		tp->backlog_head = s->next;
+		if (!tp->backlog_head)
+			tp->backlog_tail = NULL;
+		atomic_fetch_sub(&tp->backlog_len, 1);
+		s->next = NULL;
+		if (atomic_load_explicit(&s->term, memory_order_acquire)) {
+			/* Timed out or canceled while waiting: never reaches the plugin. */
+			g_mutex_unlock(&tp->backlog_lock);
+			batch_release_slice(s);
+			done++;
+			g_mutex_lock(&tp->backlog_lock);
+			continue;
+		}
+		ps[k++] = &s->ps;
+	}
+	g_mutex_unlock(&tp->backlog_lock);
+	if (!k)
+		return done;
+	/*
+	 * Nobody else holds these batches: an accepted slice may complete and free its
+	 * batch while post() still looks at it. Hold each batch across the call.
+	 */
+	for (uint32_t i = 0; i < k; i++)
+		atomic_fetch_add_explicit(&SLICE_OF(ps[i])->task->batch->refs, 1,
+					  memory_order_relaxed);
+	{
+		struct batch *held[POST_CHUNK];
+
+		uint32_t held_n = k;
+
+		for (uint32_t i = 0; i < k; i++)
+			held[i] = SLICE_OF(ps[i])->task->batch;
+		acc = post(e, tp, ps, &k);
+		if (acc < k)
+			backlog_push(tp, ps + acc, k - acc, true);
+		for (uint32_t i = 0; i < held_n; i++)
+			batch_unref(held[i]);
+	}
+	return done + acc;
+}
+
+/* Why transport @t cannot carry this request (NULL: it can). */
+static const char *slice_unfit(struct engine *e, struct segview *v, unsigned t, size_t buf_index,
+			       const struct mem_region *region, uint32_t opcode, uint64_t now,
+			       bool staging, enum te_status *st_out)
+{
+	struct transport *tp = e->tps[t];
+	struct segview_tp *vt = &v->tps[t];
+	uint32_t opbit = opcode == TE_OP_READ ? TE_PLUGIN_CAN_READ : TE_PLUGIN_CAN_WRITE;
+
+	if (!vt->peer)
+		return vt->why;
+	if ((!(tp->caps.mem_types & region->mem_type) || !region->handles[t]) &&
+	    !(staging && stage_possible(e, tp, region->mem_type))) {
+		*st_out = TE_ERR_MEMORY_TYPE;
+		return staging ? "memory type not supported, and no loaded transport owns it to "
+				 "stage it"
+			       : "memory type not supported";
+	}
+	if (!(tp->caps.ops & opbit))
+		return opcode == TE_OP_READ ? "READ not supported" : "WRITE not supported";
+	if (!v->rkeys[buf_index * e->n_tps + t])
+		return "remote buffer has no key for it";
+	if (atomic_load_explicit(&vt->paused_until_ns, memory_order_relaxed) > now) {
+		*st_out = TE_ERR_PEER_QUARANTINED;
+		return "peer quarantined after failures";
+	}
+	return NULL;
+}
+
+/*
+ * Pick the transport for one request: the first in priority order that fits.
+ * A quarantined peer stops the search unless transfer.fallback allows a lower
+ * priority transport. On failure writes every candidate's reason into @why.
+ */
+static int select_transport(struct engine *e, struct segview *v, size_t buf_index,
+			    const struct mem_region *region, uint32_t opcode, uint64_t now,
+			    bool *staged_out, enum te_status *st_out, char *why, size_t why_len)
+{
+	enum te_status st = TE_ERR_NO_TRANSPORT;
+	size_t used = 0;
+
+	/*
+	 * Memory a transport moves itself beats memory it would get through host staging; for
+	 * device memory (a GPU's) on either side, a transport made for this host (nvlink, hip)
+	 * comes first. Within each round the YAML order decides. Host memory on both sides: the
+	 * YAML order alone.
+	 */
+	const char *rloc = v->desc->buffers[buf_index].location;
+	bool device =
+		region->mem_type != TE_PLUGIN_MEM_CPU || (rloc && *rloc && strncmp(rloc, "cpu", 3));
+
+	for (int round = device ? 0 : 1; round < 2; round++) {
+		for (unsigned t = 0; t < e->n_tps; t++) {
+			enum te_status tst = TE_ERR_NO_TRANSPORT;
+			const struct te_plugin_caps *c = &e->tps[t]->caps;
+
+			if (round == 0 && !(c->flags & (TE_PLUGIN_CAP_SAME_HOST_ONLY |
+							TE_PLUGIN_CAP_SAME_PROCESS_ONLY)))
+				continue;
+			if (!slice_unfit(e, v, t, buf_index, region, opcode, now, false, &tst)) {
+				*staged_out = false;
+				return (int)t;
+			}
+			if (tst == TE_ERR_PEER_QUARANTINED && !e->cfg->fallback)
+				break;
+		}
+	}
+	for (unsigned t = 0; t < e->n_tps; t++) {
+		enum te_status tst = TE_ERR_NO_TRANSPORT;
+		const char *r = slice_unfit(e, v, t, buf_index, region, opcode, now, true, &tst);
+
+		if (!r) {
+			*staged_out = true;
+			return (int)t;
+		}
+		if (tst != TE_ERR_NO_TRANSPORT && st == TE_ERR_NO_TRANSPORT)
+			st = tst;
+		if (used < why_len) {
+			/* vt->why already names the transport. */
+			bool named = r == v->tps[t].why;
+
+			used += (size_t)g_snprintf(
+				why + used, why_len - used, "%s%s%s%s", used ? "; " : "",
+				named ? "" : e->tps[t]->plugin->name, named ? "" : ": ", r);
+		}
+		if (tst == TE_ERR_PEER_QUARANTINED && !e->cfg->fallback)
+			break;
+	}
+	if (!e->n_tps)
+		g_snprintf(why, why_len, "no transports installed");
+	*st_out = st;
+	return -1;
+}
+
+/* Slice size for a task of @length on transport @t (caps, YAML, max slices). */
+static uint64_t task_slice_size(struct engine *e, unsigned t, uint64_t length, uint32_t *n_out)
+{
+	uint64_t ss = e->slice_size[t];
+	uint64_t n = (length + ss - 1) / ss;
+
+	if (n > e->cfg->max_slices_per_task) {
+		n = e->cfg->max_slices_per_task;
+		ss = (length + n - 1) / n;
+		n = (length + ss - 1) / ss;
+	}
+	*n_out = (uint32_t)n;
+	return ss;
+}
+
+static void task_reject(struct task *t, enum te_status st, const char *fmt, ...)
+	G_GNUC_PRINTF(3, 4);
+static void task_reject(struct task *t, enum te_status st, const char *fmt, ...)
+{
+	va_list ap;
+
+	t->invalid = true;
+	va_start(ap, fmt);
+	t->detail = g_strdup_vprintf(fmt, ap);
+	va_end(ap);
+	atomic_store_explicit(&t->claimed, 1, memory_order_relaxed);
+	atomic_store_explicit(&t->status, st, memory_order_release);
+}
+
+static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
+					    const struct te_request *reqs, size_t n, bool *missed)
+{
+	enum te_status first_err = TE_OK;
+	struct slice_chunk *chunk = NULL;
+	uint32_t base, si = 0;
+	uint64_t total_slices = 0, now, deadline;
+	struct segview *local_view = NULL, *last_view = NULL;
+	const struct descriptor_buffer *last_db = NULL;
+	struct mem_region *last_region = NULL;
+	struct batch *b;
+	enum te_status st;
+	size_t i;
+
+	segment_refresh_stale(e);
+	st = batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	if (n && !reqs) {
+		batch_unref(b);
+		return log_error(TE_ERR_INVALID_ARG, "te_batch_submit: requests is NULL");
+	}
+	if (atomic_load(&b->canceled)) {
+		batch_unref(b);
+		return log_error(TE_ERR_CANCELED, "te_batch_submit: batch was canceled");
+	}
+	base = atomic_load_explicit(&b->n_tasks, memory_order_relaxed);
+	if (n > b->capacity - base) {
+		batch_unref(b);
+		return log_error(TE_ERR_BATCH_FULL,
+				 "te_batch_submit: %zu requests do not fit (capacity %u, %u used)",
+				 n, b->capacity, base);
+	}
+	if (!n) {
+		batch_unref(b);
+		return TE_OK;
+	}
+	now = engine_now_ns();
+	deadline = now + e->cfg->timeout_ms * 1000000ull;
+
+	/* Pass 1: validate, choose transports, count slices. */
+	g_rw_lock_reader_lock(&e->mem.lock);
+	segment_read_lock(e);
+	for (i = 0; i < n; i++) {
+		const struct te_request *r = &reqs[i];
+		struct task *t = &b->tasks[base + i];
+		const struct descriptor_buffer *db;
+		struct mem_region *region = NULL;
+		struct segview *v = NULL;
+		struct segment *seg = NULL;
+		char why[TE_DETAIL_MAX - 64];
+		enum te_status sst;
+		int tpi;
+
+		/* Every field set here: recycled task arrays are not zeroed. */
+		t->batch = b;
+		t->region = NULL;
+		t->view = NULL;
+		t->seg = NULL;
+		t->tp = NULL;
+		t->n_slices = 0;
+		t->opcode = r->opcode;
+		t->length = r->length;
+		t->detail = NULL;
+		t->invalid = false;
+		t->staged = false;
+		atomic_init(&t->done, 0);
+		atomic_init(&t->bad, 0);
+		atomic_init(&t->posted, 0);
+		atomic_init(&t->retries, 0);
+		atomic_init(&t->last_device, 0);
+		atomic_init(&t->bytes, 0);
+		atomic_init(&t->status, 0);
+		atomic_init(&t->claimed, 0);
+		if (r->opcode != TE_OP_READ && r->opcode != TE_OP_WRITE) {
+			task_reject(t, TE_ERR_INVALID_ARG,
+				    "request %zu: opcode %d is neither READ (0) nor WRITE (1)", i,
+				    (int)r->opcode);
+			goto rejected;
+		}
+		if (r->length == 0 || !r->local) {
+			task_reject(t, TE_ERR_INVALID_ARG, "request %zu: %s", i,
+				    r->length == 0 ? "length is 0" : "local address is NULL");
+			goto rejected;
+		}
+		if ((uintptr_t)r->local + r->length < (uintptr_t)r->local ||
+		    r->remote + r->length < r->remote) {
+			task_reject(t, TE_ERR_OVERFLOW,
+				    "request %zu: %s range of %" PRIu64 " bytes wraps around", i,
+				    (uintptr_t)r->local + r->length < (uintptr_t)r->local
+					    ? "local"
+					    : "remote",
+				    r->length);
+			goto rejected;
+		}
+		/* Consecutive requests usually hit the same region: try it first. */
+		if (last_region && (uintptr_t)r->local >= last_region->addr &&
+		    (uintptr_t)r->local + r->length - last_region->addr <= last_region->length) {
+			region = last_region;
+			sst = TE_OK;
+		} else {
+			sst = mem_lookup(e->mem.regions, (uintptr_t)r->local, r->length, &region);
+		}
+		if (sst != TE_OK) {
+			task_reject(
+				t, sst,
+				sst == TE_ERR_NOT_REGISTERED
+					? "request %zu: local address %p is not in a registered "
+					  "region (+%" PRIu64 " bytes)"
+					: "request %zu: local range [%p, +%" PRIu64
+					  ") runs past the end of its registered region",
+				i, r->local, r->length);
+			goto rejected;
+		}
+		if (r->segment == TE_SEGMENT_LOCAL) {
+			if (!local_view) {
+				g_autofree char *err = NULL;
+
+				sst = segment_local_view(e, &local_view, &err);
+				if (sst != TE_OK) {
+					task_reject(t, sst, "request %zu: local segment: %s", i,
+						    err);
+					goto rejected;
+				}
+			}
+			v = local_view;
+		} else {
+			seg = segment_get_locked(e, r->segment);
+			if (!seg) {
+				task_reject(t, TE_ERR_UNKNOWN_SEGMENT,
+					    "request %zu: segment id %u is not open", i,
+					    r->segment);
+				goto rejected;
+			}
+			if (seg->departed) {
+				task_reject(t, TE_ERR_PEER_UNREACHABLE,
+					    "request %zu: segment '%s' is gone: %s", i, seg->name,
+					    seg->departed);
+				goto rejected;
+			}
+			v = seg->view;
+		}
+		if (last_db && v == last_view && r->remote >= last_db->addr &&
+		    r->remote + r->length - last_db->addr <= last_db->length)
+			db = last_db;
+		else
+			db = descriptor_find_buffer(v->desc, r->remote, r->length);
+		if (!db) {
+			/*
+			 * The peer may have registered it since its descriptor was fetched (or
+			 * restarted elsewhere): the next submit fetches a fresh one.
+			 */
+			if (seg) {
+				segment_mark_stale(e, seg);
+				*missed = true;
+			}
+			task_reject(t, TE_ERR_REMOTE_ACCESS,
+				    "request %zu: remote range [0x%" PRIx64 ", +%" PRIu64
+				    ") is outside the registered buffers of segment '%s'",
+				    i, r->remote, r->length, v->desc->name);
+			goto rejected;
+		}
+		if (!(db->access &
+		      (r->opcode == TE_OP_READ ? TE_MEM_REMOTE_READ : TE_MEM_REMOTE_WRITE))) {
+			task_reject(t, TE_ERR_REMOTE_ACCESS,
+				    "request %zu: remote buffer [0x%" PRIx64 ", +%" PRIu64
+				    ") of segment '%s' is not registered for remote %s",
+				    i, db->addr, db->length, v->desc->name,
+				    r->opcode == TE_OP_READ ? "read" : "write");
+			goto rejected;
+		}
+		last_region = region;
+		last_db = db;
+		last_view = v;
+		tpi = select_transport(e, v, (size_t)(db - v->desc->buffers), region, r->opcode,
+				       now, &t->staged, &sst, why, sizeof(why));
+		if (tpi < 0) {
+			task_reject(t, sst, "request %zu: no transport for segment '%s': %s", i,
+				    v->desc->name, why);
+			goto rejected;
+		}
+		t->tp = e->tps[tpi];
+		t->region = region;
+		atomic_fetch_add_explicit(&region->refs, 1, memory_order_relaxed);
+		t->view = v;
+		segview_ref(v);
+		t->seg = seg;
+		if (seg)
+			atomic_fetch_add_explicit(&seg->busy, 1, memory_order_relaxed);
+		task_slice_size(e, (unsigned)tpi, r->length, &t->n_slices);
+		/* Remember which buffer: reuse last_device as scratch until posting. */
+		atomic_store_explicit(&t->last_device, (uint32_t)(db - v->desc->buffers),
+				      memory_order_relaxed);
+		total_slices += t->n_slices;
+		continue;
+rejected:
+		if (first_err == TE_OK) {
+			first_err = atomic_load(&t->status);
+			log_error(first_err, "te_batch_submit: %s", t->detail);
+		}
+	}
+	segment_read_unlock(e);
+	g_rw_lock_reader_unlock(&e->mem.lock);
+
+	if (total_slices) {
+		size_t bytes = sizeof(struct slice_chunk) + total_slices * e->slice_stride;
+
+		if (b->spare && b->spare->cap >= bytes) {
+			chunk = b->spare; /* recycled with the batch */
+			b->spare = NULL;
+		} else {
+			chunk = total_slices <= UINT32_MAX ? g_try_malloc(bytes) : NULL;
+			if (chunk)
+				chunk->cap = bytes;
+		}
+		if (!chunk) {
+			/* Undo pass 1 references; nothing was published yet. */
+			for (i = 0; i < n; i++) {
+				struct task *t = &b->tasks[base + i];
+
+				if (t->region)
+					atomic_fetch_sub(&t->region->refs, 1);
+				if (t->seg)
+					atomic_fetch_sub(&t->seg->busy, 1);
+				segview_unref(t->view);
+				g_free(t->detail);
+				memset(t, 0, sizeof(*t));
+			}
+			segview_unref(local_view);
+			batch_unref(b);
+			return log_error(TE_ERR_NOMEM,
+					 "te_batch_submit: no memory for %" PRIu64 " slices",
+					 total_slices);
+		}
+		chunk->n = (uint32_t)total_slices;
+		chunk->stride = e->slice_stride;
+		chunk->next = b->chunks;
+		b->chunks = chunk;
+	}
+
+	/* Pass 2: build slices. */
+	for (i = 0; i < n; i++) {
+		struct task *t = &b->tasks[base + i];
+		const struct te_request *r = &reqs[i];
+		const struct descriptor_buffer *db;
+		struct segview_tp *vt;
+		struct te_plugin_rkey *rkey;
+		uint64_t ss, off = 0, excluded;
+		uint32_t ns, bi, tpi;
+
+		if (t->invalid)
+			continue;
+		tpi = t->tp->index;
+		bi = atomic_load_explicit(&t->last_device, memory_order_relaxed);
+		atomic_store_explicit(&t->last_device, UINT32_MAX, memory_order_relaxed);
+		db = &t->view->desc->buffers[bi];
+		vt = &t->view->tps[tpi];
+		rkey = t->view->rkeys[bi * e->n_tps + tpi];
+		ss = task_slice_size(e, tpi, r->length, &ns);
+		excluded = transport_paused_devices(t->tp, now);
+		for (uint32_t k = 0; k < ns; k++, si++) {
+			struct slice *s = SLICE_AT(chunk, si);
+			uint64_t len = MIN(ss, r->length - off);
+
+			s->ps.size = sizeof(s->ps);
+			s->ps.opcode =
+				r->opcode == TE_OP_READ ? TE_PLUGIN_OP_READ : TE_PLUGIN_OP_WRITE;
+			s->ps.local = (char *)r->local + off;
+			s->ps.remote = r->remote + off;
+			s->ps.length = len;
+			s->ps.local_mem = t->staged ? NULL : t->region->handles[tpi];
+			s->staged = t->staged;
+			s->bounce = UINT32_MAX;
+			s->stage_local = s->ps.local;
+			s->ps.peer = vt->peer;
+			s->ps.rkey = rkey;
+			s->ps.remote_base = db->addr;
+			s->ps.deadline_ns = deadline;
+			s->ps.excluded_devices = excluded;
+			s->ps.attempt = 0;
+			s->ps.device = 0;
+			s->ps.priv = t->tp->caps.slice_priv_size ? (char *)s + sizeof(*s) : NULL;
+			s->task = t;
+			s->tp = t->tp;
+			s->next = NULL;
+			s->retry_at_ns = 0;
+			atomic_init(&s->term, 0);
+			atomic_init(&s->in_plugin, 0);
+			atomic_init(&s->abort_status, 0);
+			atomic_init(&s->abort_ns, 0);
+			atomic_init(&s->cancel_sent, 0);
+			s->seg_tp = tpi;
+			off += len;
+		}
+	}
+
+	/* Publish: from here completions may race with the rest of this function. */
+	atomic_fetch_add_explicit(&b->refs, (int64_t)total_slices, memory_order_relaxed);
+	atomic_min_u64(&b->min_deadline_ns, deadline);
+	retry_note_deadline(e, deadline);
+	atomic_store_explicit(&b->n_tasks, base + (uint32_t)n, memory_order_release);
+	for (i = 0; i < n; i++)
+		if (b->tasks[base + i].invalid)
+			task_terminal(&b->tasks[base + i]);
+
+	/* Pass 3: hand runs of slices with the same transport to their plugin. */
+	for (uint32_t start = 0; start < si;) {
+		struct transport *tp = SLICE_AT(chunk, start)->tp;
+		struct slice *run[POST_CHUNK];
+		uint32_t k = 0;
+
+		while (start + k < si && k < POST_CHUNK && SLICE_AT(chunk, start + k)->tp == tp) {
+			run[k] = SLICE_AT(chunk, start + k);
+			k++;
+		}
+		slice_post(e, tp, run, k);
+		start += k;
+	}
+	segview_unref(local_view);
+	batch_unref(b);
+	return first_err;
+}
+
+enum te_status slice_submit(struct engine *e, te_batch_id id, const struct te_request *reqs,
+			    size_t n)
+{
+	bool missed = false;
+	enum te_status st = slice_submit_requests(e, id, reqs, n, &missed);
+
+	/*
+	 * A remote range outside the segment's descriptor was refused: the peer may have
+	 * registered it (or restarted) since the descriptor was fetched. Fetch it now, so the
+	 * next submit sees the peer as it is (not later: a descriptor kept until a later
+	 * submit would pick up unrelated changes made meanwhile).
+	 */
+	if (missed)
+		segment_refresh_stale(e);
+	return st;
+}
+
+void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,
+		uint64_t bytes, const char *detail)
+{
+	struct slice *s = SLICE_OF(ps);
+	struct task *t = s->task;
+	struct batch *b = t->batch;
+	struct engine *e = b->engine;
+	char stage_why[TE_DETAIL_MAX];
+	int32_t abort;
+
+	/*
+	 * release only: if batch_abort_slices reads in_plugin before this store and this
+	 * thread reads abort_status before its store, the slice ends with the plugin's own
+	 * outcome (a report and a give-up at the same moment; never a retry: the deadline
+	 * passed or the batch is canceled). Nothing waits on the slice either way.
+	 */
+	atomic_store_explicit(&s->in_plugin, 0, memory_order_release);
+	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL)
+		atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
+	if (s->bounce != UINT32_MAX) {
+		/* A staged READ's bytes go from the bounce buffer to its memory; then it is free. */
+		enum te_status before = status;
+
+		stage_detach(e, s, &status, stage_why, sizeof(stage_why));
+		if (status != before) {
+			detail = stage_why;
+			bytes = 0;
+		}
+	}
+	if (ps->device < TRANSPORT_MAX_DEVICES)
+		atomic_store_explicit(&t->last_device, ps->device, memory_order_relaxed);
+	abort = atomic_load_explicit(&s->abort_status, memory_order_acquire);
+	/*
+	 * A failure reported while te_batch_cancel runs (a transport may fail the other slices
+	 * of a connection it aborts to cancel one) is a cancel too, not a FAILED task.
+	 */
+	if (!abort && status != TE_OK && atomic_load_explicit(&b->canceled, memory_order_acquire))
+		abort = TE_ERR_CANCELED;
+	if (abort) {
+		/*
+		 * The core gave up on it (deadline, te_batch_cancel) and waited for the plugin
+		 * to let go: the outcome is the core's, whatever the report says (a WRITE
+		 * reported TIMEOUT may have landed in part or in full, never later).
+		 */
+		char why[TE_DETAIL_MAX], core[TE_DETAIL_MAX];
+
+		slice_abort_why(s, abort, core, sizeof(core));
+		if (status != TE_OK && detail && *detail)
+			snprintf(why, sizeof(why), "%s; %s", core, detail);
+		else
+			snprintf(why, sizeof(why), "%s", core);
+		slice_fail(s, abort, why);
+		batch_release_slice(s);
+		return;
+	}
+
+	if (status == TE_OK && bytes == ps->length) {
+		uint32_t d = ps->device;
+
+		if (d < TRANSPORT_MAX_DEVICES &&
+		    atomic_load_explicit(&tp->dev_failures[d], memory_order_relaxed))
+			atomic_store_explicit(&tp->dev_failures[d], 0, memory_order_relaxed);
+		if (slice_claim(s)) {
+			atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
+			slice_count_done(s);
+		}
+		batch_release_slice(s);
+		return;
+	}
+	if (status == TE_OK) {
+		/* A short transfer is a plugin bug; never report it as success. */
+		char why[TE_DETAIL_MAX];
+
+		snprintf(why, sizeof(why),
+			 "%s: slice reported %" PRIu64 " of %" PRIu64 " bytes (plugin bug)",
+			 tp->plugin->name, bytes, ps->length);
+		slice_fail(s, TE_ERR_INTERNAL, why);
+		batch_release_slice(s);
+		return;
+	}
+	if (status == TE_ERR_CONN_RESET || status == TE_ERR_PEER_UNREACHABLE ||
+	    status == TE_ERR_PEER_RESTARTED || status == TE_ERR_LINK_DOWN)
+		segment_mark_stale(e, t->seg); /* the peer may have restarted elsewhere */
+	if (te_status_is_retryable(status) && retry_plan(e, s, status, detail))
+		return;
+	if (!atomic_load_explicit(&s->term, memory_order_acquire) &&
+	    !atomic_load_explicit(&b->canceled, memory_order_acquire) &&
+	    retry_fallback(e, s, status, detail))
+		return;
+	{
+		char why[TE_DETAIL_MAX];
+
+		if (ps->attempt)
+			snprintf(why, sizeof(why), "%s (after %u attempts)",
+				 detail ? detail : te_status_str(status), ps->attempt + 1);
+		else
+			snprintf(why, sizeof(why), "%s", detail ? detail : te_status_str(status));
+		slice_fail(s, status, why);
+	}
+	batch_release_slice(s);
+}
+
+void slice_retry(struct engine *e, struct slice *s)
+{
+	struct transport *tp = s->tp;
+	enum te_status st;
+
+	if (atomic_load_explicit(&s->term, memory_order_acquire)) {
+		batch_release_slice(s);
+		return;
+	}
+	if (atomic_load(&s->abort_status)) {
+		char why[TE_DETAIL_MAX];
+		int32_t abort = atomic_load(&s->abort_status);
+
+		slice_abort_why(s, abort, why, sizeof(why));
+		slice_fail(s, abort, why);
+		batch_release_slice(s);
+		return;
+	}
+	s->ps.excluded_devices |= transport_paused_devices(tp, engine_now_ns());
+	if (tp->n_devices && tp->n_devices < 64 &&
+	    (s->ps.excluded_devices & ((1ull << tp->n_devices) - 1)) == (1ull << tp->n_devices) - 1)
+		s->ps.excluded_devices = 0; /* never exclude every device */
+	st = transport_retry_prepare(tp, &s->ps);
+	if (st != TE_OK && st != TE_ERR_UNSUPPORTED) {
+		char why[TE_DETAIL_MAX];
+
+		snprintf(why, sizeof(why), "%s: no path left for retry %u: %s", tp->plugin->name,
+			 s->ps.attempt, te_status_str(st));
+		slice_fail(s, st, why);
+		batch_release_slice(s);
+		return;
+	}
+	{
+		/* Same reason as in slice_drain_backlog: hold the batch across posting. */
+		struct batch *b = s->task->batch;
+
+		atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+		slice_post(e, tp, &s, 1);
+		batch_unref(b);
+	}
+}
+
+enum te_status slice_submit_notify(struct engine *e, te_batch_id id, const struct te_request *reqs,
+				   size_t n, const void *msg, size_t len)
+{
+	g_autofree char *addr = NULL;
+	te_segment_id seg = TE_SEGMENT_LOCAL;
+	struct batch *b;
+	enum te_status st;
+
+	if (len > TE_NOTIFY_MAX || (len && !msg) || (n && !reqs))
+		return log_error(TE_ERR_INVALID_ARG,
+				 "te_slice_submit_notify: message of %zu bytes (max %u) or NULL "
+				 "argument",
+				 len, TE_NOTIFY_MAX);
+	for (size_t i = 0; i < n; i++) {
+		if (i == 0)
+			seg = reqs[i].segment;
+		if (reqs[i].segment != seg || seg == TE_SEGMENT_LOCAL)
+			return log_error(TE_ERR_INVALID_ARG,
+					 "te_slice_submit_notify: request %zu: all requests must "
+					 "target one remote segment",
+					 i);
+	}
+	if (n == 0)
+		return log_error(TE_ERR_INVALID_ARG, "te_slice_submit_notify: no requests");
+	addr = segment_rpc_address(e, seg);
+	if (!addr)
+		return log_error(TE_ERR_UNKNOWN_SEGMENT,
+				 "te_slice_submit_notify: segment %u is not open or has no "
+				 "control-plane address",
+				 seg);
+	st = batch_get(e, id, &b);
+	if (st != TE_OK)
+		return st;
+	if (b->notify_msg) {
+		batch_unref(b);
+		return log_error(TE_ERR_EXISTS, "te_slice_submit_notify: batch already has a "
+						"notify");
+	}
+	b->notify_msg = g_bytes_new(msg, len);
+	b->notify_addr = g_steal_pointer(&addr);
+	st = slice_submit(e, id, reqs, n);
+	if (st == TE_ERR_BATCH_FULL || st == TE_ERR_CANCELED) {
+		/* Nothing was appended: disarm so a later call may try again. */
+		g_bytes_unref(b->notify_msg);
+		b->notify_msg = NULL;
+		batch_unref(b);
+		return st;
+	}
+	/* Armed after the tasks exist, so a completion in between cannot fire early. */
+	atomic_store_explicit(&b->notify_state, 1, memory_order_release);
+	batch_maybe_notify(b);
+	batch_unref(b);
+	return st;
+}
+
+void slice_drop_backlog(struct transport *tp)
+{
+	while (tp->backlog_head) {
+		struct slice *s = tp->backlog_head;
+
+		tp->backlog_head = s->next;
+		batch_release_slice(s);
+	}
+	tp->backlog_tail = NULL;
+	atomic_store(&tp->backlog_len, 0);
+}

@@ -1,0 +1,581 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tcp.h: limits, objects and internal interfaces shared by the tcp plugin's source files. */
+#ifndef TE_PLUGINS_TCP_H
+#define TE_PLUGINS_TCP_H
+
+/*
+ * Shape of the plugin (README.md has the wire format and the user-visible semantics). Files:
+ * tcp.c (options, setup, plugin ops), tcp_wire.c (wire format, frame reads, socket helpers),
+ * tcp_client.c (initiator side), tcp_server.c (serving side), tcp_worker.c (epoll threads).
+ *
+ * Initiator side. Every peer has `lanes` persistent connections, opened on first use with a
+ * non-blocking connect. A lane owns a send queue and a table of `max_inflight` slots; a slot's
+ * index and a 16-bit generation form the request id. Per-slice state lives in slice->priv
+ * (queue link, encoded request header, result detail), so the data path never allocates.
+ * submit() spreads slices round-robin over the lanes and, when nobody is sending on a lane,
+ * sends right away from the calling thread with one sendmsg() gathering many headers and
+ * payloads straight from the source buffers. What does not fit is sent by the lane's worker
+ * when the socket becomes writable. Responses are read by the lane's worker: headers in bulk,
+ * READ payloads straight into the destination.
+ *
+ * Serving side. Accepted connections are spread over the workers. Every request is checked
+ * against the registered regions (one region, matching remote access) before memory is
+ * touched; a WRITE payload is received straight into the region, a READ is answered with a
+ * header plus an iovec pointing into the region.
+ *
+ * Threads. `workers` epoll threads (edge-triggered) serve both sides. A server connection is
+ * only ever touched by its worker. A lane is shared by submitters, cancel and its worker under
+ * lane->lock; the socket send side is owned by whoever set lane->sending, and only the lane's
+ * worker closes its socket, so no thread ever uses a closed (or reused) descriptor.
+ * host->slice_done is never called with a plugin lock held: it may re-enter unload_peer or
+ * release_remote_key.
+ *
+ * Memory safety of the serving side. The region table is a sorted array under a
+ * writer-preferring rwlock with a version counter bumped by dereg_mem. Each non-blocking
+ * syscall that reads or writes registered memory runs under the read lock and first
+ * re-validates its range if the version moved, so dereg_mem (write lock) waits for at most one
+ * such syscall, never for a slow peer, and no byte moves after it returns.
+ */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* accept4, pthread_setname_np, pthread_rwlockattr_setkind_np */
+#endif
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+
+#include <te/te_plugin.h>
+#include <te/te_plugin_opts.h>
+#include <te/te_plugin_util.h>
+
+/*
+ * The descriptor's version: the project version, which the build passes to every plugin
+ * (plugins/meson.build); a build outside meson says 0.0.0.
+ */
+#ifndef TE_PLUGIN_VERSION
+#define TE_PLUGIN_VERSION "0.0.0"
+#endif
+
+#define TCP_NAME "tcp"
+
+/* --- limits and wire constants ------------------------------------------------------ */
+
+#define TCP_MAX_LANES 64u
+#define TCP_MAX_WORKERS 64u
+#define TCP_MAX_INFLIGHT 4096u	   /* slot index must fit the low 16 bits of a request id */
+#define TCP_MAX_FRAME (1ull << 30) /* longest READ/WRITE a server accepts */
+#define TCP_DEF_SLICE (1ull << 20) /* chosen by measurement: see README.md */
+
+#define TCP_WIRE_MAGIC 0x31504354u /* bytes "TCP1" */
+#define TCP_WIRE_VERSION 2u
+#define TCP_HDR_LEN 32u
+#define TCP_OP_READ 0u
+#define TCP_OP_WRITE 1u
+#define TCP_OP_HELLO 2u
+#define TCP_OP_AUTH 3u
+#define TCP_DETAIL_WIRE 200u /* longest error detail a server sends */
+#define TCP_NONCE 32u	     /* fresh random bytes per connection and side */
+#define TCP_HELLO_REQ 56u    /* client id, epoch, lane, flags, client nonce */
+#define TCP_HELLO_ANS 72u    /* flags, reserved, server nonce, server MAC */
+#define TCP_HELLO_SECRET 1u  /* HELLO flags: the client has a secret; answer: auth required */
+#define TCP_NO_DEADLINE 0xffffffffu /* request deadline field: none */
+/* Every answer to an unauthenticated client: the same words whatever it asked (no oracle). */
+#define TCP_NOT_AUTHED TCP_NAME ": not authenticated"
+#define TCP_AUTH_FAILED TCP_NAME ": authentication failed"
+
+/* Serving-side limits (options; README.md): defaults safe on a public network. */
+#define TCP_DEF_MAX_CONNS 1024u
+#define TCP_DEF_MAX_CONNS_HOST 64u
+#define TCP_DEF_MAX_UNAUTH 128u
+#define TCP_DEF_HELLO_MS 5000u
+#define TCP_DEF_IDLE_MS 300000u
+#define TCP_DEF_FRAME_MS 60000u
+#define TCP_FENCES 4096u /* lane epochs remembered (client id, lane) */
+/*
+ * After a HELLO answered by another instance, submits to that peer fail at once for this
+ * long; then a lane tries again (the core fetches the descriptor meanwhile; a peer whose
+ * address answers with its own instance again is usable again).
+ */
+#define TCP_RESTART_HOLD_MS 1000u
+
+#define TCP_BLOB_MAGIC 0x31424354u /* "TCB1": published endpoint */
+#define TCP_BLOB_LEN 40u
+#define TCP_KEY_MAGIC 0x314b4354u /* "TCK1": region key */
+#define TCP_KEY_LEN 24u
+
+#define TCP_RBUF 8192u /* header buffer per connection; >= TCP_HDR_LEN + TCP_DETAIL_WIRE */
+#define TCP_CTL 256u   /* handshake bytes queued per connection (>= 2 frames, or 1 + detail) */
+#define TCP_SCRATCH (256u << 10) /* per worker: where discarded payloads go */
+#define TCP_LANE_IOV 512u	 /* iovecs per client sendmsg (<= UIO_MAXIOV) */
+#define TCP_SRV_IOV 1024u	 /* iovecs per server sendmsg (UIO_MAXIOV) */
+#define TCP_SRV_RING 256u	 /* responses queued per server connection */
+#define TCP_RX_BUDGET (4u << 20) /* bytes read per wake-up before other sockets get a turn */
+#define TCP_STAGE (1u << 20)	 /* staging buffer per connection and direction (GPU memory) */
+#define TCP_STAGED_TYPES (TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP)
+#define TCP_TICK_MS 100	   /* housekeeping period: connect timeouts, stalls */
+#define TCP_STALL_TICKS 3u /* ticks without progress that break a lane with cancels */
+#define TCP_EVENTS 64
+
+#define TCP_ACCESS_ALL (TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)
+#define TCP_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* --- objects ------------------------------------------------------------------------ */
+
+/* What an epoll event points at: the first member of every registered object. */
+enum tcp_kind {
+	TCP_EP_KICK,
+	TCP_EP_LISTEN,
+	TCP_EP_LANE,
+	TCP_EP_CONN,
+};
+
+struct tcp_ep {
+	enum tcp_kind kind;
+	bool again; /* on its worker's again list (worker only) */
+};
+
+/* One frame header, both directions (little-endian on the wire, see README.md). */
+struct tcp_hdr {
+	uint32_t magic;
+	uint8_t version;
+	uint8_t op;
+	uint16_t flags;
+	uint32_t req_id;
+	int32_t status;
+	uint64_t addr;
+	uint64_t length;
+};
+
+struct tcp_mem {
+	uint64_t addr;
+	uint64_t length;
+	uint32_t access;
+	uint32_t mem_type; /* TE_PLUGIN_MEM_CPU, or a GPU kind served by staging */
+	int32_t dev;
+};
+
+struct tcp_rkey {
+	uint64_t addr;
+	uint64_t length;
+	uint32_t access;
+	struct tcp_rkey *prev, *next; /* instance list, so fini can free what the core kept */
+};
+
+/*
+ * Receive state of one connection. Headers (and error details) collect in buf; a payload
+ * goes to dst directly, and only bytes that arrived in the same read as preceding
+ * header-only frames (bulk mode) are copied out of buf.
+ */
+struct tcp_rx {
+	uint8_t *buf; /* TCP_RBUF bytes */
+	uint32_t pos, end;
+	bool bulk;    /* the last frame carried no payload: read ahead */
+	bool payload; /* a payload is being received */
+	uint8_t *dst; /* where it goes; NULL: discarded */
+	uint64_t left;
+	uint64_t room; /* > 0: at most this many bytes reach dst per read (a staging buffer) */
+};
+
+/* Per-slice plugin state, in slice->priv. */
+#define TCP_PRIV_DETAIL 176
+struct tcp_spriv {
+	struct te_plugin_slice *next; /* send queue, deferred-failure, fence or report list */
+	/* Read by cancel without the lane lock: a slice's lane only changes between attempts. */
+	_Atomic(struct tcp_lane *) lane;
+	_Atomic uint32_t slot;
+	uint32_t req_id;
+	int32_t status; /* result kept until the slot can complete */
+	/*
+	 * On its lane's fence list (under the lane lock): a WRITE whose bytes may be in the
+	 * network or the server's socket; reported once the server fenced its connection, or
+	 * its deadline passed (tcp_lane_break).
+	 */
+	bool fencing;
+	uint8_t hdr[TCP_HDR_LEN];
+	char detail[TCP_PRIV_DETAIL];
+};
+_Static_assert(sizeof(struct tcp_spriv) <= 256, "slice_priv_size is at most 256 bytes");
+
+/* Slot flags. A slot completes once SENT and ANSWERED are both set; whoever sets the later. */
+#define TCP_SLOT_USED (1u << 0)
+#define TCP_SLOT_IN_IOV (1u << 1)   /* part of a sendmsg in progress: cannot be unqueued */
+#define TCP_SLOT_SENT (1u << 2)	    /* the whole request left; the sender is done with it */
+#define TCP_SLOT_RECV (1u << 3)	    /* its payload is being received into slice->local */
+#define TCP_SLOT_ANSWERED (1u << 4) /* the response was fully processed */
+#define TCP_SLOT_CANCELED (1u << 5) /* cancel asked; report TE_ERR_CANCELED */
+#define TCP_SLOT_ORPHAN (1u << 6)   /* already reported; waits only for its response */
+
+struct tcp_slot {
+	struct te_plugin_slice *slice; /* NULL when free or orphaned */
+	uint64_t length;
+	uint16_t gen;
+	uint16_t flags;
+	uint8_t op;
+};
+
+enum tcp_lane_state {
+	TCP_LANE_DOWN,	     /* no socket; the next submit connects */
+	TCP_LANE_CONNECTING, /* non-blocking connect in progress */
+	TCP_LANE_UP,
+	TCP_LANE_BROKEN, /* failed; its worker will report and close */
+};
+
+/* Handshake of a lane's connection (client side). */
+enum tcp_hs {
+	TCP_HS_HELLO, /* HELLO queued or sent; requests wait for its answer */
+	TCP_HS_AUTH,  /* AUTH queued behind it; requests may follow it */
+	TCP_HS_READY, /* the server accepted this connection (and fenced older ones of the lane) */
+};
+
+struct tcp_peer;
+struct tcp_worker;
+
+struct tcp_lane {
+	struct tcp_ep ep;
+	struct tcp_peer *peer;
+	struct tcp_worker *w;
+	uint32_t index;
+
+	pthread_mutex_t lock;
+	/* Everything below up to rx is under lock. */
+	enum tcp_lane_state state;
+	int fd;
+	bool sending;  /* a thread is in the send loop (it owns the socket's send side) */
+	bool out_kick; /* the socket became writable while someone was sending */
+	bool closing;  /* the peer is being unloaded */
+	uint64_t connect_start_ns;
+	enum te_status err_status; /* why it broke (first reason wins) */
+	char err_detail[TCP_PRIV_DETAIL];
+
+	struct te_plugin_slice *sq_head, *sq_tail; /* requests not completely sent */
+	uint64_t sq_off;			   /* bytes of sq_head's frame already sent */
+	/* HELLO and AUTH bytes not yet sent (ctl, at the end); they precede every request. */
+	uint32_t ctl_len, ctl_off;
+	enum tcp_hs hs;
+	uint64_t epoch;	  /* of the current (or last) connection; each connect takes the next */
+	uint64_t base_ns; /* when its HELLO answer arrived: request deadlines count from it */
+	bool refused;	  /* the last connect was refused: nobody listens at the address */
+	bool peer_closed; /* the server closed or reset this connection (EOF, ECONNRESET) */
+	/* A WRITE waits for a fence from a connection the server did not close itself. */
+	bool fence_unclosed;
+
+	/* WRITEs of torn-down connections waiting for the server's fence (tcp_spriv.fencing). */
+	struct te_plugin_slice *fence_head, *fence_tail;
+	uint32_t n_fence;
+	uint64_t fence_connect_ns; /* when a reconnect for the fence last started */
+
+	struct tcp_slot *slots;
+	uint32_t *free_ids;
+	uint32_t n_free;
+	uint32_t n_orphan;
+	uint32_t n_canceled;
+
+	/*
+	 * Held by the worker around each read into a slice's destination. cancel sets
+	 * rx_redirect and then takes rx_lock once: after that no byte of the canceled READ
+	 * reaches its destination (the rest is discarded).
+	 */
+	pthread_mutex_t rx_lock;
+	atomic_bool rx_redirect;
+
+	/* Worker only. */
+	struct tcp_rx rx;
+	uint32_t rx_slot;
+	bool rx_flush; /* the handshake advanced: send what waited for it */
+	uint64_t seen_progress;
+	uint32_t stall_ticks;
+	/* relaxed: a progress counter compared across housekeeping ticks only */
+	_Atomic uint64_t progress;
+
+	/* Under the worker's lock. */
+	bool in_todo;
+	struct tcp_lane *todo_next;
+	struct tcp_lane *wprev, *wnext;
+
+	/* Cold: used once per connection. */
+	uint8_t nonce_c[TCP_NONCE];
+	uint8_t ctl[TCP_CTL];
+};
+
+struct tcp_peer {
+	struct tcp_inst *ti;
+	char *name;
+	char addr_text[72]; /* "[addr]:port" for details */
+	struct sockaddr_storage sa;
+	socklen_t salen;
+	uint64_t nonce; /* the server instance its blob names */
+	uint64_t cid;	/* random: names this peer object's lanes to the server (fences) */
+	atomic_uint rr;
+	atomic_bool restarted; /* the address answered with another instance (reported once) */
+	/* Until then submits fail at once (relaxed: a hint; the next HELLO decides). */
+	_Atomic uint64_t restarted_until_ns;
+	atomic_uint lanes_open;
+	struct tcp_peer *prev, *next; /* instance list, under ti->lock */
+	uint32_t n_lanes;
+	struct tcp_lane lanes[];
+};
+
+/* One queued response of a server connection. */
+struct tcp_resp {
+	uint8_t hdr[TCP_HDR_LEN];
+	const uint8_t *payload; /* registered memory (READ) or detail (error); NULL: none */
+	uint64_t len;
+	uint64_t ver; /* region table version the payload range was checked at */
+	bool ready;   /* a WRITE's answer waits for its payload */
+	bool memory;  /* payload points into registered memory */
+	bool staged;  /* ... of a GPU kind: sent through the connection's staging buffer */
+	uint32_t mem_type;
+	int32_t dev;
+	uint64_t addr; /* the request, for re-checks and details */
+	char detail[TCP_DETAIL_WIRE];
+};
+
+/* Handshake of an accepted connection (server side). */
+enum tcp_chs {
+	TCP_CHS_HELLO, /* waiting for the client's HELLO */
+	TCP_CHS_AUTH,  /* HELLO answered with a challenge; waiting for AUTH */
+	TCP_CHS_READY, /* serving requests */
+};
+
+struct tcp_conn {
+	struct tcp_ep ep;
+	struct tcp_worker *w;
+	int fd;
+	char who[72];
+	uint8_t host[16]; /* the client's address (IPv4 as v4-mapped IPv6): per-host limit */
+	enum tcp_chs hs;  /* written under w->lock (fencers of other workers read it) */
+	bool closing;	  /* answer what is queued, then close */
+	bool rx_paused;	  /* ring full: stop reading until responses drain */
+	bool abort;	  /* close with a reset: unread bytes are never applied */
+	/* Set under the region write lock by a newer connection of the same lane. */
+	atomic_bool fenced;
+	/* From its HELLO, under w->lock: the client's lane and that lane's epoch. */
+	uint64_t cid, epoch;
+	uint32_t lane;
+	uint64_t accept_ns; /* HELLO/AUTH must complete within hello_timeout_ms of it */
+	uint64_t base_ns;   /* when the HELLO answer was built: request deadlines count from it */
+	uint64_t frame_start_ns;   /* first byte of the frame being received; 0: none */
+	uint64_t active_ns;	   /* last complete frame (idle timeout) */
+	uint64_t frames;	   /* complete frames so far */
+	uint32_t ctl_len, ctl_off; /* of ctl: handshake answers, sent before any response */
+	struct tcp_rx rx;
+	/* The WRITE whose payload is being received. */
+	uint32_t cur;	   /* its ring index */
+	uint64_t cur_ver;  /* region table version its destination was checked at */
+	uint64_t cur_addr; /* start of the request, for details */
+	uint64_t cur_len;
+	uint64_t cur_deadline; /* this side's clock; UINT64_MAX: none */
+	/*
+	 * A WRITE into GPU memory (served by staging): its bytes collect in rx_stage (rx_fill of
+	 * them) and go to stage_dev, the next device address, through host->mem_copy.
+	 */
+	bool cur_staged;
+	uint32_t cur_type;
+	int32_t cur_dev;
+	uint8_t *rx_stage; /* TCP_STAGE bytes, allocated at the first staged WRITE */
+	uint64_t rx_fill;
+	uint64_t stage_dev;
+	/* A READ of GPU memory: the chunk [txs_base, +txs_len) of its payload is in tx_stage. */
+	uint8_t *tx_stage;
+	uint64_t txs_base, txs_len;
+	struct tcp_resp *ring; /* TCP_SRV_RING entries, allocated once READY */
+	uint32_t head, count;
+	uint64_t tx_off; /* bytes of ring[head] already sent */
+	struct tcp_conn *prev, *next;
+
+	/* Cold: the handshake's. */
+	uint8_t nonce_c[TCP_NONCE], nonce_s[TCP_NONCE];
+	uint8_t ctl[TCP_CTL];
+};
+
+/* The newest epoch seen of one client lane (lane fencing). */
+struct tcp_fence {
+	uint64_t cid;
+	uint64_t epoch;
+	uint64_t used_ns;
+	uint32_t lane;
+};
+
+struct tcp_worker {
+	struct tcp_inst *ti;
+	uint32_t index;
+	pthread_t thread;
+	bool started;
+	int epfd;
+	int kick_fd;
+	struct tcp_ep kick_ep;
+
+	pthread_mutex_t lock;
+	bool kicked;
+	struct tcp_lane *todo;
+	struct te_plugin_slice *defer_head, *defer_tail;
+	struct tcp_lane *lanes;
+	struct tcp_conn *conns;
+	uint32_t n_conns;
+
+	/* Worker thread only. */
+	uint64_t warn_ns; /* tcp_warn_limited */
+	uint32_t warn_quiet;
+	uint8_t *scratch;
+	struct tcp_ep **again;
+	uint32_t n_again, cap_again;
+};
+
+struct tcp_inst {
+	const struct te_plugin_host *host;
+	struct te_plugin_host_ctx *ctx;
+
+	/* options */
+	char bind_text[64];
+	uint32_t lanes;
+	uint32_t n_workers;
+	uint32_t max_inflight;
+	uint64_t slice_size;
+	uint64_t connect_timeout_ms;
+	uint64_t sockbuf; /* SO_SNDBUF/SO_RCVBUF; 0: kernel autotuning */
+	uint64_t max_conns, max_conns_per_host, max_unauth;
+	uint64_t hello_timeout_ms, idle_timeout_ms, frame_timeout_ms;
+
+	bool auth;	      /* the engine has a secret: data connections authenticate */
+	atomic_uint n_conns;  /* accepted connections open */
+	atomic_uint n_unauth; /* of them, not READY yet */
+	/* Refused connections: one warning per second at most (accepting worker only). */
+	uint64_t refuse_log_ns;
+	uint32_t refused_quiet;
+
+	pthread_mutex_t fence_lock;
+	struct tcp_fence *fences;
+	uint32_t n_fences;
+
+	int listen_fd;
+	struct tcp_ep listen_ep;
+	uint16_t port;
+	char device[64];
+	uint64_t nonce;
+
+	/* Region table: sorted, disjoint. */
+	pthread_rwlock_t reg_lock;
+	struct te_plugin_regions regions; /* handles: struct tcp_mem */
+	_Atomic uint64_t reg_ver; /* written under the write lock, read under the read lock */
+
+	pthread_mutex_t lock; /* peers, rkeys, round-robin counters */
+	struct tcp_peer *peers;
+	struct tcp_rkey *rkeys;
+	uint32_t next_peer_worker;
+	atomic_uint next_conn_worker;
+
+	struct tcp_worker *workers;
+	atomic_bool stopping;
+};
+
+/* The host prefixes every line with the plugin name. */
+#define tcp_log(ti, level, ...) (ti)->host->log((ti)->ctx, (level), __VA_ARGS__)
+/* Why the op running on this thread fails: the core quotes it to the user. */
+#define tcp_set_error(ti, ...)                                                                     \
+	do {                                                                                       \
+		if ((ti)->host->set_error)                                                         \
+			(ti)->host->set_error((ti)->ctx, __VA_ARGS__);                             \
+	} while (0)
+
+static inline struct tcp_inst *tcp_inst_of(struct te_plugin_inst *inst)
+{
+	return (struct tcp_inst *)inst;
+}
+
+static inline struct tcp_spriv *tcp_priv(const struct te_plugin_slice *s)
+{
+	return (struct tcp_spriv *)s->priv;
+}
+
+static inline uint64_t tcp_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * What a side proves with its MAC (host->auth_mac): its role, the server instance, the
+ * client's lane and epoch and both fresh nonces, so a proof is good for this connection only.
+ */
+#define TCP_TRANSCRIPT (16 + 8 + 8 + 8 + 4 + 2 * TCP_NONCE)
+
+/* A list of slices to report, linked through tcp_spriv.next; reported without locks held. */
+struct tcp_rlist {
+	struct te_plugin_slice *head, *tail;
+};
+
+/* --- internal interfaces ---------------------------------------------------------- */
+
+/* tcp_wire.c */
+void tcp_hdr_decode(const uint8_t *p, struct tcp_hdr *h);
+void tcp_encode(uint8_t *p, uint8_t op, uint32_t req_id, int32_t status, uint64_t addr,
+		uint64_t length);
+void tcp_sa_text(const struct sockaddr_storage *sa, char *buf, size_t len);
+void tcp_copy_detail(char *dst, size_t cap, const uint8_t *src, size_t len);
+bool tcp_random(void *buf, size_t len);
+void tcp_transcript(uint8_t out[TCP_TRANSCRIPT], bool server, uint64_t instance, uint64_t cid,
+		    uint64_t epoch, uint32_t lane, const uint8_t *nonce_c, const uint8_t *nonce_s);
+void tcp_sock_abort(int fd);
+void tcp_sock_tune(const struct tcp_inst *ti, int fd);
+ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need);
+void tcp_rx_prefix(struct tcp_rx *rx);
+
+/* tcp_server.c */
+void tcp_conn_free(struct tcp_conn *c);
+bool tcp_fence(struct tcp_inst *ti, struct tcp_conn *c, uint64_t *newest_out);
+bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c);
+void tcp_conn_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c, uint32_t events);
+void tcp_accept(struct tcp_inst *ti, struct tcp_worker *w0);
+void tcp_conns_tick(struct tcp_inst *ti, struct tcp_worker *w, uint64_t now);
+
+/* tcp_worker.c */
+void tcp_worker_wake_locked(struct tcp_worker *w);
+void tcp_kick_lane(struct tcp_lane *l);
+void tcp_defer_fail(struct tcp_worker *w, struct te_plugin_slice *s, enum te_status st,
+		    const char *detail);
+void tcp_again_add(struct tcp_worker *w, struct tcp_ep *ep);
+void tcp_again_remove(struct tcp_worker *w, struct tcp_ep *ep);
+void tcp_warn_limited(struct tcp_inst *ti, struct tcp_worker *w, const char *fmt, ...)
+	TE_PLUGIN_PRINTF(3, 4);
+void *tcp_worker_main(void *arg);
+
+/* tcp_client.c */
+void tcp_report_priv(struct tcp_inst *ti, struct te_plugin_slice *s);
+void tcp_lane_fail_locked(struct tcp_lane *l, enum te_status st, const char *fmt, ...)
+	TE_PLUGIN_PRINTF(3, 4);
+void tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r);
+void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tcp_rlist *out);
+void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, const char *detail);
+void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l);
+void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l);
+void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l, uint32_t events);
+void tcp_peer_free(struct tcp_inst *ti, struct tcp_peer *peer);
+void tcp_lane_service(struct tcp_inst *ti, struct tcp_lane *l);
+enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **slices, uint32_t n,
+			  uint32_t *accepted_out);
+enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s);
+enum te_status tcp_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_slice *s);
+
+#endif /* TE_PLUGINS_TCP_H */

@@ -1,0 +1,1254 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tcp_client.c: the initiator side of the tcp transport: lanes, slots, sending, receiving
+ * responses, submit and cancel.
+ */
+#include "tcp.h"
+
+/* --- initiator side: slots and completion ------------------------------------------- */
+
+static void tcp_report(struct tcp_inst *ti, struct te_plugin_slice *s, enum te_status st,
+		       const char *detail)
+{
+	ti->host->slice_done(ti->ctx, s, st, st == TE_OK ? s->length : 0,
+			     st == TE_OK ? NULL : detail);
+}
+
+/* Free slot @id. Under lane lock. */
+static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
+{
+	struct tcp_slot *slot = &l->slots[id];
+
+	if (slot->flags & TCP_SLOT_CANCELED)
+		l->n_canceled--;
+	if (slot->flags & TCP_SLOT_ORPHAN)
+		l->n_orphan--;
+	slot->slice = NULL;
+	slot->flags = 0;
+	l->free_ids[l->n_free++] = id;
+}
+
+/*
+ * Slot @id has both SENT and ANSWERED: free it and return the slice to report (NULL when it
+ * was orphaned by cancel). The status to report is left in priv->status. Under lane lock.
+ */
+static struct te_plugin_slice *tcp_slot_finish_locked(struct tcp_lane *l, uint32_t id)
+{
+	struct tcp_slot *slot = &l->slots[id];
+	struct te_plugin_slice *s = slot->slice;
+
+	if (s && (slot->flags & TCP_SLOT_CANCELED)) {
+		tcp_priv(s)->status = TE_ERR_CANCELED;
+		snprintf(tcp_priv(s)->detail, TCP_PRIV_DETAIL, TCP_NAME ": canceled");
+	}
+	tcp_slot_free_locked(l, id);
+	return s;
+}
+
+/*
+ * Slot @id was canceled and is now fully sent but unanswered: report it now and let its
+ * response be discarded when it comes. Under lane lock; returns the slice to report.
+ */
+static struct te_plugin_slice *tcp_slot_orphan_locked(struct tcp_lane *l, uint32_t id)
+{
+	struct tcp_slot *slot = &l->slots[id];
+	struct te_plugin_slice *s = slot->slice;
+
+	slot->flags = (uint16_t)((slot->flags & ~TCP_SLOT_CANCELED) | TCP_SLOT_ORPHAN);
+	l->n_canceled--;
+	l->n_orphan++;
+	slot->slice = NULL;
+	tcp_priv(s)->status = TE_ERR_CANCELED;
+	snprintf(tcp_priv(s)->detail, TCP_PRIV_DETAIL, TCP_NAME ": canceled while in flight");
+	return s;
+}
+
+void tcp_report_priv(struct tcp_inst *ti, struct te_plugin_slice *s)
+{
+	struct tcp_spriv *p = tcp_priv(s);
+
+	tcp_report(ti, s, (enum te_status)p->status, p->detail);
+}
+
+/*
+ * Record why @l failed and mark it BROKEN; the caller then gets its worker to run
+ * tcp_lane_break (directly, or with tcp_kick_lane). Under lane lock. The socket stays open
+ * until the worker aborts it: only the worker closes a lane's socket, and another thread
+ * may be inside a (non-blocking) syscall on it.
+ */
+void tcp_lane_fail_locked(struct tcp_lane *l, enum te_status st, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (l->state == TCP_LANE_DOWN)
+		return;
+	if (l->err_status == TE_OK) {
+		l->err_status = st;
+		va_start(ap, fmt);
+		vsnprintf(l->err_detail, sizeof(l->err_detail), fmt, ap);
+		va_end(ap);
+	}
+	l->state = TCP_LANE_BROKEN;
+}
+
+static void tcp_rlist_add(struct tcp_rlist *r, struct te_plugin_slice *s)
+{
+	tcp_priv(s)->next = NULL;
+	if (r->tail)
+		tcp_priv(r->tail)->next = s;
+	else
+		r->head = s;
+	r->tail = s;
+}
+
+void tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r)
+{
+	struct te_plugin_slice *s = r->head;
+
+	r->head = r->tail = NULL;
+	while (s) {
+		/* Read first: once reported, the core may hand the slice out again at once. */
+		struct te_plugin_slice *next = tcp_priv(s)->next;
+
+		tcp_report_priv(ti, s);
+		s = next;
+	}
+}
+
+static void tcp_fence_add_locked(struct tcp_lane *l, struct te_plugin_slice *s)
+{
+	struct tcp_spriv *p = tcp_priv(s);
+
+	p->fencing = true;
+	p->next = NULL;
+	if (l->fence_tail)
+		tcp_priv(l->fence_tail)->next = s;
+	else
+		l->fence_head = s;
+	l->fence_tail = s;
+	l->n_fence++;
+}
+
+static void tcp_fence_unlink_locked(struct tcp_lane *l, struct te_plugin_slice *prev,
+				    struct te_plugin_slice *s)
+{
+	struct te_plugin_slice *next = tcp_priv(s)->next;
+
+	if (prev)
+		tcp_priv(prev)->next = next;
+	else
+		l->fence_head = next;
+	if (l->fence_tail == s)
+		l->fence_tail = prev;
+	l->n_fence--;
+	tcp_priv(s)->fencing = false;
+	if (!l->n_fence)
+		l->fence_unclosed = false;
+}
+
+/*
+ * Move the slices waiting for a fence to @out: all of them (the server fenced their
+ * connections, or cannot apply them any more), or those whose deadline passed by @now (the
+ * server drops request bytes that arrive after the deadline stamped in them). Under lane lock.
+ */
+void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tcp_rlist *out)
+{
+	struct te_plugin_slice *s = l->fence_head, *prev = NULL;
+
+	while (s) {
+		struct te_plugin_slice *next = tcp_priv(s)->next;
+
+		if (all || now >= s->deadline_ns) {
+			tcp_fence_unlink_locked(l, prev, s);
+			tcp_rlist_add(out, s);
+		} else {
+			prev = s;
+		}
+		s = next;
+	}
+}
+
+/*
+ * Abort @l's connection (a reset: the kernel drops what it has not sent) and end what it
+ * held; the lane is DOWN afterwards and reconnects on demand. Its worker only (or fini).
+ * When a sender is still in its loop the lane stays BROKEN: the sender kicks the worker when
+ * it leaves.
+ *
+ * No WRITE lands after it was reported: one whose bytes reached the socket and got no answer
+ * may still be in the network or in the server's socket buffer, so it is reported only once
+ * that cannot land any more: when a newer connection of this lane was accepted (the server
+ * fenced the older ones first), when the server is gone (nobody listens where the old
+ * connection was closed by the server, or another instance answers there), or when its
+ * deadline passed (the server discards request bytes past the deadline stamped in them).
+ * Such a lane reconnects at once to get the fence. Everything else is reported now.
+ */
+void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, const char *detail)
+{
+	struct tcp_rlist now_list = { 0 };
+	char why[TCP_PRIV_DETAIL];
+	uint32_t n = 0, fenced = 0;
+	uint64_t now = tcp_now_ns();
+	struct te_plugin_slice *partial;
+	enum te_status rst;
+	bool gone, closed_by_peer, reconnect = false;
+
+	pthread_mutex_lock(&l->lock);
+	if (l->state == TCP_LANE_DOWN) {
+		pthread_mutex_unlock(&l->lock);
+		return;
+	}
+	if (l->err_status == TE_OK) {
+		l->err_status = st;
+		snprintf(l->err_detail, sizeof(l->err_detail), "%s", detail);
+	}
+	if (l->sending) {
+		l->state = TCP_LANE_BROKEN;
+		pthread_mutex_unlock(&l->lock);
+		return;
+	}
+	rst = l->err_status;
+	snprintf(why, sizeof(why), "%s", l->err_detail);
+	closed_by_peer = l->peer_closed;
+	gone = rst == TE_ERR_PEER_RESTARTED || (l->refused && !l->fence_unclosed) || l->closing ||
+	       atomic_load_explicit(&ti->stopping, memory_order_relaxed);
+	partial = l->sq_off ? l->sq_head : NULL;
+	if (l->fd >= 0) {
+		epoll_ctl(l->w->epfd, EPOLL_CTL_DEL, l->fd, NULL);
+		tcp_sock_abort(l->fd);
+	}
+	l->fd = -1;
+	l->state = TCP_LANE_DOWN;
+	l->err_status = TE_OK;
+	l->err_detail[0] = '\0';
+	l->out_kick = false;
+	l->peer_closed = false;
+	l->refused = false;
+	l->ctl_len = l->ctl_off = 0;
+	l->hs = TCP_HS_HELLO;
+	l->sq_head = l->sq_tail = NULL;
+	l->sq_off = 0;
+	for (uint32_t id = 0; id < ti->max_inflight; id++) {
+		struct tcp_slot *slot = &l->slots[id];
+		struct te_plugin_slice *s = slot->slice;
+		bool on_wire, canceled;
+
+		if (!(slot->flags & TCP_SLOT_USED))
+			continue;
+		on_wire = slot->op == TCP_OP_WRITE && !(slot->flags & TCP_SLOT_ANSWERED) &&
+			  ((slot->flags & TCP_SLOT_SENT) || (s && s == partial));
+		canceled = (slot->flags & TCP_SLOT_CANCELED) != 0;
+		tcp_slot_free_locked(l, id);
+		if (!s)
+			continue; /* orphan: already reported */
+		n++;
+		tcp_priv(s)->status = canceled ? TE_ERR_CANCELED : rst;
+		snprintf(tcp_priv(s)->detail, TCP_PRIV_DETAIL, "%s",
+			 canceled ? TCP_NAME ": canceled while in flight" : why);
+		if (on_wire && !gone && now < s->deadline_ns) {
+			tcp_fence_add_locked(l, s);
+			fenced++;
+		} else {
+			tcp_rlist_add(&now_list, s);
+		}
+	}
+	if (fenced && !closed_by_peer)
+		l->fence_unclosed = true;
+	tcp_fence_take_locked(l, gone, now, &now_list);
+	l->rx.pos = l->rx.end = 0;
+	l->rx.payload = false;
+	l->rx.left = 0;
+	l->rx.dst = NULL;
+	l->rx.bulk = false;
+	l->stall_ticks = 0;
+	if (l->n_fence && now - l->fence_connect_ns >= TCP_TICK_MS * 1000000ull) {
+		l->fence_connect_ns = now;
+		tcp_lane_connect_locked(ti, l);
+		reconnect = l->state == TCP_LANE_BROKEN;
+	}
+	pthread_mutex_unlock(&l->lock);
+
+	if (n || rst != TE_ERR_CANCELED)
+		tcp_log(ti, TE_PLUGIN_LOG_DEBUG,
+			"lane %u to %s closed, %u request(s) failed (%u wait for the server's "
+			"fence): %s",
+			l->index, l->peer->name, n, fenced, why);
+	tcp_rlist_report(ti, &now_list);
+	if (reconnect)
+		tcp_kick_lane(l); /* the connect failed at once: break again (no fence yet) */
+}
+
+/* --- initiator side: sending ---------------------------------------------------------- */
+
+/* Bytes of @s's request frame on the wire. */
+static uint64_t tcp_frame_len(const struct te_plugin_slice *s)
+{
+	return TCP_HDR_LEN + (s->opcode == TE_PLUGIN_OP_WRITE ? s->length : 0);
+}
+
+/*
+ * Account @sent bytes of the gathered queue prefix. Slots whose request is now complete
+ * become SENT; those that can finish are collected into @rep. Under lane lock.
+ */
+static uint32_t tcp_lane_advance_locked(struct tcp_lane *l, uint64_t sent,
+					struct te_plugin_slice **rep)
+{
+	uint32_t n = 0;
+
+	if (l->ctl_off < l->ctl_len) {
+		uint64_t take = TCP_MIN(sent, (uint64_t)(l->ctl_len - l->ctl_off));
+
+		l->ctl_off += (uint32_t)take;
+		sent -= take;
+		if (l->ctl_off == l->ctl_len)
+			l->ctl_off = l->ctl_len = 0;
+	}
+	while (sent && l->sq_head) {
+		struct te_plugin_slice *s = l->sq_head;
+		struct tcp_spriv *p = tcp_priv(s);
+		uint64_t rem = tcp_frame_len(s) - l->sq_off;
+		uint32_t id = atomic_load_explicit(&p->slot, memory_order_relaxed);
+		struct tcp_slot *slot = &l->slots[id];
+
+		if (sent < rem) {
+			l->sq_off += sent;
+			break;
+		}
+		sent -= rem;
+		l->sq_off = 0;
+		l->sq_head = p->next;
+		if (!l->sq_head)
+			l->sq_tail = NULL;
+		slot->flags = (uint16_t)((slot->flags & ~TCP_SLOT_IN_IOV) | TCP_SLOT_SENT);
+		if (slot->flags & TCP_SLOT_ANSWERED)
+			rep[n++] = tcp_slot_finish_locked(l, id);
+		else if ((slot->flags & TCP_SLOT_CANCELED) && !(slot->flags & TCP_SLOT_RECV) &&
+			 slot->op == TCP_OP_READ)
+			rep[n++] = tcp_slot_orphan_locked(l, id); /* a WRITE waits for its fence */
+	}
+	/* Gathered but not (completely) sent: cancel may unqueue them again. */
+	for (struct te_plugin_slice *s = l->sq_head; s; s = tcp_priv(s)->next) {
+		struct tcp_slot *slot =
+			&l->slots[atomic_load_explicit(&tcp_priv(s)->slot, memory_order_relaxed)];
+
+		if (!(slot->flags & TCP_SLOT_IN_IOV))
+			break;
+		slot->flags &= (uint16_t)~TCP_SLOT_IN_IOV;
+	}
+	return n;
+}
+
+/* Whether @l has bytes to send: handshake frames, or requests once the HELLO was answered. */
+static bool tcp_lane_has_output_locked(const struct tcp_lane *l)
+{
+	return l->ctl_off < l->ctl_len || (l->hs != TCP_HS_HELLO && l->sq_head);
+}
+
+/*
+ * The request deadline field of @s on @l: milliseconds from the connection's base (when its
+ * HELLO answer arrived here), rounded down. The server counts them from when it built that
+ * answer, which is earlier in real time, so the server's deadline falls at or before the
+ * slice's: a WRITE byte it takes in before its deadline was taken in before the slice's.
+ */
+static uint32_t tcp_deadline_field(const struct tcp_lane *l, const struct te_plugin_slice *s)
+{
+	uint64_t ms;
+
+	if (!s->deadline_ns || s->deadline_ns == UINT64_MAX)
+		return TCP_NO_DEADLINE;
+	if (s->deadline_ns <= l->base_ns)
+		return 0;
+	ms = (s->deadline_ns - l->base_ns) / 1000000u;
+	return ms >= TCP_NO_DEADLINE ? TCP_NO_DEADLINE - 1 : (uint32_t)ms;
+}
+
+/*
+ * Send what is queued on @l until the queue is empty or the socket is full. Any thread; one
+ * sender at a time (l->sending), others leave their requests to it. The socket stays open
+ * while l->sending is set because only the worker closes it, and only when nobody sends.
+ */
+static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
+{
+	struct iovec iov[TCP_LANE_IOV];
+	struct te_plugin_slice *rep[TCP_LANE_IOV];
+	bool kick;
+
+	pthread_mutex_lock(&l->lock);
+	if (l->sending) {
+		/* The active sender goes around once more. */
+		l->out_kick = true;
+		pthread_mutex_unlock(&l->lock);
+		return;
+	}
+	if (l->state != TCP_LANE_UP || !tcp_lane_has_output_locked(l)) {
+		pthread_mutex_unlock(&l->lock);
+		return;
+	}
+	l->sending = true;
+	while (l->state == TCP_LANE_UP && tcp_lane_has_output_locked(l)) {
+		struct msghdr msg = { .msg_iov = iov };
+		uint64_t off = l->sq_off;
+		uint32_t n_iov = 0, n_rep;
+		int fd = l->fd, err;
+		ssize_t r;
+
+		l->out_kick = false;
+		if (l->ctl_off < l->ctl_len)
+			iov[n_iov++] =
+				(struct iovec){ l->ctl + l->ctl_off, l->ctl_len - l->ctl_off };
+		for (struct te_plugin_slice *s = l->hs != TCP_HS_HELLO ? l->sq_head : NULL;
+		     s && n_iov + 2 <= TCP_LANE_IOV; s = tcp_priv(s)->next) {
+			struct tcp_spriv *p = tcp_priv(s);
+			uint32_t id = atomic_load_explicit(&p->slot, memory_order_relaxed);
+
+			l->slots[id].flags |= TCP_SLOT_IN_IOV;
+			/* Stamped while no byte of the frame left (again, to the same value). */
+			if (off == 0)
+				te_plugin_put_u32(p->hdr + 12, tcp_deadline_field(l, s));
+			if (off < TCP_HDR_LEN)
+				iov[n_iov++] = (struct iovec){ p->hdr + off, TCP_HDR_LEN - off };
+			if (s->opcode == TE_PLUGIN_OP_WRITE) {
+				uint64_t skip = off > TCP_HDR_LEN ? off - TCP_HDR_LEN : 0;
+
+				iov[n_iov++] = (struct iovec){ (uint8_t *)s->local + skip,
+							       s->length - skip };
+			}
+			off = 0;
+		}
+		msg.msg_iovlen = n_iov;
+		pthread_mutex_unlock(&l->lock);
+		r = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		err = errno;
+		pthread_mutex_lock(&l->lock);
+		if (r > 0)
+			atomic_fetch_add_explicit(&l->progress, (uint64_t)r, memory_order_relaxed);
+		n_rep = tcp_lane_advance_locked(l, r > 0 ? (uint64_t)r : 0, rep);
+		if (n_rep) {
+			pthread_mutex_unlock(&l->lock);
+			for (uint32_t i = 0; i < n_rep; i++)
+				tcp_report_priv(ti, rep[i]);
+			pthread_mutex_lock(&l->lock);
+		}
+		if (r >= 0 || err == EINTR)
+			continue;
+		if (err == EAGAIN || err == EWOULDBLOCK) {
+			/* Writable again meanwhile? Then the edge is gone: try once more. */
+			if (l->out_kick)
+				continue;
+			break;
+		}
+		if (err == EPIPE || err == ECONNRESET)
+			l->peer_closed = true;
+		tcp_lane_fail_locked(l, TE_ERR_CONN_RESET,
+				     TCP_NAME ": send to %s (%s) lane %u failed: %s", l->peer->name,
+				     l->peer->addr_text, l->index, strerror(err));
+	}
+	l->sending = false;
+	kick = l->state == TCP_LANE_BROKEN;
+	pthread_mutex_unlock(&l->lock);
+	if (kick)
+		tcp_kick_lane(l);
+}
+
+/*
+ * Open @l's socket and start connecting, with a HELLO queued: the next epoch of this lane, a
+ * fresh client nonce. Under lane lock; the lane is DOWN.
+ */
+void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l)
+{
+	struct tcp_peer *peer = l->peer;
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET,
+				  .data.ptr = &l->ep };
+	uint8_t *b = l->ctl + TCP_HDR_LEN;
+	int fd;
+
+	l->err_status = TE_OK;
+	l->err_detail[0] = '\0';
+	l->connect_start_ns = tcp_now_ns();
+	l->refused = false;
+	l->peer_closed = false;
+	l->hs = TCP_HS_HELLO;
+	l->epoch++;
+	if (!tcp_random(l->nonce_c, TCP_NONCE)) {
+		l->state = TCP_LANE_CONNECTING; /* so that fail records the reason */
+		tcp_lane_fail_locked(l, TE_ERR_SYSTEM, TCP_NAME ": no random bytes for a nonce: %s",
+				     strerror(errno));
+		return;
+	}
+	tcp_encode(l->ctl, TCP_OP_HELLO, 0, 0, peer->nonce, TCP_HELLO_REQ);
+	te_plugin_put_u64(b, peer->cid);
+	te_plugin_put_u64(b + 8, l->epoch);
+	te_plugin_put_u32(b + 16, l->index);
+	te_plugin_put_u32(b + 20, ti->auth ? TCP_HELLO_SECRET : 0);
+	memcpy(b + 24, l->nonce_c, TCP_NONCE);
+	l->ctl_len = TCP_HDR_LEN + TCP_HELLO_REQ;
+	l->ctl_off = 0;
+	fd = socket(peer->sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		l->state = TCP_LANE_CONNECTING; /* so that fail records the reason */
+		tcp_lane_fail_locked(l, TE_ERR_PEER_UNREACHABLE,
+				     TCP_NAME ": cannot create a socket for %s: %s", peer->name,
+				     strerror(errno));
+		return;
+	}
+	tcp_sock_tune(ti, fd);
+	l->fd = fd;
+	if (connect(fd, (const struct sockaddr *)&peer->sa, peer->salen) == 0) {
+		l->state = TCP_LANE_UP;
+	} else if (errno == EINPROGRESS) {
+		l->state = TCP_LANE_CONNECTING;
+	} else {
+		l->state = TCP_LANE_CONNECTING;
+		l->refused = errno == ECONNREFUSED;
+		tcp_lane_fail_locked(l, TE_ERR_PEER_UNREACHABLE,
+				     TCP_NAME ": connect to %s (%s) failed: %s", peer->name,
+				     peer->addr_text, strerror(errno));
+		return;
+	}
+	if (epoll_ctl(l->w->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+		tcp_lane_fail_locked(l, TE_ERR_SYSTEM, TCP_NAME ": epoll_ctl for %s: %s",
+				     peer->name, strerror(errno));
+}
+
+/* Buffered bytes of the READ payload just announced, unless its slice was canceled. */
+static void tcp_lane_prefix(struct tcp_lane *l)
+{
+	if (l->rx.end == l->rx.pos || !l->rx.dst) {
+		tcp_rx_prefix(&l->rx);
+		return;
+	}
+	pthread_mutex_lock(&l->rx_lock);
+	if (atomic_load_explicit(&l->rx_redirect, memory_order_relaxed))
+		l->rx.dst = NULL;
+	tcp_rx_prefix(&l->rx);
+	pthread_mutex_unlock(&l->rx_lock);
+}
+
+/* The READ payload of slot l->rx_slot arrived completely. Worker only. */
+static void tcp_lane_payload_done(struct tcp_inst *ti, struct tcp_lane *l)
+{
+	struct tcp_slot *slot;
+	struct te_plugin_slice *s = NULL;
+
+	l->rx.payload = false;
+	l->rx.dst = NULL;
+	pthread_mutex_lock(&l->lock);
+	slot = &l->slots[l->rx_slot];
+	slot->flags = (uint16_t)((slot->flags & ~TCP_SLOT_RECV) | TCP_SLOT_ANSWERED);
+	if (slot->flags & TCP_SLOT_SENT)
+		s = tcp_slot_finish_locked(l, l->rx_slot);
+	pthread_mutex_unlock(&l->lock);
+	if (s)
+		tcp_report_priv(ti, s);
+}
+
+enum tcp_parse {
+	TCP_PARSE_MORE,	   /* need more bytes (*need says how many for exact reads) */
+	TCP_PARSE_PAYLOAD, /* a payload is being received */
+	TCP_PARSE_FAIL,	   /* the lane must break: *st and why say how */
+	TCP_PARSE_NEXT,	   /* a frame was handled: go on */
+};
+
+/*
+ * The answer to this connection's HELLO or AUTH. Worker only. The server proves the secret
+ * in its HELLO answer before this side proves it (and before any request leaves); a READY
+ * connection means the server fenced every older connection of this lane, so the WRITEs
+ * waiting for that are reported here.
+ */
+static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l,
+					 const struct tcp_hdr *h, uint32_t avail, size_t *need,
+					 enum te_status *st, char *why, size_t why_len)
+{
+	struct tcp_rx *rx = &l->rx;
+	struct tcp_peer *peer = l->peer;
+	uint8_t want = l->hs == TCP_HS_HELLO ? TCP_OP_HELLO : TCP_OP_AUTH;
+	uint64_t ok_len = want == TCP_OP_HELLO ? TCP_HELLO_ANS : 0;
+	struct tcp_rlist fenced = { 0 };
+	const uint8_t *b;
+
+	*st = TE_ERR_CONN_RESET;
+	if (h->op != want || h->req_id != 0 || (h->status == TE_OK && h->length != ok_len) ||
+	    (h->status != TE_OK &&
+	     (h->status > -1 || h->status < -139 || h->length > TCP_DETAIL_WIRE))) {
+		snprintf(why, why_len,
+			 TCP_NAME ": protocol error from %s (%s): bad answer to %s (op %u, status "
+				  "%" PRId32 ", %" PRIu64 " bytes)",
+			 peer->name, peer->addr_text, want == TCP_OP_HELLO ? "HELLO" : "AUTH",
+			 h->op, h->status, h->length);
+		return TCP_PARSE_FAIL;
+	}
+	if (avail < TCP_HDR_LEN + h->length) {
+		*need = TCP_HDR_LEN + (size_t)h->length - avail;
+		return TCP_PARSE_MORE;
+	}
+	b = rx->buf + rx->pos + TCP_HDR_LEN;
+	if (h->status != TE_OK || (want == TCP_OP_HELLO && h->addr != peer->nonce)) {
+		char text[TCP_DETAIL_WIRE + 1];
+
+		*st = h->status == TE_OK ? TE_ERR_PEER_RESTARTED : (enum te_status)h->status;
+		tcp_copy_detail(text, sizeof(text), b, h->status == TE_OK ? 0 : (size_t)h->length);
+		if (*st == TE_ERR_PEER_RESTARTED)
+			snprintf(why, why_len,
+				 TCP_NAME ": %s (%s) is another instance now (restarted; expected "
+					  "instance %016" PRIx64 ")",
+				 peer->name, peer->addr_text, peer->nonce);
+		else
+			snprintf(why, why_len, TCP_NAME ": %s (%s) refused the connection: %s",
+				 peer->name, peer->addr_text, text);
+		return TCP_PARSE_FAIL;
+	}
+	if (want == TCP_OP_HELLO && (te_plugin_get_u32(b) & TCP_HELLO_SECRET)) {
+		uint8_t tr[TCP_TRANSCRIPT], mac[TE_PLUGIN_MAC_SIZE];
+
+		*st = TE_ERR_AUTH;
+		if (!ti->auth) {
+			snprintf(why, why_len,
+				 TCP_NAME
+				 ": %s (%s) requires authentication on its data port; this "
+				 "engine has no secret (auth.secret)",
+				 peer->name, peer->addr_text);
+			return TCP_PARSE_FAIL;
+		}
+		tcp_transcript(tr, true, peer->nonce, peer->cid, l->epoch, l->index, l->nonce_c,
+			       b + 8);
+		if (ti->host->auth_check(ti->ctx, tr, sizeof(tr), b + 8 + TCP_NONCE) != TE_OK) {
+			snprintf(why, why_len,
+				 TCP_NAME ": %s (%s) did not prove the shared secret on its data "
+					  "port: refused",
+				 peer->name, peer->addr_text);
+			return TCP_PARSE_FAIL;
+		}
+		tcp_transcript(tr, false, peer->nonce, peer->cid, l->epoch, l->index, l->nonce_c,
+			       b + 8);
+		if (ti->host->auth_mac(ti->ctx, tr, sizeof(tr), mac) != TE_OK) {
+			snprintf(why, why_len, TCP_NAME ": cannot compute the proof for %s (%s)",
+				 peer->name, peer->addr_text);
+			return TCP_PARSE_FAIL;
+		}
+		pthread_mutex_lock(&l->lock);
+		/* Behind what is left of the HELLO (the answer may overtake the bookkeeping). */
+		tcp_encode(l->ctl + l->ctl_len, TCP_OP_AUTH, 0, 0, 0, TE_PLUGIN_MAC_SIZE);
+		memcpy(l->ctl + l->ctl_len + TCP_HDR_LEN, mac, sizeof(mac));
+		l->ctl_len += TCP_HDR_LEN + TE_PLUGIN_MAC_SIZE;
+		l->hs = TCP_HS_AUTH;
+		l->base_ns = tcp_now_ns();
+		pthread_mutex_unlock(&l->lock);
+	} else {
+		if (want == TCP_OP_HELLO && ti->auth) {
+			*st = TE_ERR_AUTH;
+			snprintf(why, why_len,
+				 TCP_NAME ": %s (%s) serves its data port without authentication, "
+					  "but this engine has a secret: refused",
+				 peer->name, peer->addr_text);
+			return TCP_PARSE_FAIL;
+		}
+		pthread_mutex_lock(&l->lock);
+		if (want == TCP_OP_HELLO)
+			l->base_ns = tcp_now_ns();
+		l->hs = TCP_HS_READY;
+		tcp_fence_take_locked(l, true, 0, &fenced);
+		/* Its own instance answers again: a later restart is news again. */
+		atomic_store_explicit(&peer->restarted, false, memory_order_relaxed);
+		pthread_mutex_unlock(&l->lock);
+	}
+	rx->pos += TCP_HDR_LEN + (uint32_t)h->length;
+	rx->bulk = true;
+	l->rx_flush = true;
+	tcp_rlist_report(ti, &fenced);
+	return TCP_PARSE_NEXT;
+}
+
+/*
+ * Handle every complete response in @l's buffer. Worker only. Validates each header
+ * against the slot it names: a server cannot complete a request it was not sent, nor
+ * deliver more bytes than were asked for.
+ */
+static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, size_t *need,
+				     enum te_status *st, char *why, size_t why_len)
+{
+	struct tcp_rx *rx = &l->rx;
+	struct tcp_peer *peer = l->peer;
+	struct tcp_hdr h;
+
+	for (;;) {
+		uint32_t avail = rx->end - rx->pos;
+		struct te_plugin_slice *done = NULL;
+		struct tcp_slot *slot;
+		uint32_t id;
+
+		if (avail < TCP_HDR_LEN) {
+			*need = TCP_HDR_LEN - avail;
+			return TCP_PARSE_MORE;
+		}
+		tcp_hdr_decode(rx->buf + rx->pos, &h);
+		*st = TE_ERR_CONN_RESET;
+		if (h.magic != TCP_WIRE_MAGIC || h.version != TCP_WIRE_VERSION || h.flags) {
+			snprintf(why, why_len,
+				 TCP_NAME ": protocol error from %s (%s): bad frame header (magic "
+					  "0x%08" PRIx32 ", version %u)",
+				 peer->name, peer->addr_text, h.magic, h.version);
+			return TCP_PARSE_FAIL;
+		}
+		/* hs changes only on this thread while the lane is UP. */
+		if (l->hs != TCP_HS_READY) {
+			enum tcp_parse r =
+				tcp_lane_handshake(ti, l, &h, avail, need, st, why, why_len);
+
+			if (r != TCP_PARSE_NEXT)
+				return r;
+			continue;
+		}
+		id = h.req_id & 0xffffu;
+		if ((h.op != TCP_OP_READ && h.op != TCP_OP_WRITE) || id >= ti->max_inflight)
+			goto bad_id;
+		if (h.status != TE_OK) {
+			/* Errors carry a short detail; wait until it is all here. */
+			if (h.status > -1 || h.status < -139 || h.length > TCP_DETAIL_WIRE) {
+				snprintf(why, why_len,
+					 TCP_NAME ": protocol error from %s (%s): bad error frame "
+						  "(status %" PRId32 ", %" PRIu64 " bytes)",
+					 peer->name, peer->addr_text, h.status, h.length);
+				return TCP_PARSE_FAIL;
+			}
+			if (avail < TCP_HDR_LEN + h.length) {
+				*need = TCP_HDR_LEN + (size_t)h.length - avail;
+				return TCP_PARSE_MORE;
+			}
+		}
+		pthread_mutex_lock(&l->lock);
+		slot = &l->slots[id];
+		/* An answer may overtake the sender's bookkeeping (IN_IOV), not the request. */
+		if (!(slot->flags & TCP_SLOT_USED) || slot->gen != (uint16_t)(h.req_id >> 16) ||
+		    slot->op != h.op || !(slot->flags & (TCP_SLOT_SENT | TCP_SLOT_IN_IOV)) ||
+		    (slot->flags & (TCP_SLOT_ANSWERED | TCP_SLOT_RECV)) ||
+		    (h.status == TE_OK && h.length != (h.op == TCP_OP_READ ? slot->length : 0))) {
+			pthread_mutex_unlock(&l->lock);
+			goto bad_id;
+		}
+		if (h.status == TE_OK && h.op == TCP_OP_READ) {
+			/* Orphans (canceled and reported) are drained, never written to. */
+			slot->flags |= TCP_SLOT_RECV;
+			rx->dst = slot->slice ? (uint8_t *)slot->slice->local : NULL;
+			/* relaxed: written and read under l->lock or l->rx_lock */
+			atomic_store_explicit(&l->rx_redirect, false, memory_order_relaxed);
+			pthread_mutex_unlock(&l->lock);
+			rx->pos += TCP_HDR_LEN;
+			rx->payload = true;
+			rx->left = h.length;
+			rx->bulk = false;
+			l->rx_slot = id;
+			tcp_lane_prefix(l);
+			if (rx->left)
+				return TCP_PARSE_PAYLOAD;
+			tcp_lane_payload_done(ti, l);
+			continue;
+		}
+		if (h.status != TE_OK && slot->slice) {
+			struct tcp_spriv *p = tcp_priv(slot->slice);
+
+			p->status = h.status;
+			tcp_copy_detail(p->detail, sizeof(p->detail),
+					rx->buf + rx->pos + TCP_HDR_LEN, (size_t)h.length);
+		}
+		slot->flags |= TCP_SLOT_ANSWERED;
+		if (slot->flags & TCP_SLOT_SENT)
+			done = tcp_slot_finish_locked(l, id);
+		pthread_mutex_unlock(&l->lock);
+		rx->pos += TCP_HDR_LEN + (uint32_t)(h.status != TE_OK ? h.length : 0);
+		rx->bulk = true;
+		if (done)
+			tcp_report_priv(ti, done);
+	}
+
+bad_id:
+	snprintf(why, why_len,
+		 TCP_NAME
+		 ": protocol error from %s (%s): unexpected response (op %u, id 0x%08" PRIx32
+		 ", status %" PRId32 ", %" PRIu64 " bytes)",
+		 peer->name, peer->addr_text, h.op, h.req_id, h.status, h.length);
+	return TCP_PARSE_FAIL;
+}
+
+/* Read and handle responses on @l until its socket is drained. Worker only. */
+void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l)
+{
+	uint64_t budget = TCP_RX_BUDGET;
+	enum te_status st = TE_ERR_CONN_RESET;
+	char why[TCP_PRIV_DETAIL];
+	struct tcp_peer *peer = l->peer;
+	int fd;
+
+	pthread_mutex_lock(&l->lock);
+	fd = l->state == TCP_LANE_UP ? l->fd : -1;
+	pthread_mutex_unlock(&l->lock);
+	/* Only this thread closes the socket, so fd stays valid for the whole loop. */
+	if (fd < 0)
+		return;
+	for (;;) {
+		size_t need = TCP_HDR_LEN;
+		ssize_t r;
+
+		if (!l->rx.payload &&
+		    tcp_lane_parse(ti, l, &need, &st, why, sizeof(why)) == TCP_PARSE_FAIL)
+			goto fail;
+		if (l->rx_flush) {
+			/* The handshake advanced: its AUTH, or requests that waited for it. */
+			l->rx_flush = false;
+			tcp_lane_flush(ti, l);
+		}
+		if (budget == 0) {
+			tcp_again_add(w, &l->ep);
+			return;
+		}
+		if (l->rx.payload && l->rx.dst) {
+			pthread_mutex_lock(&l->rx_lock);
+			if (atomic_load_explicit(&l->rx_redirect, memory_order_relaxed))
+				l->rx.dst = NULL;
+			r = tcp_rx_read(fd, &l->rx, w->scratch, need);
+			pthread_mutex_unlock(&l->rx_lock);
+		} else {
+			r = tcp_rx_read(fd, &l->rx, w->scratch, need);
+		}
+		if (r == -EAGAIN || r == -EWOULDBLOCK)
+			return;
+		if (r <= 0) {
+			st = TE_ERR_CONN_RESET;
+			if (r == 0 || r == -ECONNRESET) {
+				/* The server's side ended: it applies nothing more from it. */
+				pthread_mutex_lock(&l->lock);
+				l->peer_closed = true;
+				pthread_mutex_unlock(&l->lock);
+			}
+			if (r == 0)
+				snprintf(why, sizeof(why),
+					 TCP_NAME
+					 ": connection to %s (%s) lane %u closed by the peer",
+					 peer->name, peer->addr_text, l->index);
+			else
+				snprintf(why, sizeof(why),
+					 TCP_NAME ": receive from %s (%s) lane %u failed: %s",
+					 peer->name, peer->addr_text, l->index, strerror((int)-r));
+			goto fail;
+		}
+		atomic_fetch_add_explicit(&l->progress, (uint64_t)r, memory_order_relaxed);
+		budget -= TCP_MIN(budget, (uint64_t)r);
+		if (l->rx.payload && l->rx.left == 0)
+			tcp_lane_payload_done(ti, l);
+	}
+
+fail:
+	if (st == TE_ERR_PEER_RESTARTED &&
+	    (atomic_store_explicit(&peer->restarted_until_ns,
+				   tcp_now_ns() + TCP_RESTART_HOLD_MS * 1000000ull,
+				   memory_order_relaxed),
+	     !atomic_exchange_explicit(&peer->restarted, true, memory_order_relaxed))) {
+		tcp_log(ti, TE_PLUGIN_LOG_WARN, "%s", why + strlen(TCP_NAME ": "));
+		if (ti->host->peer_event)
+			ti->host->peer_event(ti->ctx, (struct te_plugin_peer *)peer,
+					     TE_PLUGIN_EVENT_DOWN, why);
+	}
+	tcp_lane_break(ti, l, st, why);
+}
+
+void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l, uint32_t events)
+{
+	enum tcp_lane_state state;
+
+	pthread_mutex_lock(&l->lock);
+	if (l->state == TCP_LANE_CONNECTING && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+		struct sockaddr_storage sa;
+		socklen_t salen = sizeof(sa), len = sizeof(int);
+		int err = 0;
+
+		if (getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+			err = errno;
+		if (err) {
+			l->refused = err == ECONNREFUSED;
+			tcp_lane_fail_locked(l, TE_ERR_PEER_UNREACHABLE,
+					     TCP_NAME ": connect to %s (%s) failed: %s",
+					     l->peer->name, l->peer->addr_text, strerror(err));
+		} else if (getpeername(l->fd, (struct sockaddr *)&sa, &salen) == 0)
+			l->state = TCP_LANE_UP;
+		/* else: an event of an earlier socket of this lane; still connecting */
+	}
+	state = l->state;
+	pthread_mutex_unlock(&l->lock);
+
+	if (state == TCP_LANE_BROKEN) {
+		tcp_lane_break(ti, l, TE_ERR_CONN_RESET, TCP_NAME ": connection broken");
+		return;
+	}
+	if (state != TCP_LANE_UP)
+		return;
+	if (events & EPOLLOUT)
+		tcp_lane_flush(ti, l);
+	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		tcp_lane_rx(ti, w, l);
+}
+
+/* --- peers ------------------------------------------------------------------------- */
+
+void tcp_peer_free(struct tcp_inst *ti, struct tcp_peer *peer)
+{
+	pthread_mutex_lock(&ti->lock);
+	if (peer->prev)
+		peer->prev->next = peer->next;
+	else
+		ti->peers = peer->next;
+	if (peer->next)
+		peer->next->prev = peer->prev;
+	pthread_mutex_unlock(&ti->lock);
+	for (uint32_t i = 0; i < peer->n_lanes; i++) {
+		struct tcp_lane *l = &peer->lanes[i];
+
+		pthread_mutex_destroy(&l->lock);
+		pthread_mutex_destroy(&l->rx_lock);
+		free(l->slots);
+		free(l->free_ids);
+		free(l->rx.buf);
+	}
+	free(peer->name);
+	free(peer);
+}
+
+/* Unlink a closed lane from its worker; the last lane of an unloaded peer frees it. */
+static void tcp_lane_release(struct tcp_inst *ti, struct tcp_lane *l)
+{
+	struct tcp_worker *w = l->w;
+	struct tcp_peer *peer = l->peer;
+
+	pthread_mutex_lock(&w->lock);
+	if (l->wprev)
+		l->wprev->wnext = l->wnext;
+	else
+		w->lanes = l->wnext;
+	if (l->wnext)
+		l->wnext->wprev = l->wprev;
+	pthread_mutex_unlock(&w->lock);
+	tcp_again_remove(w, &l->ep);
+	/* acq_rel: the last one must see every other worker's final writes to its lanes */
+	if (atomic_fetch_sub_explicit(&peer->lanes_open, 1, memory_order_acq_rel) == 1)
+		tcp_peer_free(ti, peer);
+}
+
+/* --- workers ------------------------------------------------------------------------- */
+
+/*
+ * A lane handed to its worker: stream bulk data queued by submit, finish a failure, or
+ * close it for an unloaded peer. A kick may be stale (the lane failed and reconnected
+ * since): only the state found now counts.
+ */
+void tcp_lane_service(struct tcp_inst *ti, struct tcp_lane *l)
+{
+	enum tcp_lane_state state;
+	bool closing;
+
+	pthread_mutex_lock(&l->lock);
+	closing = l->closing;
+	state = l->state;
+	pthread_mutex_unlock(&l->lock);
+	if (!closing) {
+		if (state == TCP_LANE_UP)
+			tcp_lane_flush(ti, l);
+		else if (state == TCP_LANE_BROKEN)
+			tcp_lane_break(ti, l, TE_ERR_CONN_RESET, TCP_NAME ": connection broken");
+		return;
+	}
+	tcp_lane_break(ti, l, TE_ERR_CANCELED, TCP_NAME ": peer unloaded");
+	pthread_mutex_lock(&l->lock);
+	state = l->state;
+	pthread_mutex_unlock(&l->lock);
+	/* Not down: a sender is still in its loop and kicks us again when it leaves. */
+	if (state == TCP_LANE_DOWN)
+		tcp_lane_release(ti, l);
+}
+
+/* --- submit and cancel ----------------------------------------------------------------- */
+
+/* Initiator-side checks the core should already have made: defence in depth, no syscall. */
+static enum te_status tcp_check_slice(const struct te_plugin_slice *s, char *why, size_t len)
+{
+	const struct tcp_rkey *k = (const struct tcp_rkey *)s->rkey;
+	const struct tcp_mem *m = (const struct tcp_mem *)s->local_mem;
+	uint64_t local = (uint64_t)(uintptr_t)s->local;
+	uint32_t need = s->opcode == TE_PLUGIN_OP_READ ? TE_PLUGIN_ACCESS_REMOTE_READ
+						       : TE_PLUGIN_ACCESS_REMOTE_WRITE;
+
+	if (m &&
+	    (local < m->addr || s->length > m->length || local - m->addr > m->length - s->length)) {
+		snprintf(why, len,
+			 TCP_NAME ": local range [%p, +%" PRIu64 ") outside its registered region",
+			 s->local, s->length);
+		return TE_ERR_OUT_OF_RANGE;
+	}
+	if (k && (s->remote < k->addr || s->length > k->length ||
+		  s->remote - k->addr > k->length - s->length || !(k->access & need))) {
+		snprintf(why, len,
+			 TCP_NAME ": remote range [0x%" PRIx64 ", +%" PRIu64
+				  ") is not inside the remote-%s buffer [0x%" PRIx64 ", +%" PRIu64
+				  ") it was submitted for",
+			 s->remote, s->length,
+			 s->opcode == TE_PLUGIN_OP_READ ? "readable" : "writable", k->addr,
+			 k->length);
+		return TE_ERR_REMOTE_ACCESS;
+	}
+	return TE_OK;
+}
+
+/* Take a slot for @s and queue its request. Under lane lock; l->n_free > 0. */
+static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s)
+{
+	struct tcp_spriv *p = tcp_priv(s);
+	uint32_t id = l->free_ids[--l->n_free];
+	struct tcp_slot *slot = &l->slots[id];
+
+	slot->slice = s;
+	slot->gen++;
+	slot->flags = TCP_SLOT_USED;
+	slot->op = s->opcode == TE_PLUGIN_OP_READ ? TCP_OP_READ : TCP_OP_WRITE;
+	slot->length = s->length;
+	p->next = NULL;
+	p->fencing = false;
+	p->req_id = (uint32_t)slot->gen << 16 | id;
+	p->status = TE_OK;
+	p->detail[0] = '\0';
+	/* relaxed: cancel reads these under the lane lock, which it takes before trusting them */
+	atomic_store_explicit(&p->slot, id, memory_order_relaxed);
+	atomic_store_explicit(&p->lane, l, memory_order_relaxed);
+	tcp_encode(p->hdr, slot->op, p->req_id, 0, s->remote, s->length);
+	if (l->sq_tail)
+		tcp_priv(l->sq_tail)->next = s;
+	else
+		l->sq_head = s;
+	l->sq_tail = s;
+}
+
+/*
+ * Start sending what was queued on @l (or let its worker report a failed connect). Little
+ * data is sent right here: no wake-up, lowest latency. Bulk data (@bulk) is left to the
+ * lane's worker, so that one thread streams it instead of the submitter and the worker
+ * taking turns (measured: faster for 1 MiB WRITEs, see README.md).
+ */
+static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk)
+{
+	enum tcp_lane_state state;
+
+	pthread_mutex_lock(&l->lock);
+	state = l->state;
+	pthread_mutex_unlock(&l->lock);
+	if (state == TCP_LANE_BROKEN)
+		tcp_kick_lane(l);
+	else if (state == TCP_LANE_UP && bulk)
+		tcp_kick_lane(l);
+	else if (state == TCP_LANE_UP)
+		tcp_lane_flush(ti, l);
+}
+
+#define TCP_TOUCHED 16
+/*
+ * Payload bytes one submit may queue on a lane and still send them itself. Measured: a
+ * batch of 128 x 4 KiB WRITEs (256 KiB per lane) costs less CPU sent inline, 16 x 1 MiB
+ * less sent by the worker.
+ */
+#define TCP_INLINE_BYTES (1u << 20)
+
+enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **slices, uint32_t n,
+			  uint32_t *accepted_out)
+{
+	struct tcp_inst *ti = tcp_inst_of(inst);
+	struct tcp_lane *touched[TCP_TOUCHED];
+	uint64_t bytes[TCP_TOUCHED];
+	uint32_t n_touched = 0, i;
+	enum te_status ret = TE_OK;
+
+	if (!accepted_out || (n && !slices))
+		return TE_ERR_INVALID_ARG;
+	if (atomic_load_explicit(&ti->stopping, memory_order_relaxed))
+		return TE_ERR_SHUTDOWN;
+	for (i = 0; i < n; i++) {
+		struct te_plugin_slice *s = slices[i];
+		struct tcp_peer *peer = s ? (struct tcp_peer *)s->peer : NULL;
+		struct tcp_lane *l = NULL;
+		char why[TCP_PRIV_DETAIL];
+		enum te_status bad;
+		uint32_t start, t;
+
+		if (!s || !peer || !s->priv || !s->local || s->length == 0 ||
+		    s->length > TCP_MAX_FRAME ||
+		    (s->opcode != TE_PLUGIN_OP_READ && s->opcode != TE_PLUGIN_OP_WRITE)) {
+			tcp_log(ti, TE_PLUGIN_LOG_ERROR, "submit: malformed slice %u of %u", i, n);
+			ret = TE_ERR_INVALID_ARG;
+			break;
+		}
+		s->device = 0;
+		bad = tcp_check_slice(s, why, sizeof(why));
+		if (bad == TE_OK && atomic_load_explicit(&peer->restarted, memory_order_relaxed) &&
+		    tcp_now_ns() <
+			    atomic_load_explicit(&peer->restarted_until_ns, memory_order_relaxed)) {
+			bad = TE_ERR_PEER_RESTARTED;
+			snprintf(why, sizeof(why),
+				 TCP_NAME ": %s (%s) was restarted; its descriptor is stale",
+				 peer->name, peer->addr_text);
+		}
+		if (bad != TE_OK) {
+			tcp_defer_fail(peer->lanes[0].w, s, bad, why);
+			continue;
+		}
+		/* Round-robin stripes the slices of a large request over the lanes. */
+		start = atomic_fetch_add_explicit(&peer->rr, 1, memory_order_relaxed);
+		for (uint32_t k = 0; k < peer->n_lanes && !l; k++) {
+			struct tcp_lane *c = &peer->lanes[(start + k) % peer->n_lanes];
+
+			pthread_mutex_lock(&c->lock);
+			if (c->n_free) {
+				if (c->state == TCP_LANE_DOWN)
+					tcp_lane_connect_locked(ti, c);
+				tcp_lane_enqueue_locked(c, s);
+				l = c;
+			}
+			pthread_mutex_unlock(&c->lock);
+		}
+		if (!l)
+			break; /* every lane is full: back-pressure */
+		for (t = 0; t < n_touched && touched[t] != l; t++)
+			;
+		if (t == n_touched) {
+			if (n_touched == TCP_TOUCHED) {
+				for (t = 0; t < n_touched; t++)
+					tcp_lane_push(ti, touched[t], bytes[t] > TCP_INLINE_BYTES);
+				n_touched = 0;
+			}
+			t = n_touched++;
+			touched[t] = l;
+			bytes[t] = 0;
+		}
+		if (s->opcode == TE_PLUGIN_OP_WRITE)
+			bytes[t] += s->length;
+	}
+	for (uint32_t t = 0; t < n_touched; t++)
+		tcp_lane_push(ti, touched[t], bytes[t] > TCP_INLINE_BYTES);
+	*accepted_out = i;
+	return ret;
+}
+
+/*
+ * Cancel: a request not on the wire is removed and reported at once. A READ in flight is
+ * reported at once too: its answer is drained when it comes, and once cancel returns no byte
+ * of it reaches the destination. A WRITE whose bytes reached the socket cannot be recalled:
+ * its lane is aborted and the WRITE is reported once it cannot land any more (see
+ * tcp_lane_break): at once when its deadline passed, else when the server fenced the old
+ * connection (one round trip to a live server) or, at the latest, at its deadline.
+ */
+enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s)
+{
+	struct tcp_inst *ti = tcp_inst_of(inst);
+	struct te_plugin_slice *report = NULL;
+	bool redirect = false, abort = false;
+	struct tcp_spriv *p;
+	struct tcp_slot *slot;
+	struct tcp_lane *l;
+	uint32_t id;
+
+	if (!s || !s->priv)
+		return TE_ERR_INVALID_ARG;
+	p = tcp_priv(s);
+	/* The slice memory is valid during the call even if it already completed. */
+	l = atomic_load_explicit(&p->lane, memory_order_relaxed);
+	id = atomic_load_explicit(&p->slot, memory_order_relaxed);
+	if (!l || id >= ti->max_inflight)
+		return TE_ERR_NOT_FOUND; /* never queued, or a deferred failure on its way */
+	pthread_mutex_lock(&l->lock);
+	if (p->fencing) {
+		/* Waiting for the fence of a torn-down connection: its deadline also ends it. */
+		if (tcp_now_ns() >= s->deadline_ns) {
+			struct te_plugin_slice *prev = NULL;
+
+			for (struct te_plugin_slice *q = l->fence_head; q && q != s;
+			     q = tcp_priv(q)->next)
+				prev = q;
+			tcp_fence_unlink_locked(l, prev, s);
+			p->status = TE_ERR_CANCELED;
+			snprintf(p->detail, sizeof(p->detail),
+				 TCP_NAME ": canceled; its deadline passed before the server "
+					  "could be reached to fence it");
+			report = s;
+		}
+		pthread_mutex_unlock(&l->lock);
+		if (report)
+			tcp_report_priv(ti, report);
+		return TE_OK;
+	}
+	slot = &l->slots[id];
+	if (!(slot->flags & TCP_SLOT_USED) || slot->slice != s) {
+		pthread_mutex_unlock(&l->lock);
+		return TE_ERR_NOT_FOUND; /* already reported */
+	}
+	if (slot->flags & TCP_SLOT_CANCELED) {
+		pthread_mutex_unlock(&l->lock);
+		return TE_OK;
+	}
+	if (!(slot->flags & (TCP_SLOT_IN_IOV | TCP_SLOT_SENT)) && !(s == l->sq_head && l->sq_off)) {
+		/* Not a byte on the wire yet: take it out of the queue. */
+		struct te_plugin_slice *prev = NULL;
+
+		for (struct te_plugin_slice *q = l->sq_head; q && q != s; q = tcp_priv(q)->next)
+			prev = q;
+		if (prev)
+			tcp_priv(prev)->next = p->next;
+		else
+			l->sq_head = p->next;
+		if (l->sq_tail == s)
+			l->sq_tail = prev;
+		tcp_slot_free_locked(l, id);
+		p->status = TE_ERR_CANCELED;
+		snprintf(p->detail, sizeof(p->detail), TCP_NAME ": canceled before it was sent");
+		report = s;
+	} else if (slot->op == TCP_OP_WRITE) {
+		/*
+		 * Its bytes may be anywhere between here and the server's memory: abort the
+		 * connection (its worker resets it and reports the WRITE once fenced).
+		 */
+		slot->flags |= TCP_SLOT_CANCELED;
+		l->n_canceled++;
+		/* The others on this connection are collateral: retryable, not a path fault. */
+		tcp_lane_fail_locked(l, TE_ERR_AGAIN,
+				     TCP_NAME ": lane %u to %s (%s) reset to cancel a WRITE in "
+					      "flight on it",
+				     l->index, l->peer->name, l->peer->addr_text);
+		abort = true;
+	} else if ((slot->flags & TCP_SLOT_SENT) && !(slot->flags & TCP_SLOT_ANSWERED)) {
+		/*
+		 * A READ waiting for (or receiving) its answer: report now, drain the answer
+		 * later. A payload being received stops reaching the destination below.
+		 */
+		redirect = (slot->flags & TCP_SLOT_RECV) != 0;
+		if (redirect)
+			atomic_store_explicit(&l->rx_redirect, true, memory_order_relaxed);
+		slot->flags |= TCP_SLOT_CANCELED;
+		l->n_canceled++;
+		report = tcp_slot_orphan_locked(l, id);
+	} else {
+		/* A READ request partly sent: reported (orphaned) as soon as it is all out. */
+		slot->flags |= TCP_SLOT_CANCELED;
+		l->n_canceled++;
+	}
+	pthread_mutex_unlock(&l->lock);
+	if (redirect) {
+		/* The read in progress (non-blocking, short) ends; later ones see the redirect. */
+		pthread_mutex_lock(&l->rx_lock);
+		pthread_mutex_unlock(&l->rx_lock);
+	}
+	if (abort)
+		tcp_kick_lane(l);
+	if (report)
+		tcp_report_priv(ti, report);
+	return TE_OK;
+}
+
+enum te_status tcp_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_slice *s)
+{
+	if (!s)
+		return TE_ERR_INVALID_ARG;
+	/* One device; a retry takes whichever lane is free then (a broken one reconnects). */
+	s->device = 0;
+	return TE_OK;
+}

@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tcp_wire.c: the tcp wire format (request and response headers, the authentication
+ * transcript), reading frames, and socket helpers both sides use.
+ */
+#include "tcp.h"
+
+static void tcp_hdr_encode(uint8_t *p, const struct tcp_hdr *h)
+{
+	te_plugin_put_u32(p, h->magic);
+	p[4] = h->version;
+	p[5] = h->op;
+	te_plugin_put_u16(p + 6, h->flags);
+	te_plugin_put_u32(p + 8, h->req_id);
+	te_plugin_put_u32(p + 12, (uint32_t)h->status);
+	te_plugin_put_u64(p + 16, h->addr);
+	te_plugin_put_u64(p + 24, h->length);
+}
+
+void tcp_hdr_decode(const uint8_t *p, struct tcp_hdr *h)
+{
+	h->magic = te_plugin_get_u32(p);
+	h->version = p[4];
+	h->op = p[5];
+	h->flags = te_plugin_get_u16(p + 6);
+	h->req_id = te_plugin_get_u32(p + 8);
+	h->status = (int32_t)te_plugin_get_u32(p + 12);
+	h->addr = te_plugin_get_u64(p + 16);
+	h->length = te_plugin_get_u64(p + 24);
+}
+
+void tcp_encode(uint8_t *p, uint8_t op, uint32_t req_id, int32_t status, uint64_t addr,
+		uint64_t length)
+{
+	struct tcp_hdr h = {
+		.magic = TCP_WIRE_MAGIC,
+		.version = TCP_WIRE_VERSION,
+		.op = op,
+		.req_id = req_id,
+		.status = status,
+		.addr = addr,
+		.length = length,
+	};
+
+	tcp_hdr_encode(p, &h);
+}
+
+/* "addr:port" / "[addr]:port" of a socket address. */
+void tcp_sa_text(const struct sockaddr_storage *sa, char *buf, size_t len)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+
+	if (sa->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
+
+		inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+		snprintf(buf, len, "[%s]:%u", host, ntohs(s6->sin6_port));
+	} else {
+		const struct sockaddr_in *s4 = (const struct sockaddr_in *)sa;
+
+		inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+		snprintf(buf, len, "%s:%u", host, ntohs(s4->sin_port));
+	}
+}
+
+/* Printable copy of a peer-supplied detail (it may hold any bytes). */
+void tcp_copy_detail(char *dst, size_t cap, const uint8_t *src, size_t len)
+{
+	size_t n = TCP_MIN(len, cap - 1);
+
+	for (size_t i = 0; i < n; i++)
+		dst[i] = src[i] >= 0x20 && src[i] < 0x7f ? (char)src[i] : '?';
+	dst[n] = '\0';
+}
+
+/* Fresh random bytes (nonces, client ids); false when the kernel cannot give them. */
+bool tcp_random(void *buf, size_t len)
+{
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t n = getrandom((uint8_t *)buf + done, len - done, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return false;
+		done += (size_t)n;
+	}
+	return true;
+}
+
+/* The transcript a side MACs (TCP_TRANSCRIPT bytes). */
+void tcp_transcript(uint8_t out[TCP_TRANSCRIPT], bool server, uint64_t instance, uint64_t cid,
+		    uint64_t epoch, uint32_t lane, const uint8_t *nonce_c, const uint8_t *nonce_s)
+{
+	memset(out, 0, 16);
+	memcpy(out, server ? "tcp-v2 server" : "tcp-v2 client", 14);
+	te_plugin_put_u64(out + 16, instance);
+	te_plugin_put_u64(out + 24, cid);
+	te_plugin_put_u64(out + 32, epoch);
+	te_plugin_put_u32(out + 40, lane);
+	memcpy(out + 44, nonce_c, TCP_NONCE);
+	memcpy(out + 44 + TCP_NONCE, nonce_s, TCP_NONCE);
+}
+
+/* Close @fd with a reset: the kernel drops what it still holds to send, now. */
+void tcp_sock_abort(int fd)
+{
+	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+
+	(void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	close(fd);
+}
+
+void tcp_sock_tune(const struct tcp_inst *ti, int fd)
+{
+	int one = 1, sz = (int)ti->sockbuf;
+
+	/* Requests are small and latency-bound: never wait for Nagle. */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (sz) {
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+	}
+}
+
+/* --- initiator side: receiving ------------------------------------------------------ */
+
+/*
+ * One readv on @fd. With a payload in progress: into its destination (or @scratch when it
+ * is discarded) and at most one header beyond it into the buffer. Otherwise into the
+ * buffer: exactly @need bytes, or all the room when the stream is in bulk mode. Returns the
+ * byte count, 0 at end of stream, -errno on error.
+ */
+ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need)
+{
+	struct iovec iov[2];
+	uint64_t take = 0;
+	int n = 0;
+	ssize_t r;
+
+	if (rx->pos == rx->end) {
+		rx->pos = rx->end = 0;
+	} else if (TCP_RBUF - rx->end < TCP_HDR_LEN + TCP_DETAIL_WIRE) {
+		memmove(rx->buf, rx->buf + rx->pos, rx->end - rx->pos);
+		rx->end -= rx->pos;
+		rx->pos = 0;
+	}
+	if (rx->payload) {
+		take = rx->left;
+		if (!rx->dst && take > TCP_SCRATCH)
+			take = TCP_SCRATCH;
+		if (rx->dst && rx->room && take > rx->room)
+			take = rx->room;
+		iov[n++] = (struct iovec){ rx->dst ? rx->dst : scratch, take };
+		/* The next header only once the payload's end is within reach. */
+		if (take == rx->left)
+			iov[n++] = (struct iovec){ rx->buf + rx->end, TCP_HDR_LEN };
+	} else {
+		size_t room = TCP_RBUF - rx->end;
+
+		iov[n++] =
+			(struct iovec){ rx->buf + rx->end, rx->bulk ? room : TCP_MIN(need, room) };
+	}
+	do
+		r = readv(fd, iov, n);
+	while (r < 0 && errno == EINTR);
+	if (r < 0)
+		return -errno;
+	if (rx->payload) {
+		uint64_t got = TCP_MIN((uint64_t)r, take);
+
+		if (rx->dst)
+			rx->dst += got;
+		if (rx->dst && rx->room)
+			rx->room -= got;
+		rx->left -= got;
+		rx->end += (uint32_t)((uint64_t)r - got);
+	} else {
+		rx->end += (uint32_t)r;
+	}
+	return r;
+}
+
+/* Move buffered bytes that belong to the payload just announced into its destination. */
+void tcp_rx_prefix(struct tcp_rx *rx)
+{
+	uint64_t c = TCP_MIN((uint64_t)(rx->end - rx->pos), rx->left);
+
+	if (!c)
+		return;
+	if (rx->dst) {
+		memcpy(rx->dst, rx->buf + rx->pos, c);
+		rx->dst += c;
+	}
+	rx->pos += (uint32_t)c;
+	rx->left -= c;
+}

@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* retry_test.c: slices posted, refused, retried and timed out, seen from a fake transport. */
+#include <glib.h>
+
+#include "core/batch.h"
+#include "core/engine.h"
+#include "core/retry.h"
+#include "core/slice.h"
+#include "fake.h"
+#include "itest.h"
+
+static char buf[1 << 20];
+
+struct rig {
+	struct te_engine *te;
+	struct engine *e;
+	te_batch_id id;
+};
+
+static void rig_start(struct rig *r, const char *transfer)
+{
+	r->te = itest_engine1("A", "loopback", NULL, transfer);
+	r->e = fake_engine(r->te);
+	fake_take_over(r->e->tps[0]);
+	g_assert_cmpint(te_mem_register(r->te, buf, sizeof(buf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
+	g_assert_cmpint(te_batch_new(r->te, 8, &r->id), ==, TE_OK);
+}
+
+static enum te_status rig_write(struct rig *r, uint64_t len)
+{
+	struct te_request q = { .opcode = TE_OP_WRITE,
+				.segment = TE_SEGMENT_LOCAL,
+				.local = buf,
+				.remote = (uintptr_t)(buf + sizeof(buf) / 2),
+				.length = len };
+
+	return te_batch_submit(r->te, r->id, &q, 1);
+}
+
+static void rig_stop(struct rig *r)
+{
+	g_assert_cmpint(te_batch_free(r->te, r->id), ==, TE_OK);
+	te_engine_free(r->te);
+}
+
+/* A retryable first failure: the slice comes back after backoff, through retry_prepare. */
+static void test_retry_then_ok(void)
+{
+	struct rig r;
+	struct te_task_info ti;
+
+	fake_reset();
+	fake.fail_first = TE_ERR_CONN_RESET;
+	rig_start(&r, "retries: 2, retry_backoff_us: 100, slice_size: 65536");
+	g_assert_cmpint(rig_write(&r, 4 * 65536), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(r.te, r.id, 5000000000ll), ==, TE_OK);
+	g_assert_cmpint(te_task_status(r.te, r.id, 0, &ti), ==, TE_OK);
+	g_assert_cmpint(ti.state, ==, TE_STATE_COMPLETED);
+	g_assert_cmpuint(ti.retries, ==, 4);
+	g_assert_cmpuint(atomic_load(&fake.retry_prepares), ==, 4);
+	g_assert_cmpuint(atomic_load(&fake.submitted), ==, 8);
+	rig_stop(&r);
+}
+
+/* No retries allowed: the first failure is the task's, with the plugin's words. */
+static void test_no_retry(void)
+{
+	struct rig r;
+	struct te_task_info ti;
+
+	fake_reset();
+	fake.fail_first = TE_ERR_CONN_RESET;
+	rig_start(&r, "retries: 0");
+	g_assert_cmpint(rig_write(&r, 4096), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(r.te, r.id, 5000000000ll), ==, TE_ERR_CONN_RESET);
+	g_assert_cmpint(te_task_status(r.te, r.id, 0, &ti), ==, TE_OK);
+	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+	g_assert_nonnull(strstr(ti.detail, "fake: first attempt fails"));
+	g_assert_cmpuint(atomic_load(&fake.retry_prepares), ==, 0);
+	rig_stop(&r);
+}
+
+/* Back-pressure: refused slices wait in the backlog, in order, and the worker posts them. */
+static void test_backpressure(void)
+{
+	struct rig r;
+
+	fake_reset();
+	fake.refuse_calls = 3;
+	fake.accept_max = 2;
+	rig_start(&r, "slice_size: 65536");
+	g_assert_cmpint(rig_write(&r, 8 * 65536), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(r.te, r.id, 5000000000ll), ==, TE_OK);
+	g_assert_cmpuint(atomic_load(&fake.submitted), ==, 8);
+	g_assert_cmpuint(atomic_load(&fake.submit_calls), >=, 3 + 4);
+	g_assert_cmpuint(atomic_load(&r.e->tps[0]->backlog_len), ==, 0);
+	rig_stop(&r);
+}
+
+/* A deadline passes while the plugin holds the slice: canceled there, task TIMEOUT. */
+static void test_deadline(void)
+{
+	struct rig r;
+	struct te_task_info ti;
+
+	fake_reset();
+	fake.hold = true;
+	rig_start(&r, "timeout_ms: 50");
+	g_assert_cmpint(rig_write(&r, 4096), ==, TE_OK);
+	g_assert_cmpuint(retry_next_deadline(r.e), !=, UINT64_MAX);
+	g_assert_cmpint(te_batch_wait(r.te, r.id, 5000000000ll), ==, TE_ERR_TIMEOUT);
+	g_assert_cmpint(te_task_status(r.te, r.id, 0, &ti), ==, TE_OK);
+	g_assert_cmpint(ti.state, ==, TE_STATE_TIMEOUT);
+	g_assert_nonnull(strstr(ti.detail, "deadline of 50 ms passed"));
+	g_assert_cmpuint(atomic_load(&fake.cancels), ==, 1);
+	rig_stop(&r);
+}
+
+/* te_batch_cancel of held slices: canceled in the plugin, reported CANCELED. */
+static void test_cancel(void)
+{
+	struct rig r;
+	struct te_batch_info bi;
+
+	fake_reset();
+	fake.hold = true;
+	rig_start(&r, "slice_size: 65536");
+	g_assert_cmpint(rig_write(&r, 3 * 65536), ==, TE_OK);
+	g_assert_cmpint(retry_cancel(r.e, r.id), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(r.te, r.id, 5000000000ll), ==, TE_ERR_CANCELED);
+	g_assert_cmpint(te_batch_status(r.te, r.id, &bi), ==, TE_OK);
+	g_assert_cmpint(bi.state, ==, TE_STATE_CANCELED);
+	g_assert_cmpuint(atomic_load(&fake.cancels), ==, 3);
+	rig_stop(&r);
+}
+
+/* The retry queue hands slices back in due order, only once due. */
+static void test_queue_order(void)
+{
+	struct te_engine *te = itest_engine1("A", "loopback", NULL, NULL);
+	struct engine *e = fake_engine(te);
+	struct slice s[3] = { { .retry_at_ns = 300 },
+			      { .retry_at_ns = 100 },
+			      { .retry_at_ns = 200 } };
+	struct slice *due;
+	uint64_t next;
+
+	/* Due far beyond the worker's clock (engine_now_ns): only this test's clock takes them. */
+	for (unsigned i = 0; i < 3; i++)
+		s[i].retry_at_ns += UINT64_MAX / 2;
+	for (unsigned i = 0; i < 3; i++)
+		retry_queue(e, &s[i]);
+	due = retry_take_due(e, UINT64_MAX / 2 + 150, &next);
+	g_assert_true(due == &s[1]);
+	g_assert_null(due->next);
+	g_assert_cmpuint(next, ==, UINT64_MAX / 2 + 200);
+	due = retry_take_due(e, UINT64_MAX / 2 + 1000, &next);
+	g_assert_true(due == &s[2]);
+	g_assert_true(due->next == &s[0]);
+	g_assert_null(s[0].next);
+	g_assert_cmpuint(next, ==, UINT64_MAX);
+	te_engine_free(te);
+}
+
+int main(int argc, char **argv)
+{
+	g_test_init(&argc, &argv, NULL);
+	g_test_add_func("/retry/then-ok", test_retry_then_ok);
+	g_test_add_func("/retry/none", test_no_retry);
+	g_test_add_func("/retry/backpressure", test_backpressure);
+	g_test_add_func("/retry/deadline", test_deadline);
+	g_test_add_func("/retry/cancel", test_cancel);
+	g_test_add_func("/retry/queue-order", test_queue_order);
+	return g_test_run();
+}
