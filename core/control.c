@@ -15,9 +15,7 @@
 #include "core/control.h"
 #include "core/engine.h"
 #include "core/metadata/descriptor.h"
-#include "core/metadata/metadata.h"
 #include "core/rpc.h"
-#include "core/segment.h"
 #include "core/transport.h"
 #include "core/wake.h"
 
@@ -58,13 +56,6 @@ struct outgoing {
 	GBytes *body; /* packed: sender name, NUL, header, message */
 	char *key;    /* for logs */
 };
-
-static _Thread_local const struct descriptor *loading_desc;
-
-void control_set_loading(const struct descriptor *d)
-{
-	loading_desc = d;
-}
 
 const char *control_address(const struct engine *e)
 {
@@ -138,7 +129,7 @@ static uint64_t get_u64(const uint8_t *p)
 
 static enum te_status control_serve_desc(struct engine *e, GByteArray *reply)
 {
-	struct descriptor *d = segment_local_descriptor(e);
+	struct descriptor *d = e->describe_local(e);
 	size_t len = 0;
 	char *json;
 
@@ -488,8 +479,7 @@ enum te_status control_start(struct engine *e, char **err_out)
 	if (st != TE_OK)
 		return st;
 	e->advertise = control_advertise(e);
-	st = metadata_open(e, &e->md, err_out);
-	return st;
+	return TE_OK;
 }
 
 void control_stop(struct engine *e)
@@ -497,8 +487,6 @@ void control_stop(struct engine *e)
 	rpc_server_stop(e->rpc);
 	e->rpc = NULL;
 	g_clear_pointer(&e->advertise, g_free);
-	metadata_close(e->md);
-	e->md = NULL;
 	rpc_client_free(e->rpc_client);
 	e->rpc_client = NULL;
 	if (e->inbox) {
@@ -528,80 +516,11 @@ void control_stop(struct engine *e)
 
 /* --- calling peers ------------------------------------------------------------- */
 
-enum te_status control_fetch_descriptor(struct engine *e, const char *name, uint32_t timeout_ms,
-					struct descriptor **desc_out, char **err_out)
-{
-	g_autoptr(GBytes) json = NULL;
-	g_autofree char *err = NULL;
-	enum te_status st;
-	gsize len = 0;
-	const char *data;
-
-	if (!e->md) {
-		*err_out = g_strdup_printf("segment '%s' not found: no metadata backend", name);
-		return TE_ERR_UNKNOWN_SEGMENT;
-	}
-	st = metadata_get(e->md, name, timeout_ms, &json, &err);
-	if (st == TE_ERR_METADATA_NOT_FOUND) {
-		g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
-
-		*err_out = g_strdup_printf("segment '%s': no engine of that name is published in "
-					   "%s (key %s): %s",
-					   name, metadata_name(e->md), key, err);
-		return st;
-	}
-	if (st != TE_OK) {
-		*err_out = g_steal_pointer(&err);
-		return st;
-	}
-	data = g_bytes_get_data(json, &len);
-	st = descriptor_decode(data, len, desc_out, &err);
-	if (st != TE_OK) {
-		if (metadata_is_store(e->md)) {
-			g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
-
-			*err_out = g_strdup_printf("segment '%s': the value of key %s in %s is not "
-						   "a segment descriptor: %s",
-						   name, key, metadata_name(e->md), err);
-		} else {
-			*err_out = g_strdup_printf("segment '%s': %s", name, err);
-		}
-		return st;
-	}
-	if (metadata_is_store(e->md) && strcmp((*desc_out)->name, name) != 0) {
-		g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
-
-		*err_out = g_strdup_printf("segment '%s': the value of key %s in %s describes "
-					   "segment '%s'",
-					   name, key, metadata_name(e->md), (*desc_out)->name);
-		descriptor_free(*desc_out);
-		*desc_out = NULL;
-		return TE_ERR_METADATA_MALFORMED;
-	}
-	return TE_OK;
-}
-
-/* The control-plane address of segment @name: its descriptor's rpc, else the name. */
-static char *control_resolve(struct engine *e, const char *name)
-{
-	if (loading_desc && strcmp(loading_desc->name, name) == 0 && loading_desc->rpc &&
-	    *loading_desc->rpc)
-		return g_strdup(loading_desc->rpc);
-	{
-		char *a = segment_rpc_address_by_name(e, name);
-
-		if (a)
-			return a;
-	}
-	return g_strdup(name);
-}
-
 enum te_status control_peer_handshake(struct engine *e, const char *plugin, const char *peer_name,
-				      const void *req, size_t len, void *resp, size_t cap,
-				      size_t *resp_len_out, uint32_t timeout_ms)
+				      const char *addr, const void *req, size_t len, void *resp,
+				      size_t cap, size_t *resp_len_out, uint32_t timeout_ms)
 {
 	g_autoptr(GByteArray) body = g_byte_array_new();
-	g_autofree char *addr = NULL;
 	g_autofree char *err = NULL;
 	g_autoptr(GBytes) reply = NULL;
 	size_t nlen = strlen(e->name);
@@ -612,7 +531,7 @@ enum te_status control_peer_handshake(struct engine *e, const char *plugin, cons
 	const void *data;
 	gsize rlen = 0;
 
-	if (!peer_name || (len && !req) || !resp_len_out)
+	if (!peer_name || !addr || (len && !req) || !resp_len_out)
 		return TE_ERR_INVALID_ARG;
 	g_byte_array_append(payload, hdr, 2);
 	g_byte_array_append(payload, (const guint8 *)e->name, (guint)nlen);
@@ -621,7 +540,6 @@ enum te_status control_peer_handshake(struct engine *e, const char *plugin, cons
 	st = rpc_body_pack(body, plugin, payload->data, payload->len);
 	if (st != TE_OK)
 		return st;
-	addr = control_resolve(e, peer_name);
 	st = rpc_client_call(e->rpc_client, addr, RPC_HANDSHAKE, body->data, body->len,
 			     timeout_ms ? timeout_ms : CONTROL_TIMEOUT_MS, &reply, &status, &err);
 	if (st != TE_OK) {
@@ -726,6 +644,44 @@ unsigned control_send_notifies(struct engine *e)
 	return n;
 }
 
+/* A probe reply is "<name> <generation hex>". */
+static bool control_parse_generation(GBytes *reply, uint64_t *gen_out)
+{
+	gsize len = 0;
+	const char *data = g_bytes_get_data(reply, &len);
+	g_autofree char *text = g_strndup(data, len);
+	const char *sp = strrchr(text, ' ');
+	guint64 gen;
+
+	if (!sp || !g_ascii_string_to_unsigned(sp + 1, 16, 0, G_MAXUINT64, &gen, NULL))
+		return false;
+	*gen_out = (uint64_t)gen;
+	return true;
+}
+
+enum te_status control_probe(struct engine *e, const char *addr, uint32_t timeout_ms,
+			     uint64_t *gen_out, bool *has_gen_out, char **err_out)
+{
+	g_autofree char *err = NULL;
+	GBytes *reply = NULL;
+	int32_t status = 0;
+	enum te_status st;
+
+	st = rpc_client_call(e->rpc_client, addr, RPC_PROBE, NULL, 0, timeout_ms ? timeout_ms : 1,
+			     &reply, &status, &err);
+	if (st == TE_OK && status == TE_OK) {
+		*has_gen_out = control_parse_generation(reply, gen_out);
+		g_bytes_unref(reply);
+		return TE_OK;
+	}
+	if (reply)
+		g_bytes_unref(reply);
+	if (st == TE_ERR_TIMEOUT)
+		return TE_ERR_TIMEOUT;
+	*err_out = err ? g_steal_pointer(&err) : g_strdup(te_status_str(st != TE_OK ? st : status));
+	return TE_ERR_PEER_UNREACHABLE;
+}
+
 /* --- public API ------------------------------------------------------------------ */
 
 enum te_status te_notify_recv(struct te_engine *engine, struct te_notify *msgs, size_t max,
@@ -753,49 +709,4 @@ enum te_status te_notify_recv(struct te_engine *engine, struct te_notify *msgs, 
 	g_mutex_unlock(&e->notify_lock);
 	*n_out = n;
 	return TE_OK;
-}
-
-/*
- * A probe reply is "<name> <generation hex>": if an open segment served at @addr
- * has another generation, the peer restarted: refresh it before its next use.
- */
-static void control_note_generation(struct engine *e, const char *addr, GBytes *reply)
-{
-	gsize len = 0;
-	const char *data = g_bytes_get_data(reply, &len);
-	g_autofree char *text = g_strndup(data, len);
-	const char *sp = strrchr(text, ' ');
-	guint64 gen;
-
-	if (!sp || !g_ascii_string_to_unsigned(sp + 1, 16, 0, G_MAXUINT64, &gen, NULL))
-		return;
-	segment_note_generation(e, addr, (uint64_t)gen);
-}
-
-enum te_status te_peer_probe(struct te_engine *engine, const char *name, uint32_t timeout_ms)
-{
-	ENGINE_OR_FAIL(engine, "te_peer_probe");
-	g_autofree char *addr = NULL;
-	g_autofree char *err = NULL;
-	GBytes *reply = NULL;
-	int32_t status = 0;
-	enum te_status st;
-
-	if (!name || !*name)
-		return log_error(TE_ERR_INVALID_ARG, "te_peer_probe: name is NULL or empty");
-	addr = control_resolve(e, name);
-	st = rpc_client_call(e->rpc_client, addr, RPC_PROBE, NULL, 0, timeout_ms ? timeout_ms : 1,
-			     &reply, &status, &err);
-	if (st == TE_OK && status == TE_OK) {
-		control_note_generation(e, addr, reply);
-		g_bytes_unref(reply);
-		return TE_OK;
-	}
-	if (reply)
-		g_bytes_unref(reply);
-	if (st == TE_ERR_TIMEOUT)
-		return log_error(TE_ERR_TIMEOUT, "te_peer_probe: %s (%s): no answer within %u ms",
-				 name, addr, timeout_ms);
-	return log_error(TE_ERR_PEER_UNREACHABLE, "te_peer_probe: %s (%s) unreachable: %s", name,
-			 addr, err ? err : te_status_str(st != TE_OK ? st : status));
 }

@@ -1,8 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* control.h: the engine's side of the control plane: serving peers and calling them. */
+/*
+ * control.h: the engine's side of the control plane: serving peers and calling them.
+ * A layer below segment.c and metadata/: it calls neither. It serves this engine's
+ * descriptor through engine->describe_local and calls peers at addresses its callers
+ * resolved (segment_resolve_address).
+ */
 #ifndef TE_CORE_CONTROL_H
 #define TE_CORE_CONTROL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -12,9 +18,11 @@
 
 struct engine;
 struct batch;
-struct descriptor;
 
-/* Start the listener and the client (engine start). On failure *err_out says why. */
+/*
+ * Start the listener and the client (engine start; e->describe_local set before). On
+ * failure *err_out says why.
+ */
 enum te_status control_start(struct engine *e, char **err_out);
 
 /*
@@ -35,25 +43,24 @@ void control_stop(struct engine *e);
 /* The address peers reach this engine's control plane at ("" if none). */
 const char *control_address(const struct engine *e);
 
-/*
- * control_fetch_descriptor - the descriptor of segment @name from the metadata
- * backend (decoded). TE_ERR_UNKNOWN_SEGMENT / TE_ERR_METADATA_* with detail.
- */
-enum te_status control_fetch_descriptor(struct engine *e, const char *name, uint32_t timeout_ms,
-					struct descriptor **desc_out, char **err_out);
-
 /* A batch armed with a notify became terminal with every task COMPLETED. */
 void control_queue_notify(struct engine *e, const char *addr, GBytes *msg);
 
 /* Worker: send queued notifies; returns how many were handled. */
 unsigned control_send_notifies(struct engine *e);
 
-/* Host service for plugins: a handshake with @peer_name's engine. */
+/* Host service for plugins: a handshake with @peer_name's engine, served at @addr. */
 enum te_status control_peer_handshake(struct engine *e, const char *plugin, const char *peer_name,
-				      const void *req, size_t len, void *resp, size_t cap,
-				      size_t *resp_len_out, uint32_t timeout_ms);
+				      const char *addr, const void *req, size_t len, void *resp,
+				      size_t cap, size_t *resp_len_out, uint32_t timeout_ms);
 
-/* Set while segview_new loads peers of @d on this thread (handshake routing). */
-void control_set_loading(const struct descriptor *d);
+/*
+ * control_probe - ask the control plane at @addr whether it is alive (te_peer_probe).
+ * TE_OK: *has_gen_out says whether the reply named the peer's generation, then in
+ * *gen_out. TE_ERR_TIMEOUT: no answer within @timeout_ms. TE_ERR_PEER_UNREACHABLE:
+ * *err_out (g_free) says why.
+ */
+enum te_status control_probe(struct engine *e, const char *addr, uint32_t timeout_ms,
+			     uint64_t *gen_out, bool *has_gen_out, char **err_out);
 
 #endif /* TE_CORE_CONTROL_H */

@@ -156,6 +156,8 @@ static void engine_destroy(struct engine *e)
 		transport_free(e->tps[i]);
 		plugin_close(p);
 	}
+	metadata_close(e->md);
+	e->md = NULL;
 	control_stop(e);
 	batch_table_clear(e);
 	g_free(e->tps);
@@ -212,7 +214,10 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 	atomic_init(&e->next_deadline_ns, UINT64_MAX);
 	e->generation = engine_new_generation();
 	e->host_id = engine_read_host_id();
+	e->describe_local = segment_local_descriptor;
 	st = control_start(e, &err);
+	if (st == TE_OK)
+		st = metadata_open(e, &e->md, &err);
 	if (st != TE_OK) {
 		engine_destroy(e);
 		return log_error(st, "control plane: %s", err ? err : te_status_str(st));
@@ -243,7 +248,7 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 		engine_destroy(e);
 		return log_error(st, "%s", msg);
 	}
-	st = metadata_watch_start(e, &err);
+	st = metadata_watch_start(e, segment_watch_event, &err);
 	if (st != TE_OK) {
 		g_autofree char *msg =
 			g_strdup_printf("metadata (%s): watch: %s", metadata_name(e->md),

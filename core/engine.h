@@ -24,6 +24,7 @@ struct rpc_client;
 struct batch;
 struct slice;
 struct segview;
+struct descriptor;
 
 struct batch_slot {
 	struct batch *batch; /* NULL: free */
@@ -64,7 +65,16 @@ struct engine {
 	/* Earliest slice deadline of any live batch (retry.c; the worker scans when passed). */
 	_Atomic uint64_t next_deadline_ns;
 
-	/* Control plane, metadata and notifies (core/control.c). */
+	/*
+	 * This engine's own descriptor, for the layers below segment.c that serve or publish
+	 * it (control.c, metadata/); set by engine.c before control_start.
+	 */
+	struct descriptor *(*describe_local)(struct engine *e);
+
+	/*
+	 * Control plane, metadata and notifies (core/control.c; md is metadata.c's, opened and
+	 * closed by engine.c around control_start/control_stop).
+	 */
 	/* auth shared secret: secret_len bytes (any byte, NUL included), or NULL: no auth */
 	char *secret;
 	size_t secret_len;

@@ -141,11 +141,15 @@ static enum te_status host_peer_handshake(struct te_plugin_host_ctx *ctx, const 
 					  size_t *resp_len_out, uint32_t timeout_ms)
 {
 	struct transport *tp = ctx_tp(ctx);
+	g_autofree char *addr = NULL;
 
 	if (!tp->engine)
 		return TE_ERR_UNSUPPORTED;
-	return control_peer_handshake(tp->engine, tp->plugin->name, peer_name, req, len, resp, cap,
-				      resp_len_out, timeout_ms);
+	if (!peer_name)
+		return TE_ERR_INVALID_ARG;
+	addr = segment_resolve_address(tp->engine, peer_name);
+	return control_peer_handshake(tp->engine, tp->plugin->name, peer_name, addr, req, len, resp,
+				      cap, resp_len_out, timeout_ms);
 }
 
 static void host_set_error(struct te_plugin_host_ctx *ctx, const char *fmt, ...)

@@ -11,46 +11,6 @@
 #include "core/metadata/descriptor.h"
 #include "core/transport.h"
 
-enum te_status mem_parse_location(const char *location, uint32_t *mem_type_out, int32_t *dev_out)
-{
-	static const struct {
-		const char *prefix;
-		uint32_t type;
-	} kinds[] = {
-		{ "cpu", TE_PLUGIN_MEM_CPU },
-		{ "cuda", TE_PLUGIN_MEM_CUDA },
-		{ "hip", TE_PLUGIN_MEM_HIP },
-		{ "cxl", TE_PLUGIN_MEM_CXL },
-	};
-	const char *colon;
-	size_t plen;
-
-	if (!location || strcmp(location, "*") == 0 || strcmp(location, "") == 0) {
-		/* Detection needs a GPU runtime; the core names none, so "*" is host memory. */
-		*mem_type_out = TE_PLUGIN_MEM_CPU;
-		*dev_out = -1;
-		return TE_OK;
-	}
-	colon = strchr(location, ':');
-	plen = colon ? (size_t)(colon - location) : strlen(location);
-	for (size_t i = 0; i < G_N_ELEMENTS(kinds); i++) {
-		guint64 v = 0;
-
-		if (strlen(kinds[i].prefix) != plen || strncmp(location, kinds[i].prefix, plen))
-			continue;
-		if (colon) {
-			if (!g_ascii_string_to_unsigned(colon + 1, 10, 0, 4095, &v, NULL))
-				return TE_ERR_INVALID_ARG;
-		} else if (kinds[i].type != TE_PLUGIN_MEM_CPU) {
-			v = 0;
-		}
-		*mem_type_out = kinds[i].type;
-		*dev_out = colon ? (int32_t)v : (kinds[i].type == TE_PLUGIN_MEM_CPU ? -1 : 0);
-		return TE_OK;
-	}
-	return TE_ERR_INVALID_ARG;
-}
-
 /* Index of the first region whose addr is > @addr (upper bound). */
 static guint mem_upper_bound(GPtrArray *regions, uint64_t addr)
 {
@@ -243,7 +203,7 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 	if (access & ~(uint32_t)TE_MEM_REMOTE)
 		return log_error(TE_ERR_INVALID_ARG, "te_mem_register: unknown access bits 0x%x",
 				 access);
-	st = mem_parse_location(location, &mem_type, &dev);
+	st = memkind_parse_location(location, &mem_type, &dev);
 	if (st != TE_OK)
 		return log_error(st,
 				 "te_mem_register: location '%s' is not one of cpu[:N], cuda:N, "

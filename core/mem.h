@@ -32,12 +32,6 @@ struct mem_table {
 	_Atomic uint64_t version; /* bumped on every change (descriptor refresh) */
 };
 
-/*
- * mem_parse_location - "cpu", "cpu:N", "cuda:N", "hip:N", "cxl:N", "*" (or NULL)
- * → memory type bit and device number. Pure.
- */
-enum te_status mem_parse_location(const char *location, uint32_t *mem_type_out, int32_t *dev_out);
-
 /* Pure range check on a sorted array: index where [addr,addr+len) would go. */
 enum te_status mem_check_insert(GPtrArray *regions, uint64_t addr, uint64_t length,
 				guint *index_out);

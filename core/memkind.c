@@ -21,6 +21,47 @@ struct memkind_alloc {
 	size_t length;
 };
 
+enum te_status memkind_parse_location(const char *location, uint32_t *mem_type_out,
+				      int32_t *dev_out)
+{
+	static const struct {
+		const char *prefix;
+		uint32_t type;
+	} kinds[] = {
+		{ "cpu", TE_PLUGIN_MEM_CPU },
+		{ "cuda", TE_PLUGIN_MEM_CUDA },
+		{ "hip", TE_PLUGIN_MEM_HIP },
+		{ "cxl", TE_PLUGIN_MEM_CXL },
+	};
+	const char *colon;
+	size_t plen;
+
+	if (!location || strcmp(location, "*") == 0 || strcmp(location, "") == 0) {
+		/* Detection needs a GPU runtime; the core names none, so "*" is host memory. */
+		*mem_type_out = TE_PLUGIN_MEM_CPU;
+		*dev_out = -1;
+		return TE_OK;
+	}
+	colon = strchr(location, ':');
+	plen = colon ? (size_t)(colon - location) : strlen(location);
+	for (size_t i = 0; i < G_N_ELEMENTS(kinds); i++) {
+		guint64 v = 0;
+
+		if (strlen(kinds[i].prefix) != plen || strncmp(location, kinds[i].prefix, plen))
+			continue;
+		if (colon) {
+			if (!g_ascii_string_to_unsigned(colon + 1, 10, 0, 4095, &v, NULL))
+				return TE_ERR_INVALID_ARG;
+		} else if (kinds[i].type != TE_PLUGIN_MEM_CPU) {
+			v = 0;
+		}
+		*mem_type_out = kinds[i].type;
+		*dev_out = colon ? (int32_t)v : (kinds[i].type == TE_PLUGIN_MEM_CPU ? -1 : 0);
+		return TE_OK;
+	}
+	return TE_ERR_INVALID_ARG;
+}
+
 const char *memkind_name(uint32_t mem_type)
 {
 	switch (mem_type) {
@@ -148,7 +189,7 @@ enum te_status te_mem_alloc(struct te_engine *engine, const char *location, size
 	if (!ptr_out || !length)
 		return log_error(TE_ERR_INVALID_ARG, "te_mem_alloc: NULL pointer or length 0");
 	if (!location || strcmp(location, "*") == 0 ||
-	    mem_parse_location(location, &type, &dev) != TE_OK)
+	    memkind_parse_location(location, &type, &dev) != TE_OK)
 		return log_error(TE_ERR_INVALID_ARG,
 				 "te_mem_alloc: location '%s' is not one of cpu[:N], cuda:N, hip:N",
 				 location ? location : "(null)");

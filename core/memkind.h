@@ -14,6 +14,13 @@ struct transport;
 const char *memkind_name(uint32_t mem_type);
 
 /*
+ * memkind_parse_location - "cpu", "cpu:N", "cuda:N", "hip:N", "cxl:N", "*" (or NULL)
+ * → memory type bit and device number. Pure.
+ */
+enum te_status memkind_parse_location(const char *location, uint32_t *mem_type_out,
+				      int32_t *dev_out);
+
+/*
  * The loaded transport that owns memory kind @mem_type (the first in priority order whose
  * caps.owned_mem_types has it), or NULL. Thread-safe (the transport list is fixed while the
  * engine runs).

@@ -1,16 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* segment.c: open remote segments from descriptors and build the local descriptor. */
+/* segment.c: open remote segments from descriptors, build the local one, resolve peers. */
 #include <inttypes.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "core/control.h"
 #include "core/engine.h"
+#include "core/metadata/metadata.h"
 #include "core/segment.h"
 #include "core/transport.h"
 
 /* A refresh blocks the submit that triggers it: keep it short. */
 #define SEGMENT_REFRESH_TIMEOUT_MS 1000u
+
+/* Set while segview_new loads peers of a descriptor on this thread (handshake routing). */
+static _Thread_local const struct descriptor *loading_desc;
 
 /* Whether transport @tp may be used towards the segment @d, and why not. */
 static bool segview_reachable(struct engine *e, struct transport *tp, const struct descriptor *d,
@@ -68,9 +72,9 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 		if (!segview_reachable(e, tp, desc, vt->why, sizeof(vt->why)))
 			goto skip;
 		data = g_bytes_get_data(blob, &len);
-		control_set_loading(desc); /* lets load_peer handshake with this peer */
+		loading_desc = desc; /* lets load_peer handshake with this peer */
 		st = transport_load_peer(tp, desc->name, data, len, &vt->peer);
-		control_set_loading(NULL);
+		loading_desc = NULL;
 		if (st != TE_OK) {
 			vt->peer = NULL;
 			g_snprintf(vt->why, sizeof(vt->why), "%s: load_peer failed: %s%s%s",
@@ -356,7 +360,7 @@ enum te_status te_segment_open(struct te_engine *engine, const char *name, te_se
 	{
 		g_autofree char *err = NULL;
 		struct descriptor *d = NULL;
-		enum te_status st = control_fetch_descriptor(e, name, 0, &d, &err);
+		enum te_status st = metadata_fetch_descriptor(e, name, 0, &d, &err);
 
 		if (st != TE_OK)
 			return log_error(st, "te_segment_open: %s", err);
@@ -399,7 +403,7 @@ void segment_refresh_stale(struct engine *e)
 
 		uint64_t t0 = engine_now_ns();
 
-		if (control_fetch_descriptor(e, name, SEGMENT_REFRESH_TIMEOUT_MS, &d, &err) !=
+		if (metadata_fetch_descriptor(e, name, SEGMENT_REFRESH_TIMEOUT_MS, &d, &err) !=
 		    TE_OK) {
 			bool slow = engine_now_ns() - t0 > 100000000ull;
 
@@ -742,6 +746,20 @@ void segment_note_generation(struct engine *e, const char *addr, uint64_t gen)
 	g_rw_lock_reader_unlock(&e->seg_lock);
 }
 
+char *segment_resolve_address(struct engine *e, const char *name)
+{
+	if (loading_desc && strcmp(loading_desc->name, name) == 0 && loading_desc->rpc &&
+	    *loading_desc->rpc)
+		return g_strdup(loading_desc->rpc);
+	{
+		char *a = segment_rpc_address_by_name(e, name);
+
+		if (a)
+			return a;
+	}
+	return g_strdup(name);
+}
+
 void segment_pause_peer(struct engine *e, unsigned tp_index, const struct te_plugin_peer *peer,
 			uint64_t until_ns, const char *plugin, const char *why)
 {
@@ -760,4 +778,30 @@ void segment_pause_peer(struct engine *e, unsigned tp_index, const struct te_plu
 		}
 	}
 	g_rw_lock_reader_unlock(&e->seg_lock);
+}
+
+enum te_status te_peer_probe(struct te_engine *engine, const char *name, uint32_t timeout_ms)
+{
+	ENGINE_OR_FAIL(engine, "te_peer_probe");
+	g_autofree char *addr = NULL;
+	g_autofree char *err = NULL;
+	bool has_gen = false;
+	uint64_t gen = 0;
+	enum te_status st;
+
+	if (!name || !*name)
+		return log_error(TE_ERR_INVALID_ARG, "te_peer_probe: name is NULL or empty");
+	addr = segment_resolve_address(e, name);
+	st = control_probe(e, addr, timeout_ms, &gen, &has_gen, &err);
+	if (st == TE_OK) {
+		/* Another generation at @addr: the peer restarted, refresh before next use. */
+		if (has_gen)
+			segment_note_generation(e, addr, gen);
+		return TE_OK;
+	}
+	if (st == TE_ERR_TIMEOUT)
+		return log_error(TE_ERR_TIMEOUT, "te_peer_probe: %s (%s): no answer within %u ms",
+				 name, addr, timeout_ms);
+	return log_error(TE_ERR_PEER_UNREACHABLE, "te_peer_probe: %s (%s) unreachable: %s", name,
+			 addr, err);
 }

@@ -1,5 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* segment.h: remote segments, their descriptor views and per-transport peer state. */
+/*
+ * segment.h: remote segments, their descriptor views and per-transport peer state.
+ * A layer above control.c and metadata/: it fetches descriptors through metadata_* and
+ * calls peers through control_*; neither calls back into it (the engine hands them
+ * segment_local_descriptor and segment_watch_event as callbacks).
+ */
 #ifndef TE_CORE_SEGMENT_H
 #define TE_CORE_SEGMENT_H
 
@@ -116,6 +121,12 @@ void segment_read_unlock(struct engine *e);
 char *segment_rpc_address(struct engine *e, te_segment_id id);
 /* ... of the open segment named (or whose descriptor is named) @name, NULL if none. */
 char *segment_rpc_address_by_name(struct engine *e, const char *name);
+/*
+ * segment_resolve_address - the control-plane address of segment @name (g_free): that of
+ * the descriptor whose peers this thread is loading (segview_new), else of the open
+ * segment, else @name itself (a "host:port").
+ */
+char *segment_resolve_address(struct engine *e, const char *name);
 
 /* The peer at control address @addr runs generation @gen: a segment of another goes stale. */
 void segment_note_generation(struct engine *e, const char *addr, uint64_t gen);

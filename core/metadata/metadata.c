@@ -9,7 +9,6 @@
 #include "core/engine.h"
 #include "core/metadata/descriptor.h"
 #include "core/metadata/metadata.h"
-#include "core/segment.h"
 #include "core/te_metadata_config.h"
 
 /* metadata.password_file: at most this many bytes. */
@@ -24,23 +23,10 @@ struct metadata {
 	uint64_t published;  /* mem.version of the last successful publication + 1; 0: none */
 	bool withdrawn;
 	struct engine *engine;
+	metadata_change_fn on_change; /* set by metadata_watch_start */
 };
 
 static const char *const metadata_type_names[] = { "p2p", "etcd", "redis", "http" };
-
-char *metadata_key(const char *ns, const char *name)
-{
-	return g_strdup_printf("%s/segments/%s", ns, name);
-}
-
-const char *metadata_key_name(const char *ns, const char *key)
-{
-	size_t n = strlen(ns);
-
-	if (strncmp(key, ns, n) != 0 || strncmp(key + n, "/segments/", 10) != 0 || !key[n + 10])
-		return NULL;
-	return key + n + 10;
-}
 
 /* The backend of @type in this build, or NULL with the reason in @why. */
 static const struct metadata_ops *metadata_ops_of(enum config_metadata_type type)
@@ -192,6 +178,59 @@ enum te_status metadata_get(struct metadata *md, const char *name, uint32_t time
 	return md->ops->get(md->state, name, timeout_ms, json_out, err_out);
 }
 
+enum te_status metadata_fetch_descriptor(struct engine *e, const char *name, uint32_t timeout_ms,
+					 struct descriptor **desc_out, char **err_out)
+{
+	g_autoptr(GBytes) json = NULL;
+	g_autofree char *err = NULL;
+	enum te_status st;
+	gsize len = 0;
+	const char *data;
+
+	if (!e->md) {
+		*err_out = g_strdup_printf("segment '%s' not found: no metadata backend", name);
+		return TE_ERR_UNKNOWN_SEGMENT;
+	}
+	st = metadata_get(e->md, name, timeout_ms, &json, &err);
+	if (st == TE_ERR_METADATA_NOT_FOUND) {
+		g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
+
+		*err_out = g_strdup_printf("segment '%s': no engine of that name is published in "
+					   "%s (key %s): %s",
+					   name, metadata_name(e->md), key, err);
+		return st;
+	}
+	if (st != TE_OK) {
+		*err_out = g_steal_pointer(&err);
+		return st;
+	}
+	data = g_bytes_get_data(json, &len);
+	st = descriptor_decode(data, len, desc_out, &err);
+	if (st != TE_OK) {
+		if (metadata_is_store(e->md)) {
+			g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
+
+			*err_out = g_strdup_printf("segment '%s': the value of key %s in %s is not "
+						   "a segment descriptor: %s",
+						   name, key, metadata_name(e->md), err);
+		} else {
+			*err_out = g_strdup_printf("segment '%s': %s", name, err);
+		}
+		return st;
+	}
+	if (metadata_is_store(e->md) && strcmp((*desc_out)->name, name) != 0) {
+		g_autofree char *key = metadata_key(e->cfg->metadata_namespace, name);
+
+		*err_out = g_strdup_printf("segment '%s': the value of key %s in %s describes "
+					   "segment '%s'",
+					   name, key, metadata_name(e->md), (*desc_out)->name);
+		descriptor_free(*desc_out);
+		*desc_out = NULL;
+		return TE_ERR_METADATA_MALFORMED;
+	}
+	return TE_OK;
+}
+
 enum te_status metadata_publish_local(struct engine *e, char **err_out)
 {
 	struct metadata *md = e->md;
@@ -209,7 +248,7 @@ enum te_status metadata_publish_local(struct engine *e, char **err_out)
 		g_mutex_unlock(&md->publish_lock);
 		return TE_OK;
 	}
-	d = segment_local_descriptor(e);
+	d = e->describe_local(e);
 	json = descriptor_encode(d, &len);
 	descriptor_free(d);
 	if (!json) {
@@ -235,15 +274,16 @@ static void metadata_on_change(void *user, const char *name, const char *json, s
 		return;
 	if (strcmp(name, e->name) == 0)
 		return; /* our own key: the backend keeps it published */
-	segment_watch_event(e, md->ops->name, name, json, len);
+	md->on_change(e, md->ops->name, name, json, len);
 }
 
-enum te_status metadata_watch_start(struct engine *e, char **err_out)
+enum te_status metadata_watch_start(struct engine *e, metadata_change_fn fn, char **err_out)
 {
 	struct metadata *md = e->md;
 
 	if (!md || !md->ops->watch)
 		return TE_OK;
+	md->on_change = fn;
 	return md->ops->watch(md->state, metadata_on_change, md, err_out);
 }
 

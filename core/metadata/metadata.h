@@ -1,5 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* metadata.h: where segment descriptors are stored and found (p2p, etcd, redis, http). */
+/*
+ * metadata.h: where segment descriptors are stored and found (p2p, etcd, redis, http).
+ * A layer below segment.c, beside control.c (it calls neither): it reaches the engine's
+ * own descriptor through engine->describe_local and reports changes to the callback it is
+ * given.
+ */
 #ifndef TE_CORE_METADATA_METADATA_H
 #define TE_CORE_METADATA_METADATA_H
 
@@ -13,6 +18,7 @@
 
 #include "core/log.h"
 
+struct descriptor;
 struct engine;
 struct metadata;
 
@@ -94,10 +100,25 @@ const char *metadata_key_name(const char *ns, const char *key);
 enum te_status metadata_open(struct engine *e, struct metadata **md_out, char **err_out);
 enum te_status metadata_get(struct metadata *md, const char *name, uint32_t timeout_ms,
 			    GBytes **json_out, char **err_out);
-/* Publish (or re-publish after a registration change) the engine's own descriptor. */
+/*
+ * metadata_fetch_descriptor - the descriptor of segment @name from the metadata backend
+ * (decoded). TE_ERR_UNKNOWN_SEGMENT / TE_ERR_METADATA_* with detail.
+ */
+enum te_status metadata_fetch_descriptor(struct engine *e, const char *name, uint32_t timeout_ms,
+					 struct descriptor **desc_out, char **err_out);
+/*
+ * Publish (or re-publish after a registration change) the engine's own descriptor, as
+ * e->describe_local builds it.
+ */
 enum te_status metadata_publish_local(struct engine *e, char **err_out);
-/* Start watching (store backends with a watch op); no-op otherwise. */
-enum te_status metadata_watch_start(struct engine *e, char **err_out);
+/*
+ * A change seen by the watch: segment @name's new value @json (@len bytes), or NULL when
+ * its key went; @backend names the store. Called from the backend's thread.
+ */
+typedef void (*metadata_change_fn)(struct engine *e, const char *backend, const char *name,
+				   const char *json, size_t len);
+/* Start watching, reporting to @fn (store backends with a watch op); no-op otherwise. */
+enum te_status metadata_watch_start(struct engine *e, metadata_change_fn fn, char **err_out);
 /* Withdraw the engine's own descriptor (shutdown). */
 void metadata_withdraw_local(struct engine *e);
 const char *metadata_name(const struct metadata *md);

@@ -3,34 +3,35 @@
 #include <glib.h>
 
 #include "core/mem.h"
+#include "core/memkind.h"
 
 static void test_location(void)
 {
 	uint32_t type = 0;
 	int32_t dev = 7;
 
-	g_assert_cmpint(mem_parse_location("cpu", &type, &dev), ==, TE_OK);
+	g_assert_cmpint(memkind_parse_location("cpu", &type, &dev), ==, TE_OK);
 	g_assert_cmpuint(type, ==, TE_PLUGIN_MEM_CPU);
 	g_assert_cmpint(dev, ==, -1);
-	g_assert_cmpint(mem_parse_location("cpu:1", &type, &dev), ==, TE_OK);
+	g_assert_cmpint(memkind_parse_location("cpu:1", &type, &dev), ==, TE_OK);
 	g_assert_cmpint(dev, ==, 1);
-	g_assert_cmpint(mem_parse_location("cuda:3", &type, &dev), ==, TE_OK);
+	g_assert_cmpint(memkind_parse_location("cuda:3", &type, &dev), ==, TE_OK);
 	g_assert_cmpuint(type, ==, TE_PLUGIN_MEM_CUDA);
 	g_assert_cmpint(dev, ==, 3);
-	g_assert_cmpint(mem_parse_location("hip:0", &type, &dev), ==, TE_OK);
+	g_assert_cmpint(memkind_parse_location("hip:0", &type, &dev), ==, TE_OK);
 	g_assert_cmpuint(type, ==, TE_PLUGIN_MEM_HIP);
-	g_assert_cmpint(mem_parse_location("cxl:2", &type, &dev), ==, TE_OK);
+	g_assert_cmpint(memkind_parse_location("cxl:2", &type, &dev), ==, TE_OK);
 	g_assert_cmpuint(type, ==, TE_PLUGIN_MEM_CXL);
-	g_assert_cmpint(mem_parse_location("*", &type, &dev), ==, TE_OK);
+	g_assert_cmpint(memkind_parse_location("*", &type, &dev), ==, TE_OK);
 	g_assert_cmpuint(type, ==, TE_PLUGIN_MEM_CPU);
-	g_assert_cmpint(mem_parse_location(NULL, &type, &dev), ==, TE_OK);
+	g_assert_cmpint(memkind_parse_location(NULL, &type, &dev), ==, TE_OK);
 	type = 99;
 	dev = 99;
-	g_assert_cmpint(mem_parse_location("gpu:0", &type, &dev), ==, TE_ERR_INVALID_ARG);
-	g_assert_cmpint(mem_parse_location("cuda:", &type, &dev), ==, TE_ERR_INVALID_ARG);
-	g_assert_cmpint(mem_parse_location("cuda:x", &type, &dev), ==, TE_ERR_INVALID_ARG);
-	g_assert_cmpint(mem_parse_location("cuda:99999", &type, &dev), ==, TE_ERR_INVALID_ARG);
-	g_assert_cmpint(mem_parse_location("cpux", &type, &dev), ==, TE_ERR_INVALID_ARG);
+	g_assert_cmpint(memkind_parse_location("gpu:0", &type, &dev), ==, TE_ERR_INVALID_ARG);
+	g_assert_cmpint(memkind_parse_location("cuda:", &type, &dev), ==, TE_ERR_INVALID_ARG);
+	g_assert_cmpint(memkind_parse_location("cuda:x", &type, &dev), ==, TE_ERR_INVALID_ARG);
+	g_assert_cmpint(memkind_parse_location("cuda:99999", &type, &dev), ==, TE_ERR_INVALID_ARG);
+	g_assert_cmpint(memkind_parse_location("cpux", &type, &dev), ==, TE_ERR_INVALID_ARG);
 	/* Outputs untouched on failure. */
 	g_assert_cmpuint(type, ==, 99);
 	g_assert_cmpint(dev, ==, 99);
