@@ -16,6 +16,9 @@
 #include "core/wake.h"
 
 #define POST_CHUNK 256
+/* Back-pressure: first wait after a submit that accepted nothing, doubled up to the cap. */
+#define STALL_FIRST_NS (100ull * 1000)
+#define STALL_MAX_NS (1000ull * 1000)
 
 
 /* --- posting to plugins ----------------------------------------------------- */
@@ -52,6 +55,20 @@ static void backlog_push(struct transport *tp, struct te_plugin_slice **ps, uint
 	}
 	atomic_fetch_add(&tp->backlog_len, n);
 	g_mutex_unlock(&tp->backlog_lock);
+}
+
+/*
+ * Submit accepted nothing: offer the backlog again after a wait (100 us doubling to 1 ms),
+ * or as soon as one of the transport's slices completes (slice_done), not in a tight loop.
+ * Relaxed: a stale value only moves one resubmission by at most one step.
+ */
+static void stall_begin(struct transport *tp)
+{
+	uint64_t step = atomic_load_explicit(&tp->stall_step_ns, memory_order_relaxed);
+
+	step = step ? MIN(2 * step, STALL_MAX_NS) : STALL_FIRST_NS;
+	atomic_store_explicit(&tp->stall_step_ns, step, memory_order_relaxed);
+	atomic_store_explicit(&tp->stall_until_ns, engine_now_ns() + step, memory_order_relaxed);
 }
 
 /*
@@ -168,6 +185,8 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 	}
 	if (manual && acc < n)
 		atomic_fetch_sub_explicit(&tp->in_flight, n - acc, memory_order_relaxed);
+	if (!acc && st == TE_OK)
+		stall_begin(tp);
 	if (st != TE_OK && acc < n) {
 		char detail[TE_DETAIL_MAX];
 
@@ -218,6 +237,13 @@ unsigned slice_drain_backlog(struct engine *e, struct transport *tp)
 
 	if (!atomic_load_explicit(&tp->backlog_len, memory_order_acquire))
 		return 0;
+	/* Stalled (stall_begin): no submit until a slice completes or the wait is over. */
+	{
+		uint64_t until = atomic_load_explicit(&tp->stall_until_ns, memory_order_relaxed);
+
+		if (until && engine_now_ns() < until)
+			return 0;
+	}
 	g_mutex_lock(&tp->backlog_lock);
 	while (tp->backlog_head && k < POST_CHUNK) {
 		struct slice *s = tp->backlog_head;
@@ -257,6 +283,9 @@ unsigned slice_drain_backlog(struct engine *e, struct transport *tp)
 		acc = post(e, tp, ps, &k);
 		if (acc < k)
 			backlog_push(tp, ps + acc, k - acc, true);
+		/* Accepting again: the next stall starts with the shortest wait. */
+		if (acc && atomic_load_explicit(&tp->stall_step_ns, memory_order_relaxed))
+			atomic_store_explicit(&tp->stall_step_ns, 0, memory_order_relaxed);
 		for (uint32_t i = 0; i < held_n; i++)
 			batch_unref(held[i]);
 	}
@@ -745,6 +774,9 @@ void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status
 	atomic_store_explicit(&s->in_plugin, 0, memory_order_release);
 	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL)
 		atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
+	/* Room in the plugin again: end a back-pressure stall (read-mostly, written rarely). */
+	if (G_UNLIKELY(atomic_load_explicit(&tp->stall_until_ns, memory_order_relaxed)))
+		atomic_store_explicit(&tp->stall_until_ns, 0, memory_order_relaxed);
 	if (s->bounce != UINT32_MAX) {
 		/* A staged READ's bytes go from the bounce buffer to its memory; then it is free. */
 		enum te_status before = status;

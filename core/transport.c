@@ -267,6 +267,13 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 					   transport_error(tp));
 		goto err_free;
 	}
+	/* Nothing to fini: calling fini(NULL) is what crashed engines and te-info. */
+	if (!tp->inst) {
+		*err_out = g_strdup_printf("%s: init returned TE_OK but no instance (plugin bug)",
+					   plugin->path);
+		st = TE_ERR_PLUGIN_INVALID;
+		goto err_free;
+	}
 	tp->caps.size = sizeof(tp->caps);
 	st = plugin->ops.query_caps(tp->inst, &tp->caps);
 	if (st != TE_OK) {

@@ -44,6 +44,15 @@ struct transport {
 	struct slice *backlog_head;
 	struct slice *backlog_tail;
 	_Atomic uint32_t backlog_len;
+	/*
+	 * Back-pressure backoff (core/slice.c): after a submit that accepted nothing, the
+	 * backlog is not offered again before stall_until_ns (engine_now_ns) unless a slice
+	 * of this transport completes first (slice_done clears it; 0: not stalled).
+	 * stall_step_ns: the last wait, 100 us doubling to 1 ms; 0 once submit accepts again.
+	 * Written only while stalled: the per-slice paths only read stall_until_ns.
+	 */
+	_Atomic uint64_t stall_until_ns;
+	_Atomic uint64_t stall_step_ns;
 	/* Set before fini: the core makes no further calls into the plugin. */
 	_Atomic bool stopped;
 	/* Last error/warning line the plugin logged (quoted in init failures). */

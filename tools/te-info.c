@@ -1,11 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* te-info: list the transport plugins te can find (ABI, caps, devices) and check a config. */
+#include <elf.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <link.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <glib.h>
 #include <json-glib/json-glib.h>
@@ -36,6 +43,13 @@ struct probe {
 	struct te_plugin_caps caps;
 	struct te_plugin_device devices[TRANSPORT_MAX_DEVICES];
 	uint32_t n_devices;
+	/* Findings on a module that loads: one line each. */
+	GPtrArray *warnings; /* char * */
+	GPtrArray *errors;   /* char * */
+	/* The probe process died: by crash_signal (0: it exited) in crash_op. */
+	bool crashed;
+	int crash_signal;
+	char *crash_op;
 };
 
 static void probe_free(gpointer data)
@@ -49,43 +63,493 @@ static void probe_free(gpointer data)
 	g_free(p->name);
 	g_free(p->version);
 	g_free(p->description);
+	g_ptr_array_unref(p->warnings);
+	g_ptr_array_unref(p->errors);
+	g_free(p->crash_op);
 	g_free(p);
+}
+
+static struct probe *probe_new(const char *path)
+{
+	struct probe *p = g_new0(struct probe, 1);
+
+	p->path = g_strdup(path);
+	p->warnings = g_ptr_array_new_with_free_func(g_free);
+	p->errors = g_ptr_array_new_with_free_func(g_free);
+	return p;
+}
+
+/*
+ * --- probing in a child process ----------------------------------------------------------
+ *
+ * A module may crash in init, a query or fini; te-info must still report it and go on. Each
+ * module is probed in a forked child that streams records to the parent over a pipe: the name
+ * of the op it is about to call, then what it learned. The parent rebuilds the probe from
+ * them, so whatever was sent before a crash is kept.
+ */
+
+enum probe_rec {
+	REC_OP = 'o',	   /* text: the op the child is about to run */
+	REC_LOAD = 'L',	   /* struct rec_load */
+	REC_NAME = 'n',	   /* text */
+	REC_VERSION = 'v', /* text */
+	REC_DESC = 'd',	   /* text */
+	REC_ERROR = 'e',   /* text: p->error */
+	REC_INIT = 'I',	   /* struct rec_init */
+	REC_WARNING = 'w', /* text: a warning finding */
+	REC_FINDING = 'x', /* text: an error finding */
+};
+
+struct rec_load {
+	int32_t load;
+	uint32_t abi_major;
+	uint32_t abi_minor;
+};
+
+struct rec_init {
+	int32_t init;
+	uint32_t n_devices;
+	struct te_plugin_caps caps;
+	struct te_plugin_device devices[TRANSPORT_MAX_DEVICES];
+};
+
+/* Records are tag (1 byte), length (uint32_t, host order), then the bytes. */
+static void rec_send(int fd, char tag, const void *data, size_t len)
+{
+	uint8_t hdr[1 + sizeof(uint32_t)];
+	uint32_t len32 = (uint32_t)len;
+	const uint8_t *parts[2] = { hdr, data };
+	size_t sizes[2] = { sizeof(hdr), len };
+
+	hdr[0] = (uint8_t)tag;
+	memcpy(hdr + 1, &len32, sizeof(len32));
+	for (int i = 0; i < 2; i++) {
+		size_t off = 0;
+
+		while (off < sizes[i]) {
+			ssize_t w = write(fd, parts[i] + off, sizes[i] - off);
+
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0)
+				return; /* the parent went away: nothing to report to */
+			off += (size_t)w;
+		}
+	}
+}
+
+static void rec_text(int fd, char tag, const char *text)
+{
+	rec_send(fd, tag, text, strlen(text));
+}
+
+/*
+ * The child's view of the module under probe. A global because the op wrappers below get only
+ * the plugin's arguments; it exists in the child process only, one module per process.
+ */
+static struct {
+	int fd;
+	struct te_plugin_ops orig; /* the core's copy of the ops, before wrapping */
+	bool too_many;		   /* query_devices reported more than it was asked for */
+	uint32_t reported;
+	uint32_t asked;
+} child;
+
+static enum te_status wrap_init(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
+				struct te_plugin_inst **inst_out)
+{
+	rec_text(child.fd, REC_OP, "init");
+	return child.orig.init(host, ctx, inst_out);
+}
+
+static void wrap_fini(struct te_plugin_inst *inst)
+{
+	rec_text(child.fd, REC_OP, "fini");
+	child.orig.fini(inst);
+}
+
+static enum te_status wrap_query_caps(struct te_plugin_inst *inst, struct te_plugin_caps *caps)
+{
+	rec_text(child.fd, REC_OP, "query_caps");
+	return child.orig.query_caps(inst, caps);
+}
+
+static enum te_status wrap_query_devices(struct te_plugin_inst *inst,
+					 struct te_plugin_device *devices, uint32_t max,
+					 uint32_t *n_out)
+{
+	struct te_plugin_device blank;
+	enum te_status st;
+	uint32_t n = 0, filled = 0;
+
+	rec_text(child.fd, REC_OP, "query_devices");
+	st = child.orig.query_devices(inst, devices, max, &n);
+	if (st != TE_OK || n <= max) {
+		if (st == TE_OK)
+			*n_out = n;
+		return st;
+	}
+	/*
+	 * The core clamps such a count to @max and would list blank entries: keep only the
+	 * leading entries the plugin did write (the core handed them zeroed, size set).
+	 */
+	child.too_many = true;
+	child.reported = n;
+	child.asked = max;
+	memset(&blank, 0, sizeof(blank));
+	blank.size = sizeof(blank);
+	while (filled < max && memcmp(&devices[filled], &blank, sizeof(blank)) != 0)
+		filled++;
+	*n_out = filled;
+	return TE_OK;
+}
+
+/* Basename without ".so". Caller g_frees. */
+static char *module_stem(const char *path)
+{
+	char *base = g_path_get_basename(path);
+
+	if (g_str_has_suffix(base, ".so"))
+		base[strlen(base) - 3] = '\0';
+	return base;
+}
+
+/*
+ * The defined global function and object symbols of @path's .dynsym other than the entry
+ * point, space-separated, or NULL when there are none (or the file is not an ELF object of
+ * this machine's class). The same rule as tests/headers/check-plugin-entry.sh, without nm.
+ * Every offset comes from the file and is checked against its size.
+ */
+static char *module_extra_exports(const char *path)
+{
+	g_autoptr(GMappedFile) mf = g_mapped_file_new(path, FALSE, NULL);
+	g_autoptr(GString) names = NULL;
+	const char *buf;
+	size_t len;
+	ElfW(Ehdr) eh;
+
+	if (!mf)
+		return NULL;
+	buf = g_mapped_file_get_contents(mf);
+	len = g_mapped_file_get_length(mf);
+	if (len < sizeof(eh))
+		return NULL;
+	memcpy(&eh, buf, sizeof(eh));
+	if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+	    eh.e_ident[EI_CLASS] != (sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32) ||
+	    eh.e_shentsize != sizeof(ElfW(Shdr)) || eh.e_shoff > len ||
+	    eh.e_shnum > (len - eh.e_shoff) / sizeof(ElfW(Shdr)))
+		return NULL;
+
+	names = g_string_new(NULL);
+	for (unsigned i = 0; i < eh.e_shnum; i++) {
+		ElfW(Shdr) sh, strsh;
+
+		memcpy(&sh, buf + eh.e_shoff + i * sizeof(sh), sizeof(sh));
+		if (sh.sh_type != SHT_DYNSYM || sh.sh_link >= eh.e_shnum ||
+		    sh.sh_entsize != sizeof(ElfW(Sym)) || sh.sh_offset > len ||
+		    sh.sh_size > len - sh.sh_offset)
+			continue;
+		memcpy(&strsh, buf + eh.e_shoff + sh.sh_link * sizeof(strsh), sizeof(strsh));
+		if (strsh.sh_offset > len || strsh.sh_size > len - strsh.sh_offset)
+			continue;
+		/* Symbol 0 is the reserved null symbol. */
+		for (size_t k = 1; k < sh.sh_size / sizeof(ElfW(Sym)); k++) {
+			const char *strtab = buf + strsh.sh_offset;
+			unsigned bind, type;
+			const char *name;
+			ElfW(Sym) sym;
+
+			memcpy(&sym, buf + sh.sh_offset + k * sizeof(sym), sizeof(sym));
+			bind = ELF64_ST_BIND(sym.st_info); /* same encoding in ELF32 */
+			type = ELF64_ST_TYPE(sym.st_info);
+			if (sym.st_shndx == SHN_UNDEF || sym.st_shndx == SHN_ABS)
+				continue;
+			if (bind != STB_GLOBAL && bind != STB_WEAK && bind != STB_GNU_UNIQUE)
+				continue;
+			if (type != STT_FUNC && type != STT_OBJECT)
+				continue;
+			if (sym.st_name >= strsh.sh_size ||
+			    !memchr(strtab + sym.st_name, '\0', strsh.sh_size - sym.st_name))
+				continue;
+			name = strtab + sym.st_name;
+			if (g_str_has_prefix(name, "te_plugin_entry_v"))
+				continue;
+			g_string_append_printf(names, "%s%s", names->len ? " " : "", name);
+		}
+	}
+	return names->len ? g_string_free(g_steal_pointer(&names), FALSE) : NULL;
+}
+
+/* In the child: probe @path and send what it learns to @fd. */
+static void probe_child(int fd, const char *path)
+{
+	struct plugin *plugin = NULL;
+	struct transport *t = NULL;
+	g_autofree char *err = NULL;
+	g_autofree char *stem = NULL;
+	g_autofree char *extra = NULL;
+	struct rec_load rl = { 0 };
+	struct rec_init *ri;
+	enum te_status st;
+
+	child.fd = fd;
+	rec_text(fd, REC_OP, "open");
+	st = plugin_open_file(path, &plugin, &err);
+	rl.load = st;
+	if (st != TE_OK) {
+		rec_send(fd, REC_LOAD, &rl, sizeof(rl));
+		rec_text(fd, REC_ERROR, err ? err : te_status_str(st));
+		return;
+	}
+	rl.abi_major = plugin->desc->abi_major;
+	rl.abi_minor = plugin->desc->abi_minor;
+	rec_send(fd, REC_LOAD, &rl, sizeof(rl));
+	rec_text(fd, REC_NAME, plugin->desc->name ? plugin->desc->name : "");
+	rec_text(fd, REC_VERSION, plugin->desc->version ? plugin->desc->version : "");
+	rec_text(fd, REC_DESC, plugin->desc->description ? plugin->desc->description : "");
+
+	/* The engine finds a plugin by its file stem and knows it by its descriptor name. */
+	stem = module_stem(path);
+	if (strcmp(stem, plugin->desc->name ? plugin->desc->name : "") != 0) {
+		g_autofree char *w = g_strdup_printf(
+			"descriptor name \"%s\" does not match the file stem \"%s\"",
+			plugin->desc->name ? plugin->desc->name : "", stem);
+
+		rec_text(fd, REC_WARNING, w);
+	}
+	extra = module_extra_exports(path);
+	if (extra) {
+		g_autofree char *w =
+			g_strdup_printf("exports symbols besides the entry point: %s", extra);
+
+		rec_text(fd, REC_WARNING, w);
+	}
+
+	/* plugin->ops is the core's own copy: wrap the ops the start calls, to name them. */
+	child.orig = plugin->ops;
+	plugin->ops.init = wrap_init;
+	plugin->ops.fini = wrap_fini;
+	plugin->ops.query_caps = wrap_query_caps;
+	if (plugin->ops.query_devices)
+		plugin->ops.query_devices = wrap_query_devices;
+
+	/* No engine and no options: the plugin's defaults, logs to stderr. */
+	ri = g_new0(struct rec_init, 1);
+	g_clear_pointer(&err, g_free);
+	st = transport_start(NULL, plugin, &host_services, NULL, 0, &t, &err);
+	ri->init = st;
+	if (st == TE_OK) {
+		ri->caps = t->caps;
+		ri->n_devices = MIN(t->n_devices, (uint32_t)TRANSPORT_MAX_DEVICES);
+		memcpy(ri->devices, t->devices, ri->n_devices * sizeof(ri->devices[0]));
+	}
+	if (child.too_many) {
+		g_autofree char *e =
+			g_strdup_printf("query_devices reported %" PRIu32
+					" devices, more than the %" PRIu32 " asked for",
+					child.reported, child.asked);
+
+		rec_text(fd, REC_FINDING, e);
+	}
+	rec_send(fd, REC_INIT, ri, sizeof(*ri));
+	if (st != TE_OK)
+		rec_text(fd, REC_ERROR, err ? err : te_status_str(st));
+	g_free(ri);
+	if (t)
+		transport_stop(t);
+	rec_text(fd, REC_OP, "close");
+	plugin_close(plugin);
+}
+
+static const char *signal_name(int sig)
+{
+	switch (sig) {
+	case SIGSEGV:
+		return "SIGSEGV";
+	case SIGBUS:
+		return "SIGBUS";
+	case SIGABRT:
+		return "SIGABRT";
+	case SIGFPE:
+		return "SIGFPE";
+	case SIGILL:
+		return "SIGILL";
+	case SIGTRAP:
+		return "SIGTRAP";
+	case SIGSYS:
+		return "SIGSYS";
+	case SIGKILL:
+		return "SIGKILL";
+	default:
+		return NULL;
+	}
+}
+
+/* Rebuild @p from the child's records; a truncated last record is dropped. */
+static void probe_apply(struct probe *p, const uint8_t *buf, size_t len, bool *have_load,
+			bool *have_init)
+{
+	size_t off = 0;
+
+	while (len - off >= 1 + sizeof(uint32_t)) {
+		uint8_t tag = buf[off];
+		uint32_t n;
+		const uint8_t *data;
+		char *text;
+
+		memcpy(&n, buf + off + 1, sizeof(n));
+		off += 1 + sizeof(n);
+		if (n > len - off)
+			break;
+		data = buf + off;
+		off += n;
+		if (tag == REC_LOAD || tag == REC_INIT) {
+			if (tag == REC_LOAD && n == sizeof(struct rec_load)) {
+				struct rec_load rl;
+
+				memcpy(&rl, data, sizeof(rl));
+				p->load = rl.load;
+				p->abi_major = rl.abi_major;
+				p->abi_minor = rl.abi_minor;
+				*have_load = true;
+			} else if (tag == REC_INIT && n == sizeof(struct rec_init)) {
+				struct rec_init *ri = g_memdup2(data, sizeof(*ri));
+
+				p->init = ri->init;
+				if (ri->init == TE_OK) {
+					p->caps = ri->caps;
+					p->n_devices =
+						MIN(ri->n_devices, (uint32_t)TRANSPORT_MAX_DEVICES);
+					memcpy(p->devices, ri->devices,
+					       p->n_devices * sizeof(p->devices[0]));
+				}
+				/* Plugin-filled text: never trust it to be terminated. */
+				for (uint32_t d = 0; d < p->n_devices; d++) {
+					p->devices[d].name[sizeof(p->devices[d].name) - 1] = '\0';
+					p->devices[d].pci[sizeof(p->devices[d].pci) - 1] = '\0';
+				}
+				*have_init = true;
+				g_free(ri);
+			}
+			continue;
+		}
+		text = g_strndup((const char *)data, n);
+		switch (tag) {
+		case REC_OP:
+			g_free(p->crash_op);
+			p->crash_op = text;
+			break;
+		case REC_NAME:
+			g_free(p->name);
+			p->name = text;
+			break;
+		case REC_VERSION:
+			g_free(p->version);
+			p->version = text;
+			break;
+		case REC_DESC:
+			g_free(p->description);
+			p->description = text;
+			break;
+		case REC_ERROR:
+			g_free(p->error);
+			p->error = text;
+			break;
+		case REC_WARNING:
+			g_ptr_array_add(p->warnings, text);
+			break;
+		case REC_FINDING:
+			g_ptr_array_add(p->errors, text);
+			break;
+		default:
+			g_free(text);
+			break;
+		}
+	}
 }
 
 static void probe_run(struct probe *p)
 {
-	struct plugin *plugin = NULL;
-	struct transport *t = NULL;
-	char *err = NULL;
+	g_autoptr(GByteArray) got = g_byte_array_new();
+	bool have_load = false, have_init = false;
+	g_autofree char *why = NULL;
+	uint8_t chunk[4096];
+	int fds[2], status = 0;
+	pid_t pid;
 
+	p->load = TE_ERR_PLUGIN_INVALID;
 	p->init = TE_ERR_PLUGIN_INIT;
-	p->load = plugin_open_file(p->path, &plugin, &err);
-	if (p->load != TE_OK) {
-		p->error = err ? err : g_strdup(te_status_str(p->load));
+	fflush(stdout);
+	fflush(stderr);
+	if (pipe(fds) != 0) {
+		p->load = TE_ERR_SYSTEM;
+		p->error = g_strdup_printf("pipe: %s", g_strerror(errno));
 		return;
 	}
-	p->name = g_strdup(plugin->desc->name ? plugin->desc->name : "");
-	p->version = g_strdup(plugin->desc->version ? plugin->desc->version : "");
-	p->description = g_strdup(plugin->desc->description ? plugin->desc->description : "");
-	p->abi_major = plugin->desc->abi_major;
-	p->abi_minor = plugin->desc->abi_minor;
-
-	/* No engine and no options: the plugin's defaults, logs to stderr. */
-	p->init = transport_start(NULL, plugin, &host_services, NULL, 0, &t, &err);
-	if (p->init != TE_OK) {
-		p->error = err ? err : g_strdup(te_status_str(p->init));
-	} else {
-		p->caps = t->caps;
-		p->n_devices = MIN(t->n_devices, (uint32_t)TRANSPORT_MAX_DEVICES);
-		memcpy(p->devices, t->devices, p->n_devices * sizeof(p->devices[0]));
-		/* Plugin-filled text: never trust it to be terminated. */
-		for (uint32_t d = 0; d < p->n_devices; d++) {
-			p->devices[d].name[sizeof(p->devices[d].name) - 1] = '\0';
-			p->devices[d].pci[sizeof(p->devices[d].pci) - 1] = '\0';
-		}
-		transport_stop(t);
+	pid = fork();
+	if (pid < 0) {
+		p->load = TE_ERR_SYSTEM;
+		p->error = g_strdup_printf("fork: %s", g_strerror(errno));
+		close(fds[0]);
+		close(fds[1]);
+		return;
 	}
-	plugin_close(plugin);
+	if (pid == 0) {
+		close(fds[0]);
+		probe_child(fds[1], p->path);
+		_exit(0);
+	}
+	close(fds[1]);
+	for (;;) {
+		ssize_t r = read(fds[0], chunk, sizeof(chunk));
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		g_byte_array_append(got, chunk, (guint)r);
+	}
+	close(fds[0]);
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	probe_apply(p, got->data, got->len, &have_load, &have_init);
+	if (!p->name)
+		p->name = g_strdup("");
+	if (!p->version)
+		p->version = g_strdup("");
+	if (!p->description)
+		p->description = g_strdup("");
+
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && have_load)
+		return;
+	p->crashed = true;
+	if (!p->crash_op)
+		p->crash_op = g_strdup("open");
+	if (WIFSIGNALED(status)) {
+		p->crash_signal = WTERMSIG(status);
+		if (signal_name(p->crash_signal))
+			why = g_strdup_printf("crashed with %s in %s", signal_name(p->crash_signal),
+					      p->crash_op);
+		else
+			why = g_strdup_printf("crashed with signal %d in %s", p->crash_signal,
+					      p->crash_op);
+	} else {
+		why = g_strdup_printf("exited with status %d in %s",
+				      WIFEXITED(status) ? WEXITSTATUS(status) : -1, p->crash_op);
+	}
+	/* Where it died decides where it shows: as the load error, the init error, or later. */
+	if (!have_load || p->load != TE_OK) {
+		p->load = TE_ERR_PLUGIN_INVALID;
+		g_free(p->error);
+		p->error = g_steal_pointer(&why);
+	} else if (!have_init) {
+		p->init = TE_ERR_PLUGIN_INIT;
+		g_free(p->error);
+		p->error = g_steal_pointer(&why);
+	} else {
+		g_ptr_array_add(p->errors, g_steal_pointer(&why));
+	}
 }
 
 struct scan_ctx {
@@ -96,9 +560,8 @@ struct scan_ctx {
 static void scan_one(void *user, const char *path)
 {
 	struct scan_ctx *ctx = user;
-	struct probe *p = g_new0(struct probe, 1);
+	struct probe *p = probe_new(path);
 
-	p->path = g_strdup(path);
 	probe_run(p);
 	if (p->load == TE_OK) {
 		if (g_hash_table_contains(ctx->seen, p->name))
@@ -125,8 +588,7 @@ static void probe_arg(struct scan_ctx *ctx, const char *arg, const char *search_
 	/* Resolve the name the way the engine does, then probe that file. */
 	st = plugin_open(arg, NULL, search_path, &plugin, &err);
 	if (st != TE_OK) {
-		p = g_new0(struct probe, 1);
-		p->path = g_strdup(arg);
+		p = probe_new(arg);
 		p->load = st;
 		p->init = TE_ERR_PLUGIN_INIT;
 		p->error = err ? err : g_strdup(te_status_str(st));
@@ -231,6 +693,10 @@ static void print_text(const char *search_path, GPtrArray *probes)
 		if (p->description[0])
 			printf("  about:    %s\n", p->description);
 		printf("  abi:      %" PRIu32 ".%" PRIu32 "\n", p->abi_major, p->abi_minor);
+		for (guint k = 0; k < p->warnings->len; k++)
+			printf("  warning:  %s\n", (const char *)p->warnings->pdata[k]);
+		for (guint k = 0; k < p->errors->len; k++)
+			printf("  error:    %s\n", (const char *)p->errors->pdata[k]);
 		if (p->init != TE_OK) {
 			printf("  init:     %s\n", p->error);
 			continue;
@@ -314,6 +780,34 @@ static void json_int(JsonBuilder *b, const char *member, int64_t value)
 	json_builder_add_int_value(b, value);
 }
 
+static void json_strings(JsonBuilder *b, const char *member, GPtrArray *a)
+{
+	json_builder_set_member_name(b, member);
+	json_builder_begin_array(b);
+	for (guint i = 0; i < a->len; i++)
+		json_builder_add_string_value(b, a->pdata[i]);
+	json_builder_end_array(b);
+}
+
+/* Members only for a module with findings: a good module's object stays as it was. */
+static void json_findings(JsonBuilder *b, const struct probe *p)
+{
+	if (p->warnings->len)
+		json_strings(b, "warnings", p->warnings);
+	if (p->errors->len)
+		json_strings(b, "errors", p->errors);
+	if (p->crashed) {
+		json_builder_set_member_name(b, "crashed");
+		json_builder_begin_object(b);
+		if (p->crash_signal && signal_name(p->crash_signal))
+			json_string(b, "signal", signal_name(p->crash_signal));
+		else if (p->crash_signal)
+			json_int(b, "signal", p->crash_signal);
+		json_string(b, "op", p->crash_op);
+		json_builder_end_object(b);
+	}
+}
+
 static void json_probe(JsonBuilder *b, const struct probe *p)
 {
 	json_builder_begin_object(b);
@@ -322,6 +816,7 @@ static void json_probe(JsonBuilder *b, const struct probe *p)
 		json_string(b, "status", te_status_str(p->load));
 		json_int(b, "code", p->load);
 		json_string(b, "error", p->error);
+		json_findings(b, p);
 		json_builder_end_object(b);
 		return;
 	}
@@ -335,6 +830,7 @@ static void json_probe(JsonBuilder *b, const struct probe *p)
 	json_int(b, "major", p->abi_major);
 	json_int(b, "minor", p->abi_minor);
 	json_builder_end_object(b);
+	json_findings(b, p);
 	if (p->init != TE_OK) {
 		json_string(b, "status", te_status_str(p->init));
 		json_int(b, "code", p->init);
@@ -493,7 +989,8 @@ int main(int argc, char **argv)
 		"List the transport plugins te can find: path, name, ABI version, capabilities\n"
 		"and devices. Plugins that fail to load or initialise are listed with the reason.\n"
 		"PLUGIN: a plugin name (resolved along the search path) or a module file.\n"
-		"Without PLUGIN: every *.so in the search path.");
+		"Without PLUGIN: every *.so in the search path.\n"
+		"Each module is probed in a child process; exit status 1 when one crashed.");
 	g_option_context_add_main_entries(octx, entries, NULL);
 	if (!g_option_context_parse(octx, &argc, &argv, &error)) {
 		fprintf(stderr, "te-info: %s (try --help)\n", error->message);
@@ -523,6 +1020,12 @@ int main(int argc, char **argv)
 		print_json(search_path, probes);
 	else
 		print_text(search_path, probes);
-	/* Failing plugins are reported, not fatal: the listing itself succeeded. */
+	/*
+	 * Failing plugins are reported, not fatal: the listing itself succeeded. A module that
+	 * crashed te-info's probe would crash the engine too: that fails the listing.
+	 */
+	for (guint i = 0; i < probes->len; i++)
+		if (((const struct probe *)probes->pdata[i])->crashed)
+			return 1;
 	return 0;
 }

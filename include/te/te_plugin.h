@@ -40,10 +40,10 @@ extern "C" {
  *   metadata-watch threads. A TE_PLUGIN_THREAD_SERIALIZED plugin gets them one at a time
  *   (the core holds a lock per instance around each): submit, progress, cancel,
  *   retry_prepare, handshake, reg_mem, dereg_mem, pack_key, load_peer, unload_peer,
- *   unpack_remote_key, release_remote_key; wait is never called for it; the memory-kind
- *   ops (mem_*) are not serialized (another plugin's reg_mem may reach them through the
- *   host table) and must be thread-safe. A TE_PLUGIN_THREAD_MULTI plugin gets any op from
- *   any thread at once.
+ *   unpack_remote_key, release_remote_key; wait is never called for it (see wait); the
+ *   memory-kind ops (mem_*) are not serialized (another plugin's reg_mem may reach them
+ *   through the host table) and must be thread-safe. A TE_PLUGIN_THREAD_MULTI plugin gets
+ *   any op from any thread at once.
  */
 #define TE_PLUGIN_ABI_MAJOR 1
 #define TE_PLUGIN_ABI_MINOR 2 /* 1.1: ops.wait; 1.2: data-connection auth, memory kinds */
@@ -330,8 +330,11 @@ struct te_plugin_ops {
 	/* --- install --- */
 	/*
 	 * Create an instance: read options (host->config_get), open devices, publish the
-	 * transport blob (host->publish). TE_OK with *inst_out; any error fails a required
-	 * plugin's engine start and skips an optional one (say why with host->set_error).
+	 * transport blob (host->publish). TE_OK with a non-NULL *inst_out; any error fails a
+	 * required plugin's engine start and skips an optional one (say why with
+	 * host->set_error). TE_OK with *inst_out NULL is a plugin bug: the core refuses the
+	 * plugin (TE_ERR_PLUGIN_INVALID, "init returned TE_OK but no instance") and calls
+	 * no op, fini included.
 	 * @host and @ctx stay valid until fini returns. Engine start thread.
 	 */
 	enum te_status (*init)(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
@@ -414,8 +417,11 @@ struct te_plugin_ops {
 	/* --- submit --- */
 	/*
 	 * Take up to @n slices; *accepted_out = how many (a prefix of @slices). Fewer
-	 * than @n is back-pressure: the core retries the rest after progress. A status
-	 * other than TE_OK fails the slices not accepted with that status.
+	 * than @n is back-pressure: the core retries the rest after progress. After a call
+	 * that accepts none (TE_OK, *accepted_out 0), the core calls submit again only once
+	 * one of this instance's slices completes (slice_done) or after a wait of 100 us,
+	 * doubling up to 1 ms while refusals go on. A status other than TE_OK fails the
+	 * slices not accepted with that status.
 	 */
 	enum te_status (*submit)(struct te_plugin_inst *inst, struct te_plugin_slice **slices,
 				 uint32_t n, uint32_t *accepted_out);
@@ -467,11 +473,24 @@ struct te_plugin_ops {
 	/*
 	 * MANUAL plugins, optional: block until progress() may find something to do (an
 	 * event on the plugin's queues: a CQ wait fd, a completion channel) or @timeout_ns
-	 * passed, instead of the caller spinning. The thread polling in te_batch_wait
-	 * calls it after empty polls while this plugin alone has slices in flight; it polls
-	 * again whatever the outcome. TE_OK: woken or timed out. TE_ERR_UNSUPPORTED: cannot
-	 * block now (the caller yields the CPU and polls). Never longer than @timeout_ns.
-	 * Never called for a SERIALIZED plugin.
+	 * passed, instead of the caller spinning. TE_OK: woken or timed out.
+	 * TE_ERR_UNSUPPORTED: cannot block now (the caller yields the CPU); any other status
+	 * is ignored. The caller polls again whatever the outcome. Never block longer than
+	 * @timeout_ns.
+	 * When it is called, exactly:
+	 * - never for a TE_PLUGIN_THREAD_SERIALIZED plugin (its call lock would be held while
+	 *   blocking, stalling every submitter), nor for a TE_PLUGIN_PROGRESS_AUTO one;
+	 * - only from an application thread inside te_batch_wait, the engine's one polling
+	 *   waiter: never from the core's worker threads, and never by two threads at once
+	 *   for one instance;
+	 * - only while this plugin is the engine's only manual-progress transport with slices
+	 *   in flight, after several empty progress() polls and 20 us or more since the last
+	 *   completion;
+	 * - with 0 < @timeout_ns <= 500 us, and never past the te_batch_wait caller's deadline;
+	 * - concurrently with any other op except init, query_caps, query_devices and fini:
+	 *   submit (application threads and the workers' backlog), progress (the workers),
+	 *   cancel, and the rest. A submit arriving meanwhile need not end the wait: it lasts
+	 *   at most @timeout_ns.
 	 */
 	enum te_status (*wait)(struct te_plugin_inst *inst, uint64_t timeout_ns);
 

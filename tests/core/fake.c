@@ -123,8 +123,11 @@ static enum te_status fake_submit(struct te_plugin_inst *inst, struct te_plugin_
 
 	(void)inst;
 	fake_enter();
-	if (atomic_fetch_add(&fake.submit_calls, 1) < fake.refuse_calls)
+	if (atomic_fetch_add(&fake.submit_calls, 1) < fake.refuse_calls ||
+	    (uint64_t)g_get_monotonic_time() * 1000 < fake.refuse_until_ns)
 		acc = 0;
+	if (!acc && n)
+		atomic_fetch_add(&fake.refused_calls, 1);
 	atomic_fetch_add(&fake.submitted, acc);
 	*accepted_out = acc;
 	fake_leave();
@@ -216,11 +219,13 @@ void fake_reset(void)
 	g_mutex_unlock(&fake.lock);
 	fake.accept_max = UINT32_MAX;
 	fake.refuse_calls = 0;
+	fake.refuse_until_ns = 0;
 	fake.fail_first = TE_OK;
 	fake.hold = false;
 	fake.cancel_hands_back = true;
 	atomic_store(&fake.submit_calls, 0);
 	atomic_store(&fake.submitted, 0);
+	atomic_store(&fake.refused_calls, 0);
 	atomic_store(&fake.cancels, 0);
 	atomic_store(&fake.retry_prepares, 0);
 	atomic_store(&fake.overlaps, 0);

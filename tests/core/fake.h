@@ -20,12 +20,14 @@ struct fake {
 	/* Behaviour. */
 	uint32_t accept_max;	   /* submit accepts at most this many per call (UINT32_MAX) */
 	uint32_t refuse_calls;	   /* the first N submit calls accept nothing (back-pressure) */
+	uint64_t refuse_until_ns;  /* and all calls before (ns of g_get_monotonic_time) */
 	enum te_status fail_first; /* first attempt of each slice ends with this (TE_OK: no) */
 	bool hold;		   /* keep slices (complete with fake_complete_held) */
 	bool cancel_hands_back;	   /* cancel reports the slice TE_ERR_CANCELED at once */
 	/* Observations. */
 	_Atomic uint32_t submit_calls, submitted, cancels, retry_prepares, overlaps;
-	_Atomic uint32_t in_call; /* ops running now (a serialized plugin must see <= 1) */
+	_Atomic uint32_t refused_calls; /* submit calls that accepted nothing */
+	_Atomic uint32_t in_call;	/* ops running now (a serialized plugin must see <= 1) */
 	GMutex lock;
 	struct te_plugin_slice *held[FAKE_MAX_HELD];
 	uint32_t n_held;

@@ -97,6 +97,30 @@ static void test_backpressure(void)
 	rig_stop(&r);
 }
 
+/*
+ * A plugin refusing everything for 100 ms (a stall) is not asked again in a tight loop: the
+ * core waits (100 us doubling to 1 ms) between tries, so about 100 tries at most, not tens of
+ * thousands; every slice still goes through once the stall ends.
+ */
+static void test_backpressure_stall(void)
+{
+	struct rig r;
+	uint32_t refused;
+
+	fake_reset();
+	rig_start(&r, "slice_size: 65536");
+	fake.refuse_until_ns = (uint64_t)g_get_monotonic_time() * 1000 + 100000000ull;
+	g_assert_cmpint(rig_write(&r, 8 * 65536), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(r.te, r.id, 5000000000ll), ==, TE_OK);
+	refused = atomic_load(&fake.refused_calls);
+	g_test_message("%u submit calls refused during a 100 ms stall", refused);
+	g_assert_cmpuint(refused, >=, 1);
+	g_assert_cmpuint(refused, <, 200);
+	g_assert_cmpuint(atomic_load(&fake.submitted), ==, 8);
+	g_assert_cmpuint(atomic_load(&r.e->tps[0]->backlog_len), ==, 0);
+	rig_stop(&r);
+}
+
 /* A deadline passes while the plugin holds the slice: canceled there, task TIMEOUT. */
 static void test_deadline(void)
 {
@@ -168,6 +192,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/retry/then-ok", test_retry_then_ok);
 	g_test_add_func("/retry/none", test_no_retry);
 	g_test_add_func("/retry/backpressure", test_backpressure);
+	g_test_add_func("/retry/backpressure-stall", test_backpressure_stall);
 	g_test_add_func("/retry/deadline", test_deadline);
 	g_test_add_func("/retry/cancel", test_cancel);
 	g_test_add_func("/retry/queue-order", test_queue_order);

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # check-te-info.py: te-info lists good and broken plugins (with reasons, exit 0), prints the
-# effective config or the config error (exit 1), and emits valid JSON. TAP output.
-# Usage: check-te-info.py TE_INFO TEST_PLUGIN_DIR
+# effective config or the config error (exit 1), and emits valid JSON; with TINFO_DIR, also
+# its findings on flawed modules (tests/plugins/tinfo) and its survival of crashing ones.
+# TAP output.
+# Usage: check-te-info.py TE_INFO TEST_PLUGIN_DIR [TINFO_DIR]
 import json
 import os
 import subprocess
@@ -10,6 +12,7 @@ import sys
 import tempfile
 
 te_info, plugin_dir = sys.argv[1], sys.argv[2]
+tinfo_dir = sys.argv[3] if len(sys.argv) > 3 else None
 results = []
 
 
@@ -90,6 +93,101 @@ with tempfile.TemporaryDirectory() as d:
 
 r = run("--no-such-option")
 check("unknown option: exit 2", r.returncode == 2, r.stderr)
+
+
+def block(text, stem):
+    """The lines of the text listing's block for module STEM.so (empty if absent)."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.endswith(".so") and not line.startswith(" "):
+            inside = os.path.basename(line) == stem + ".so"
+        elif inside:
+            out.append(line.strip())
+    return out
+
+
+def has_line(lines, prefix, *words):
+    return any(line.startswith(prefix) and all(w in line for w in words) for line in lines)
+
+
+if tinfo_dir:
+    def mod(stem):
+        return os.path.join(tinfo_dir, stem + ".so")
+
+    # A good module: no finding lines, exit 0 (the output of good modules is unchanged).
+    r = run(mod("tinfo_good"))
+    b = block(r.stdout, "tinfo_good")
+    check("good module: no warning or error line, exit 0",
+          r.returncode == 0 and b and not any(l.startswith(("warning:", "error:")) for l in b)
+          and "devices:  1" in b, r.stdout + r.stderr)
+
+    r = run(mod("tinfo_wrong_name"))
+    b = block(r.stdout, "tinfo_wrong_name")
+    check("descriptor name != file stem: a warning naming both, exit 0",
+          r.returncode == 0 and has_line(b, "warning:", '"tinfo_other_name"', '"tinfo_wrong_name"'),
+          r.stdout + r.stderr)
+
+    r = run(mod("tinfo_too_many_devices"))
+    b = block(r.stdout, "tinfo_too_many_devices")
+    check("query_devices over max: an error line, only the filled device listed",
+          r.returncode == 0
+          and has_line(b, "error:", "query_devices reported 100 devices, more than the 64 asked for")
+          and "devices:  1" in b and sum(l.startswith("[") for l in b) == 1,
+          r.stdout + r.stderr)
+
+    r = run(mod("tinfo_extra_symbol"))
+    b = block(r.stdout, "tinfo_extra_symbol")
+    check("an exported symbol besides the entry point: a warning naming it",
+          r.returncode == 0 and has_line(b, "warning:", "tinfo_fake_extra")
+          and not has_line(b, "warning:", "te_plugin_entry"), r.stdout + r.stderr)
+
+    # Crashing modules: each reported, the listing goes on, exit 1.
+    r = run("--plugin-path", tinfo_dir)
+    text = r.stdout
+    check("a crashing module does not take te-info down: exit 1, every module listed",
+          r.returncode == 1 and all(block(text, s) for s in [
+              "tinfo_crash_fini", "tinfo_crash_init", "tinfo_crash_query_devices",
+              "tinfo_extra_symbol", "tinfo_good", "tinfo_too_many_devices", "tinfo_wrong_name"]),
+          text + r.stderr)
+    for stem, op in [("tinfo_crash_init", "init"), ("tinfo_crash_query_devices", "query_devices"),
+                     ("tinfo_crash_fini", "fini")]:
+        check("%s: 'crashed with SIGSEGV in %s'" % (stem, op),
+              any(l.endswith("crashed with SIGSEGV in " + op) for l in block(text, stem)),
+              block(text, stem))
+    check("the module after a crash is probed in full",
+          "devices:  1" in block(text, "tinfo_good"), block(text, "tinfo_good"))
+    r = run(mod("tinfo_crash_init"))
+    check("one crashing module given by path: exit 1", r.returncode == 1, r.stdout + r.stderr)
+
+    # --json carries the same findings.
+    r = run("--json", "--plugin-path", tinfo_dir)
+    try:
+        plugins = {os.path.basename(p["path"]): p for p in json.loads(r.stdout)["plugins"]}
+    except (ValueError, KeyError) as e:
+        plugins = {}
+        check("--json over tinfo modules parses", False, str(e) + r.stdout)
+    check("--json: exit 1 when a module crashed", r.returncode == 1, r.stderr)
+    g = plugins.get("tinfo_good.so", {})
+    check("--json: a good module has no findings members",
+          g.get("code") == 0 and not {"warnings", "errors", "crashed"} & set(g), g)
+    wn = plugins.get("tinfo_wrong_name.so", {})
+    check("--json: name warning",
+          any("tinfo_other_name" in w and "tinfo_wrong_name" in w for w in wn.get("warnings", [])),
+          wn)
+    tm = plugins.get("tinfo_too_many_devices.so", {})
+    check("--json: too many devices is an error, one device listed",
+          any("reported 100 devices, more than the 64" in e for e in tm.get("errors", []))
+          and len(tm.get("devices", [])) == 1, tm)
+    es = plugins.get("tinfo_extra_symbol.so", {})
+    check("--json: extra symbol warning",
+          any("tinfo_fake_extra" in w for w in es.get("warnings", [])), es)
+    for stem, op in [("tinfo_crash_init", "init"), ("tinfo_crash_query_devices", "query_devices"),
+                     ("tinfo_crash_fini", "fini")]:
+        c = plugins.get(stem + ".so", {})
+        check("--json: %s crashed with SIGSEGV in %s" % (stem, op),
+              c.get("crashed") == {"signal": "SIGSEGV", "op": op}
+              and ("crashed with SIGSEGV in " + op in c.get("error", "")
+                   or "crashed with SIGSEGV in " + op in c.get("errors", [])), c)
 
 print("1..%d" % len(results))
 for i, (name, ok, detail) in enumerate(results, 1):

@@ -19,6 +19,8 @@ static const struct abi_case abi_cases[] = {
 	{ "missing_op", TE_ERR_PLUGIN_INVALID, { "submit", NULL } },
 	{ "bad_desc_size", TE_ERR_PLUGIN_INVALID, { NULL } },
 	{ "init_fail", TE_ERR_PLUGIN_INIT, { NULL } },
+	/* TE_OK without an instance: refused, and fini is never called on NULL. */
+	{ "null_instance", TE_ERR_PLUGIN_INVALID, { "init returned TE_OK but no instance", NULL } },
 };
 
 /*

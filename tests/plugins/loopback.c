@@ -12,6 +12,7 @@
  *   LOOPBACK_FAULT_NEVER_COMPLETE  slices end only through cancel or fini
  *   LOOPBACK_FAULT_LATE_CANCEL     cancel() reports TE_OK ~late_ms later, from a thread
  *   LOOPBACK_FAULT_INIT_FAIL       init fails with TE_ERR_NO_DEVICE
+ *   LOOPBACK_FAULT_NULL_INSTANCE   init returns TE_OK without an instance (a contract breach)
  *   LOOPBACK_DESC_ABI_MAJOR=n, LOOPBACK_DESC_ABI_MINOR=n, LOOPBACK_DESC_SIZE=n
  *   LOOPBACK_OPS_SIZE=n            ops table size (an older ABI's table)
  *                                  lie in the descriptor
@@ -898,6 +899,10 @@ static enum te_status loopback_init(const struct te_plugin_host *host,
 #ifdef LOOPBACK_FAULT_INIT_FAIL
 	host->log(ctx, TE_PLUGIN_LOG_ERROR, "no device (injected)");
 	return TE_ERR_NO_DEVICE;
+#endif
+#ifdef LOOPBACK_FAULT_NULL_INSTANCE
+	*inst_out = NULL;
+	return TE_OK;
 #endif
 
 	li = calloc(1, sizeof(*li));
