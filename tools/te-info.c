@@ -496,6 +496,15 @@ static void probe_run(struct probe *p)
 		return;
 	}
 	if (pid == 0) {
+		/*
+		 * A crash is reported by the signal that ended the child: take back the default
+		 * action from any handler installed in this process (a sanitizer's turns a
+		 * SIGSEGV into an exit status).
+		 */
+		static const int crash_signals[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT };
+
+		for (size_t i = 0; i < G_N_ELEMENTS(crash_signals); i++)
+			signal(crash_signals[i], SIG_DFL);
 		close(fds[0]);
 		probe_child(fds[1], p->path);
 		_exit(0);
