@@ -25,15 +25,6 @@
 #define ETCD_GRPC_UNAVAILABLE 14
 
 /* One name this engine publishes: kept alive by the lease, re-put after a loss. */
-struct etcd_pub {
-	char *name;
-	char *key;
-	GBytes *json;
-	char *generation; /* ours, from @json (NULL when absent) */
-	char *rpc;
-	bool dirty; /* the store may not have the latest @json */
-};
-
 struct etcd {
 	struct metadata_params p;
 	struct mdcurl_endpoints eps;
@@ -50,7 +41,7 @@ struct etcd {
 	GMutex op_lock;
 	int64_t lease; /* 0: none */
 	int64_t lease_ttl_s;
-	GHashTable *pubs; /* name -> struct etcd_pub */
+	GHashTable *pubs; /* name -> struct mdcurl_pub */
 
 	GThread *keeper;
 	GThread *watcher;
@@ -691,19 +682,6 @@ static enum te_status etcd_range_key(struct etcd *s, const char *key, uint32_t t
 
 /* ---- ops ---- */
 
-static void etcd_pub_free(void *data)
-{
-	struct etcd_pub *pub = data;
-
-	g_free(pub->name);
-	g_free(pub->key);
-	if (pub->json)
-		g_bytes_unref(pub->json);
-	g_free(pub->generation);
-	g_free(pub->rpc);
-	g_free(pub);
-}
-
 static gpointer etcd_keeper_main(gpointer data);
 
 static enum te_status etcd_get(void *state, const char *name, uint32_t timeout_ms,
@@ -778,7 +756,7 @@ static void etcd_lease_revoke(struct etcd *s)
  * A txn on @key: if @cmp (a compare object) holds, put @pub's value with our lease; else
  * range the key. *succeeded and, on failure, the key's current kv (*found false: absent).
  */
-static enum te_status etcd_txn_put(struct etcd *s, struct etcd_pub *pub, const char *cmp,
+static enum te_status etcd_txn_put(struct etcd *s, struct mdcurl_pub *pub, const char *cmp,
 				   bool *succeeded_out, bool *found_out, struct etcd_kv *kv_out,
 				   int64_t *grpc_code_out, char **err_out)
 {
@@ -837,7 +815,7 @@ static bool etcd_lease_lost(int64_t grpc_code, const char *err)
  * overwrite it when it is ours (same generation), when its holder is gone (same rpc: we
  * bound its port) or when no lease keeps it; else TE_ERR_EXISTS naming the holder.
  */
-static enum te_status etcd_claim(struct etcd *s, struct etcd_pub *pub, char **err_out)
+static enum te_status etcd_claim(struct etcd *s, struct mdcurl_pub *pub, char **err_out)
 {
 	for (int attempt = 0; attempt < 5; attempt++) {
 		g_autofree char *k64 = b64s(pub->key);
@@ -923,31 +901,16 @@ static enum te_status etcd_publish(void *state, const char *name, const char *js
 				   char **err_out)
 {
 	struct etcd *s = state;
-	struct etcd_pub *pub;
+	struct mdcurl_pub *pub;
 	bool is_new = false;
 	enum te_status st;
 
-	if (len > DESCRIPTOR_MAX_JSON) {
-		*err_out = g_strdup_printf("etcd metadata: descriptor of '%s' is %zu bytes, over "
-					   "the limit of %u",
-					   name, len, DESCRIPTOR_MAX_JSON);
-		return TE_ERR_TOO_LARGE;
-	}
 	g_mutex_lock(&s->op_lock);
-	pub = g_hash_table_lookup(s->pubs, name);
-	if (!pub) {
-		pub = g_new0(struct etcd_pub, 1);
-		pub->name = g_strdup(name);
-		pub->key = metadata_key(s->p.ns, name);
-		g_hash_table_insert(s->pubs, pub->name, pub);
-		is_new = true;
+	st = mdcurl_pub_set(s->pubs, "etcd", s->p.ns, name, json, len, &pub, &is_new, err_out);
+	if (st != TE_OK) {
+		g_mutex_unlock(&s->op_lock);
+		return st;
 	}
-	if (pub->json)
-		g_bytes_unref(pub->json);
-	pub->json = g_bytes_new(json, len);
-	g_free(pub->generation);
-	g_free(pub->rpc);
-	mdcurl_holder(json, len, &pub->generation, &pub->rpc);
 	pub->dirty = true;
 	st = etcd_claim(s, pub, err_out);
 	if (st != TE_OK && is_new) {
@@ -969,7 +932,7 @@ static enum te_status etcd_withdraw(void *state, const char *name, char **err_ou
 {
 	struct etcd *s = state;
 	enum te_status st = TE_OK;
-	struct etcd_pub *pub;
+	struct mdcurl_pub *pub;
 
 	g_mutex_lock(&s->op_lock);
 	pub = g_hash_table_lookup(s->pubs, name);
@@ -1041,7 +1004,7 @@ static enum te_status etcd_republish(struct etcd *s, bool all, char **err_out)
 
 	g_hash_table_iter_init(&it, s->pubs);
 	while (g_hash_table_iter_next(&it, NULL, &v)) {
-		struct etcd_pub *pub = v;
+		struct mdcurl_pub *pub = v;
 		enum te_status st;
 
 		if (!all && !pub->dirty)
@@ -1594,7 +1557,7 @@ static enum te_status etcd_open(const struct metadata_params *p, void **state_ou
 	mdcurl_endpoints_init(&s->eps, p->endpoints, p->n_endpoints);
 	s->stop = mdcurl_stop_new();
 	s->prefix = metadata_key(p->ns, "");
-	s->pubs = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, etcd_pub_free);
+	s->pubs = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, mdcurl_pub_free);
 	g_mutex_init(&s->lock);
 	g_mutex_init(&s->op_lock);
 	g_cond_init(&s->cond);

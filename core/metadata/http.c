@@ -21,14 +21,6 @@
 #define HTTP_DEFAULT_TIMEOUT_MS 5000u
 #define HTTP_BACKOFF_MIN_MS 100u
 
-struct http_pub {
-	char *name;
-	char *key;
-	GBytes *json;
-	char *generation;
-	char *rpc;
-};
-
 struct httpmd {
 	struct metadata_params p;
 	struct mdcurl_endpoints eps;
@@ -163,7 +155,7 @@ static enum te_status http_get(void *state, const char *name, uint32_t timeout_m
 	return st;
 }
 
-static enum te_status http_put(struct httpmd *s, struct http_pub *pub, char **err_out)
+static enum te_status http_put(struct httpmd *s, struct mdcurl_pub *pub, char **err_out)
 {
 	GBytes *resp = NULL;
 	long code = 0;
@@ -184,7 +176,7 @@ static enum te_status http_put(struct httpmd *s, struct http_pub *pub, char **er
 }
 
 /* Whether the value under @pub's key lets us publish (absent, ours, or its holder gone). */
-static enum te_status http_check_holder(struct httpmd *s, struct http_pub *pub, char **err_out)
+static enum te_status http_check_holder(struct httpmd *s, struct mdcurl_pub *pub, char **err_out)
 {
 	g_autofree char *holder_gen = NULL;
 	g_autofree char *holder_rpc = NULL;
@@ -232,48 +224,20 @@ static enum te_status http_check_holder(struct httpmd *s, struct http_pub *pub, 
 	return TE_OK;
 }
 
-static void http_pub_free(void *data)
-{
-	struct http_pub *pub = data;
-
-	g_free(pub->name);
-	g_free(pub->key);
-	if (pub->json)
-		g_bytes_unref(pub->json);
-	g_free(pub->generation);
-	g_free(pub->rpc);
-	g_free(pub);
-}
-
 static enum te_status http_publish(void *state, const char *name, const char *json, size_t len,
 				   char **err_out)
 {
 	struct httpmd *s = state;
-	struct http_pub *pub;
+	struct mdcurl_pub *pub;
 	enum te_status st = TE_OK;
 	bool is_new = false;
 
-	if (len > DESCRIPTOR_MAX_JSON) {
-		*err_out = g_strdup_printf("http metadata: descriptor of '%s' is %zu bytes, over "
-					   "the limit of %u",
-					   name, len, DESCRIPTOR_MAX_JSON);
-		return TE_ERR_TOO_LARGE;
-	}
 	g_mutex_lock(&s->op_lock);
-	pub = g_hash_table_lookup(s->pubs, name);
-	if (!pub) {
-		pub = g_new0(struct http_pub, 1);
-		pub->name = g_strdup(name);
-		pub->key = metadata_key(s->p.ns, name);
-		g_hash_table_insert(s->pubs, pub->name, pub);
-		is_new = true;
+	st = mdcurl_pub_set(s->pubs, "http", s->p.ns, name, json, len, &pub, &is_new, err_out);
+	if (st != TE_OK) {
+		g_mutex_unlock(&s->op_lock);
+		return st;
 	}
-	if (pub->json)
-		g_bytes_unref(pub->json);
-	pub->json = g_bytes_new(json, len);
-	g_free(pub->generation);
-	g_free(pub->rpc);
-	mdcurl_holder(json, len, &pub->generation, &pub->rpc);
 	if (is_new)
 		st = http_check_holder(s, pub, err_out);
 	if (st == TE_OK)
@@ -287,7 +251,7 @@ static enum te_status http_publish(void *state, const char *name, const char *js
 static enum te_status http_withdraw(void *state, const char *name, char **err_out)
 {
 	struct httpmd *s = state;
-	struct http_pub *pub;
+	struct mdcurl_pub *pub;
 	enum te_status st = TE_OK;
 	GBytes *resp = NULL;
 	long code = 0;
@@ -390,7 +354,7 @@ static enum te_status http_open(const struct metadata_params *p, void **state_ou
 	s->timeout_ms = p->timeout_ms ? p->timeout_ms : HTTP_DEFAULT_TIMEOUT_MS;
 	mdcurl_endpoints_init(&s->eps, p->endpoints, p->n_endpoints);
 	s->stop = mdcurl_stop_new();
-	s->pubs = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, http_pub_free);
+	s->pubs = g_hash_table_new_full(g_str_hash, g_str_equal, NULL, mdcurl_pub_free);
 	g_mutex_init(&s->lock);
 	g_mutex_init(&s->op_lock);
 	g_cond_init(&s->cond);

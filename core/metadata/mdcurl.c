@@ -5,7 +5,9 @@
 #include <curl/curl.h>
 #include <json-glib/json-glib.h>
 
+#include "core/metadata/descriptor.h"
 #include "core/metadata/mdcurl.h"
+#include "core/metadata/metadata.h"
 
 #define MDCURL_DEFAULT_MAX_BODY (64u << 20)
 #define MDCURL_DEFAULT_CONNECT_MS 10000u
@@ -328,4 +330,47 @@ void mdcurl_holder(const char *json, size_t len, char **generation_out, char **r
 		*rpc_out = g_strdup(json_node_get_string(n));
 out:
 	g_object_unref(parser);
+}
+
+enum te_status mdcurl_pub_set(GHashTable *pubs, const char *backend, const char *ns,
+			      const char *name, const char *json, size_t len,
+			      struct mdcurl_pub **pub_out, bool *is_new, char **err_out)
+{
+	struct mdcurl_pub *pub;
+
+	if (len > DESCRIPTOR_MAX_JSON) {
+		*err_out = g_strdup_printf("%s metadata: descriptor of '%s' is %zu bytes, over the "
+					   "limit of %u",
+					   backend, name, len, DESCRIPTOR_MAX_JSON);
+		return TE_ERR_TOO_LARGE;
+	}
+	pub = g_hash_table_lookup(pubs, name);
+	*is_new = pub == NULL;
+	if (!pub) {
+		pub = g_new0(struct mdcurl_pub, 1);
+		pub->name = g_strdup(name);
+		pub->key = metadata_key(ns, name);
+		g_hash_table_insert(pubs, pub->name, pub);
+	}
+	if (pub->json)
+		g_bytes_unref(pub->json);
+	pub->json = g_bytes_new(json, len);
+	g_free(pub->generation);
+	g_free(pub->rpc);
+	mdcurl_holder(json, len, &pub->generation, &pub->rpc);
+	*pub_out = pub;
+	return TE_OK;
+}
+
+void mdcurl_pub_free(void *data)
+{
+	struct mdcurl_pub *pub = data;
+
+	g_free(pub->name);
+	g_free(pub->key);
+	if (pub->json)
+		g_bytes_unref(pub->json);
+	g_free(pub->generation);
+	g_free(pub->rpc);
+	g_free(pub);
 }

@@ -98,4 +98,25 @@ typedef enum te_status (*mdcurl_try_fn)(void *user, const char *endpoint, char *
 enum te_status mdcurl_failover(struct mdcurl_endpoints *e, const char *backend, mdcurl_try_fn fn,
 			       void *user, char **err_out);
 
+/* A name this process publishes: what a backend keeps to claim, refresh and re-publish it. */
+struct mdcurl_pub {
+	char *name;
+	char *key;	  /* metadata_key(ns, name) */
+	GBytes *json;	  /* the latest value */
+	char *generation; /* ours, from @json (NULL when absent) */
+	char *rpc;
+	bool dirty; /* the store may not have the latest @json */
+};
+
+/*
+ * mdcurl_pub_set - the record of @name in @pubs (name -> struct mdcurl_pub, values freed by
+ * mdcurl_pub_free), created when absent (*is_new), now holding @json as its latest value.
+ * TE_ERR_TOO_LARGE (nothing changed) when @json is over DESCRIPTOR_MAX_JSON. Caller holds the
+ * lock that guards @pubs.
+ */
+enum te_status mdcurl_pub_set(GHashTable *pubs, const char *backend, const char *ns,
+			      const char *name, const char *json, size_t len,
+			      struct mdcurl_pub **pub_out, bool *is_new, char **err_out);
+void mdcurl_pub_free(void *data);
+
 #endif /* TE_CORE_METADATA_MDCURL_H */
