@@ -164,6 +164,7 @@ static void engine_destroy(struct engine *e)
 	g_free(e->slice_size);
 	g_free(e->name);
 	g_free(e->host_id);
+	g_free(e->pid_ns);
 	g_free((char *)e->log.prefix);
 	config_free(e->cfg);
 	g_mutex_clear(&e->work_lock);
@@ -214,6 +215,7 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 	atomic_init(&e->next_deadline_ns, UINT64_MAX);
 	e->generation = engine_new_generation();
 	e->host_id = engine_read_host_id();
+	e->pid_ns = g_file_read_link("/proc/self/ns/pid", NULL);
 	e->describe_local = segment_local_descriptor;
 	st = control_start(e, &err);
 	if (st == TE_OK)

@@ -42,6 +42,7 @@ struct engine {
 	char *name;
 	uint64_t generation;
 	char *host_id;
+	char *pid_ns; /* this process's pid namespace ("pid:[N]") or NULL when unknown */
 
 	/* Transports in priority order (engine.c, at start). */
 	struct transport **tps;

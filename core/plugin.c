@@ -116,9 +116,8 @@ static const struct {
 	const char *name;
 	size_t offset;
 } required_ops[] = {
-	REQUIRED(init),	     REQUIRED(fini),	    REQUIRED(query_caps),
-	REQUIRED(reg_mem),   REQUIRED(dereg_mem),   REQUIRED(pack_key),
-	REQUIRED(load_peer), REQUIRED(unload_peer), REQUIRED(unpack_remote_key),
+	REQUIRED(init),	     REQUIRED(fini),	 REQUIRED(query_caps),	REQUIRED(reg_mem),
+	REQUIRED(dereg_mem), REQUIRED(pack_key), REQUIRED(unload_peer), REQUIRED(unpack_remote_key),
 	REQUIRED(submit),
 };
 
@@ -178,6 +177,13 @@ enum te_status plugin_validate(const struct te_plugin_desc *desc, const char *fi
 			memcpy((char *)&ops + off, &fn, sizeof(fn));
 	}
 	ops.size = sizeof(ops);
+	/* load_peer_ex (1.2) has no stub: the core calls it when set, else load_peer. */
+	if (!ops.load_peer && !ops.load_peer_ex) {
+		*err_out = g_strdup_printf("%s: required op 'load_peer' (or 'load_peer_ex') is "
+					   "missing",
+					   file);
+		return TE_ERR_PLUGIN_INVALID;
+	}
 	for (size_t i = 0; i < G_N_ELEMENTS(required_ops); i++) {
 		void *fn;
 

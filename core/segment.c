@@ -16,18 +16,36 @@
 /* Set while segview_new loads peers of a descriptor on this thread (handshake routing). */
 static _Thread_local const struct descriptor *loading_desc;
 
+/* What load_peer_ex learns of the peer described by @d (TE_PLUGIN_PEER_* flags). */
+static uint32_t segview_peer_flags(const struct engine *e, const struct descriptor *d)
+{
+	uint32_t f = 0;
+
+	if (!d->host_id || !*d->host_id || g_strcmp0(d->host_id, e->host_id) != 0)
+		return 0;
+	f |= TE_PLUGIN_PEER_SAME_HOST;
+	/* Without a namespace on either side (an older peer), the pid cannot be trusted. */
+	if (!d->pid_ns || !*d->pid_ns || g_strcmp0(d->pid_ns, e->pid_ns) != 0)
+		return f;
+	f |= TE_PLUGIN_PEER_SAME_PID_NS;
+	if (d->pid == (uint32_t)getpid())
+		f |= TE_PLUGIN_PEER_SAME_PROCESS;
+	return f;
+}
+
 /* Whether transport @tp may be used towards the segment @d, and why not. */
 static bool segview_reachable(struct engine *e, struct transport *tp, const struct descriptor *d,
 			      char *why, size_t why_len)
 {
-	if ((tp->caps.flags & TE_PLUGIN_CAP_SAME_HOST_ONLY) &&
-	    g_strcmp0(d->host_id, e->host_id) != 0) {
+	uint32_t peer = segview_peer_flags(e, d);
+
+	if ((tp->caps.flags & TE_PLUGIN_CAP_SAME_HOST_ONLY) && !(peer & TE_PLUGIN_PEER_SAME_HOST)) {
 		g_snprintf(why, why_len, "%s: same-host transport, peer is on another host",
 			   tp->plugin->name);
 		return false;
 	}
 	if ((tp->caps.flags & TE_PLUGIN_CAP_SAME_PROCESS_ONLY) &&
-	    (g_strcmp0(d->host_id, e->host_id) != 0 || d->pid != (uint32_t)getpid())) {
+	    !(peer & TE_PLUGIN_PEER_SAME_PROCESS)) {
 		g_snprintf(why, why_len, "%s: same-process transport, peer is another process",
 			   tp->plugin->name);
 		return false;
@@ -53,6 +71,7 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 		struct segview_tp *vt = &v->tps[t];
 		GBytes *blob = descriptor_find_blob(desc->transports, desc->n_transports,
 						    tp->plugin->name);
+		struct te_plugin_peer_info info;
 		enum te_status st;
 		gsize len = 0;
 		const void *data;
@@ -72,8 +91,15 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 		if (!segview_reachable(e, tp, desc, vt->why, sizeof(vt->why)))
 			goto skip;
 		data = g_bytes_get_data(blob, &len);
+		info = (struct te_plugin_peer_info){
+			.size = sizeof(info),
+			.flags = segview_peer_flags(e, desc),
+			.name = desc->name,
+			.host_id = desc->host_id ? desc->host_id : "",
+			.pid = desc->pid,
+		};
 		loading_desc = desc; /* lets load_peer handshake with this peer */
-		st = transport_load_peer(tp, desc->name, data, len, &vt->peer);
+		st = transport_load_peer(tp, &info, data, len, &vt->peer);
 		loading_desc = NULL;
 		if (st != TE_OK) {
 			vt->peer = NULL;
@@ -517,6 +543,7 @@ struct descriptor *segment_local_descriptor(struct engine *e)
 	d->rpc = g_strdup(control_address(e));
 	d->host_id = g_strdup(e->host_id);
 	d->pid = (uint32_t)getpid();
+	d->pid_ns = g_strdup(e->pid_ns);
 	d->transports = g_new0(struct descriptor_blob, e->n_tps ? e->n_tps : 1);
 	for (unsigned t = 0; t < e->n_tps; t++) {
 		GBytes *b = transport_blob(e->tps[t]);

@@ -101,14 +101,17 @@ enum te_status transport_handshake(struct transport *tp, const char *peer_name, 
 	return st;
 }
 
-enum te_status transport_load_peer(struct transport *tp, const char *peer_name, const void *blob,
-				   size_t len, struct te_plugin_peer **peer_out)
+enum te_status transport_load_peer(struct transport *tp, const struct te_plugin_peer_info *info,
+				   const void *blob, size_t len, struct te_plugin_peer **peer_out)
 {
 	enum te_status st;
 
 	transport_clear_error();
 	transport_lock(tp);
-	st = tp->plugin->ops.load_peer(tp->inst, peer_name, blob, len, peer_out);
+	if (tp->plugin->ops.load_peer_ex)
+		st = tp->plugin->ops.load_peer_ex(tp->inst, info, blob, len, peer_out);
+	else
+		st = tp->plugin->ops.load_peer(tp->inst, info->name, blob, len, peer_out);
 	transport_unlock(tp);
 	return st;
 }

@@ -143,7 +143,8 @@ TE_NODISCARD enum te_status transport_handshake(struct transport *tp, const char
 						const void *req, size_t len, void *resp, size_t cap,
 						size_t *resp_len_out);
 /* Peers and keys (serialized). */
-TE_NODISCARD enum te_status transport_load_peer(struct transport *tp, const char *peer_name,
+TE_NODISCARD enum te_status transport_load_peer(struct transport *tp,
+						const struct te_plugin_peer_info *info,
 						const void *blob, size_t len,
 						struct te_plugin_peer **peer_out);
 void transport_unload_peer(struct transport *tp, struct te_plugin_peer *peer);

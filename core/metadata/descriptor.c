@@ -76,6 +76,7 @@ void descriptor_free(struct descriptor *d)
 	g_free(d->name);
 	g_free(d->rpc);
 	g_free(d->host_id);
+	g_free(d->pid_ns);
 	g_free(d);
 }
 
@@ -118,6 +119,10 @@ char *descriptor_encode(const struct descriptor *d, size_t *len_out)
 	json_builder_add_string_value(b, d->host_id ? d->host_id : "");
 	json_builder_set_member_name(b, "pid");
 	json_builder_add_int_value(b, d->pid);
+	if (d->pid_ns) {
+		json_builder_set_member_name(b, "pidns");
+		json_builder_add_string_value(b, d->pid_ns);
+	}
 	json_builder_set_member_name(b, "transports");
 	descriptor_add_blobs(b, d->transports, d->n_transports);
 
@@ -613,6 +618,11 @@ static enum te_status descriptor_get_fields(JsonObject *root, struct descriptor 
 			return descriptor_fail(
 				err_out, "pid: must be an integer in [0, %" PRIu32 "]", UINT32_MAX);
 		d->pid = (uint32_t)json_node_get_int(pid);
+	}
+	if (json_object_get_member(root, "pidns")) {
+		st = descriptor_get_string(root, "", "pidns", false, &d->pid_ns, err_out);
+		if (st != TE_OK)
+			return st;
 	}
 	st = descriptor_get_blobs(root, "", "transports", &d->transports, &d->n_transports,
 				  err_out);

@@ -38,6 +38,7 @@ struct descriptor {
 	char *rpc;	     /* control-plane "host:port" or "" */
 	char *host_id;	     /* identifies the host (boot id) for same-host transports */
 	uint32_t pid;	     /* process id, for same-process transports */
+	char *pid_ns; /* pid namespace ("pid:[4026531836]") or NULL: where pid means something */
 	struct descriptor_blob *transports;
 	size_t n_transports;
 	struct descriptor_buffer *buffers; /* sorted by addr, non-overlapping */
@@ -47,7 +48,7 @@ struct descriptor {
 /*
  * descriptor_encode - JSON text (NUL-terminated, g_free) of @d:
  * {"name", "generation" (decimal string: JSON numbers lose 64-bit precision),
- *  "rpc", "host", "pid", "transports": {<plugin>: <base64>},
+ *  "rpc", "host", "pid", "pidns" (optional), "transports": {<plugin>: <base64>},
  *  "buffers": [{"addr": "0x..", "length": "..", "location", "access",
  *               "keys": {<plugin>: <base64>}}]}
  */

@@ -39,7 +39,7 @@ extern "C" {
  *   requests, te_batch_wait, te_batch_cancel) and the core's workers, control-plane and
  *   metadata-watch threads. A TE_PLUGIN_THREAD_SERIALIZED plugin gets them one at a time
  *   (the core holds a lock per instance around each): submit, progress, cancel,
- *   retry_prepare, handshake, reg_mem, dereg_mem, pack_key, load_peer, unload_peer,
+ *   retry_prepare, handshake, reg_mem, dereg_mem, pack_key, load_peer(_ex), unload_peer,
  *   unpack_remote_key, release_remote_key; wait is never called for it (see wait); the
  *   memory-kind ops (mem_*) are not serialized (another plugin's reg_mem may reach them
  *   through the host table) and must be thread-safe. A TE_PLUGIN_THREAD_MULTI plugin gets
@@ -193,6 +193,26 @@ enum te_plugin_event {
 	TE_PLUGIN_EVENT_UP = 1,
 };
 
+/* te_plugin_peer_info.flags (since ABI 1.2). */
+#define TE_PLUGIN_PEER_SAME_HOST (1u << 0)    /* the peer runs on this host (same boot id) */
+#define TE_PLUGIN_PEER_SAME_PID_NS (1u << 1)  /* ...and in this pid namespace: pid is usable */
+#define TE_PLUGIN_PEER_SAME_PROCESS (1u << 2) /* ...and is this very process */
+
+/*
+ * What the core knows of a peer, for load_peer_ex (since ABI 1.2). "Same host" is decided by
+ * the core alone: the peers' kernel boot ids (/proc/sys/kernel/random/boot_id, the host name
+ * where it is missing) are equal. Containers on one host share the boot id but not always a
+ * pid namespace, so the pid is meaningful only with TE_PLUGIN_PEER_SAME_PID_NS (e.g. for
+ * process_vm_readv or pidfd_open). Valid during the call; copy what you keep.
+ */
+struct te_plugin_peer_info {
+	uint32_t size;
+	uint32_t flags;	     /* TE_PLUGIN_PEER_* */
+	const char *name;    /* the peer's segment name, as load_peer gets it */
+	const char *host_id; /* the peer's host identity (its boot id), never NULL */
+	uint32_t pid;	     /* the peer engine's process id in its own pid namespace */
+};
+
 /* Bytes of a host->auth_mac MAC (HMAC-SHA256). Since ABI 1.2. */
 #define TE_PLUGIN_MAC_SIZE 32u
 
@@ -320,7 +340,7 @@ struct te_plugin_host {
 
 /*
  * Operations. Required: init, fini, query_caps, reg_mem, dereg_mem, pack_key,
- * load_peer, unload_peer, unpack_remote_key, submit; progress is required for
+ * load_peer (or load_peer_ex), unload_peer, unpack_remote_key, submit; progress is required for
  * MANUAL plugins. Statuses are enum te_status; outputs are written only on TE_OK.
  * Which thread calls each op: "Calls" at the top of this file.
  */
@@ -525,6 +545,17 @@ struct te_plugin_ops {
 	enum te_status (*mem_alloc)(struct te_plugin_inst *inst, uint32_t mem_type, int32_t dev,
 				    uint64_t len, void **ptr_out);
 	enum te_status (*mem_free)(struct te_plugin_inst *inst, void *ptr);
+
+	/* --- since ABI 1.2: peers --- */
+	/*
+	 * load_peer with what the core knows of the peer (@info: name, host identity, pid), so a
+	 * TE_PLUGIN_CAP_SAME_HOST_ONLY plugin need not publish them itself. Optional: when set,
+	 * the core calls it instead of load_peer (which may then be NULL); same contract and
+	 * threads as load_peer.
+	 */
+	enum te_status (*load_peer_ex)(struct te_plugin_inst *inst,
+				       const struct te_plugin_peer_info *info, const void *blob,
+				       size_t len, struct te_plugin_peer **peer_out);
 };
 
 /* What the entry point returns. Static storage; never freed. */

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* segment_test.c: the segment table's lookups, and peer quarantine through it. */
 #include <glib.h>
+#include <json-glib/json-glib.h>
+#include <unistd.h>
 
 #include "core/engine.h"
 #include "core/segment.h"
@@ -53,9 +55,128 @@ static void test_lookups(void)
 	itest_pair_free(&p);
 }
 
+/* What the core told load_peer_ex last (the loopback plugin's own load_peer does the work). */
+static struct {
+	uint32_t calls, flags, pid;
+	char name[128], host[128];
+	enum te_status (*inner)(struct te_plugin_inst *, const char *, const void *, size_t,
+				struct te_plugin_peer **);
+} seen;
+
+static enum te_status record_load_peer_ex(struct te_plugin_inst *inst,
+					  const struct te_plugin_peer_info *info, const void *blob,
+					  size_t len, struct te_plugin_peer **peer_out)
+{
+	g_assert_cmpuint(info->size, >=, sizeof(*info));
+	seen.calls++;
+	seen.flags = info->flags;
+	seen.pid = info->pid;
+	g_strlcpy(seen.name, info->name, sizeof(seen.name));
+	g_strlcpy(seen.host, info->host_id, sizeof(seen.host));
+	return seen.inner(inst, info->name, blob, len, peer_out);
+}
+
+/* b's descriptor with "name", "host", "pidns" and "pid" replaced (NULL: member removed). */
+static char *edited_descriptor(struct te_engine *b, const char *name, const char *host,
+			       const char *pidns, gint64 pid)
+{
+	g_autoptr(JsonParser) parser = json_parser_new();
+	g_autoptr(JsonGenerator) gen = json_generator_new();
+	JsonObject *o;
+	char *json = NULL;
+
+	g_assert_cmpint(te_segment_export(b, &json, NULL), ==, TE_OK);
+	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
+	te_free(json);
+	o = json_node_get_object(json_parser_get_root(parser));
+	json_object_set_string_member(o, "name", name);
+	if (host)
+		json_object_set_string_member(o, "host", host);
+	else
+		json_object_remove_member(o, "host");
+	if (pidns)
+		json_object_set_string_member(o, "pidns", pidns);
+	else
+		json_object_remove_member(o, "pidns");
+	json_object_set_int_member(o, "pid", pid);
+	json_generator_set_root(gen, json_parser_get_root(parser));
+	return json_generator_to_data(gen, NULL);
+}
+
+/* load_peer_ex learns the peer's host identity and pid, and how they compare with ours. */
+static void test_peer_info(void)
+{
+	struct itest_pair p;
+	struct engine *a;
+	struct transport *tp;
+	g_autofree char *ns = g_file_read_link("/proc/self/ns/pid", NULL);
+	g_autofree char *boot = NULL;
+	te_segment_id id;
+
+	itest_pair_new(&p, "loopback", NULL, NULL);
+	a = fake_engine(p.a);
+	tp = a->tps[0];
+	memset(&seen, 0, sizeof(seen));
+	seen.inner = tp->plugin->ops.load_peer;
+	tp->plugin->ops.load_peer_ex = record_load_peer_ex;
+	itest_pair_connect(&p);
+	/* Same process: every flag, our own pid and boot id. */
+	g_assert_cmpuint(seen.calls, ==, 1);
+	g_assert_cmpstr(seen.name, ==, te_engine_name(p.b));
+	g_assert_cmpuint(seen.pid, ==, (uint32_t)getpid());
+	g_assert_true(g_file_get_contents("/proc/sys/kernel/random/boot_id", &boot, NULL, NULL));
+	g_assert_cmpstr(seen.host, ==, g_strstrip(boot));
+	g_assert_nonnull(ns);
+	g_assert_cmpuint(seen.flags, ==,
+			 TE_PLUGIN_PEER_SAME_HOST | TE_PLUGIN_PEER_SAME_PID_NS |
+				 TE_PLUGIN_PEER_SAME_PROCESS);
+	/* The loopback plugin is same-process only: lift that (the core's copy of its caps) to
+	 * see what the other cases tell load_peer_ex (its own check uses its blob's pid). */
+	tp->caps.flags = 0;
+	/* Another process of this host and namespace. */
+	{
+		g_autofree char *j = edited_descriptor(p.b, "other-pid", seen.host, ns, 1);
+
+		g_assert_cmpint(te_segment_import(p.a, j, strlen(j), &id), ==, TE_OK);
+		g_assert_cmpuint(seen.calls, ==, 2);
+		g_assert_cmpuint(seen.pid, ==, 1);
+		g_assert_cmpuint(seen.flags, ==,
+				 TE_PLUGIN_PEER_SAME_HOST | TE_PLUGIN_PEER_SAME_PID_NS);
+	}
+	/* Same host, another pid namespace (a container): the pid means nothing here. */
+	{
+		g_autofree char *j =
+			edited_descriptor(p.b, "other-ns", seen.host, "pid:[1]", getpid());
+
+		g_assert_cmpint(te_segment_import(p.a, j, strlen(j), &id), ==, TE_OK);
+		g_assert_cmpuint(seen.flags, ==, TE_PLUGIN_PEER_SAME_HOST);
+	}
+	/* An older peer that publishes no namespace: same host only. */
+	{
+		g_autofree char *j = edited_descriptor(p.b, "no-ns", seen.host, NULL, getpid());
+
+		g_assert_cmpint(te_segment_import(p.a, j, strlen(j), &id), ==, TE_OK);
+		g_assert_cmpuint(seen.flags, ==, TE_PLUGIN_PEER_SAME_HOST);
+	}
+	/* Another host: a same-host plugin is not even asked, the segment has no transport. */
+	tp->caps.flags = TE_PLUGIN_CAP_SAME_HOST_ONLY;
+	{
+		g_autofree char *j =
+			edited_descriptor(p.b, "other-host", "another-boot-id", ns, getpid());
+		uint32_t calls = seen.calls;
+
+		g_assert_cmpint(te_segment_import(p.a, j, strlen(j), &id), ==, TE_ERR_NO_TRANSPORT);
+		g_assert_cmpuint(seen.calls, ==, calls);
+		g_assert_nonnull(
+			strstr(te_last_error(), "same-host transport, peer is on another host"));
+	}
+	itest_pair_free(&p);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/segment/lookups", test_lookups);
+	g_test_add_func("/segment/peer-info", test_peer_info);
 	return g_test_run();
 }

@@ -45,6 +45,13 @@ static enum te_status fake_load(struct te_plugin_inst *inst, const char *peer_na
 	return TE_OK;
 }
 
+static enum te_status fake_load_ex(struct te_plugin_inst *inst,
+				   const struct te_plugin_peer_info *info, const void *blob,
+				   size_t len, struct te_plugin_peer **peer_out)
+{
+	return TE_OK;
+}
+
 static void fake_unload(struct te_plugin_inst *inst, struct te_plugin_peer *peer)
 {
 }
@@ -199,7 +206,8 @@ static void test_rejections(void)
 		for (size_t i = 0; i < G_N_ELEMENTS(offs); i++) {
 			struct te_plugin_ops o = good_ops();
 			g_autofree char *want = g_strdup_printf(
-				"/x/fake.so: required op '%s' is missing", names[i]);
+				"/x/fake.so: required op '%s'%s is missing", names[i],
+				strcmp(names[i], "load_peer") ? "" : " (or 'load_peer_ex')");
 
 			memset((char *)&o + offs[i], 0, sizeof(void *));
 			d = good_desc(&o);
@@ -207,6 +215,18 @@ static void test_rejections(void)
 			g_assert_cmpstr(err, ==, want);
 			g_free(err);
 		}
+	}
+	/* load_peer_ex (ABI 1.2) stands in for load_peer. */
+	{
+		struct te_plugin_ops o = good_ops();
+		struct te_plugin_ops out;
+
+		o.load_peer_ex = fake_load_ex;
+		o.load_peer = NULL;
+		d = good_desc(&o);
+		g_assert_cmpint(plugin_validate(&d, "/x/fake.so", &out, &err), ==, TE_OK);
+		g_assert_true(out.load_peer_ex == fake_load_ex);
+		g_assert_null(out.load_peer);
 	}
 }
 
