@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <glib.h>
 
@@ -51,6 +52,13 @@ struct slice {
 	uint32_t bounce;
 	void *stage_local;
 };
+
+/* Zero the @size private bytes of @s (if any) before an attempt: plugins start from zeroes. */
+static inline void batch_slice_clear_priv(struct slice *s, uint32_t size)
+{
+	if (s->ps.priv && size)
+		memset(s->ps.priv, 0, size);
+}
 
 struct task {
 	struct batch *batch;

@@ -153,6 +153,8 @@ static bool slice_fallback(struct engine *e, struct slice *s, enum te_status sta
 		s->ps.remote_base = db->addr;
 		s->ps.excluded_devices = 0;
 		s->ps.device = 0;
+		s->ps.priv = to->caps.slice_priv_size ? (char *)s + sizeof(*s) : NULL;
+		batch_slice_clear_priv(s, to->caps.slice_priv_size);
 		s->ps.attempt++;
 		atomic_fetch_add_explicit(&t->retries, 1, memory_order_relaxed);
 		/* Reported transport: the one that carries the task now. */
@@ -190,6 +192,7 @@ bool retry_plan(struct engine *e, struct slice *s, enum te_status status, const 
 	    !atomic_load_explicit(&b->canceled, memory_order_acquire) &&
 	    ps->attempt < e->cfg->retries && now + backoff_us * 1000 < ps->deadline_ns) {
 		ps->attempt++;
+		batch_slice_clear_priv(s, tp->caps.slice_priv_size);
 		atomic_fetch_add_explicit(&t->retries, 1, memory_order_relaxed);
 		if (tp->n_devices > 1 && ps->device < 64) {
 			uint64_t all =

@@ -697,6 +697,7 @@ rejected:
 			s->ps.attempt = 0;
 			s->ps.device = 0;
 			s->ps.priv = t->tp->caps.slice_priv_size ? (char *)s + sizeof(*s) : NULL;
+			batch_slice_clear_priv(s, t->tp->caps.slice_priv_size);
 			s->task = t;
 			s->tp = t->tp;
 			s->next = NULL;

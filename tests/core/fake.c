@@ -134,6 +134,15 @@ static enum te_status fake_submit(struct te_plugin_inst *inst, struct te_plugin_
 	for (uint32_t i = 0; i < acc; i++) {
 		struct te_plugin_slice *s = ps[i];
 
+		/* The core zeroes priv before every attempt; scribble so a retry would show. */
+		if (s->priv) {
+			static const uint8_t zero[FAKE_PRIV_SIZE];
+
+			if (memcmp(s->priv, zero, FAKE_PRIV_SIZE) != 0)
+				atomic_fetch_add(&fake.dirty_priv, 1);
+			memset(s->priv, 0xa5, FAKE_PRIV_SIZE);
+		}
+
 		if (fake.fail_first != TE_OK && s->attempt == 0) {
 			host_services.slice_done((struct te_plugin_host_ctx *)fake.tp, s,
 						 fake.fail_first, 0, "fake: first attempt fails");
@@ -226,6 +235,7 @@ void fake_reset(void)
 	atomic_store(&fake.submit_calls, 0);
 	atomic_store(&fake.submitted, 0);
 	atomic_store(&fake.refused_calls, 0);
+	atomic_store(&fake.dirty_priv, 0);
 	atomic_store(&fake.cancels, 0);
 	atomic_store(&fake.retry_prepares, 0);
 	atomic_store(&fake.overlaps, 0);

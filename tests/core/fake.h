@@ -14,6 +14,7 @@
 #include "core/transport.h"
 
 #define FAKE_MAX_HELD 1024
+#define FAKE_PRIV_SIZE 16u /* priv bytes checked: the loopback plugin's slice_priv_size */
 
 /* What the fake does and saw. One at a time per test process (the ops find it here). */
 struct fake {
@@ -27,6 +28,7 @@ struct fake {
 	/* Observations. */
 	_Atomic uint32_t submit_calls, submitted, cancels, retry_prepares, overlaps;
 	_Atomic uint32_t refused_calls; /* submit calls that accepted nothing */
+	_Atomic uint32_t dirty_priv;	/* slices whose priv bytes were not zero at submit */
 	_Atomic uint32_t in_call;	/* ops running now (a serialized plugin must see <= 1) */
 	GMutex lock;
 	struct te_plugin_slice *held[FAKE_MAX_HELD];

@@ -59,6 +59,9 @@ static void test_retry_then_ok(void)
 	g_assert_cmpuint(ti.retries, ==, 4);
 	g_assert_cmpuint(atomic_load(&fake.retry_prepares), ==, 4);
 	g_assert_cmpuint(atomic_load(&fake.submitted), ==, 8);
+	/* Every attempt (4 first, 4 retries of slices the fake scribbled on) started zeroed. */
+	g_assert_cmpuint(atomic_load(&fake.dirty_priv), ==, 0);
+	g_assert_cmpuint(r.e->tps[0]->caps.slice_priv_size, ==, FAKE_PRIV_SIZE);
 	rig_stop(&r);
 }
 

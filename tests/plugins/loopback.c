@@ -49,6 +49,7 @@
 #define TE_PLUGIN_VERSION "0.0.0"
 #endif
 
+#define LOOPBACK_PRIV_SIZE 16u /* slice private bytes (see query_caps) */
 #ifndef LOOPBACK_NAME
 #define LOOPBACK_NAME "loopback"
 #endif
@@ -983,7 +984,8 @@ static enum te_status loopback_query_caps(struct te_plugin_inst *inst, struct te
 	caps->flags = TE_PLUGIN_CAP_SAME_PROCESS_ONLY;
 	caps->max_slice_size = li->max_slice_size;
 	caps->default_slice_size = li->slice_size;
-	caps->slice_priv_size = 0;
+	/* Unused by its own ops; tests/core's fake checks that the core zeroes them. */
+	caps->slice_priv_size = LOOPBACK_PRIV_SIZE;
 	caps->max_devices = 1;
 	return TE_OK;
 }
