@@ -166,6 +166,8 @@ static void engine_destroy(struct engine *e)
 	g_free(e->host_id);
 	g_free(e->pid_ns);
 	g_free((char *)e->log.prefix);
+	if (e->log.file)
+		fclose(e->log.file);
 	config_free(e->cfg);
 	g_mutex_clear(&e->work_lock);
 	g_cond_clear(&e->work_cond);
@@ -180,6 +182,8 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 	struct engine *e;
 	enum te_status st;
 	const char *env;
+	FILE *log_file = NULL;
+	int env_level = -1;
 
 	log_clear_error();
 	if (!opts || !engine_out)
@@ -200,12 +204,21 @@ enum te_status te_engine_new(const struct te_engine_opts *opts, struct te_engine
 				  &cfg, &err);
 	if (st != TE_OK)
 		return log_error(st, "%s", err ? err : "configuration error");
+	st = log_from_env(&env_level, &log_file, &err);
+	if (st != TE_OK) {
+		config_free(cfg);
+		return log_error(st, "%s", err);
+	}
 
 	e = g_new0(struct engine, 1);
 	e->cfg = cfg;
 	e->log.fn = opts->log_fn;
 	e->log.user = opts->log_user;
-	atomic_init(&e->log.level, opts->log_level >= 0 ? opts->log_level : cfg->log_level);
+	e->log.file = log_file;
+	/* The caller's level, else $TE_LOG_LEVEL, else the config's log.level. */
+	atomic_init(&e->log.level, opts->log_level >= 0 ? opts->log_level
+				   : env_level >= 0	? env_level
+							: cfg->log_level);
 	g_mutex_init(&e->work_lock);
 	g_cond_init(&e->work_cond);
 	batch_table_init(e);

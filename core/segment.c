@@ -133,6 +133,17 @@ enum te_status segview_new(struct engine *e, struct descriptor *desc, struct seg
 skip:
 		g_string_append_printf(reasons, "%s%s", reasons->len ? "; " : "", vt->why);
 	}
+	if (log_enabled(&e->log, TE_LOG_DEBUG)) {
+		g_autoptr(GString) ok = g_string_new(NULL);
+
+		for (unsigned t = 0; t < e->n_tps; t++)
+			if (v->tps[t].peer)
+				g_string_append_printf(ok, "%s%s", ok->len ? ", " : "",
+						       e->tps[t]->plugin->name);
+		ENGINE_LOG(e, TE_LOG_DEBUG, "segment %s: transports in priority order: %s%s%s",
+			   desc->name, ok->len ? ok->str : "none",
+			   reasons->len ? "; refused: " : "", reasons->str);
+	}
 	if (!usable) {
 		*err_out =
 			g_strdup_printf("segment '%s': no transport can reach it: %s", desc->name,

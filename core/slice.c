@@ -386,6 +386,29 @@ static int select_transport(struct engine *e, struct segview *v, size_t buf_inde
 	return -1;
 }
 
+/* Debug: one line per task saying which transport carries it and why the ones before did not. */
+static void log_choice(struct engine *e, struct segview *v, size_t buf_index,
+		       const struct mem_region *region, const struct te_request *r, int tpi,
+		       bool staged, uint64_t now, te_batch_id id, size_t task)
+{
+	g_autoptr(GString) why = g_string_new(NULL);
+
+	for (int t = 0; t < tpi; t++) {
+		enum te_status tst = TE_ERR_NO_TRANSPORT;
+		const char *u = slice_unfit(e, v, (unsigned)t, buf_index, region, r->opcode, now,
+					    staged, &tst);
+
+		g_string_append_printf(why, "; %s: %s", e->tps[t]->plugin->name,
+				       u ? u : "fits, but device memory prefers a same-host one");
+	}
+	ENGINE_LOG(e, TE_LOG_DEBUG,
+		   "batch 0x%" PRIx64 " task %zu: %s %" PRIu64 " B to '%s' at 0x%" PRIx64
+		   ": transport %s%s%s",
+		   (uint64_t)id, task, r->opcode == TE_OP_READ ? "READ" : "WRITE", r->length,
+		   v->desc->name, r->remote, e->tps[tpi]->plugin->name, staged ? " (staged)" : "",
+		   why->str);
+}
+
 /* Slice size for a task of @length on transport @t (caps, YAML, max slices). */
 static uint64_t task_slice_size(struct engine *e, unsigned t, uint64_t length, uint32_t *n_out)
 {
@@ -597,6 +620,9 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 			goto rejected;
 		}
 		t->tp = e->tps[tpi];
+		if (log_enabled(&e->log, TE_LOG_DEBUG))
+			log_choice(e, v, (size_t)(db - v->desc->buffers), region, r, tpi, t->staged,
+				   now, id, base + i);
 		t->region = region;
 		atomic_fetch_add_explicit(&region->refs, 1, memory_order_relaxed);
 		t->view = v;

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include <glib.h>
+#include <glib/gstdio.h>
 
 #include "core/control.h"
 #include "core/engine.h"
@@ -76,11 +77,88 @@ static void test_start_unwinds(void)
 	te_engine_free(te);
 }
 
+/*
+ * $TE_LOG_LEVEL and $TE_LOG_FILE steer an engine without a log callback: lines go to the file
+ * with a UTC timestamp and the thread id, and at debug level each segment and each task says
+ * which transport carries it. Bad values fail the start with the variable named.
+ */
+static void test_log_env(void)
+{
+	g_autofree char *dir = g_dir_make_tmp("te-log-XXXXXX", NULL);
+	g_autofree char *path = g_build_filename(dir, "te.log", NULL);
+	g_autofree char *text = NULL;
+	g_autoptr(GRegex) line = NULL;
+	static char src[4096], dst[4096];
+	struct te_engine *a, *b;
+	char *json = NULL;
+	te_segment_id seg;
+	te_batch_id batch;
+
+	g_setenv("TE_LOG_LEVEL", "verbose", TRUE);
+	a = NULL;
+	g_assert_cmpint(te_engine_new_from_string("", 0, &a), ==, TE_ERR_CONFIG);
+	g_assert_null(a);
+	g_assert_cmpstr(te_last_error(), ==,
+			"TE_LOG_LEVEL: 'verbose' is not one of error, warn, info, debug, trace "
+			"(or 0..4)");
+	g_setenv("TE_LOG_LEVEL", "debug", TRUE);
+	g_setenv("TE_LOG_FILE", "/nonexistent-dir/te.log", TRUE);
+	g_assert_cmpint(te_engine_new_from_string("", 0, &a), ==, TE_ERR_CONFIG);
+	assert_contains(te_last_error(), "TE_LOG_FILE: cannot open '/nonexistent-dir/te.log'");
+	g_setenv("TE_LOG_FILE", path, TRUE);
+	a = engine_at("127.0.0.1:0", NULL);
+	b = engine_at("127.0.0.1:0", NULL);
+	g_unsetenv("TE_LOG_LEVEL");
+	g_unsetenv("TE_LOG_FILE");
+	memset(src, 7, sizeof(src));
+	assert_ok(te_mem_register(a, src, sizeof(src), "cpu", TE_MEM_LOCAL));
+	assert_ok(te_mem_register(b, dst, sizeof(dst), "cpu", TE_MEM_REMOTE));
+	assert_ok(te_segment_export(b, &json, NULL));
+	assert_ok(te_segment_import(a, json, strlen(json), &seg));
+	te_free(json);
+	assert_ok(te_batch_new(a, 1, &batch));
+	{
+		struct te_request q = { .opcode = TE_OP_WRITE,
+					.segment = seg,
+					.local = src,
+					.remote = (uintptr_t)dst,
+					.length = sizeof(src) };
+
+		assert_ok(te_batch_submit(a, batch, &q, 1));
+	}
+	assert_ok(te_batch_wait(a, batch, 5000000000ll));
+	g_assert_cmpuint(dst[4095], ==, 7);
+	assert_ok(te_batch_free(a, batch));
+	te_engine_free(a);
+	te_engine_free(b);
+	g_assert_true(g_file_get_contents(path, &text, NULL, NULL));
+	/* Every line: time, level, thread id, engine name (when there is one), text. */
+	line = g_regex_new("^\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{6}Z "
+			   "te\\[(error|warn|info|debug|trace)\\] \\d+( \\S+)?: .+$",
+			   G_REGEX_MULTILINE, 0, NULL);
+	{
+		g_auto(GStrv) lines = g_strsplit(text, "\n", -1);
+		guint n = 0;
+
+		for (guint i = 0; lines[i] && *lines[i]; i++, n++)
+			if (!g_regex_match(line, lines[i], 0, NULL))
+				g_error("log line %u has not the documented form: %s", i, lines[i]);
+		g_assert_cmpuint(n, >, 3);
+	}
+	assert_contains(text, "te[debug]");
+	assert_contains(text, ": transports in priority order: loopback");
+	assert_contains(text, "task 0: WRITE 4096 B to '");
+	assert_contains(text, ": transport loopback");
+	g_unlink(path);
+	g_rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/engine/name-generation", test_name_generation);
 	g_test_add_func("/engine/advertise", test_advertise);
 	g_test_add_func("/engine/start-unwinds", test_start_unwinds);
+	g_test_add_func("/engine/log-env", test_log_env);
 	return g_test_run();
 }
