@@ -13,7 +13,8 @@
 BUILD ?= build
 MESON ?= meson
 NINJA ?= ninja
-MESON_SETUP_ARGS ?=
+# Development and CI builds treat warnings as errors (plain `meson setup` does not).
+MESON_SETUP_ARGS ?= -Dwerror=true
 SUITES ?= unit integration system fuzz
 BENCH_ARGS ?= --loopback --sweep --verify --duration 0.5
 
