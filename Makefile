@@ -24,12 +24,21 @@ SHELL := /bin/bash
 BUILT_PLUGIN_PATH = $$(find $(BUILD)/plugins -name '*.so' \
 	-printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
 
-.PHONY: all deps install-deps setup build demo test bench bench-core clean
+.PHONY: all deps install-deps deps-build deps-test deps-bench setup build demo test bench \
+	bench-core clean
 
 all: build
 
 deps install-deps:
 	@scripts/install-deps.sh
+
+# Each target installs only the package groups it needs.
+deps-build:
+	@scripts/install-deps.sh build
+deps-test:
+	@scripts/install-deps.sh build test
+deps-bench:
+	@scripts/install-deps.sh build bench
 
 # Configure once; afterwards ninja reconfigures by itself when meson files change.
 $(BUILD)/build.ninja:
@@ -40,18 +49,19 @@ setup: $(BUILD)/build.ninja
 build: setup
 	$(NINJA) -C $(BUILD)
 
-demo: deps
+demo: deps-build
 	@$(MAKE) --no-print-directory build
 	@export TE_PLUGIN_PATH="$${TE_PLUGIN_PATH:-$(BUILT_PLUGIN_PATH)}"; \
 	echo "== te-bench $(BENCH_ARGS)  (embedded default: p2p metadata, tcp on loopback)"; \
 	$(BUILD)/tools/te-bench $(BENCH_ARGS)
 
 # A build failure is one failed test, so the last line is always the count.
-test: deps
+test: deps-test
 	@$(MAKE) --no-print-directory build || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
 	@scripts/run-tests.sh -C $(BUILD) $(SUITES)
 
-bench: build
+bench: deps-bench
+	@$(MAKE) --no-print-directory build
 	@shopt -s nullglob; n=0; rc=0; \
 	for s in bench/*.sh; do \
 		n=$$((n + 1)); echo "== $$s"; \
@@ -60,7 +70,8 @@ bench: build
 	[ $$n -gt 0 ] || echo "no bench/*.sh scripts yet"; \
 	exit $$rc
 
-bench-core: build
+bench-core: deps-bench
+	@$(MAKE) --no-print-directory build
 	@scripts/bench-core.sh -C $(BUILD)
 
 clean:

@@ -3,7 +3,10 @@
 # install-deps.sh: install, with apt, only the Debian packages whose pkg-config module,
 # command or dpkg entry is missing. Idempotent; silent when everything is present.
 #
-# Usage: scripts/install-deps.sh [GROUP...]   (groups: build test; default: all)
+# Usage: scripts/install-deps.sh [GROUP...]   (groups: build test bench; default: all)
+#        `make demo` asks for build, `make test` for build and test, `make bench` for build
+#        and bench. apt waits for a dpkg lock another apt holds (up to TE_DEPS_LOCK_WAIT_S,
+#        default 600 s) and its progress is shown.
 #        TE_SKIP_DEPS=1 skips everything (machines without apt or root).
 #        TE_DEPS_DRY_RUN=1 only prints what would be installed.
 set -euo pipefail
@@ -30,40 +33,51 @@ build libcurl4-openssl-dev  pc:libcurl
 build libhiredis-dev        pc:hiredis
 build libsoup-3.0-dev       pc:libsoup-3.0
 test  iproute2              bin:ip
-test  iperf3                bin:iperf3
-test  valgrind              bin:valgrind
 test  clang-format          bin:clang-format
 test  python3               bin:python3
 build libibverbs-dev        pc:libibverbs
 build libfabric-dev         pc:libfabric
 build? libamdhip64-dev      deb:libamdhip64-dev
-test  libfabric-bin         bin:fi_info
 test  ibverbs-providers     deb:ibverbs-providers
 test  ibverbs-utils         bin:ibv_devices
 test  perftest              bin:ib_write_bw
-test  librdmacm1            deb:librdmacm1
 test  qemu-system-x86       bin:qemu-system-x86_64
 test  busybox-static        deb:busybox-static
 test  cpio                  bin:cpio
 test  kmod                  bin:modprobe
 test  nftables              bin:nft
-test  iptables              bin:iptables
+bench iperf3                bin:iperf3
+bench valgrind              bin:valgrind
 test  etcd-server           bin:etcd
 test  etcd-client           bin:etcdctl
 test  redis-server          bin:redis-server
 test  redis-tools           bin:redis-cli
 '
 
-# --- service and hardware rigs: later issues add their packages here ---------------------
-# etcd-server, redis-server: the metadata stores the suite runs for real
-# (scripts/test-services.sh, tests/metadata/mdserver.c).
-# nftables and iptables: packet loss and partitions in tests/system/fault_test.sh.
+# --- what each test or bench package is for ----------------------------------------------
+# iproute2: network namespaces and veth pairs of the system tests. clang-format: the format
+# check. python3: te-info, header and Python binding tests.
+# ibverbs-providers, ibverbs-utils, perftest, qemu-system-x86, busybox-static, cpio, kmod:
+# the soft-RoCE QEMU guest (scripts/qemu-rxe/), which runs ib_write_bw next to te.
+# nftables: packet loss and partitions in tests/system/fault_test.sh.
+# etcd-server, etcd-client, redis-server, redis-tools: the metadata stores the suite runs for
+# real (scripts/test-services.sh, tests/metadata/mdserver.c).
+# iperf3 (bench/compare-tcp.sh), valgrind (scripts/bench-core.sh: callgrind).
 # -------------------------------------------------------------------------------------------
 
 [ "${TE_SKIP_DEPS:-0}" = 1 ] && exit 0
 
 want_groups=("$@")
-[ ${#want_groups[@]} -eq 0 ] && want_groups=(build test)
+[ ${#want_groups[@]} -eq 0 ] && want_groups=(build test bench)
+for g in "${want_groups[@]}"; do
+	case "$g" in
+	build | test | bench) ;;
+	*)
+		echo "install-deps.sh: unknown group '$g' (groups: build test bench)" >&2
+		exit 2
+		;;
+	esac
+done
 
 in_groups() {
 	local g
@@ -132,18 +146,25 @@ if ! command -v apt-get >/dev/null 2>&1; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
+# Another apt or unattended-upgrades holding the dpkg lock is waited for, not a failure.
+lock_wait=${TE_DEPS_LOCK_WAIT_S:-600}
+apt_opts=(-o Dpkg::Use-Pty=0 -o DPkg::Lock::Timeout="$lock_wait")
 apt_get() { # retry once: mirrors flake
-	"${SUDO[@]}" apt-get -q -o Dpkg::Use-Pty=0 "$@" </dev/null ||
-		{ sleep 5; "${SUDO[@]}" apt-get -q -o Dpkg::Use-Pty=0 "$@" </dev/null; }
+	"${SUDO[@]}" apt-get "${apt_opts[@]}" "$@" </dev/null ||
+		{ sleep 5; "${SUDO[@]}" apt-get "${apt_opts[@]}" "$@" </dev/null; }
 }
-apt_get update >/dev/null
+# Progress goes to stderr (one line per step, no terminal tricks): a fresh machine takes
+# minutes here, and silence would look like a hang.
+echo "install-deps.sh: apt-get update" >&2
+apt_get -q update >&2
 if [ ${#missing[@]} -ne 0 ]; then
-	apt_get install -y --no-install-recommends "${missing[@]}" >/dev/null
+	echo "install-deps.sh: apt-get install ${missing[*]}" >&2
+	apt_get -q install -y --no-install-recommends "${missing[@]}" >&2
 fi
 # Optional packages one by one: one this apt does not have must not stop the others.
 for pkg in "${optional[@]}"; do
-	"${SUDO[@]}" apt-get -q -o Dpkg::Use-Pty=0 install -y --no-install-recommends "$pkg" \
-		</dev/null >/dev/null 2>&1 ||
+	"${SUDO[@]}" apt-get -q "${apt_opts[@]}" install -y --no-install-recommends "$pkg" \
+		</dev/null >&2 ||
 		echo "install-deps.sh: optional $pkg not installed (apt has none?); skipped" >&2
 done
 
