@@ -53,7 +53,11 @@ struct slice {
 	void *stage_local;
 };
 
-/* Zero the @size private bytes of @s (if any) before an attempt: plugins start from zeroes. */
+/*
+ * Zero the @size private bytes of @s (if any) before its first attempt on a transport (first
+ * submit, fallback to another): a plugin starts from zeroes, and a retry on the same transport
+ * finds what the plugin left there.
+ */
 static inline void batch_slice_clear_priv(struct slice *s, uint32_t size)
 {
 	if (s->ps.priv && size)

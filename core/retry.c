@@ -192,7 +192,7 @@ bool retry_plan(struct engine *e, struct slice *s, enum te_status status, const 
 	    !atomic_load_explicit(&b->canceled, memory_order_acquire) &&
 	    ps->attempt < e->cfg->retries && now + backoff_us * 1000 < ps->deadline_ns) {
 		ps->attempt++;
-		batch_slice_clear_priv(s, tp->caps.slice_priv_size);
+		/* priv keeps what the plugin wrote: it may remember why the attempt failed. */
 		atomic_fetch_add_explicit(&t->retries, 1, memory_order_relaxed);
 		if (tp->n_devices > 1 && ps->device < 64) {
 			uint64_t all =

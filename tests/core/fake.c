@@ -134,13 +134,19 @@ static enum te_status fake_submit(struct te_plugin_inst *inst, struct te_plugin_
 	for (uint32_t i = 0; i < acc; i++) {
 		struct te_plugin_slice *s = ps[i];
 
-		/* The core zeroes priv before every attempt; scribble so a retry would show. */
+		/*
+		 * The core zeroes priv before a slice's first attempt on a transport and keeps it
+		 * across retries on the same one: count first attempts that are not zeroed and
+		 * retries that lost what the fake wrote.
+		 */
 		if (s->priv) {
 			static const uint8_t zero[FAKE_PRIV_SIZE];
+			uint8_t mark[FAKE_PRIV_SIZE];
 
-			if (memcmp(s->priv, zero, FAKE_PRIV_SIZE) != 0)
+			memset(mark, 0xa5, sizeof(mark));
+			if (memcmp(s->priv, s->attempt ? mark : zero, FAKE_PRIV_SIZE) != 0)
 				atomic_fetch_add(&fake.dirty_priv, 1);
-			memset(s->priv, 0xa5, FAKE_PRIV_SIZE);
+			memcpy(s->priv, mark, FAKE_PRIV_SIZE);
 		}
 
 		if (fake.fail_first != TE_OK && s->attempt == 0) {

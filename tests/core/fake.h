@@ -28,7 +28,8 @@ struct fake {
 	/* Observations. */
 	_Atomic uint32_t submit_calls, submitted, cancels, retry_prepares, overlaps;
 	_Atomic uint32_t refused_calls; /* submit calls that accepted nothing */
-	_Atomic uint32_t dirty_priv;	/* slices whose priv bytes were not zero at submit */
+	_Atomic uint32_t dirty_priv;	/* first attempts with priv not zeroed, retries without
+					 * the fake's mark */
 	_Atomic uint32_t in_call;	/* ops running now (a serialized plugin must see <= 1) */
 	GMutex lock;
 	struct te_plugin_slice *held[FAKE_MAX_HELD];

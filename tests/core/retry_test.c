@@ -59,7 +59,7 @@ static void test_retry_then_ok(void)
 	g_assert_cmpuint(ti.retries, ==, 4);
 	g_assert_cmpuint(atomic_load(&fake.retry_prepares), ==, 4);
 	g_assert_cmpuint(atomic_load(&fake.submitted), ==, 8);
-	/* Every attempt (4 first, 4 retries of slices the fake scribbled on) started zeroed. */
+	/* 4 first attempts started zeroed; 4 retries found what the fake left in priv. */
 	g_assert_cmpuint(atomic_load(&fake.dirty_priv), ==, 0);
 	g_assert_cmpuint(r.e->tps[0]->caps.slice_priv_size, ==, FAKE_PRIV_SIZE);
 	rig_stop(&r);
