@@ -3,7 +3,9 @@
 
 /*
  * Modes (exactly one):
- *   --target             serve a pattern-filled buffer until SIGINT/SIGTERM or EOF on stdin
+ *   --target             announce the segment ("segment: NAME", "descriptor: BASE64"), fill
+ *                        the buffer with the pattern, print "ready", then serve until
+ *                        SIGINT/SIGTERM or EOF on stdin (any stdin; --ignore-stdin: signals only)
  *   --initiator SEGMENT  move blocks to/from SEGMENT's largest remote buffer, one row per run
  *   --loopback           start this binary as a --target child, then act as its initiator
  *   --core               two engines in this process over the loopback test transport with
@@ -50,11 +52,16 @@
 #include <json-glib/json-glib.h>
 
 #include <te/te.h>
+#include <te/te_plugin.h>
+
+#include "te_build_config.h"
 
 #define BENCH_EXIT_OK 0
 #define BENCH_EXIT_FAIL 1
 #define BENCH_EXIT_USAGE 2
 #define BENCH_EXIT_SIGNAL 130
+/* bench_parse_args: --version was given (not an exit status). */
+#define BENCH_EXIT_VERSION -1
 
 #define BENCH_KIB (UINT64_C(1) << 10)
 #define BENCH_MIB (UINT64_C(1) << 20)
@@ -69,12 +76,18 @@
 #define BENCH_MIN_BUFFER (8 * BENCH_KIB)
 #define BENCH_MAX_DURATION (7.0 * 86400.0)
 #define BENCH_MAX_ITERATIONS (INT64_C(1) << 48)
+#define BENCH_MAX_WARMUP (INT64_C(1) << 20)
+/* Entries of --sizes and --batches after ranges are expanded; ops of --op. */
+#define BENCH_MAX_LIST 64
+#define BENCH_MAX_OPS 3
 
 /* Defaults. */
 #define BENCH_DEF_BLOCK (64 * BENCH_KIB)
 #define BENCH_DEF_BATCH 128
 #define BENCH_DEF_DURATION 5.0
-#define BENCH_DEF_SWEEP_DURATION 2.0
+#define BENCH_DEF_SWEEP_DURATION 2.0 /* per run when there are several */
+/* Untimed batches per thread before each run: connections, registrations, caches warm up. */
+#define BENCH_DEF_WARMUP 8
 #define BENCH_DEF_TARGET_BUFFER BENCH_GIB
 /* --loopback sizes its target to the runs, within these bounds (first touch is ~4 s/GiB). */
 #define BENCH_LOOPBACK_MIN_BUFFER (64 * BENCH_MIB)
@@ -90,6 +103,10 @@
 #define BENCH_PROGRESS_AFTER_NS (2 * UINT64_C(1000000000))
 /* How long --loopback waits for the target to announce itself, and to exit. */
 #define BENCH_STARTUP_TIMEOUT_NS (120 * UINT64_C(1000000000))
+/* ... and, after the announcement, for "ready": the fill, per GiB of target buffer. */
+#define BENCH_FILL_TIMEOUT_NS_PER_GIB (30 * UINT64_C(1000000000))
+/* The target fills its buffer in chunks of this size, watching stdin in between. */
+#define BENCH_FILL_CHUNK (64 * BENCH_MIB)
 #define BENCH_REAP_TIMEOUT_NS (10 * UINT64_C(1000000000))
 /* Written into areas a READ is about to fill, so a READ that moves nothing fails verify. */
 #define BENCH_POISON 0xa5
@@ -117,10 +134,18 @@ struct bench_opts {
 	enum bench_mode mode;
 	const char *segment; /* --initiator */
 	const char *config;  /* NULL: $TE_CONFIG, else the embedded default */
-	enum bench_op op;
-	uint64_t block;
+	enum bench_op op;    /* ops[0] */
+	enum bench_op ops[BENCH_MAX_OPS];
+	uint32_t n_ops;
+	uint64_t block; /* sizes[0] */
 	bool block_set;
-	uint32_t batch;
+	uint32_t batch; /* batches[0] */
+	/* The runs of --initiator / --loopback: every size x batch x op, ops innermost. */
+	uint64_t sizes[BENCH_MAX_LIST];
+	uint32_t n_sizes;
+	uint32_t batches[BENCH_MAX_LIST];
+	uint32_t n_batches;
+	uint32_t warmup; /* untimed batches per thread before each run */
 	uint32_t threads;
 	uint32_t depth;		    /* batches each thread keeps in flight */
 	double duration_s;	    /* <= 0: no time limit (--iterations given alone) */
@@ -134,6 +159,9 @@ struct bench_opts {
 	bool verify;
 	bool json;
 	bool quiet;
+	bool ignore_stdin; /* --target: serve until a signal, whatever stdin does */
+	const char *output_path;
+	FILE *output; /* --output: result rows go here as well as to stdout */
 };
 
 /* Set by the SIGINT/SIGTERM handler; polled by every loop. */
@@ -583,11 +611,14 @@ struct bench_row {
 	enum bench_op op;
 	uint64_t block;
 	uint32_t batch;
+	uint32_t batch_requested; /* before it was reduced to fit the target buffer */
 	uint32_t threads;
 	uint32_t depth;
+	uint32_t warmup;
 	uint64_t bytes;
 	uint64_t requests;
 	uint64_t batches;
+	uint64_t samples; /* batch latencies measured (all threads): the batches timed */
 	double seconds;
 	double lat_avg_us, lat_p50_us, lat_p99_us, lat_p999_us, lat_max_us;
 	char transport[BENCH_NAME_MAX];
@@ -603,7 +634,27 @@ static double bench_rate(double n, double seconds)
 	return seconds > 0.0 ? n / seconds : 0.0;
 }
 
-static void bench_json_print(JsonBuilder *b)
+/* Result output: stdout, and the --output file when there is one. */
+static void bench_emit(const struct bench_opts *o, const char *fmt, ...) G_GNUC_PRINTF(2, 3);
+
+static void bench_emit(const struct bench_opts *o, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	fflush(stdout);
+	if (o->output) {
+		va_start(ap, fmt);
+		vfprintf(o->output, fmt, ap);
+		va_end(ap);
+		/* Row by row, so an interrupted sweep leaves the rows it measured. */
+		fflush(o->output);
+	}
+}
+
+static void bench_json_print(const struct bench_opts *o, JsonBuilder *b)
 {
 	g_autoptr(JsonGenerator) gen = json_generator_new();
 	g_autoptr(JsonNode) root = json_builder_get_root(b);
@@ -611,8 +662,7 @@ static void bench_json_print(JsonBuilder *b)
 
 	json_generator_set_root(gen, root);
 	text = json_generator_to_data(gen, NULL);
-	printf("%s\n", text);
-	fflush(stdout);
+	bench_emit(o, "%s\n", text);
 }
 
 static void bench_json_str(JsonBuilder *b, const char *key, const char *v)
@@ -639,12 +689,11 @@ static void bench_json_bool(JsonBuilder *b, const char *key, bool v)
 	json_builder_add_boolean_value(b, v);
 }
 
-static void bench_print_header(void)
+static void bench_print_header(const struct bench_opts *o)
 {
-	printf("%-5s %6s %5s %3s %8s %10s %9s %9s %9s %9s  %-10s %-20s %s\n", "op", "block",
-	       "batch", "thr", "GB/s", "ops/s", "avg_us", "p50_us", "p99_us", "p999_us",
-	       "transport", "device", "verified");
-	fflush(stdout);
+	bench_emit(o, "%-5s %6s %5s %3s %8s %8s %10s %9s %9s %9s %9s  %-10s %-20s %s\n", "op",
+		   "block", "batch", "thr", "samples", "GB/s", "ops/s", "avg_us", "p50_us",
+		   "p99_us", "p999_us", "transport", "device", "verified");
 }
 
 static void bench_print_row(const struct bench_opts *o, const struct bench_row *r)
@@ -664,13 +713,16 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 		bench_json_str(b, "op", bench_op_str(r->op));
 		bench_json_int(b, "block_size", (int64_t)r->block);
 		bench_json_int(b, "batch", r->batch);
+		bench_json_int(b, "batch_requested", r->batch_requested);
 		bench_json_int(b, "threads", r->threads);
 		bench_json_int(b, "depth", r->depth);
+		bench_json_int(b, "warmup", r->warmup);
 		bench_json_str(b, "transport", r->transport);
 		bench_json_str(b, "device", r->device);
 		bench_json_int(b, "bytes", (int64_t)r->bytes);
 		bench_json_int(b, "requests", (int64_t)r->requests);
 		bench_json_int(b, "batches", (int64_t)r->batches);
+		bench_json_int(b, "samples", (int64_t)r->samples);
 		bench_json_dbl(b, "seconds", r->seconds);
 		bench_json_dbl(b, "gbps", gbps);
 		bench_json_dbl(b, "ops_per_s", ops);
@@ -683,20 +735,22 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 		bench_json_bool(b, "verified", r->verified);
 		bench_json_bool(b, "failed", r->failed);
 		bench_json_bool(b, "interrupted", r->interrupted);
+		bench_json_str(b, "version", TE_VERSION);
 		json_builder_end_object(b);
-		bench_json_print(b);
+		bench_json_print(o, b);
 		return;
 	}
 	if (r->failed && !r->verify)
 		verdict = "FAILED";
 	else if (r->verify)
 		verdict = r->verified ? "yes" : "NO";
-	printf("%-5s %6s %5" PRIu32 " %3" PRIu32 " %8.3f %10.0f %9.1f %9.1f %9.1f %9.1f  %-10s "
-	       "%-20s %s\n",
-	       bench_op_str(r->op), bench_size_str(r->block, sz, sizeof(sz)), r->batch, r->threads,
-	       gbps, ops, r->lat_avg_us, r->lat_p50_us, r->lat_p99_us, r->lat_p999_us,
-	       r->transport[0] ? r->transport : "-", r->device[0] ? r->device : "-", verdict);
-	fflush(stdout);
+	bench_emit(o,
+		   "%-5s %6s %5" PRIu32 " %3" PRIu32 " %8" PRIu64 " %8.3f %10.0f %9.1f %9.1f %9.1f "
+		   "%9.1f  %-10s %-20s %s\n",
+		   bench_op_str(r->op), bench_size_str(r->block, sz, sizeof(sz)), r->batch,
+		   r->threads, r->samples, gbps, ops, r->lat_avg_us, r->lat_p50_us, r->lat_p99_us,
+		   r->lat_p999_us, r->transport[0] ? r->transport : "-",
+		   r->device[0] ? r->device : "-", verdict);
 }
 
 /* A "\r"-rewritten line on a terminal, one line per second elsewhere. */
@@ -800,11 +854,16 @@ static bool bench_pick_buffer(struct te_engine *e, te_segment_id seg, const char
 
 /* --- start gate ---------------------------------------------------------------------------- */
 
-/* Holds worker threads until all are created, then releases them together (or aborts them). */
+/*
+ * Holds worker threads until all are created, then releases them together (or aborts them);
+ * then, once each has warmed up, starts their timed loops together (bench_gate_arrive).
+ */
 struct bench_gate {
 	GMutex lock;
 	GCond cond;
-	int state; /* BENCH_GATE_* */
+	int state;	   /* BENCH_GATE_* */
+	uint32_t expected; /* threads that arrive after warming up */
+	uint32_t arrived;
 };
 
 enum {
@@ -813,11 +872,13 @@ enum {
 	BENCH_GATE_ABORT,
 };
 
-static void bench_gate_init(struct bench_gate *g)
+static void bench_gate_init(struct bench_gate *g, uint32_t threads)
 {
 	g_mutex_init(&g->lock);
 	g_cond_init(&g->cond);
 	g->state = BENCH_GATE_CLOSED;
+	g->expected = threads;
+	g->arrived = 0;
 }
 
 static void bench_gate_clear(struct bench_gate *g)
@@ -844,6 +905,21 @@ static void bench_gate_open(struct bench_gate *g, bool go)
 	g_mutex_lock(&g->lock);
 	g->state = go ? BENCH_GATE_GO : BENCH_GATE_ABORT;
 	g_cond_broadcast(&g->cond);
+	g_mutex_unlock(&g->lock);
+}
+
+/*
+ * After the gate let the threads go (all were created): wait until every thread has arrived
+ * (warmed up, or given up), so the timed loops start together. Every released thread arrives
+ * exactly once, failed or not, so none waits forever.
+ */
+static void bench_gate_arrive(struct bench_gate *g)
+{
+	g_mutex_lock(&g->lock);
+	if (++g->arrived >= g->expected)
+		g_cond_broadcast(&g->cond);
+	while (g->arrived < g->expected)
+		g_cond_wait(&g->cond, &g->lock);
 	g_mutex_unlock(&g->lock);
 }
 
@@ -1124,6 +1200,28 @@ static void bench_worker_pipelined(struct bench_worker *w, uint64_t deadline)
 	}
 }
 
+/*
+ * --warmup: untimed batches of the run's op (MIX alternating), one slot after the other, so
+ * connections, registrations and caches are warm before the clock starts. Nothing is counted.
+ */
+static bool bench_worker_warmup(struct bench_worker *w)
+{
+	struct bench_init *c = w->c;
+	const struct bench_opts *o = c->o;
+
+	for (uint64_t i = 0; i < o->warmup; i++) {
+		bool wr = c->op == BENCH_OP_WRITE || (c->op == BENCH_OP_MIX && (i & 1));
+		size_t slot = (size_t)(i % o->depth);
+
+		/* Relaxed: as in the timed loop, the flag only asks the loop to end soon. */
+		if (atomic_load_explicit(&c->stop, memory_order_relaxed) || bench_signalled)
+			break;
+		if (bench_batch(w, (wr ? w->wr : w->rd) + slot * c->batch, c->batch) != TE_OK)
+			return false;
+	}
+	return true;
+}
+
 static gpointer bench_worker_main(gpointer data)
 {
 	struct bench_worker *w = data;
@@ -1134,6 +1232,13 @@ static gpointer bench_worker_main(gpointer data)
 
 	if (!bench_gate_wait(&c->gate))
 		goto out;
+	if (!bench_worker_warmup(w)) {
+		w->failed = true;
+		atomic_store_explicit(&c->stop, true, memory_order_relaxed);
+	}
+	bench_gate_arrive(&c->gate);
+	if (w->failed)
+		goto end;
 	w->t_start = now = bench_now_ns();
 	deadline = c->duration_ns ? w->t_start + c->duration_ns : UINT64_MAX;
 	if (o->depth > 1) {
@@ -1270,6 +1375,7 @@ static void bench_row_collect(struct bench_row *r, struct bench_worker *ws, uint
 			g_strlcpy(r->device, w->device, sizeof(r->device));
 		}
 	}
+	r->samples = seen;
 	r->seconds = t1 > t0 ? (double)(t1 - t0) / 1e9 : 0.0;
 	qsort(all, total, sizeof(*all), bench_cmp_u64);
 	r->lat_avg_us = seen ? (double)sum / (double)seen / 1000.0 : 0.0;
@@ -1288,7 +1394,7 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	uint32_t started = 0;
 	char sz[32];
 
-	bench_gate_init(&c->gate);
+	bench_gate_init(&c->gate, c->threads);
 	c->salt_base = (uint64_t)g_random_int() << 32 | g_random_int();
 	atomic_store(&c->stop, false);
 	atomic_store(&c->finished, 0);
@@ -1333,6 +1439,7 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	r->batch = c->batch;
 	r->threads = c->threads;
 	r->depth = o->depth;
+	r->warmup = o->warmup;
 	r->verify = o->verify;
 	bench_row_collect(r, ws, started);
 	r->failed |= started != c->threads;
@@ -1358,16 +1465,6 @@ static uint64_t bench_zone_half(uint64_t len)
 
 	/* Page-align the write zone when the buffer is big enough to care. */
 	return half >= 8192 ? half & ~UINT64_C(4095) : half;
-}
-
-static size_t bench_sizes(const struct bench_opts *o, const uint64_t **sizes)
-{
-	if (o->sweep) {
-		*sizes = bench_sweep_sizes;
-		return G_N_ELEMENTS(bench_sweep_sizes);
-	}
-	*sizes = &o->block;
-	return 1;
 }
 
 /*
@@ -1409,8 +1506,6 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 {
 	struct bench_init c;
 	struct te_buffer_info rb;
-	const uint64_t *sizes;
-	size_t n_sizes = bench_sizes(o, &sizes);
 	const char *opened = "name";
 	uint64_t need = 0;
 	bool header = false, opened_seg = false, registered = false;
@@ -1438,16 +1533,21 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 	c.rlen = rb.length;
 	c.rhalf = bench_zone_half(rb.length);
 
-	for (size_t i = 0; i < n_sizes; i++) {
-		uint32_t b = bench_fit_batch(c.rhalf, o->threads * o->depth, sizes[i], o->batch);
+	for (uint32_t i = 0; i < o->n_sizes; i++) {
+		for (uint32_t j = 0; j < o->n_batches; j++) {
+			uint64_t size = o->sizes[i];
+			uint32_t b = bench_fit_batch(c.rhalf, o->threads * o->depth, size,
+						     o->batches[j]);
 
-		need = MAX(need, (uint64_t)o->threads * bench_local_slots(o->depth) * b * sizes[i]);
+			need = MAX(need,
+				   (uint64_t)o->threads * bench_local_slots(o->depth) * b * size);
+		}
 	}
 	if (!need) {
 		bench_err("%s-byte blocks do not fit: each thread needs 2 x depth x batch x block "
 			  "bytes of the target buffer (%s bytes at 0x%" PRIx64 "); use a smaller "
 			  "--block-size, --threads or --depth, or a larger target --buffer-size",
-			  bench_size_str(sizes[0], sz, sizeof(sz)),
+			  bench_size_str(o->sizes[0], sz, sizeof(sz)),
 			  bench_size_str(rb.length, sz2, sizeof(sz2)), rb.addr);
 		goto out_segment;
 	}
@@ -1467,41 +1567,48 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 	registered = true;
 
 	rc = BENCH_EXIT_OK;
-	for (size_t i = 0; i < n_sizes && !bench_signalled; i++) {
+	/* Ops innermost: READ and WRITE of a size run back to back, under the same load. */
+	for (uint32_t run = 0; run < o->n_sizes * o->n_batches * o->n_ops; run++) {
+		uint64_t size = o->sizes[run / (o->n_batches * o->n_ops)];
+		uint32_t asked = o->batches[run / o->n_ops % o->n_batches];
+		enum bench_op op = o->ops[run % o->n_ops];
+		uint32_t b = bench_fit_batch(c.rhalf, o->threads * o->depth, size, asked);
 		struct bench_row r;
-		uint32_t b = bench_fit_batch(c.rhalf, o->threads * o->depth, sizes[i], o->batch);
 
+		if (bench_signalled || rc != BENCH_EXIT_OK)
+			break;
 		if (b == 0) {
-			bench_note(o,
-				   "skipping %s: %" PRIu32 " thread(s) x depth %" PRIu32
-				   " x 2 x block do not fit the target buffer (%s)",
-				   bench_size_str(sizes[i], sz, sizeof(sz)), o->threads, o->depth,
-				   bench_size_str(rb.length, sz2, sizeof(sz2)));
+			/* Once per size and batch, not once per op. */
+			if (run % o->n_ops == 0)
+				bench_note(o,
+					   "skipping %s: %" PRIu32 " thread(s) x depth %" PRIu32
+					   " x 2 x block do not fit the target buffer (%s)",
+					   bench_size_str(size, sz, sizeof(sz)), o->threads,
+					   o->depth, bench_size_str(rb.length, sz2, sizeof(sz2)));
 			continue;
 		}
-		if (b < o->batch)
+		if (b < asked && run % o->n_ops == 0)
 			bench_note(o,
 				   "%s: batch reduced from %" PRIu32 " to %" PRIu32
 				   " to fit the target buffer (%s)",
-				   bench_size_str(sizes[i], sz, sizeof(sz)), o->batch, b,
+				   bench_size_str(size, sz, sizeof(sz)), asked, b,
 				   bench_size_str(rb.length, sz2, sizeof(sz2)));
-		c.op = o->op;
-		c.block = sizes[i];
+		c.op = op;
+		c.block = size;
 		c.batch = b;
 		c.duration_ns = o->duration_s > 0 ? (uint64_t)(o->duration_s * 1e9) : 0;
 		memset(&r, 0, sizeof(r));
 		r.mode = mode;
 		r.segment = segment;
 		r.opened = opened;
+		r.batch_requested = asked;
 		if (!header && !o->json) {
-			bench_print_header();
+			bench_print_header(o);
 			header = true;
 		}
 		if (!bench_run(&c, &r))
 			rc = r.interrupted && !r.failed ? BENCH_EXIT_SIGNAL : BENCH_EXIT_FAIL;
 		bench_print_row(o, &r);
-		if (rc != BENCH_EXIT_OK)
-			break;
 	}
 	if (bench_signalled && rc == BENCH_EXIT_OK)
 		rc = BENCH_EXIT_SIGNAL;
@@ -1527,42 +1634,113 @@ out:
 
 /* --- target -------------------------------------------------------------------------------- */
 
-/* Serve until a signal, or EOF on stdin when stdin is a pipe or socket (a parent's handle). */
-static void bench_serve(void)
+/*
+ * What ends a target besides a signal: EOF on stdin, whatever stdin is (a pipe whose writer
+ * closed it, a file read to its end, /dev/null, Ctrl-D on a terminal). Whatever arrives
+ * before the EOF is read and dropped. Not watched: --ignore-stdin, a closed or unreadable
+ * stdin (nohup's), and a terminal while we are in the background (reading it would stop us
+ * with SIGTTIN).
+ */
+struct bench_stdin {
+	const struct bench_opts *o;
+	bool watch;
+	bool tty;
+};
+
+static void bench_stdin_init(struct bench_stdin *s, const struct bench_opts *o)
 {
 	struct stat sb;
-	bool watch =
-		fstat(STDIN_FILENO, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode));
-	char buf[256];
 
-	while (!bench_signalled) {
-		struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
-		int n = poll(watch ? &pfd : NULL, watch ? 1 : 0, 250);
-
-		if (n <= 0 || !watch)
-			continue;
-		if (pfd.revents & (POLLIN | POLLHUP | POLLERR)) {
-			ssize_t got = read(STDIN_FILENO, buf, sizeof(buf));
-
-			if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN))
-				return;
-		}
-	}
+	s->o = o;
+	s->watch = !o->ignore_stdin && fstat(STDIN_FILENO, &sb) == 0;
+	s->tty = s->watch && isatty(STDIN_FILENO) == 1;
 }
 
+/* Wait up to @timeout_ms (0: just look) for input; true once stdin has reached its end. */
+static bool bench_stdin_ended(struct bench_stdin *s, int timeout_ms)
+{
+	struct pollfd pfd = { .fd = STDIN_FILENO, .events = POLLIN };
+	char buf[4096];
+	ssize_t got;
+	bool watch = s->watch;
+	int n;
+
+	if (watch && s->tty) {
+		pid_t fg = tcgetpgrp(STDIN_FILENO);
+
+		/* -1: not our controlling terminal, so reading it cannot stop us. */
+		watch = fg == -1 || fg == getpgrp();
+	}
+	n = poll(watch ? &pfd : NULL, watch ? 1 : 0, timeout_ms);
+	if (n <= 0 || !watch)
+		return false;
+	if (pfd.revents & POLLNVAL) {
+		s->watch = false;
+		return false;
+	}
+	got = read(STDIN_FILENO, buf, sizeof(buf));
+	if (got > 0 || (got < 0 && (errno == EINTR || errno == EAGAIN)))
+		return false;
+	if (got < 0 && (errno == EBADF || errno == EINVAL || errno == EISDIR)) {
+		bench_note(s->o, "stdin is not readable (%s): serving until SIGINT/SIGTERM",
+			   g_strerror(errno));
+		s->watch = false;
+		return false;
+	}
+	return true; /* EOF, or a terminal that went away (EIO) */
+}
+
+/* Serve until a signal or the end of stdin. */
+static void bench_serve(struct bench_stdin *in)
+{
+	while (!bench_signalled && !bench_stdin_ended(in, 250))
+		;
+}
+
+/*
+ * Lay the target's pattern over [0, len) in chunks, looking at stdin between them: a parent
+ * that gives up during a long fill (or `< /dev/null`) ends the target without waiting for it.
+ * False when the fill failed; *ended_out says whether a signal or EOF cut it short.
+ */
+static bool bench_target_fill(const struct bench_opts *o, struct te_engine *e, uint8_t *buf,
+			      uint64_t len, struct bench_stdin *in, bool *ended_out)
+{
+	const char *loc = o->target_file ? NULL : o->location;
+
+	*ended_out = false;
+	for (uint64_t at = 0; at < len; at += BENCH_FILL_CHUNK) {
+		if (bench_signalled || bench_stdin_ended(in, 0)) {
+			*ended_out = true;
+			return true;
+		}
+		if (!bench_put(e, loc, buf + at, at, MIN(len - at, BENCH_FILL_CHUNK), 0, 0))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * stdout protocol: "segment: NAME" and "descriptor: BASE64" as soon as the buffer is
+ * registered, before it is filled (filling 1 GiB takes seconds here), then "ready" once the
+ * pattern is in place. An initiator (--loopback does) waits for "ready": --verify checks
+ * READs against that pattern, and a fill running next to the initiator distorts its rates.
+ */
 static int bench_target(const struct bench_opts *o)
 {
 	uint64_t len = o->buffer_size ? o->buffer_size : BENCH_DEF_TARGET_BUFFER;
 	g_autofree char *json = NULL, *b64 = NULL;
 	struct te_engine *e = NULL;
+	struct bench_stdin in;
 	size_t json_len = 0;
 	uint8_t *buf = NULL;
 	int rc = BENCH_EXIT_FAIL;
 	enum te_status st;
+	bool ended = false;
 	uint64_t t0;
 	char *raw = NULL;
 	char sz[32];
 
+	bench_stdin_init(&in, o);
 	st = bench_engine_new(o->config, NULL, &e);
 	if (st != TE_OK) {
 		bench_te_err("cannot create the engine", st);
@@ -1572,12 +1750,6 @@ static int bench_target(const struct bench_opts *o)
 			     : bench_alloc(e, o->location, len);
 	if (!buf)
 		goto out_engine;
-	t0 = bench_now_ns();
-	/* Touches every page (first touch is slow here) and lays down the target's pattern. */
-	if (!bench_put(e, o->target_file ? NULL : o->location, buf, 0, len, 0, 0))
-		goto out_buf;
-	bench_note(o, "target: filled %s bytes in %.2f s", bench_size_str(len, sz, sizeof(sz)),
-		   (double)(bench_now_ns() - t0) / 1e9);
 	st = te_mem_register(e, buf, len, o->location ? o->location : "cpu", TE_MEM_REMOTE);
 	if (st != TE_OK) {
 		bench_te_err("te_mem_register (target buffer)", st);
@@ -1598,9 +1770,29 @@ static int bench_target(const struct bench_opts *o)
 		bench_err("cannot write to stdout: %s", g_strerror(errno));
 		goto out_unregister;
 	}
-	bench_note(o, "target %s serving %s bytes at %p; stop with Ctrl-C, SIGTERM or EOF on stdin",
-		   te_engine_name(e), bench_size_str(len, sz, sizeof(sz)), (void *)buf);
-	bench_serve();
+	t0 = bench_now_ns();
+	/* Touches every page (first touch is slow here) and lays down the target's pattern. */
+	if (!bench_target_fill(o, e, buf, len, &in, &ended))
+		goto out_unregister;
+	if (ended) {
+		bench_note(o, "target: %s before the buffer was filled; exiting",
+			   bench_signalled ? "signalled" : "EOF on stdin");
+		rc = BENCH_EXIT_OK; /* as when the same ends the serving */
+		goto out_unregister;
+	}
+	bench_note(o, "target: filled %s bytes in %.2f s", bench_size_str(len, sz, sizeof(sz)),
+		   (double)(bench_now_ns() - t0) / 1e9);
+	printf("ready\n");
+	if (fflush(stdout) != 0) {
+		bench_err("cannot write to stdout: %s", g_strerror(errno));
+		goto out_unregister;
+	}
+	bench_note(o, "target %s serving %s bytes at %p; stop with Ctrl-C, SIGTERM%s",
+		   te_engine_name(e), bench_size_str(len, sz, sizeof(sz)), (void *)buf,
+		   !in.watch ? ""
+		   : in.tty  ? " or EOF on stdin (Ctrl-D)"
+			     : " or EOF on stdin");
+	bench_serve(&in);
 	rc = BENCH_EXIT_OK;
 
 out_unregister:
@@ -1686,15 +1878,15 @@ static int bench_reap(GPid pid, uint64_t timeout_ns)
 /* Target buffer for --loopback: room for the largest run, within bounds. */
 static uint64_t bench_loopback_buffer(const struct bench_opts *o)
 {
-	const uint64_t *sizes;
-	size_t n = bench_sizes(o, &sizes);
 	uint64_t need = 0;
 
 	if (o->buffer_size)
 		return o->buffer_size;
-	for (size_t i = 0; i < n; i++)
-		need = MAX(need,
-			   2 * (uint64_t)o->threads * o->depth * o->batch * sizes[i] + 2 * 4096);
+	for (uint32_t i = 0; i < o->n_sizes; i++)
+		for (uint32_t j = 0; j < o->n_batches; j++)
+			need = MAX(need, 2 * (uint64_t)o->threads * o->depth * o->batches[j] *
+							 o->sizes[i] +
+						 2 * 4096);
 	need = CLAMP(need, BENCH_LOOPBACK_MIN_BUFFER, BENCH_LOOPBACK_MAX_BUFFER);
 	return (need + BENCH_MIB - 1) & ~(BENCH_MIB - 1);
 }
@@ -1707,11 +1899,13 @@ static int bench_loopback(const struct bench_opts *o)
 	g_autoptr(GPtrArray) argv = g_ptr_array_new();
 	g_autoptr(GError) err = NULL;
 	uint64_t deadline = bench_now_ns() + BENCH_STARTUP_TIMEOUT_NS;
+	uint64_t buffer = bench_loopback_buffer(o);
 	int in_fd = -1, out_fd = -1, rc, child;
+	bool ready = false;
 	char *line = NULL;
 	GPid pid;
 
-	bufsz = g_strdup_printf("%" PRIu64, bench_loopback_buffer(o));
+	bufsz = g_strdup_printf("%" PRIu64, buffer);
 	g_ptr_array_add(argv, exe ? exe : (char *)"/proc/self/exe");
 	g_ptr_array_add(argv, (char *)"--target");
 	g_ptr_array_add(argv, (char *)"--quiet");
@@ -1735,8 +1929,13 @@ static int bench_loopback(const struct bench_opts *o)
 		bench_err("cannot start the target process: %s", err->message);
 		return BENCH_EXIT_FAIL;
 	}
-	while ((!name || !descriptor) && bench_read_line(out_fd, acc, &line, deadline)) {
-		if (g_str_has_prefix(line, "segment: ") && !name) {
+	while (!ready && bench_read_line(out_fd, acc, &line, deadline)) {
+		if (strcmp(line, "ready") == 0) {
+			ready = true;
+		} else if (g_str_has_prefix(line, "segment: ") && !name) {
+			/* Announced: now the fill, which takes its time on a large buffer. */
+			deadline = bench_now_ns() + BENCH_STARTUP_TIMEOUT_NS +
+				   (buffer / BENCH_GIB + 1) * BENCH_FILL_TIMEOUT_NS_PER_GIB;
 			name = g_strdup(line + strlen("segment: "));
 		} else if (g_str_has_prefix(line, "descriptor: ") && !descriptor) {
 			gsize n = 0;
@@ -1747,12 +1946,14 @@ static int bench_loopback(const struct bench_opts *o)
 		g_free(line);
 		line = NULL;
 	}
-	if (!name || !descriptor) {
-		bench_err("the target process did not announce its segment%s",
+	if (!name || !descriptor || !ready) {
+		bench_err("the target process did not %s%s",
+			  !name || !descriptor ? "announce its segment"
+					       : "say it was ready (filled its buffer)",
 			  bench_signalled	       ? " (interrupted)"
 			  : bench_now_ns() >= deadline ? " in time"
 						       : " (it exited; see its messages above)");
-		rc = BENCH_EXIT_FAIL;
+		rc = bench_signalled ? BENCH_EXIT_SIGNAL : BENCH_EXIT_FAIL;
 	} else {
 		rc = bench_initiator(o, "loopback", name, descriptor);
 	}
@@ -1808,6 +2009,38 @@ struct bench_core {
 	atomic_uint finished;
 };
 
+/* One batch: new, submit, wait, free; false (reported) on any failure. */
+static inline bool bench_core_batch(struct bench_core *c, const struct te_request *reqs)
+{
+	uint32_t n = c->o->batch;
+	bool ok = true;
+	enum te_status st;
+	te_batch_id b;
+
+	st = te_batch_new(c->a, n, &b);
+	if (st != TE_OK) {
+		bench_te_err("te_batch_new", st);
+		return false;
+	}
+	st = te_batch_submit(c->a, b, reqs, n);
+	if (st != TE_OK) {
+		bench_te_err("te_batch_submit", st);
+		ok = false;
+	}
+	/* Even after a rejected submit: the accepted tasks run and must end first. */
+	st = te_batch_wait(c->a, b, -1);
+	if (st != TE_OK && ok) {
+		bench_te_err("te_batch_wait", st);
+		ok = false;
+	}
+	st = te_batch_free(c->a, b);
+	if (st != TE_OK) {
+		bench_te_err("te_batch_free", st);
+		ok = false;
+	}
+	return ok;
+}
+
 /* The loop under test: nothing but te calls and their checks. */
 static gpointer bench_core_main(gpointer data)
 {
@@ -1819,16 +2052,25 @@ static gpointer bench_core_main(gpointer data)
 
 	if (!bench_gate_wait(&c->gate))
 		goto out;
+	/* --warmup: untimed, uncounted, before the clocks (and callgrind's difference) start. */
+	for (uint64_t i = 0; i < o->warmup && !w->failed; i++) {
+		bool wr = o->op == BENCH_OP_WRITE || (o->op == BENCH_OP_MIX && (i & 1));
+
+		if (atomic_load_explicit(&c->stop, memory_order_relaxed) || bench_signalled)
+			break;
+		w->failed = !bench_core_batch(c, wr ? w->wr : w->rd);
+	}
+	if (w->failed)
+		atomic_store_explicit(&c->stop, true, memory_order_relaxed);
+	bench_gate_arrive(&c->gate);
 	if (o->iterations >= 0)
 		iterations = (uint64_t)o->iterations;
 	cpu0 = bench_cpu_s(RUSAGE_THREAD);
 	w->t_start = bench_now_ns();
 	if (o->duration_s > 0)
 		deadline = w->t_start + (uint64_t)(o->duration_s * 1e9);
-	for (uint64_t i = 0; i < iterations; i++) {
+	for (uint64_t i = 0; i < iterations && !w->failed; i++) {
 		bool wr = o->op == BENCH_OP_WRITE || (o->op == BENCH_OP_MIX && (i & 1));
-		enum te_status st;
-		te_batch_id b;
 
 		/* Clock and flags every 16 batches: their cost stays out of the per-slice figure. */
 		if ((i & 15) == 0) {
@@ -1837,30 +2079,10 @@ static gpointer bench_core_main(gpointer data)
 			if (deadline && bench_now_ns() >= deadline)
 				break;
 		}
-		st = te_batch_new(c->a, o->batch, &b);
-		if (st != TE_OK) {
-			bench_te_err("te_batch_new", st);
+		if (!bench_core_batch(c, wr ? w->wr : w->rd)) {
 			w->failed = true;
 			break;
 		}
-		st = te_batch_submit(c->a, b, wr ? w->wr : w->rd, o->batch);
-		if (st != TE_OK) {
-			bench_te_err("te_batch_submit", st);
-			w->failed = true;
-		}
-		/* Even after a rejected submit: the accepted tasks run and must end first. */
-		st = te_batch_wait(c->a, b, -1);
-		if (st != TE_OK && !w->failed) {
-			bench_te_err("te_batch_wait", st);
-			w->failed = true;
-		}
-		st = te_batch_free(c->a, b);
-		if (st != TE_OK) {
-			bench_te_err("te_batch_free", st);
-			w->failed = true;
-		}
-		if (w->failed)
-			break;
 		w->batches++;
 		atomic_store_explicit(&w->progress_batches, w->batches, memory_order_relaxed);
 	}
@@ -1947,6 +2169,8 @@ static void bench_core_report(const struct bench_opts *o, const struct te_task_i
 		bench_json_str(b, "device", dev);
 		bench_json_str(b, "progress", "manual");
 		bench_json_int(b, "iterations", (int64_t)batches);
+		bench_json_int(b, "samples", (int64_t)batches);
+		bench_json_int(b, "warmup", o->warmup);
 		bench_json_int(b, "requests", (int64_t)requests);
 		bench_json_int(b, "slices_per_request", ti->slices ? ti->slices : 1);
 		bench_json_int(b, "slices", (int64_t)slices);
@@ -1961,25 +2185,27 @@ static void bench_core_report(const struct bench_opts *o, const struct te_task_i
 		bench_json_dbl(b, "ops_per_s", bench_rate((double)requests, seconds));
 		bench_json_bool(b, "verify", o->verify);
 		bench_json_bool(b, "verified", verified);
+		bench_json_str(b, "version", TE_VERSION);
 		json_builder_end_object(b);
-		bench_json_print(b);
+		bench_json_print(o, b);
 		return;
 	}
-	printf("core: %s %s-byte requests x%" PRIu32 ", %" PRIu32 " thread(s), %s (manual "
-	       "progress)%s%s\n",
-	       bench_op_str(o->op), bench_size_str(o->block, sz, sizeof(sz)), o->batch, o->threads,
-	       tp, dev[0] ? ", device " : "", dev);
-	printf("  %" PRIu64 " slices (%" PRIu64
-	       " batches) in %.3f s: %.3f M slices/s, %.1f ns/slice"
-	       "\n",
-	       slices, batches, seconds, sps / 1e6, ns);
-	printf("  submitting threads' CPU %.3f s: %.3f M slices per CPU-second (process CPU "
-	       "%.3f s)%s\n",
-	       cpu_s, spc / 1e6, proc_cpu_s,
-	       !o->verify ? ""
-	       : verified ? "; verified"
-			  : "; VERIFY FAILED");
-	fflush(stdout);
+	bench_emit(o,
+		   "core: %s %s-byte requests x%" PRIu32 ", %" PRIu32 " thread(s), %s (manual "
+		   "progress)%s%s\n",
+		   bench_op_str(o->op), bench_size_str(o->block, sz, sizeof(sz)), o->batch,
+		   o->threads, tp, dev[0] ? ", device " : "", dev);
+	bench_emit(o,
+		   "  %" PRIu64 " slices (%" PRIu64 " batches = samples, after %" PRIu32
+		   " warm-up) in %.3f s: %.3f M slices/s, %.1f ns/slice\n",
+		   slices, batches, o->warmup, seconds, sps / 1e6, ns);
+	bench_emit(o,
+		   "  submitting threads' CPU %.3f s: %.3f M slices per CPU-second (process CPU "
+		   "%.3f s)%s\n",
+		   cpu_s, spc / 1e6, proc_cpu_s,
+		   !o->verify ? ""
+		   : verified ? "; verified"
+			      : "; VERIFY FAILED");
 }
 
 static bool bench_core_setup(struct bench_core *c)
@@ -2050,7 +2276,7 @@ static int bench_core_run(const struct bench_opts *o)
 	memset(&c, 0, sizeof(c));
 	memset(&ti, 0, sizeof(ti));
 	c.o = o;
-	bench_gate_init(&c.gate);
+	bench_gate_init(&c.gate, o->threads);
 	if (!bench_core_setup(&c))
 		goto out;
 	for (uint32_t t = 0; t < o->threads; t++) {
@@ -2171,23 +2397,145 @@ static int bench_usage(const char *fmt, ...)
 	return BENCH_EXIT_USAGE;
 }
 
+/* --op: "read", "write", "mix", "both" (read,write), or a comma-separated list of them. */
+static bool bench_parse_ops(const char *arg, struct bench_opts *o, char **why_out)
+{
+	g_auto(GStrv) items = g_strsplit(arg, ",", -1);
+
+	o->n_ops = 0;
+	for (char **it = items; *it; it++) {
+		enum bench_op add[2];
+		uint32_t n = 1;
+
+		if (strcmp(*it, "read") == 0) {
+			add[0] = BENCH_OP_READ;
+		} else if (strcmp(*it, "write") == 0) {
+			add[0] = BENCH_OP_WRITE;
+		} else if (strcmp(*it, "mix") == 0) {
+			add[0] = BENCH_OP_MIX;
+		} else if (strcmp(*it, "both") == 0) {
+			add[0] = BENCH_OP_READ;
+			add[1] = BENCH_OP_WRITE;
+			n = 2;
+		} else {
+			*why_out = g_strdup_printf(
+				"--op: '%s' is not one of read, write, mix, both", *it);
+			return false;
+		}
+		for (uint32_t k = 0; k < n; k++) {
+			for (uint32_t j = 0; j < o->n_ops; j++) {
+				if (o->ops[j] == add[k]) {
+					*why_out =
+						g_strdup_printf("--op: %s is listed twice in '%s'",
+								bench_op_str(add[k]), arg);
+					return false;
+				}
+			}
+			/* Three distinct ops at most, so the duplicate check bounds this. */
+			o->ops[o->n_ops++] = add[k];
+		}
+	}
+	if (!o->n_ops) {
+		*why_out = g_strdup_printf("--op: empty");
+		return false;
+	}
+	return true;
+}
+
+/*
+ * --sizes / --batches: comma-separated items, each a value or a range A-B meaning A, 2A,
+ * 4A, ... up to B. Values in [1, @max] (@sizes: K/M/G suffixes), at most BENCH_MAX_LIST in all.
+ * On failure *why_out is the message (the caller frees it).
+ */
+static bool bench_parse_list(const char *flag, const char *arg, bool sizes, uint64_t max,
+			     uint64_t *out, uint32_t *n_out, char **why_out)
+{
+	g_auto(GStrv) items = g_strsplit(arg, ",", -1);
+	uint32_t n = 0;
+
+	for (char **it = items; *it; it++) {
+		g_auto(GStrv) ends = g_strsplit(*it, "-", 3);
+		const char *bad = *it; /* the part named in the message */
+		uint64_t lo = 0, hi = 0;
+		bool ok;
+
+		ok = ends[0] && (!ends[1] || !ends[2]);
+		for (int k = 0; ok && k < 2 && ends[k]; k++) {
+			uint64_t *v = k ? &hi : &lo;
+			char *end = NULL;
+
+			bad = ends[k];
+			if (sizes) {
+				ok = bench_parse_size(ends[k], v);
+			} else {
+				errno = 0;
+				*v = g_ascii_isdigit(ends[k][0])
+					     ? g_ascii_strtoull(ends[k], &end, 10)
+					     : 0;
+				ok = end && !*end && !errno;
+			}
+			ok = ok && *v >= 1 && *v <= max;
+		}
+		if (!ok) {
+			*why_out = g_strdup_printf(
+				"%s: invalid %s '%s' in '%s' (expected %s, or a range A-B of "
+				"A, 2A, 4A ... up to B)",
+				flag, sizes ? "size" : "count", bad, arg,
+				sizes ? "1 to 4G bytes, e.g. 4K, 64K, 1M" : "1 to 65536");
+			return false;
+		}
+		if (!ends[1])
+			hi = lo;
+		if (lo > hi) {
+			*why_out =
+				g_strdup_printf("%s: range '%s' ends below its start", flag, *it);
+			return false;
+		}
+		for (uint64_t v = lo; v <= hi; v *= 2) {
+			if (n == BENCH_MAX_LIST) {
+				*why_out = g_strdup_printf("%s: '%s' makes more than %d values",
+							   flag, arg, BENCH_MAX_LIST);
+				return false;
+			}
+			out[n++] = v;
+		}
+	}
+	if (!n) {
+		*why_out = g_strdup_printf("%s: empty", flag);
+		return false;
+	}
+	*n_out = n;
+	return true;
+}
+
+static int bench_version(void)
+{
+	printf("te-bench %s (plugin ABI %d.%d)\n", TE_VERSION, TE_PLUGIN_ABI_MAJOR,
+	       TE_PLUGIN_ABI_MINOR);
+	return fflush(stdout) == 0 ? BENCH_EXIT_OK : BENCH_EXIT_FAIL;
+}
+
 /* Parse and validate the command line into @o; BENCH_EXIT_OK or BENCH_EXIT_USAGE. */
 static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **strs)
 {
 	gboolean target = FALSE, loopback = FALSE, core = FALSE, sweep = FALSE, verify = FALSE;
-	gboolean json = FALSE, quiet = FALSE;
+	gboolean json = FALSE, quiet = FALSE, version = FALSE, ignore_stdin = FALSE;
 	gint batch = -1, threads = 1, depth = 1;
-	gint64 iterations = -1;
+	gint64 iterations = -1, warmup = BENCH_DEF_WARMUP;
 	gdouble timeout = BENCH_DEF_TIMEOUT;
 	char *initiator = NULL, *config = NULL, *op = NULL, *block = NULL, *buffer = NULL;
 	char *duration = NULL, *target_file = NULL, *location = NULL, *local_location = NULL;
+	char *sizes = NULL, *batches = NULL, *output = NULL;
+	uint64_t list[BENCH_MAX_LIST];
+	g_autofree char *why = NULL;
 	g_autoptr(GOptionContext) octx = NULL;
 	g_autoptr(GError) error = NULL;
+	uint32_t runs;
 	int modes;
 	const GOptionEntry entries[] = {
 		{ "target", 0, 0, G_OPTION_ARG_NONE, &target,
-		  "Serve a pattern-filled buffer; print 'segment: NAME' and wait for "
-		  "SIGINT/SIGTERM or EOF on stdin",
+		  "Serve a pattern-filled buffer: print 'segment: NAME' and 'descriptor: BASE64', "
+		  "fill the buffer, print 'ready', serve until SIGINT/SIGTERM or EOF on stdin",
 		  NULL },
 		{ "initiator", 0, 0, G_OPTION_ARG_STRING, &initiator,
 		  "Transfer to and from the target segment SEGMENT", "SEGMENT" },
@@ -2200,23 +2548,35 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		  "loopback; --core: the loopback test transport)",
 		  "FILE" },
 		{ "op", 'o', 0, G_OPTION_ARG_STRING, &op,
-		  "read, write or mix (batches alternate) [read]", "OP" },
+		  "read, write, mix (batches alternate), both (= read,write), or a list: each "
+		  "size runs every op listed, one row each [read]",
+		  "OP[,OP]" },
 		{ "block-size", 'b', 0, G_OPTION_ARG_STRING, &block,
 		  "Bytes per request, K/M/G suffixes are powers of 2 [64K; --core: 64]", "SIZE" },
+		{ "sizes", 'S', 0, G_OPTION_ARG_STRING, &sizes,
+		  "Block sizes to run, one row each: a list (4K,64K,1M) and/or ranges A-B "
+		  "(A, 2A, 4A ... up to B: 4K-64M)",
+		  "LIST" },
 		{ "batch", 'B', 0, G_OPTION_ARG_INT, &batch, "Requests per batch [128; --core: 64]",
 		  "N" },
+		{ "batches", 0, 0, G_OPTION_ARG_STRING, &batches,
+		  "Batch sizes to run for every block size: a list (1,32,128) and/or ranges A-B",
+		  "LIST" },
 		{ "threads", 't', 0, G_OPTION_ARG_INT, &threads, "Submitting threads [1]", "N" },
 		{ "depth", 'D', 0, G_OPTION_ARG_INT, &depth,
 		  "Batches each thread keeps in flight: the next are submitted before the oldest "
 		  "is waited for [1]",
 		  "N" },
 		{ "duration", 'd', 0, G_OPTION_ARG_STRING, &duration,
-		  "Seconds per run [5; --sweep: 2; --core: 3]", "SECONDS" },
+		  "Seconds per run [5; 2 when there are several runs; --core: 3]", "SECONDS" },
 		{ "iterations", 'n', 0, G_OPTION_ARG_INT64, &iterations,
 		  "Batches per thread instead of a duration (--core: 0 measures the setup alone)",
 		  "N" },
+		{ "warmup", 'w', 0, G_OPTION_ARG_INT64, &warmup,
+		  "Untimed batches per thread before each run; 0: none [8]", "N" },
 		{ "sweep", 's', 0, G_OPTION_ARG_NONE, &sweep,
-		  "Run block sizes 4K 16K 64K 256K 1M 4M 16M 64M", NULL },
+		  "Run block sizes 4K 16K 64K 256K 1M 4M 16M 64M (the default --sizes list)",
+		  NULL },
 		{ "verify", 'v', 0, G_OPTION_ARG_NONE, &verify,
 		  "Check every byte moved against the pattern of its offset", NULL },
 		{ "buffer-size", 0, 0, G_OPTION_ARG_STRING, &buffer,
@@ -2238,8 +2598,18 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		  "SECONDS" },
 		{ "json", 'j', 0, G_OPTION_ARG_NONE, &json,
 		  "One JSON object per result row on stdout", NULL },
+		{ "output", 'O', 0, G_OPTION_ARG_FILENAME, &output,
+		  "Also write the result rows (table, or JSON lines with --json) to FILE, "
+		  "replacing it",
+		  "FILE" },
+		{ "ignore-stdin", 0, 0, G_OPTION_ARG_NONE, &ignore_stdin,
+		  "--target: serve until SIGINT/SIGTERM only, whatever stdin does (e.g. started "
+		  "in the background with stdin on /dev/null)",
+		  NULL },
 		{ "quiet", 'q', 0, G_OPTION_ARG_NONE, &quiet, "No progress line and no notes",
 		  NULL },
+		{ "version", 'V', 0, G_OPTION_ARG_NONE, &version,
+		  "Print te-bench's te version and plugin ABI, then exit", NULL },
 		{ NULL, 0, 0, 0, NULL, NULL, NULL },
 	};
 
@@ -2251,12 +2621,22 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		"avg/p50/p99/p99.9 in microseconds (every request of a batch counts with its\n"
 		"batch's completion time), transport and device of the first task.\n"
 		"\n"
-		"  te-bench --target [--buffer-size 1G]       prints 'segment: NAME', serves\n"
+		"  te-bench --target [--buffer-size 1G]       prints 'segment: NAME' and\n"
+		"      'descriptor: BASE64', fills its buffer, prints 'ready' (start initiators\n"
+		"      after it), serves until SIGINT/SIGTERM or EOF on stdin (a pipe closed by its\n"
+		"      writer, a file read to its end, /dev/null, Ctrl-D; --ignore-stdin: signals only)\n"
 		"  te-bench --initiator NAME [--sweep] [--verify]\n"
 		"  te-bench --loopback [--sweep] [--verify]   both in one command\n"
+		"  te-bench --loopback --op both --sizes 4K-1M --batches 1,32,128 --json -O rows.json\n"
 		"  te-bench --core [--duration 3 | --iterations N]\n"
 		"\n"
-		"Exit status: 0 ok, 1 a transfer or verification failed, 2 usage error.");
+		"Runs: every size (--block-size, --sizes or --sweep) x batch (--batch or --batches)\n"
+		"x op (--op list), ops innermost: READ and WRITE of a size run back to back. Each\n"
+		"run starts with --warmup untimed batches per thread; 'samples' counts the timed ones.\n"
+		"bench/plot.py turns --json rows into a bandwidth and latency plot.\n"
+		"\n"
+		"Exit status: 0 ok, 1 a transfer or verification failed, 2 usage error,\n"
+		"130 interrupted.");
 	g_option_context_add_main_entries(octx, entries, NULL);
 	if (!g_option_context_parse(octx, &argc, &argv, &error))
 		return bench_usage("%s", error->message);
@@ -2269,8 +2649,13 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	strs[6] = target_file;
 	strs[7] = location;
 	strs[8] = local_location;
+	strs[9] = sizes;
+	strs[10] = batches;
+	strs[11] = output;
 	if (argc > 1)
 		return bench_usage("unexpected argument '%s'", argv[1]);
+	if (version)
+		return BENCH_EXIT_VERSION;
 
 	modes = !!target + !!initiator + !!loopback + !!core;
 	if (modes != 1)
@@ -2289,14 +2674,15 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	o->json = json;
 	o->quiet = quiet;
 
-	if (!op || strcmp(op, "read") == 0)
-		o->op = BENCH_OP_READ;
-	else if (strcmp(op, "write") == 0)
-		o->op = BENCH_OP_WRITE;
-	else if (strcmp(op, "mix") == 0)
-		o->op = BENCH_OP_MIX;
-	else
-		return bench_usage("--op: '%s' is not one of read, write, mix", op);
+	o->ignore_stdin = ignore_stdin;
+	if (ignore_stdin && !target)
+		return bench_usage("--ignore-stdin works with --target");
+
+	o->ops[0] = BENCH_OP_READ;
+	o->n_ops = 1;
+	if (op && !bench_parse_ops(op, o, &why))
+		return bench_usage("%s", why);
+	o->op = o->ops[0];
 
 	o->block = core ? BENCH_CORE_BLOCK : BENCH_DEF_BLOCK;
 	if (block) {
@@ -2308,16 +2694,45 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 				block);
 		o->block_set = true;
 	}
-	if (sweep && (core || target))
-		return bench_usage("--sweep works with --initiator and --loopback");
-	if (sweep && block)
-		return bench_usage("--sweep picks the block sizes; drop --block-size");
+	if ((sweep || sizes || batches) && (core || target))
+		return bench_usage("--sweep, --sizes and --batches work with --initiator and "
+				   "--loopback");
+	if (sweep && sizes)
+		return bench_usage("--sweep is the size list 4K-64M by fours; give --sizes or "
+				   "--sweep, not both");
+	if ((sweep || sizes) && block)
+		return bench_usage("--%s picks the block sizes; drop --block-size",
+				   sweep ? "sweep" : "sizes");
+	if (sweep) {
+		o->n_sizes = G_N_ELEMENTS(bench_sweep_sizes);
+		memcpy(o->sizes, bench_sweep_sizes, sizeof(bench_sweep_sizes));
+	} else if (sizes) {
+		if (!bench_parse_list("--sizes", sizes, true, BENCH_MAX_BLOCK, o->sizes,
+				      &o->n_sizes, &why))
+			return bench_usage("%s", why);
+	} else {
+		o->sizes[0] = o->block;
+		o->n_sizes = 1;
+	}
+	o->block = o->sizes[0];
 
+	if (batches && batch != -1)
+		return bench_usage("give --batch N or --batches LIST, not both");
 	if (batch == -1)
 		batch = core ? BENCH_CORE_BATCH : BENCH_DEF_BATCH;
 	if (batch < 1 || batch > BENCH_MAX_BATCH)
 		return bench_usage("--batch: %d is not in [1, %d]", batch, BENCH_MAX_BATCH);
-	o->batch = (uint32_t)batch;
+	o->batches[0] = (uint32_t)batch;
+	o->n_batches = 1;
+	if (batches) {
+		if (!bench_parse_list("--batches", batches, false, BENCH_MAX_BATCH, list,
+				      &o->n_batches, &why))
+			return bench_usage("%s", why);
+		for (uint32_t i = 0; i < o->n_batches; i++)
+			o->batches[i] = (uint32_t)list[i];
+	}
+	o->batch = o->batches[0];
+	runs = o->n_sizes * o->n_batches * o->n_ops;
 	if (threads < 1 || threads > BENCH_MAX_THREADS)
 		return bench_usage("--threads: %d is not in [1, %d]", threads, BENCH_MAX_THREADS);
 	o->threads = (uint32_t)threads;
@@ -2339,6 +2754,11 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		return bench_usage("--iterations: %" G_GINT64_FORMAT " is not in [%d, 2^48]",
 				   (gint64)iterations, core ? 0 : 1);
 	o->iterations = iterations;
+	if (warmup < 0 || warmup > BENCH_MAX_WARMUP)
+		return bench_usage("--warmup: %" G_GINT64_FORMAT " is not in [0, %" G_GINT64_FORMAT
+				   "]",
+				   (gint64)warmup, (gint64)BENCH_MAX_WARMUP);
+	o->warmup = (uint32_t)warmup;
 	if (duration) {
 		char *end = NULL;
 
@@ -2351,9 +2771,9 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	} else if (iterations >= 0)
 		o->duration_s = 0.0; /* --iterations alone: no time limit */
 	else
-		o->duration_s = core	? BENCH_CORE_DURATION
-				: sweep ? BENCH_DEF_SWEEP_DURATION
-					: BENCH_DEF_DURATION;
+		o->duration_s = core	   ? BENCH_CORE_DURATION
+				: runs > 1 ? BENCH_DEF_SWEEP_DURATION
+					   : BENCH_DEF_DURATION;
 	if (!(timeout > 0.0 && timeout <= BENCH_MAX_DURATION))
 		return bench_usage("--timeout: %g is not in (0, %.0f] seconds", timeout,
 				   BENCH_MAX_DURATION);
@@ -2380,18 +2800,45 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 	o->target_file = target_file;
 	o->location = location;
 	o->local_location = local_location;
+
+	if (output) {
+		if (target)
+			return bench_usage("--output writes result rows (--initiator, --loopback, "
+					   "--core)");
+		o->output_path = output;
+		o->output = fopen(output, "we");
+		if (!o->output)
+			return bench_usage("--output: cannot write '%s': %s", output,
+					   g_strerror(errno));
+	}
 	return BENCH_EXIT_OK;
+}
+
+/* Each --op of --core in turn, as its own run; the first failure ends the series. */
+static int bench_core_ops(const struct bench_opts *o)
+{
+	int rc = BENCH_EXIT_OK;
+
+	for (uint32_t i = 0; i < o->n_ops && rc == BENCH_EXIT_OK && !bench_signalled; i++) {
+		struct bench_opts one = *o;
+
+		one.op = o->ops[i];
+		rc = bench_core_run(&one);
+	}
+	return rc;
 }
 
 int main(int argc, char **argv)
 {
 	struct bench_opts o;
-	char *strs[9] = { NULL };
+	char *strs[12] = { NULL };
 	int rc;
 
 	memset(&o, 0, sizeof(o));
 	rc = bench_parse_args(argc, argv, &o, strs);
-	if (rc == BENCH_EXIT_OK) {
+	if (rc == BENCH_EXIT_VERSION) {
+		rc = bench_version();
+	} else if (rc == BENCH_EXIT_OK) {
 		bench_signals_install();
 		switch (o.mode) {
 		case BENCH_MODE_TARGET:
@@ -2404,9 +2851,14 @@ int main(int argc, char **argv)
 			rc = bench_loopback(&o);
 			break;
 		case BENCH_MODE_CORE:
-			rc = bench_core_run(&o);
+			rc = bench_core_ops(&o);
 			break;
 		}
+	}
+	if (o.output && fclose(o.output) != 0) {
+		bench_err("--output %s: %s", o.output_path, g_strerror(errno));
+		if (rc == BENCH_EXIT_OK)
+			rc = BENCH_EXIT_FAIL;
 	}
 	for (size_t i = 0; i < G_N_ELEMENTS(strs); i++)
 		g_free(strs[i]);
