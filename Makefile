@@ -16,7 +16,7 @@ NINJA ?= ninja
 # Development and CI builds treat warnings as errors (plain `meson setup` does not).
 MESON_SETUP_ARGS ?= -Dwerror=true
 SUITES ?= unit integration system fuzz
-BENCH_ARGS ?= --loopback --sweep --verify --duration 0.5
+BENCH_ARGS ?= --loopback --sweep --op both --verify --duration 0.5
 
 SHELL := /bin/bash
 
