@@ -484,6 +484,20 @@ enum te_status control_start(struct engine *e, char **err_out)
 
 void control_stop(struct engine *e)
 {
+	/*
+	 * Notifies of batches that completed before the application freed the engine are
+	 * still sent (bounded: a dead peer cannot hold the engine's end longer than 2 s).
+	 */
+	if (e->outbox && e->rpc_client) {
+		control_send_notifies_until(e, engine_now_ns() + 2000000000ull);
+		g_mutex_lock(&e->notify_lock);
+		if (!g_queue_is_empty(e->outbox))
+			ENGINE_LOG(e, TE_LOG_WARN,
+				   "%u notify message(s) not sent: the engine was freed before "
+				   "their peers answered",
+				   g_queue_get_length(e->outbox));
+		g_mutex_unlock(&e->notify_lock);
+	}
 	rpc_server_stop(e->rpc);
 	e->rpc = NULL;
 	g_clear_pointer(&e->advertise, g_free);
@@ -589,13 +603,25 @@ void control_queue_notify(struct engine *e, const char *addr, GBytes *msg)
 
 unsigned control_send_notifies(struct engine *e)
 {
+	return control_send_notifies_until(e, UINT64_MAX);
+}
+
+unsigned control_send_notifies_until(struct engine *e, uint64_t give_up_ns)
+{
 	unsigned n = 0;
 
 	for (;;) {
 		struct outgoing *o;
 		enum te_status st = TE_ERR_INTERNAL;
 		int32_t status = 0;
+		uint64_t now = engine_now_ns();
+		uint32_t timeout_ms = CONTROL_TIMEOUT_MS;
 
+		if (now >= give_up_ns)
+			break;
+		if (give_up_ns != UINT64_MAX)
+			timeout_ms = (uint32_t)MIN((uint64_t)CONTROL_TIMEOUT_MS,
+						   (give_up_ns - now) / 1000000 + 1);
 		g_mutex_lock(&e->notify_lock);
 		o = e->outbox ? g_queue_pop_head(e->outbox) : NULL;
 		g_mutex_unlock(&e->notify_lock);
@@ -611,7 +637,7 @@ unsigned control_send_notifies(struct engine *e)
 			const void *data = g_bytes_get_data(o->body, &len);
 
 			st = rpc_client_call(e->rpc_client, o->addr, RPC_NOTIFY, data, len,
-					     CONTROL_TIMEOUT_MS, &reply, &status, &err);
+					     timeout_ms, &reply, &status, &err);
 			if (st == TE_OK && status != TE_OK) {
 				gsize rlen = 0;
 				const char *text = g_bytes_get_data(reply, &rlen);
@@ -629,7 +655,8 @@ unsigned control_send_notifies(struct engine *e)
 				break;
 			ENGINE_LOG(e, TE_LOG_WARN, "notify %s to %s: attempt %d failed: %s", o->key,
 				   o->addr, attempt + 1, err ? err : te_status_str(st));
-			if (st != TE_ERR_TIMEOUT && st != TE_ERR_CONN_RESET)
+			if ((st != TE_ERR_TIMEOUT && st != TE_ERR_CONN_RESET) ||
+			    engine_now_ns() >= give_up_ns)
 				break;
 		}
 		if (st == TE_OK && status != TE_OK)

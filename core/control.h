@@ -48,6 +48,8 @@ void control_queue_notify(struct engine *e, const char *addr, GBytes *msg);
 
 /* Worker: send queued notifies; returns how many were handled. */
 unsigned control_send_notifies(struct engine *e);
+/* The same, giving up (messages left queued) once engine_now_ns() passes @give_up_ns. */
+unsigned control_send_notifies_until(struct engine *e, uint64_t give_up_ns);
 
 /* Host service for plugins: a handshake with @peer_name's engine, served at @addr. */
 enum te_status control_peer_handshake(struct engine *e, const char *plugin, const char *peer_name,

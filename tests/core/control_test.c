@@ -80,10 +80,39 @@ static void test_notify_queue(void)
 	te_engine_free(te);
 }
 
+/*
+ * A notify queued just before the application frees the engine is still delivered: freeing
+ * sends what is queued (te_batch_wait may return before the completing thread queued it).
+ */
+static void test_notify_at_free(void)
+{
+	for (int round = 0; round < 5; round++) {
+		struct itest_pair p;
+		GBytes *msg = g_bytes_new_static("last words", 10);
+		struct te_notify got;
+		size_t n = 0;
+
+		itest_pair_new(&p, "loopback", NULL, NULL);
+		control_queue_notify(fake_engine(p.a), control_address(fake_engine(p.b)), msg);
+		te_engine_free(p.a);
+		p.a = NULL;
+		for (int i = 0; i < 500 && !n; i++) {
+			g_assert_cmpint(te_notify_recv(p.b, &got, 1, &n), ==, TE_OK);
+			if (!n)
+				g_usleep(10000);
+		}
+		g_assert_cmpuint(n, ==, 1);
+		g_assert_cmpmem(got.msg, got.len, "last words", 10);
+		g_bytes_unref(msg);
+		te_engine_free(p.b);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/control/secret", test_secret);
 	g_test_add_func("/control/notify-queue", test_notify_queue);
+	g_test_add_func("/control/notify-at-free", test_notify_at_free);
 	return g_test_run();
 }
