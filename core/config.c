@@ -18,6 +18,8 @@
 #include <yaml.h>
 
 #include <te/te.h>
+#include <te/te_plugin.h>
+#include <te/te_plugin_opts.h>
 
 /*
  * Bounds on the node tree. The schema is four levels deep (root, transports,
@@ -160,17 +162,27 @@ static bool is_simple_key(const char *t, size_t len)
 	return true;
 }
 
-/* Append one mapping key to a key path: bare when simple, else quoted. */
-static void append_key(GString *s, const struct node *key)
+/* Append a key's text to a key path: bare when simple, else quoted. */
+static void append_key_text(GString *s, const char *t, size_t len)
 {
 	if (s->len)
 		g_string_append_c(s, '.');
-	if (key->kind != NODE_SCALAR)
-		g_string_append(s, "?");
-	else if (is_simple_key(key->text, key->len))
-		g_string_append_len(s, key->text, (gssize)key->len);
+	if (is_simple_key(t, len))
+		g_string_append_len(s, t, (gssize)len);
 	else
-		append_quoted(s, key->text, key->len);
+		append_quoted(s, t, len);
+}
+
+/* Append one mapping key to a key path. */
+static void append_key(GString *s, const struct node *key)
+{
+	if (key->kind != NODE_SCALAR) {
+		if (s->len)
+			g_string_append_c(s, '.');
+		g_string_append(s, "?");
+		return;
+	}
+	append_key_text(s, key->text, key->len);
 }
 
 static char *path_key(const char *parent, const struct node *key)
@@ -557,6 +569,8 @@ static enum num parse_size(const char *s, size_t len, uint64_t *out)
 /* "1G" for exact multiples of a binary unit, else the plain number. */
 static char *format_size(uint64_t v)
 {
+	if (v && v % (SIZE_G << 10) == 0)
+		return g_strdup_printf("%" PRIu64 "T", v / (SIZE_G << 10));
 	if (v && v % SIZE_G == 0)
 		return g_strdup_printf("%" PRIu64 "G", v / SIZE_G);
 	if (v && v % SIZE_M == 0)
@@ -564,19 +578,6 @@ static char *format_size(uint64_t v)
 	if (v && v % SIZE_K == 0)
 		return g_strdup_printf("%" PRIu64 "K", v / SIZE_K);
 	return g_strdup_printf("%" PRIu64, v);
-}
-
-static bool parse_bool(const char *s, bool *out)
-{
-	if (!g_ascii_strcasecmp(s, "true") || !g_ascii_strcasecmp(s, "yes")) {
-		*out = true;
-		return true;
-	}
-	if (!g_ascii_strcasecmp(s, "false") || !g_ascii_strcasecmp(s, "no")) {
-		*out = false;
-		return true;
-	}
-	return false;
 }
 
 static bool has_space_or_control(const char *s, size_t len)
@@ -802,7 +803,7 @@ static const char *field_expect(enum ftype t)
 	case F_SIZE:
 		return "a size (e.g. 4096, 64K, 1M, 1G, 64KiB)";
 	case F_BOOL:
-		return "a boolean (true, false, yes, no)";
+		return "a boolean (" TE_PLUGIN_BOOL_WORDS ")";
 	case F_METATYPE:
 		return "one of: p2p, etcd, redis, http";
 	case F_LOGLEVEL:
@@ -939,6 +940,8 @@ static bool set_options(struct pctx *p, const struct node *v, const char *path,
 
 	if (v->kind != NODE_MAP)
 		return fail_type(p, v, path, "a mapping of option: value");
+	t->opts_line = v->line;
+	t->opts_col = v->col;
 	n = node_pairs(v);
 	t->options = g_new0(struct config_option, MIN(n, (size_t)CONFIG_MAX_OPTIONS));
 	for (size_t i = 0; i < n; i++) {
@@ -964,8 +967,16 @@ static bool set_options(struct pctx *p, const struct node *v, const char *path,
 				    "sequences are not allowed in options)",
 				    kind_name(val));
 		t->options[i].key = g_strndup(k->text, k->len);
-		/* A null value is an empty one: plugins see text, and "~" means nothing. */
-		t->options[i].value = node_is_null(val) ? g_strdup("") : g_strdup(val->text);
+		/*
+		 * A null value is an empty one for plugins that declare nothing: they see text, and
+		 * "~" means nothing. For declared options it keeps the default (config_transport_apply).
+		 */
+		t->options[i].null = node_is_null(val);
+		t->options[i].value = t->options[i].null ? g_strdup("") : g_strdup(val->text);
+		t->options[i].key_line = k->line;
+		t->options[i].key_col = k->col;
+		t->options[i].value_line = val->line;
+		t->options[i].value_col = val->col;
 		t->n_options = i + 1;
 	}
 	return true;
@@ -994,6 +1005,8 @@ static bool set_transports(struct pctx *p, const struct node *v, const char *pat
 					 "a mapping (name, path, required, memory_only, options)");
 		t = &cfg->transports[i];
 		cfg->n_transports = i + 1;
+		t->line = item->line;
+		t->col = item->col;
 		if (!walk_fields(p, item, ipath, transport_fields, G_N_ELEMENTS(transport_fields),
 				 t, seen))
 			return false;
@@ -1049,7 +1062,8 @@ static bool set_field(struct pctx *p, const struct field *f, const struct node *
 	case F_SIZE:
 		return set_number(p, f, v, path, dst);
 	case F_BOOL:
-		if (!parse_bool(v->text, dst))
+		/* The one boolean rule, shared with plugins' options (te_plugin_opts.h). */
+		if (!te_plugin_parse_bool(v->text, dst))
 			return fail_type(p, v, path, field_expect(f->type));
 		return true;
 	case F_METATYPE:
@@ -1216,6 +1230,7 @@ enum te_status config_parse(const char *buf, size_t len, const char *name, struc
 
 	cfg = g_new0(struct config, 1);
 	config_set_defaults(cfg);
+	cfg->source = g_strdup(p.name);
 	if (root && !node_is_null(root) &&
 	    !walk_fields(&p, root, NULL, root_fields, G_N_ELEMENTS(root_fields), cfg, NULL))
 		goto err_free_config;
@@ -1504,20 +1519,373 @@ void config_free(struct config *cfg)
 	g_free(cfg->metadata_username);
 	g_free(cfg->metadata_password_file);
 	g_free(cfg->metadata_ca_file);
-	for (size_t i = 0; i < cfg->n_transports; i++) {
-		struct config_transport *t = &cfg->transports[i];
-
-		g_free(t->name);
-		g_free(t->path);
-		for (size_t j = 0; j < t->n_options; j++) {
-			g_free(t->options[j].key);
-			g_free(t->options[j].value);
-		}
-		g_free(t->options);
-	}
+	for (size_t i = 0; i < cfg->n_transports; i++)
+		config_transport_clear(&cfg->transports[i]);
+	g_free(cfg->source);
 	if (cfg->auth_secret)
 		explicit_bzero(cfg->auth_secret, strlen(cfg->auth_secret));
 	g_free(cfg->auth_secret);
 	g_free(cfg->auth_secret_file);
 	g_free(cfg);
+}
+
+/* --- declared plugin options ---------------------------------------------------- */
+
+/* A signed decimal integer ('+' or '-' allowed) into *out. */
+static enum num parse_int64(const char *s, size_t len, int64_t *out)
+{
+	bool neg = len && s[0] == '-';
+	size_t sign = len && (s[0] == '-' || s[0] == '+');
+	uint64_t v;
+	enum num r = parse_digits(s + sign, len - sign, false, &v);
+
+	if (r != NUM_OK)
+		return r;
+	if (neg ? v > (uint64_t)INT64_MAX + 1 : v > (uint64_t)INT64_MAX)
+		return NUM_RANGE;
+	/* -(INT64_MAX + 1) without overflowing: negate in unsigned arithmetic. */
+	*out = neg ? (int64_t)(0 - v) : (int64_t)v;
+	return NUM_OK;
+}
+
+/* The range a declaration allows: both 0 means none (SIZE: non-negative). */
+static void option_range(const struct te_plugin_option *d, int64_t *lo, int64_t *hi)
+{
+	if (d->min == 0 && d->max == 0) {
+		*lo = d->type == TE_PLUGIN_OPT_SIZE ? 0 : INT64_MIN;
+		*hi = INT64_MAX;
+	} else {
+		*lo = d->min;
+		*hi = d->max;
+	}
+}
+
+static char *option_got(const char *text, const char *expected)
+{
+	g_autoptr(GString) s = g_string_new(NULL);
+
+	g_string_append_printf(s, "expected %s, got ", expected);
+	append_quoted(s, text, strlen(text));
+	return g_string_free(g_steal_pointer(&s), FALSE);
+}
+
+/* Numbers print bare; the text is a number, so only bound its length. */
+static char *option_out_of_range(const char *text, const char *lo, const char *hi)
+{
+	size_t len = strlen(text);
+
+	return g_strdup_printf("value %.*s%s out of range %s..%s", (int)MIN(len, MSG_TEXT_MAX),
+			       text, len > MSG_TEXT_MAX ? "..." : "", lo, hi);
+}
+
+enum te_status config_option_normalize(const struct te_plugin_option *decl, const char *text,
+				       char **normal_out, char **reason_out)
+{
+	size_t len = strlen(text);
+	int64_t lo, hi, iv = 0;
+	uint64_t uv = 0;
+	bool b;
+	enum num r;
+
+	option_range(decl, &lo, &hi);
+	switch (decl->type) {
+	case TE_PLUGIN_OPT_BOOL:
+		if (!te_plugin_parse_bool(text, &b))
+			break;
+		*normal_out = g_strdup(b ? "true" : "false");
+		return TE_OK;
+	case TE_PLUGIN_OPT_INT:
+		r = parse_int64(text, len, &iv);
+		if (r == NUM_BAD)
+			break;
+		if (r == NUM_RANGE || iv < lo || iv > hi) {
+			g_autofree char *l = g_strdup_printf("%" PRId64, lo);
+			g_autofree char *h = g_strdup_printf("%" PRId64, hi);
+
+			*reason_out = option_out_of_range(text, l, h);
+			return TE_ERR_CONFIG;
+		}
+		*normal_out = g_strdup_printf("%" PRId64, iv);
+		return TE_OK;
+	case TE_PLUGIN_OPT_SIZE:
+		r = parse_size(text, len, &uv);
+		if (r == NUM_BAD)
+			break;
+		/* lo >= 0 for SIZE (plugin_validate_options): the casts keep the values. */
+		if (r == NUM_RANGE || uv < (uint64_t)lo || uv > (uint64_t)hi) {
+			g_autofree char *l = format_size((uint64_t)lo);
+			g_autofree char *h = format_size((uint64_t)hi);
+
+			*reason_out = option_out_of_range(text, l, h);
+			return TE_ERR_CONFIG;
+		}
+		*normal_out = g_strdup_printf("%" PRIu64, uv);
+		return TE_OK;
+	case TE_PLUGIN_OPT_STRING:
+		*normal_out = g_strdup(text);
+		return TE_OK;
+	case TE_PLUGIN_OPT_CHOICE:
+		for (size_t i = 0; decl->choices && decl->choices[i]; i++) {
+			if (strcmp(text, decl->choices[i]) == 0) {
+				*normal_out = g_strdup(decl->choices[i]);
+				return TE_OK;
+			}
+		}
+		break;
+	default:
+		*reason_out = g_strdup_printf("option type %u is unknown", decl->type);
+		return TE_ERR_CONFIG;
+	}
+	switch (decl->type) {
+	case TE_PLUGIN_OPT_BOOL:
+		*reason_out = option_got(text, field_expect(F_BOOL));
+		break;
+	case TE_PLUGIN_OPT_INT:
+		*reason_out = option_got(text, field_expect(F_U64));
+		break;
+	case TE_PLUGIN_OPT_SIZE:
+		*reason_out = option_got(text, field_expect(F_SIZE));
+		break;
+	default: {
+		g_autoptr(GString) list = g_string_new("one of: ");
+
+		for (size_t i = 0; decl->choices && decl->choices[i]; i++)
+			g_string_append_printf(list, "%s%s", i ? ", " : "", decl->choices[i]);
+		*reason_out = option_got(text, list->str);
+		break;
+	}
+	}
+	return TE_ERR_CONFIG;
+}
+
+/*
+ * Edit distance of two short strings (at most 64 bytes each; longer ones: a large value):
+ * insertions, deletions, substitutions and swaps of neighbours ("lable") count 1, case none.
+ */
+static size_t edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	uint8_t d[65][65];
+
+	if (la > 64 || lb > 64)
+		return SIZE_MAX;
+	for (size_t i = 0; i <= la; i++)
+		d[i][0] = (uint8_t)i;
+	for (size_t j = 0; j <= lb; j++)
+		d[0][j] = (uint8_t)j;
+	for (size_t i = 1; i <= la; i++) {
+		for (size_t j = 1; j <= lb; j++) {
+			char x = g_ascii_tolower(a[i - 1]), y = g_ascii_tolower(b[j - 1]);
+			size_t v = MIN(MIN(d[i - 1][j] + 1u, d[i][j - 1] + 1u),
+				       d[i - 1][j - 1] + (x == y ? 0u : 1u));
+
+			if (i > 1 && j > 1 && x == g_ascii_tolower(b[j - 2]) &&
+			    g_ascii_tolower(a[i - 2]) == y)
+				v = MIN(v, d[i - 2][j - 2] + 1u);
+			d[i][j] = (uint8_t)v;
+		}
+	}
+	return d[la][lb];
+}
+
+/* The declared name closest to @key when it is close enough to be a typo, else NULL. */
+static const char *option_suggest(const char *key, const struct te_plugin_option *decls, size_t n)
+{
+	const char *best = NULL;
+	size_t best_d = SIZE_MAX;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t d = edit_distance(key, decls[i].name);
+		/* One edit per 3 characters of the name, at least 1, at most 2 ("a.b" is no "any"). */
+		size_t most = MIN((size_t)2, MAX((size_t)1, strlen(decls[i].name) / 3));
+
+		if (d < best_d && d <= most) {
+			best = decls[i].name;
+			best_d = d;
+		}
+	}
+	return best;
+}
+
+static char *option_path(size_t index, const char *key)
+{
+	GString *s = g_string_new(NULL);
+
+	g_string_append_printf(s, "transports[%zu].options", index);
+	append_key_text(s, key, strlen(key));
+	return g_string_free(s, FALSE);
+}
+
+static void options_free(struct config_option *o, size_t n)
+{
+	for (size_t i = 0; o && i < n; i++) {
+		g_free(o[i].key);
+		g_free(o[i].value);
+	}
+	g_free(o);
+}
+
+enum te_status config_transport_apply(struct config_transport *t, const char *source, size_t index,
+				      const char *plugin, const struct te_plugin_option *decls,
+				      size_t n, bool check_required, char **err_out)
+{
+	struct pctx p = { .name = source ? source : "<config>" };
+	struct config_option *eff;
+	size_t *from; /* per declaration: 1 + index of the YAML option setting it, or 0 */
+	size_t n_eff = 0;
+
+	if (n == 0)
+		return TE_OK;
+	eff = g_new0(struct config_option, n);
+	from = g_new0(size_t, n);
+	for (size_t j = 0; j < t->n_options; j++) {
+		const struct config_option *o = &t->options[j];
+		g_autofree char *path = option_path(index, o->key);
+		g_autofree char *reason = NULL;
+		char *normal = NULL;
+		size_t k;
+
+		for (k = 0; k < n; k++)
+			if (strcmp(decls[k].name, o->key) == 0)
+				break;
+		if (k == n) {
+			const char *near = option_suggest(o->key, decls, n);
+			g_autoptr(GString) names = g_string_new(NULL);
+
+			if (near) {
+				fail_at(&p, o->key_line, o->key_col, path,
+					"unknown option of plugin %s (did you mean \"%s\"?)",
+					plugin, near);
+				goto err;
+			}
+			for (size_t i = 0; i < n; i++)
+				g_string_append_printf(names, "%s%s", i ? ", " : "", decls[i].name);
+			fail_at(&p, o->key_line, o->key_col, path,
+				"unknown option of plugin %s (expected one of: %s)", plugin,
+				names->str);
+			goto err;
+		}
+		/* A null value keeps the default, as for the core's own keys. */
+		if (o->null)
+			continue;
+		if (config_option_normalize(&decls[k], o->value, &normal, &reason) != TE_OK) {
+			fail_at(&p, o->value_line, o->value_col, path, "%s", reason);
+			goto err;
+		}
+		eff[k].key = g_strdup(decls[k].name);
+		eff[k].value = normal;
+		eff[k].key_line = o->key_line;
+		eff[k].key_col = o->key_col;
+		eff[k].value_line = o->value_line;
+		eff[k].value_col = o->value_col;
+		from[k] = j + 1;
+	}
+	for (size_t k = 0; k < n; k++) {
+		g_autofree char *reason = NULL;
+
+		if (from[k])
+			continue;
+		if (decls[k].default_value) {
+			/* Checked when the module loaded (plugin_validate_options): cannot fail. */
+			if (config_option_normalize(&decls[k], decls[k].default_value,
+						    &eff[k].value, &reason) != TE_OK) {
+				g_autofree char *path = option_path(index, decls[k].name);
+
+				fail_at(&p, t->line, t->col, path, "bad default: %s", reason);
+				goto err;
+			}
+			eff[k].key = g_strdup(decls[k].name);
+		} else if (check_required && (decls[k].flags & TE_PLUGIN_OPT_REQUIRED)) {
+			g_autofree char *path = option_path(index, decls[k].name);
+
+			fail_at(&p, t->opts_line ? t->opts_line : t->line,
+				t->opts_line ? t->opts_col : t->col, path,
+				"missing required option of plugin %s%s%s%s", plugin,
+				decls[k].help ? " (" : "", decls[k].help ? decls[k].help : "",
+				decls[k].help ? ")" : "");
+			goto err;
+		}
+	}
+	/* Compact: declarations without a value are left out. */
+	for (size_t k = 0; k < n; k++)
+		if (eff[k].key)
+			eff[n_eff++] = eff[k];
+	options_free(t->options, t->n_options);
+	t->options = eff;
+	t->n_options = n_eff;
+	g_free(from);
+	return TE_OK;
+
+err:
+	options_free(eff, n);
+	g_free(from);
+	if (err_out)
+		*err_out = p.err;
+	else
+		g_free(p.err);
+	return p.status;
+}
+
+enum te_status config_apply_options(struct config *cfg, size_t index, const char *plugin,
+				    const struct te_plugin_option *decls, size_t n, char **err_out)
+{
+	if (!cfg || index >= cfg->n_transports) {
+		if (err_out)
+			*err_out = g_strdup("config_apply_options: invalid argument");
+		return TE_ERR_INVALID_ARG;
+	}
+	return config_transport_apply(&cfg->transports[index], cfg->source, index, plugin, decls, n,
+				      true, err_out);
+}
+
+bool config_option_error(const struct config *cfg, size_t index, const char *plugin,
+			 const char *text, char **out_out)
+{
+	static const char head[] = "option '";
+	const struct config_transport *t;
+	struct pctx p = { .name = cfg && cfg->source ? cfg->source : "<config>" };
+	g_autofree char *key = NULL;
+	g_autofree char *path = NULL;
+	const char *end;
+	unsigned line, col;
+
+	if (!cfg || index >= cfg->n_transports || !text)
+		return false;
+	t = &cfg->transports[index];
+	/* An optional "<plugin>: " before it (many plugins prefix what they say). */
+	if (plugin && g_str_has_prefix(text, plugin) &&
+	    g_str_has_prefix(text + strlen(plugin), ": "))
+		text += strlen(plugin) + 2;
+	if (!g_str_has_prefix(text, head))
+		return false;
+	text += strlen(head);
+	end = strchr(text, '\'');
+	if (!end || end[1] != ':' || end[2] != ' ' || !end[3] ||
+	    !is_simple_key(text, (size_t)(end - text)))
+		return false;
+	key = g_strndup(text, (size_t)(end - text));
+	line = t->opts_line ? t->opts_line : t->line;
+	col = t->opts_line ? t->opts_col : t->col;
+	for (size_t j = 0; j < t->n_options; j++) {
+		if (strcmp(t->options[j].key, key) == 0 && t->options[j].value_line) {
+			line = t->options[j].value_line;
+			col = t->options[j].value_col;
+		}
+	}
+	if (!line)
+		return false; /* a transport the YAML does not have: nowhere to point */
+	path = option_path(index, key);
+	fail_at(&p, line, col, path, "%s", end + 3);
+	*out_out = p.err;
+	return true;
+}
+
+void config_transport_clear(struct config_transport *t)
+{
+	if (!t)
+		return;
+	g_free(t->name);
+	g_free(t->path);
+	options_free(t->options, t->n_options);
+	memset(t, 0, sizeof(*t));
 }

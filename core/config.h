@@ -21,6 +21,9 @@
 struct config_option {
 	char *key;
 	char *value;
+	bool null;		    /* the YAML value was null (value is ""): "keep the default" */
+	unsigned key_line, key_col; /* where the key is (1-based); 0: a default filled in */
+	unsigned value_line, value_col; /* where the value is */
 };
 
 struct config_transport {
@@ -30,6 +33,8 @@ struct config_transport {
 	bool memory_only; /* loaded for the memory kinds it owns; never chosen to move bytes */
 	struct config_option *options;
 	size_t n_options;
+	unsigned line, col;	      /* the transport's mapping in the YAML; 0: not from YAML */
+	unsigned opts_line, opts_col; /* its options: mapping; 0: none */
 };
 
 enum config_metadata_type {
@@ -40,6 +45,8 @@ enum config_metadata_type {
 };
 
 struct config {
+	char *source; /* the name errors start with (file name, "<string>") */
+
 	/* engine: */
 	char *name;	 /* NULL: host:port of the listener */
 	char *listen;	 /* control-plane address, default "127.0.0.1:0" */
@@ -127,6 +134,46 @@ extern const char config_default_yaml[];
  * redact it before showing the text to a user. NULL for a NULL @cfg.
  */
 char *config_to_yaml(const struct config *cfg);
+
+struct te_plugin_option;
+
+/*
+ * config_option_normalize - check @text against the plugin option declaration @decl
+ * (te_plugin.h, "Declared options"). TE_OK with *normal_out (g_free) in normal form ("true",
+ * "-3", "65536", the choice); TE_ERR_CONFIG with *reason_out (g_free), e.g. "expected an
+ * integer, got \"x\"" or "value 0 out of range 1..16". Pure; thread-safe.
+ */
+enum te_status config_option_normalize(const struct te_plugin_option *decl, const char *text,
+				       char **normal_out, char **reason_out);
+
+/*
+ * config_transport_apply - check the options of transport @t (transports[@index] of the
+ * configuration named @source) against the @n declarations @decls of plugin @plugin, and
+ * replace them with the effective options: every declared option that has a value (the YAML's
+ * normalized, else its default), in declaration order. With @check_required, a
+ * TE_PLUGIN_OPT_REQUIRED option without a value is an error. TE_OK; TE_ERR_CONFIG with
+ * *err_out (g_free) "<source>:<line>:<col>: transports[<index>].options.<key>: <reason>", @t
+ * untouched. The caller validated @decls (plugin_validate_options); @n 0 changes nothing.
+ */
+enum te_status config_transport_apply(struct config_transport *t, const char *source, size_t index,
+				      const char *plugin, const struct te_plugin_option *decls,
+				      size_t n, bool check_required, char **err_out);
+
+/* config_apply_options - config_transport_apply on cfg->transports[@index], required checked. */
+enum te_status config_apply_options(struct config *cfg, size_t index, const char *plugin,
+				    const struct te_plugin_option *decls, size_t n, char **err_out);
+
+/*
+ * config_option_error - when @text (what a plugin's init said through set_error) reads
+ * "[<plugin>: ]option '<key>': <why>", the one convention for option errors plugins find
+ * themselves, *out_out (g_free) is "<source>:<line>:<col>: transports[<index>].options.<key>:
+ * <why>" (at the key's value, else at the transport's options) and true; false otherwise.
+ */
+bool config_option_error(const struct config *cfg, size_t index, const char *plugin,
+			 const char *text, char **out_out);
+
+/* Free what @t holds and zero it (for a transport built outside config_parse). */
+void config_transport_clear(struct config_transport *t);
 
 /* Look up a transport option; NULL if absent. */
 const char *config_transport_option(const struct config_transport *t, const char *key);

@@ -47,6 +47,7 @@ static uint64_t engine_new_generation(void)
 static enum te_status engine_load_transports(struct engine *e)
 {
 	g_autofree char *search = plugin_search_path();
+	g_autoptr(GString) skipped = g_string_new(NULL);
 	uint32_t max_priv = 0;
 
 	e->tps = g_new0(struct transport *, e->cfg->n_transports + 1);
@@ -58,17 +59,49 @@ static enum te_status engine_load_transports(struct engine *e)
 		enum te_status st;
 
 		st = plugin_open(ct->name, ct->path, search, &p, &err);
+		/*
+		 * Options the plugin declares are checked before its init, and a bad one is a
+		 * configuration error even for an optional transport: optional means only that
+		 * the module may be absent from this host.
+		 */
 		if (st == TE_OK) {
+			st = plugin_apply_options(p, e->cfg, i, &err);
+			if (st != TE_OK) {
+				plugin_close(p);
+				return log_error(st, "%s", err);
+			}
+		}
+		if (st == TE_OK) {
+			char *located = NULL;
+
 			st = transport_start(e, p, &host_services, ct, e->n_tps, &tp, &err);
+			/*
+			 * "option '<key>': <why>" from init's set_error is an option the plugin
+			 * checked itself: say where it is, as for the options the core checks.
+			 */
+			if (st != TE_OK && config_option_error(e->cfg, i, p->name,
+							       transport_op_error(), &located)) {
+				g_free(err);
+				err = located;
+				/* A bad option fails the start, required or not. */
+				plugin_close(p);
+				return log_error(TE_ERR_CONFIG, "%s", err);
+			}
 			if (st != TE_OK)
 				plugin_close(p);
 		}
+		/* Optional means "may be absent from this host", not "may be misconfigured". */
+		if (st == TE_ERR_CONFIG)
+			return log_error(st, "transport '%s'%s: %s", ct->name,
+					 ct->required ? " (required)" : "", err);
 		if (st != TE_OK) {
 			if (ct->required)
 				return log_error(st, "transport '%s' (required): %s", ct->name,
 						 err);
 			ENGINE_LOG(e, TE_LOG_WARN, "transport '%s' (optional) skipped: %s",
 				   ct->name, err);
+			g_string_append_printf(skipped, "%s%s: %s", skipped->len ? "; " : "",
+					       ct->name, err);
 			continue;
 		}
 		e->tps[e->n_tps++] = tp;
@@ -78,8 +111,13 @@ static enum te_status engine_load_transports(struct engine *e)
 			   tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL ? "manual" : "auto",
 			   tp->n_devices);
 	}
+	/* An engine that cannot move a byte fails now, not at its first segment open. */
 	if (!e->n_tps)
-		ENGINE_LOG(e, TE_LOG_WARN, "no transport loaded: this engine cannot move data");
+		return log_error(
+			TE_ERR_NO_TRANSPORT,
+			"no transport could be loaded, so this engine could not move data: "
+			"%s",
+			skipped->len ? skipped->str : "the configuration lists none");
 	e->slice_stride = (sizeof(struct slice) + max_priv + 63) / 64 * 64;
 	e->slice_size = g_new0(uint64_t, e->n_tps + 1);
 	for (unsigned i = 0; i < e->n_tps; i++) {
@@ -138,6 +176,8 @@ static void engine_destroy(struct engine *e)
 	 * count on them. Views held by such tasks go when those tasks go.
 	 */
 	segment_table_drop_views(e);
+	/* te_mem_alloc memory left: unregistered and freed while its transport still runs. */
+	memkind_release_all(e);
 	/*
 	 * fini completes whatever a plugin still holds and releases its peers, keys and
 	 * registrations; from here the core makes no more calls into it.

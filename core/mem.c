@@ -340,6 +340,45 @@ enum te_status mem_unregister(struct engine *e, void *addr)
 	return TE_OK;
 }
 
+enum te_status mem_overlapping(struct engine *e, uint64_t addr, uint64_t length, uint64_t skip_addr,
+			       uint64_t *raddr_out, uint64_t *rlen_out)
+{
+	enum te_status st = TE_ERR_NOT_FOUND;
+	guint i;
+
+	g_rw_lock_reader_lock(&e->mem.lock);
+	/* Sorted and disjoint: from the last region starting at or below @addr. */
+	i = mem_upper_bound(e->mem.regions, addr);
+	for (i = i ? i - 1 : 0; i < e->mem.regions->len; i++) {
+		const struct mem_region *r = g_ptr_array_index(e->mem.regions, i);
+
+		if (r->addr >= addr + length)
+			break;
+		if (r->addr + r->length <= addr || (skip_addr && r->addr == skip_addr))
+			continue;
+		*raddr_out = r->addr;
+		*rlen_out = r->length;
+		st = TE_OK;
+		break;
+	}
+	g_rw_lock_reader_unlock(&e->mem.lock);
+	return st;
+}
+
+enum te_status mem_unregister_within(struct engine *e, uint64_t addr, uint64_t length)
+{
+	uint64_t raddr, rlen;
+
+	while (mem_overlapping(e, addr, length, 0, &raddr, &rlen) == TE_OK) {
+		enum te_status st = mem_unregister(e, (void *)(uintptr_t)raddr);
+
+		/* TE_ERR_NOT_REGISTERED: another thread unregistered it meanwhile. */
+		if (st != TE_OK && st != TE_ERR_NOT_REGISTERED)
+			return st;
+	}
+	return TE_OK;
+}
+
 void mem_unregister_all(struct engine *e)
 {
 	g_rw_lock_writer_lock(&e->mem.lock);

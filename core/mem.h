@@ -52,6 +52,21 @@ enum te_status mem_register(struct engine *e, void *addr, size_t length, const c
 			    uint32_t access);
 enum te_status mem_unregister(struct engine *e, void *addr);
 
+/*
+ * mem_overlapping - a registered region overlapping [@addr, +@length), other than the one
+ * starting at @skip_addr (0: none skipped): TE_OK with its start and length, TE_ERR_NOT_FOUND
+ * when there is none. Thread-safe.
+ */
+enum te_status mem_overlapping(struct engine *e, uint64_t addr, uint64_t length, uint64_t skip_addr,
+			       uint64_t *raddr_out, uint64_t *rlen_out);
+
+/*
+ * mem_unregister_within - unregister every region overlapping [@addr, +@length). TE_OK, or
+ * TE_ERR_BUSY (te_last_error says which) when a live batch uses one (those before it are gone).
+ * Thread-safe.
+ */
+enum te_status mem_unregister_within(struct engine *e, uint64_t addr, uint64_t length);
+
 /* Engine teardown: deregister every region left. */
 void mem_unregister_all(struct engine *e);
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* memkind.c: memory kinds (cuda, hip) routed to the plugin that owns each; te_mem_alloc/copy. */
+/* memkind.c: memory kinds routed to the plugin that owns or allocates each; te_mem_alloc/copy. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -19,6 +19,9 @@ struct memkind_alloc {
 	uint32_t mem_type;
 	int32_t dev;
 	size_t length;
+	struct transport *tp; /* the allocating transport; NULL: the core's host memory */
+	bool registered;      /* te_mem_alloc_registered registered it */
+	char location[32];    /* as the application named it, for messages */
 };
 
 enum te_status memkind_parse_location(const char *location, uint32_t *mem_type_out,
@@ -81,6 +84,16 @@ struct transport *memkind_owner(struct engine *e, uint32_t mem_type)
 {
 	for (unsigned i = 0; e && i < e->n_tps; i++)
 		if ((e->tps[i]->caps.owned_mem_types & mem_type) &&
+		    !atomic_load_explicit(&e->tps[i]->stopped, memory_order_relaxed))
+			return e->tps[i];
+	return NULL;
+}
+
+struct transport *memkind_allocator(struct engine *e, uint32_t mem_type)
+{
+	for (unsigned i = 0; e && i < e->n_tps; i++)
+		if (((e->tps[i]->caps.owned_mem_types | e->tps[i]->caps.alloc_mem_types) &
+		     mem_type) &&
 		    !atomic_load_explicit(&e->tps[i]->stopped, memory_order_relaxed))
 			return e->tps[i];
 	return NULL;
@@ -153,6 +166,55 @@ void memkind_init(struct engine *e)
 	e->allocs = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
 }
 
+/* Hand @a's memory at @ptr back to whoever allocated it. */
+static enum te_status memkind_release(struct memkind_alloc *a, void *ptr)
+{
+	if (!a->tp) {
+		free(ptr);
+		return TE_OK;
+	}
+	return transport_mem_free(a->tp, ptr);
+}
+
+void memkind_release_all(struct engine *e)
+{
+	GHashTableIter it;
+	gpointer key, val;
+
+	if (!e->allocs)
+		return;
+	/*
+	 * Every allocation is unregistered, then freed, while its transport still runs (no batch
+	 * is left: the engine drained them). One still in use by slices a transport holds is
+	 * left to that transport's fini, or to memkind_fini for host memory.
+	 */
+	g_mutex_lock(&e->alloc_lock);
+	g_hash_table_iter_init(&it, e->allocs);
+	while (g_hash_table_iter_next(&it, &key, &val)) {
+		struct memkind_alloc *a = val;
+		enum te_status st;
+
+		st = mem_unregister_within(e, (uintptr_t)key, a->length);
+		if (st == TE_OK)
+			st = memkind_release(a, key);
+		if (st == TE_OK) {
+			ENGINE_LOG(e, TE_LOG_DEBUG, "engine free: released %zu bytes at %p (%s)",
+				   a->length, key, a->location);
+			g_hash_table_iter_remove(&it);
+			continue;
+		}
+		ENGINE_LOG(e, TE_LOG_WARN,
+			   "engine free: %zu bytes at %p (%s, from %s) not released now: %s%s%s",
+			   a->length, key, a->location, a->tp ? a->tp->plugin->name : "host memory",
+			   te_status_str(st), a->tp && *transport_error(a->tp) ? ": " : "",
+			   a->tp ? transport_error(a->tp) : "");
+		/* Host memory goes in memkind_fini; a transport's fini releases its own. */
+		if (a->tp)
+			g_hash_table_iter_remove(&it);
+	}
+	g_mutex_unlock(&e->alloc_lock);
+}
+
 void memkind_fini(struct engine *e)
 {
 	GHashTableIter it;
@@ -160,12 +222,12 @@ void memkind_fini(struct engine *e)
 
 	if (!e->allocs)
 		return;
-	/* Host allocations the application never freed; device ones went with their plugin. */
+	/* Host memory memkind_release_all could not free; transports released theirs. */
 	g_hash_table_iter_init(&it, e->allocs);
 	while (g_hash_table_iter_next(&it, &key, &val)) {
 		const struct memkind_alloc *a = val;
 
-		if (a->mem_type == TE_PLUGIN_MEM_CPU)
+		if (!a->tp)
 			free(key);
 	}
 	g_hash_table_destroy(e->allocs);
@@ -173,12 +235,15 @@ void memkind_fini(struct engine *e)
 	g_mutex_clear(&e->alloc_lock);
 }
 
-/* --- public API -------------------------------------------------------------------- */
-
-enum te_status te_mem_alloc(struct te_engine *engine, const char *location, size_t length,
-			    void **ptr_out)
+/*
+ * Allocate @length bytes at @location for @fn (the public call, for messages): the core's
+ * host memory, or the first transport that offers the kind. TE_OK with *ptr_out and the
+ * record to keep in *a_out (g_free); otherwise te_last_error() names the location, the
+ * transport and its reason.
+ */
+static enum te_status memkind_alloc(struct engine *e, const char *fn, const char *location,
+				    size_t length, void **ptr_out, struct memkind_alloc **a_out)
 {
-	ENGINE_OR_FAIL(engine, "te_mem_alloc");
 	struct memkind_alloc *a;
 	struct transport *tp;
 	uint32_t type;
@@ -187,70 +252,171 @@ enum te_status te_mem_alloc(struct te_engine *engine, const char *location, size
 	enum te_status st;
 
 	if (!ptr_out || !length)
-		return log_error(TE_ERR_INVALID_ARG, "te_mem_alloc: NULL pointer or length 0");
+		return log_error(TE_ERR_INVALID_ARG, "%s: NULL pointer or length 0", fn);
 	if (!location || strcmp(location, "*") == 0 ||
 	    memkind_parse_location(location, &type, &dev) != TE_OK)
 		return log_error(TE_ERR_INVALID_ARG,
-				 "te_mem_alloc: location '%s' is not one of cpu[:N], cuda:N, hip:N",
-				 location ? location : "(null)");
-	if (type == TE_PLUGIN_MEM_CPU) {
+				 "%s: location '%s' is not one of cpu[:N], cuda:N, hip:N, cxl:N",
+				 fn, location ? location : "(null)");
+	tp = memkind_allocator(e, type);
+	if (!tp && type == TE_PLUGIN_MEM_CPU) {
 		int rc = posix_memalign(&p, 4096, length);
 
 		if (rc != 0)
-			return log_error(TE_ERR_NOMEM, "te_mem_alloc: %zu bytes of host memory: %s",
-					 length, g_strerror(rc));
+			return log_error(TE_ERR_NOMEM, "%s: %s: %zu bytes of host memory: %s", fn,
+					 location, length, g_strerror(rc));
+	} else if (!tp) {
+		g_autoptr(GString) names = g_string_new(NULL);
+
+		for (unsigned i = 0; i < e->n_tps; i++)
+			g_string_append_printf(names, "%s%s", i ? ", " : "",
+					       e->tps[i]->plugin->name);
+		return log_error(TE_ERR_MEMORY_TYPE,
+				 "%s: %s: no loaded transport owns %s memory or allocates it "
+				 "(loaded: %s)",
+				 fn, location, memkind_name(type), e->n_tps ? names->str : "none");
 	} else {
-		tp = memkind_owner(e, type);
-		if (!tp)
-			return log_error(TE_ERR_MEMORY_TYPE,
-					 "te_mem_alloc: %s: no loaded transport owns %s memory",
-					 location, memkind_name(type));
 		st = transport_mem_alloc(tp, type, dev, length, &p);
 		if (st != TE_OK || !p)
 			return log_error(st != TE_OK ? st : TE_ERR_INTERNAL,
-					 "te_mem_alloc: %s: %s: %zu bytes: %s%s%s", location,
-					 tp->plugin->name, length, te_status_str(st),
+					 "%s: %s: %s: %zu bytes: %s%s%s", fn, location,
+					 tp->plugin->name, length,
+					 st != TE_OK ? te_status_str(st)
+						     : "mem_alloc returned TE_OK and no memory",
 					 *transport_error(tp) ? ": " : "", transport_error(tp));
 	}
 	a = g_new0(struct memkind_alloc, 1);
 	a->mem_type = type;
 	a->dev = dev;
 	a->length = length;
+	a->tp = tp;
+	g_strlcpy(a->location, location, sizeof(a->location));
+	*ptr_out = p;
+	*a_out = a;
+	return TE_OK;
+}
+
+static void memkind_insert(struct engine *e, void *p, struct memkind_alloc *a)
+{
 	g_mutex_lock(&e->alloc_lock);
 	g_hash_table_insert(e->allocs, p, a);
 	g_mutex_unlock(&e->alloc_lock);
+}
+
+/* --- public API -------------------------------------------------------------------- */
+
+enum te_status te_mem_alloc(struct te_engine *engine, const char *location, size_t length,
+			    void **ptr_out)
+{
+	ENGINE_OR_FAIL(engine, "te_mem_alloc");
+	struct memkind_alloc *a = NULL;
+	void *p = NULL;
+	enum te_status st;
+
+	st = memkind_alloc(e, "te_mem_alloc", location, length, &p, &a);
+	if (st != TE_OK)
+		return st;
+	memkind_insert(e, p, a);
 	*ptr_out = p;
 	return TE_OK;
+}
+
+enum te_status te_mem_alloc_registered(struct te_engine *engine, const char *location,
+				       size_t length, uint32_t access, void **ptr_out)
+{
+	ENGINE_OR_FAIL(engine, "te_mem_alloc_registered");
+	static const char fn[] = "te_mem_alloc_registered";
+	struct memkind_alloc *a = NULL;
+	g_autofree char *why = NULL;
+	void *p = NULL;
+	enum te_status st, fst;
+
+	if (access & ~(uint32_t)TE_MEM_REMOTE)
+		return log_error(TE_ERR_INVALID_ARG, "%s: unknown access bits 0x%x", fn, access);
+	st = memkind_alloc(e, fn, location, length, &p, &a);
+	if (st != TE_OK)
+		return st;
+	st = mem_register(e, p, length, location, access);
+	if (st == TE_OK) {
+		a->registered = true;
+		memkind_insert(e, p, a);
+		*ptr_out = p;
+		return TE_OK;
+	}
+	why = g_strdup(te_last_error());
+	fst = memkind_release(a, p);
+	if (fst != TE_OK && a->tp)
+		ENGINE_LOG(e, TE_LOG_WARN,
+			   "%s: %s: freeing %zu bytes at %p after the failed "
+			   "registration failed too: %s%s%s",
+			   fn, a->tp->plugin->name, length, p, te_status_str(fst),
+			   *transport_error(a->tp) ? ": " : "", transport_error(a->tp));
+	st = log_error(st, "%s: %s: %zu bytes from %s, registration refused (nothing kept): %s", fn,
+		       location, length, a->tp ? a->tp->plugin->name : "host memory", why);
+	g_free(a);
+	return st;
 }
 
 enum te_status te_mem_free(struct te_engine *engine, void *ptr)
 {
 	ENGINE_OR_FAIL(engine, "te_mem_free");
 	struct memkind_alloc *a;
-	struct transport *tp;
+	uint64_t raddr = 0, rlen = 0;
 	enum te_status st = TE_OK;
+	const char *by;
 
 	if (!ptr)
 		return TE_OK;
+	/* Taken out while it is freed: a concurrent te_mem_free of it finds nothing. */
 	g_mutex_lock(&e->alloc_lock);
 	a = g_hash_table_lookup(e->allocs, ptr);
 	if (a)
 		g_hash_table_steal(e->allocs, ptr);
 	g_mutex_unlock(&e->alloc_lock);
 	if (!a)
-		return log_error(TE_ERR_NOT_FOUND, "te_mem_free: %p did not come from te_mem_alloc",
+		return log_error(TE_ERR_NOT_FOUND,
+				 "te_mem_free: %p did not come from te_mem_alloc or "
+				 "te_mem_alloc_registered, or was freed already",
 				 ptr);
-	if (a->mem_type == TE_PLUGIN_MEM_CPU) {
-		free(ptr);
-	} else if ((tp = memkind_owner(e, a->mem_type)) != NULL) {
-		st = transport_mem_free(tp, ptr);
-		if (st != TE_OK)
-			log_error(st, "te_mem_free: %s: %p: %s%s%s", tp->plugin->name, ptr,
-				  te_status_str(st), *transport_error(tp) ? ": " : "",
-				  transport_error(tp));
+	by = a->tp ? a->tp->plugin->name : "host memory";
+	/* Regions the application registered inside it (ours, at @ptr, is undone below). */
+	if (mem_overlapping(e, (uintptr_t)ptr, a->length, a->registered ? (uintptr_t)ptr : 0,
+			    &raddr, &rlen) == TE_OK) {
+		st = log_error(TE_ERR_BUSY,
+			       "te_mem_free: %p (%s, %zu bytes from %s) not freed: region "
+			       "[0x%" PRIx64 ", +%" PRIu64 ") inside it is still registered "
+			       "(te_mem_unregister it first)",
+			       ptr, a->location, a->length, by, raddr, rlen);
+		memkind_insert(e, ptr, a);
+		return st;
+	}
+	if (a->registered) {
+		st = mem_unregister(e, ptr);
+		if (st == TE_ERR_BUSY) {
+			g_autofree char *why = g_strdup(te_last_error());
+
+			log_error(st, "te_mem_free: %p (%s, %zu bytes from %s) not freed: %s", ptr,
+				  a->location, a->length, by, why);
+			memkind_insert(e, ptr, a);
+			return st;
+		}
+		/* TE_ERR_NOT_REGISTERED: the application unregistered it itself. */
+		a->registered = false;
+	}
+	st = memkind_release(a, ptr);
+	if (st != TE_OK) {
+		log_error(st, "te_mem_free: %p (%s, %zu bytes from %s): %s%s%s", ptr, a->location,
+			  a->length, by, te_status_str(st), *transport_error(a->tp) ? ": " : "",
+			  transport_error(a->tp));
+		/* The transport kept it (e.g. TE_ERR_BUSY): so does the table. */
+		if (st != TE_ERR_NOT_FOUND)
+			memkind_insert(e, ptr, a);
+		else
+			g_free(a);
+		return st;
 	}
 	g_free(a);
-	return st;
+	return TE_OK;
 }
 
 enum te_status te_mem_copy(struct te_engine *engine, void *dst, const void *src, size_t length)

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* memkind.h: memory kinds (cuda, hip): who owns an address, copies and allocations, by kind. */
+/* memkind.h: memory kinds: who owns an address, copies, and who allocates each kind. */
 #ifndef TE_CORE_MEMKIND_H
 #define TE_CORE_MEMKIND_H
 
@@ -46,8 +46,20 @@ enum te_status memkind_copy(struct engine *e, void *dst, const void *src, uint64
 enum te_status memkind_dmabuf(struct engine *e, const void *addr, uint64_t len, uint32_t mem_type,
 			      int32_t dev, int *fd_out, uint64_t *offset_out);
 
+/*
+ * The loaded transport that allocates memory kind @mem_type for te_mem_alloc: the first in
+ * priority order whose caps.owned_mem_types or caps.alloc_mem_types has it, or NULL.
+ * Thread-safe.
+ */
+struct transport *memkind_allocator(struct engine *e, uint32_t mem_type);
+
 /* Engine start and teardown of the allocation table of te_mem_alloc. */
 void memkind_init(struct engine *e);
+/*
+ * Engine free, once no batch is left and before the transports' fini: unregister and free
+ * every allocation the application left (transports are asked while they still run).
+ */
+void memkind_release_all(struct engine *e);
 void memkind_fini(struct engine *e);
 
 #endif /* TE_CORE_MEMKIND_H */

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -198,6 +199,190 @@ enum te_status plugin_validate(const struct te_plugin_desc *desc, const char *fi
 	return TE_OK;
 }
 
+/*
+ * struct te_plugin_option as ABI 1.2 has it, padding included (an array's stride): the smallest
+ * option_size accepted.
+ */
+#define OPTION_ALIGN _Alignof(struct te_plugin_option)
+#define OPTION_V1_2_SIZE                                                                           \
+	((offsetof(struct te_plugin_option, flags) + sizeof(uint32_t) + OPTION_ALIGN - 1) /        \
+	 OPTION_ALIGN * OPTION_ALIGN)
+#define OPTION_NAME_MAX 63
+#define OPTION_CHOICES_MAX 64
+#define OPTION_FLAGS_KNOWN TE_PLUGIN_OPT_REQUIRED
+
+/* [a-z][a-z0-9_-]*, 1..OPTION_NAME_MAX bytes: a YAML key printed bare in messages. */
+static bool option_name_valid(const char *s)
+{
+	size_t n = strnlen(s, OPTION_NAME_MAX + 1);
+
+	if (n == 0 || n > OPTION_NAME_MAX || !g_ascii_islower(s[0]))
+		return false;
+	for (size_t i = 1; i < n; i++)
+		if (!g_ascii_islower(s[i]) && !g_ascii_isdigit(s[i]) && s[i] != '_' && s[i] != '-')
+			return false;
+	return true;
+}
+
+/* A bounded, escaped copy of plugin text for a message (g_free). */
+static char *option_text(const char *s)
+{
+	g_autofree char *cut = g_strndup(s, 64);
+
+	return g_strescape(cut, NULL);
+}
+
+/* Check one declaration (@o, a core copy) at index @i; @prev are the ones before it. */
+static enum te_status option_check(const struct te_plugin_option *o, uint32_t i,
+				   const struct te_plugin_option *prev, const char *file,
+				   char **err_out)
+{
+	g_autofree char *normal = NULL;
+	g_autofree char *reason = NULL;
+	size_t n_choices = 0;
+
+	if (!o->name) {
+		*err_out = g_strdup_printf("%s: option %u has no name", file, i);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if (!option_name_valid(o->name)) {
+		g_autofree char *t = option_text(o->name);
+
+		*err_out = g_strdup_printf("%s: option %u: invalid name \"%s\" (expected "
+					   "[a-z][a-z0-9_-]*, at most %d bytes)",
+					   file, i, t, OPTION_NAME_MAX);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	for (uint32_t j = 0; j < i; j++) {
+		if (strcmp(prev[j].name, o->name) == 0) {
+			*err_out = g_strdup_printf("%s: option '%s' is declared twice (options %u "
+						   "and %u)",
+						   file, o->name, j, i);
+			return TE_ERR_PLUGIN_INVALID;
+		}
+	}
+	if (o->type > TE_PLUGIN_OPT_CHOICE) {
+		*err_out =
+			g_strdup_printf("%s: option '%s': unknown type %u", file, o->name, o->type);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if (o->flags & ~(uint32_t)OPTION_FLAGS_KNOWN) {
+		*err_out = g_strdup_printf("%s: option '%s': unknown flags 0x%x", file, o->name,
+					   o->flags & ~(uint32_t)OPTION_FLAGS_KNOWN);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if ((o->type == TE_PLUGIN_OPT_INT || o->type == TE_PLUGIN_OPT_SIZE) && o->min > o->max) {
+		*err_out = g_strdup_printf("%s: option '%s': min %" PRId64 " is above max %" PRId64,
+					   file, o->name, o->min, o->max);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if (o->type == TE_PLUGIN_OPT_SIZE && o->min < 0) {
+		*err_out = g_strdup_printf("%s: option '%s': a SIZE range cannot be negative "
+					   "(min %" PRId64 ")",
+					   file, o->name, o->min);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if (o->type != TE_PLUGIN_OPT_CHOICE && o->choices) {
+		*err_out = g_strdup_printf("%s: option '%s': choices given for a type other than "
+					   "CHOICE",
+					   file, o->name);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if (o->type == TE_PLUGIN_OPT_CHOICE) {
+		while (o->choices && n_choices <= OPTION_CHOICES_MAX && o->choices[n_choices]) {
+			if (!*o->choices[n_choices]) {
+				*err_out = g_strdup_printf("%s: option '%s': choice %zu is empty",
+							   file, o->name, n_choices);
+				return TE_ERR_PLUGIN_INVALID;
+			}
+			n_choices++;
+		}
+		if (n_choices == 0 || n_choices > OPTION_CHOICES_MAX) {
+			*err_out = g_strdup_printf("%s: option '%s': a CHOICE needs 1..%d choices "
+						   "(a NULL-terminated array)",
+						   file, o->name, OPTION_CHOICES_MAX);
+			return TE_ERR_PLUGIN_INVALID;
+		}
+	}
+	if ((o->flags & TE_PLUGIN_OPT_REQUIRED) && o->default_value) {
+		*err_out = g_strdup_printf("%s: option '%s': a required option cannot have a "
+					   "default",
+					   file, o->name);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if (o->default_value &&
+	    config_option_normalize(o, o->default_value, &normal, &reason) != TE_OK) {
+		g_autofree char *t = option_text(o->default_value);
+
+		*err_out = g_strdup_printf("%s: option '%s': default \"%s\" is invalid: %s", file,
+					   o->name, t, reason);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	return TE_OK;
+}
+
+enum te_status plugin_validate_options(const struct te_plugin_desc *desc, const char *file,
+				       struct te_plugin_option **options_out, uint32_t *n_out,
+				       char **err_out)
+{
+	g_autofree struct te_plugin_option *opts = NULL;
+	uint32_t n;
+
+	*options_out = NULL;
+	*n_out = 0;
+	/* Members a plugin built before 1.2 does not have: nothing declared. */
+	if (desc->abi_minor < 2 || !TE_PLUGIN_HAS(desc, struct te_plugin_desc, option_size) ||
+	    desc->n_options == 0)
+		return TE_OK;
+	n = desc->n_options;
+	if (n > TE_PLUGIN_MAX_OPTIONS) {
+		*err_out = g_strdup_printf("%s: descriptor declares %u options, more than %u", file,
+					   n, TE_PLUGIN_MAX_OPTIONS);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if (!desc->options) {
+		*err_out = g_strdup_printf("%s: descriptor declares %u options but options is NULL",
+					   file, n);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	if (desc->option_size < OPTION_V1_2_SIZE) {
+		*err_out = g_strdup_printf("%s: option_size %u is smaller than ABI 1.2's %zu", file,
+					   desc->option_size, (size_t)OPTION_V1_2_SIZE);
+		return TE_ERR_PLUGIN_INVALID;
+	}
+	opts = g_new0(struct te_plugin_option, n);
+	for (uint32_t i = 0; i < n; i++) {
+		const char *src = (const char *)desc->options + (size_t)i * desc->option_size;
+		struct te_plugin_option *o = &opts[i];
+		enum te_status st;
+
+		/* Members beyond what the plugin knows stay zero. */
+		memcpy(o, src, MIN((size_t)desc->option_size, sizeof(*o)));
+		if (o->size != desc->option_size) {
+			*err_out = g_strdup_printf("%s: option %u: size %u differs from the "
+						   "descriptor's option_size %u",
+						   file, i, o->size, desc->option_size);
+			return TE_ERR_PLUGIN_INVALID;
+		}
+		o->size = sizeof(*o);
+		st = option_check(o, i, opts, file, err_out);
+		if (st != TE_OK)
+			return st;
+	}
+	*options_out = g_steal_pointer(&opts);
+	*n_out = n;
+	return TE_OK;
+}
+
+enum te_status plugin_apply_options(const struct plugin *plugin, struct config *cfg, size_t index,
+				    char **err_out)
+{
+	if (!plugin->n_options)
+		return TE_OK;
+	return config_apply_options(cfg, index, plugin->name, plugin->options, plugin->n_options,
+				    err_out);
+}
+
 /* A file that is not an ELF object gives dlopen a cryptic message; say it plainly. */
 static bool is_elf(const char *path)
 {
@@ -230,6 +415,8 @@ static int other_major(void *dl)
 enum te_status plugin_open_file(const char *path, struct plugin **plugin_out, char **err_out)
 {
 	const struct te_plugin_desc *desc;
+	struct te_plugin_option *options = NULL;
+	uint32_t n_options = 0;
 	te_plugin_entry_fn entry;
 	struct te_plugin_ops ops;
 	struct plugin *p;
@@ -270,11 +457,15 @@ enum te_status plugin_open_file(const char *path, struct plugin **plugin_out, ch
 	}
 	desc = entry();
 	st = plugin_validate(desc, path, &ops, err_out);
+	if (st == TE_OK)
+		st = plugin_validate_options(desc, path, &options, &n_options, err_out);
 	if (st != TE_OK) {
 		dlclose(dl);
 		return st;
 	}
 	p = g_new0(struct plugin, 1);
+	p->options = options;
+	p->n_options = n_options;
 	p->name = g_strdup(desc->name);
 	p->path = g_strdup(path);
 	p->dl = dl;
@@ -363,6 +554,7 @@ void plugin_close(struct plugin *plugin)
 		return;
 	/* RTLD_NODELETE keeps the code mapped: stale function pointers stay valid. */
 	dlclose(plugin->dl);
+	g_free(plugin->options);
 	g_free(plugin->name);
 	g_free(plugin->path);
 	g_free(plugin);

@@ -5,6 +5,8 @@
 
 #include <te/te_plugin.h>
 
+#include "core/config.h"
+
 /* A loaded, validated plugin module (not yet initialised). */
 struct plugin {
 	char *name; /* descriptor name */
@@ -13,6 +15,12 @@ struct plugin {
 	const struct te_plugin_desc *desc;
 	/* Core-owned copy of the ops: missing optional ops answer TE_ERR_UNSUPPORTED. */
 	struct te_plugin_ops ops;
+	/*
+	 * Core-owned copies of the declared options (te_plugin.h, ABI 1.2), each a whole struct
+	 * (members past the plugin's option_size zeroed); n_options 0: free-form options.
+	 */
+	struct te_plugin_option *options;
+	uint32_t n_options;
 };
 
 /*
@@ -41,6 +49,25 @@ enum te_status plugin_open_file(const char *path, struct plugin **plugin_out, ch
  */
 enum te_status plugin_validate(const struct te_plugin_desc *desc, const char *file,
 			       struct te_plugin_ops *ops_out, char **err_out);
+
+/*
+ * plugin_validate_options - check the option declarations of @desc (already accepted by
+ * plugin_validate) as te_plugin.h, "Declared options", says. TE_OK with *options_out (g_free;
+ * NULL when none are declared) and *n_out; TE_ERR_PLUGIN_INVALID with *err_out (g_free) naming
+ * @file and the option. Pure; used by the loader and by unit tests.
+ */
+enum te_status plugin_validate_options(const struct te_plugin_desc *desc, const char *file,
+				       struct te_plugin_option **options_out, uint32_t *n_out,
+				       char **err_out);
+
+/*
+ * plugin_apply_options - check transport @index of @cfg (its plugin is @plugin) against the
+ * plugin's declarations and fill in the effective options (config_apply_options). A plugin
+ * that declares nothing keeps its options as they are. TE_OK; TE_ERR_CONFIG with *err_out
+ * "<file>:<line>:<col>: transports[<index>].options.<key>: <reason>".
+ */
+enum te_status plugin_apply_options(const struct plugin *plugin, struct config *cfg, size_t index,
+				    char **err_out);
 
 /* Callback of plugin_scan: one candidate module file. */
 typedef void (*plugin_scan_fn)(void *user, const char *path);

@@ -323,6 +323,23 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 			}
 		}
 	}
+	/* A plugin handing out memory of a kind registers it itself and offers both ops. */
+	if (tp->caps.alloc_mem_types) {
+		const struct te_plugin_ops *d = plugin->desc->ops;
+		bool has_ops =
+			d->size >= offsetof(struct te_plugin_ops, mem_free) + sizeof(void *) &&
+			d->mem_alloc && d->mem_free;
+
+		if (!has_ops || (tp->caps.alloc_mem_types & ~tp->caps.mem_types)) {
+			*err_out = g_strdup_printf(
+				"%s: caps.alloc_mem_types 0x%x %s", plugin->path,
+				tp->caps.alloc_mem_types,
+				has_ops ? "has kinds missing from caps.mem_types"
+					: "needs the ops 'mem_alloc' and 'mem_free'");
+			st = TE_ERR_PLUGIN_INVALID;
+			goto err_fini;
+		}
+	}
 	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL && !plugin->desc->ops->progress) {
 		*err_out = g_strdup_printf("%s: required op 'progress' is missing (manual "
 					   "progress plugin)",

@@ -26,6 +26,28 @@
 #include "core/transport.h"
 #include "te_build_config.h"
 
+/* One declared option of a module (te_plugin.h, "Declared options"), as the child sent it. */
+struct probe_option {
+	char *name;
+	uint32_t type; /* enum te_plugin_option_type */
+	uint32_t flags;
+	int64_t min, max;
+	char *def;	/* NULL: none */
+	char *help;	/* NULL: none */
+	char **choices; /* NULL-terminated; NULL unless CHOICE */
+};
+
+static void probe_option_free(gpointer data)
+{
+	struct probe_option *o = data;
+
+	g_free(o->name);
+	g_free(o->def);
+	g_free(o->help);
+	g_strfreev(o->choices);
+	g_free(o);
+}
+
 /* What te-info learned about one candidate module. */
 struct probe {
 	char *path;
@@ -39,6 +61,8 @@ struct probe {
 	char *description;
 	uint32_t abi_major;
 	uint32_t abi_minor;
+	/* Declared options (struct probe_option *); empty when it declares none. */
+	GPtrArray *options;
 	/* Copied from the transport when init == TE_OK. */
 	struct te_plugin_caps caps;
 	struct te_plugin_device devices[TRANSPORT_MAX_DEVICES];
@@ -65,6 +89,7 @@ static void probe_free(gpointer data)
 	g_free(p->description);
 	g_ptr_array_unref(p->warnings);
 	g_ptr_array_unref(p->errors);
+	g_ptr_array_unref(p->options);
 	g_free(p->crash_op);
 	g_free(p);
 }
@@ -76,6 +101,7 @@ static struct probe *probe_new(const char *path)
 	p->path = g_strdup(path);
 	p->warnings = g_ptr_array_new_with_free_func(g_free);
 	p->errors = g_ptr_array_new_with_free_func(g_free);
+	p->options = g_ptr_array_new_with_free_func(probe_option_free);
 	return p;
 }
 
@@ -98,7 +124,11 @@ enum probe_rec {
 	REC_INIT = 'I',	   /* struct rec_init */
 	REC_WARNING = 'w', /* text: a warning finding */
 	REC_FINDING = 'x', /* text: an error finding */
+	REC_OPTION = 'O',  /* GVariant OPTION_VARIANT: one declared option */
 };
+
+/* name, type, flags, min, max, default, help, choices ("" / [] where absent: see flags). */
+#define OPTION_VARIANT "(suuxxmsmsas)"
 
 struct rec_load {
 	int32_t load;
@@ -289,6 +319,7 @@ static void probe_child(int fd, const char *path)
 	g_autofree char *err = NULL;
 	g_autofree char *stem = NULL;
 	g_autofree char *extra = NULL;
+	struct config_transport ct = { 0 };
 	struct rec_load rl = { 0 };
 	struct rec_init *ri;
 	enum te_status st;
@@ -326,6 +357,25 @@ static void probe_child(int fd, const char *path)
 		rec_text(fd, REC_WARNING, w);
 	}
 
+	/* The declarations (checked by plugin_open_file), before anything of the plugin runs. */
+	for (uint32_t i = 0; i < plugin->n_options; i++) {
+		static const char *const no_choices[] = { NULL };
+		const struct te_plugin_option *o = &plugin->options[i];
+		g_autoptr(GVariant) v = g_variant_ref_sink(
+			g_variant_new("(suuxxmsms^as)", o->name, o->type, o->flags, (gint64)o->min,
+				      (gint64)o->max, o->default_value, o->help,
+				      o->type == TE_PLUGIN_OPT_CHOICE ? o->choices : no_choices));
+
+		rec_send(fd, REC_OPTION, g_variant_get_data(v), g_variant_get_size(v));
+	}
+	/* Declared options reach init with their defaults, as they would in an engine. */
+	if (plugin->n_options) {
+		ct.name = g_strdup(plugin->name);
+		if (config_transport_apply(&ct, "<te-info>", 0, plugin->name, plugin->options,
+					   plugin->n_options, false, NULL) != TE_OK)
+			config_transport_clear(&ct); /* cannot happen: defaults were checked */
+	}
+
 	/* plugin->ops is the core's own copy: wrap the ops the start calls, to name them. */
 	child.orig = plugin->ops;
 	plugin->ops.init = wrap_init;
@@ -334,10 +384,10 @@ static void probe_child(int fd, const char *path)
 	if (plugin->ops.query_devices)
 		plugin->ops.query_devices = wrap_query_devices;
 
-	/* No engine and no options: the plugin's defaults, logs to stderr. */
+	/* No engine and no YAML: the plugin's defaults, logs to stderr. */
 	ri = g_new0(struct rec_init, 1);
 	g_clear_pointer(&err, g_free);
-	st = transport_start(NULL, plugin, &host_services, NULL, 0, &t, &err);
+	st = transport_start(NULL, plugin, &host_services, ct.name ? &ct : NULL, 0, &t, &err);
 	ri->init = st;
 	if (st == TE_OK) {
 		ri->caps = t->caps;
@@ -360,6 +410,7 @@ static void probe_child(int fd, const char *path)
 		transport_stop(t);
 	rec_text(fd, REC_OP, "close");
 	plugin_close(plugin);
+	config_transport_clear(&ct);
 }
 
 static const char *signal_name(int sig)
@@ -384,6 +435,31 @@ static const char *signal_name(int sig)
 	default:
 		return NULL;
 	}
+}
+
+/* One REC_OPTION record: a declared option, in OPTION_VARIANT form. */
+static void probe_apply_option(struct probe *p, const uint8_t *data, size_t n)
+{
+	g_autoptr(GBytes) bytes = g_bytes_new(data, n);
+	g_autoptr(GVariant) v = g_variant_ref_sink(
+		g_variant_new_from_bytes(G_VARIANT_TYPE(OPTION_VARIANT), bytes, FALSE));
+	struct probe_option *o;
+	gint64 min, max;
+
+	/* Serialized by the child from checked declarations; still never trust the bytes. */
+	if (!g_variant_is_normal_form(v))
+		return;
+	o = g_new0(struct probe_option, 1);
+	g_variant_get(v, OPTION_VARIANT, &o->name, &o->type, &o->flags, &min, &max, &o->def,
+		      &o->help, NULL);
+	o->min = min;
+	o->max = max;
+	if (o->type == TE_PLUGIN_OPT_CHOICE) {
+		g_autoptr(GVariant) c = g_variant_get_child_value(v, 7);
+
+		o->choices = g_variant_dup_strv(c, NULL);
+	}
+	g_ptr_array_add(p->options, o);
 }
 
 /* Rebuild @p from the child's records; a truncated last record is dropped. */
@@ -432,6 +508,10 @@ static void probe_apply(struct probe *p, const uint8_t *buf, size_t len, bool *h
 				*have_init = true;
 				g_free(ri);
 			}
+			continue;
+		}
+		if (tag == REC_OPTION) {
+			probe_apply_option(p, data, n);
 			continue;
 		}
 		text = g_strndup((const char *)data, n);
@@ -678,6 +758,136 @@ static void size_str(GString *s, uint64_t v, const char *zero)
 		g_string_append_printf(s, "%" PRIu64 " B", v);
 }
 
+/* --- declared options -------------------------------------------------------------------- */
+
+static const char *option_type_str(uint32_t t)
+{
+	switch (t) {
+	case TE_PLUGIN_OPT_BOOL:
+		return "bool";
+	case TE_PLUGIN_OPT_INT:
+		return "int";
+	case TE_PLUGIN_OPT_SIZE:
+		return "size";
+	case TE_PLUGIN_OPT_STRING:
+		return "string";
+	case TE_PLUGIN_OPT_CHOICE:
+		return "choice";
+	default:
+		return "unknown";
+	}
+}
+
+/* A size as the YAML may write it: "64K" for exact multiples of a binary unit. */
+static void option_size_str(GString *s, uint64_t v)
+{
+	static const char units[] = "TGMK";
+
+	for (int i = 0; i < 4; i++) {
+		uint64_t mult = 1ull << (10 * (4 - i));
+
+		if (v && v % mult == 0) {
+			g_string_append_printf(s, "%" PRIu64 "%c", v / mult, units[i]);
+			return;
+		}
+	}
+	g_string_append_printf(s, "%" PRIu64, v);
+}
+
+/* "int 1..16, default 2", "choice (auto, manual), default auto", "string, required". */
+static void option_spec(GString *s, const struct probe_option *o)
+{
+	bool ranged = (o->type == TE_PLUGIN_OPT_INT || o->type == TE_PLUGIN_OPT_SIZE) &&
+		      (o->min != 0 || o->max != 0);
+
+	g_string_append(s, option_type_str(o->type));
+	if (ranged && o->type == TE_PLUGIN_OPT_SIZE) {
+		g_string_append_c(s, ' ');
+		option_size_str(s, (uint64_t)o->min);
+		g_string_append(s, "..");
+		option_size_str(s, (uint64_t)o->max);
+	} else if (ranged) {
+		g_string_append_printf(s, " %" PRId64 "..%" PRId64, o->min, o->max);
+	}
+	if (o->choices) {
+		g_autofree char *list = g_strjoinv(", ", o->choices);
+
+		g_string_append_printf(s, " (%s)", list);
+	}
+	if (o->flags & TE_PLUGIN_OPT_REQUIRED)
+		g_string_append(s, ", required");
+	else if (!o->def)
+		g_string_append(s, ", no default");
+	else if (o->type == TE_PLUGIN_OPT_STRING)
+		g_string_append_printf(s, ", default \"%s\"", o->def);
+	else
+		g_string_append_printf(s, ", default %s", o->def);
+}
+
+static void print_options(const struct probe *p)
+{
+	g_autoptr(GString) s = g_string_new(NULL);
+
+	if (!p->options->len) {
+		printf("  options:  none declared (free-form)\n");
+		return;
+	}
+	printf("  options:  %u declared\n", p->options->len);
+	for (guint i = 0; i < p->options->len; i++) {
+		const struct probe_option *o = p->options->pdata[i];
+
+		g_string_truncate(s, 0);
+		option_spec(s, o);
+		printf("    %s: %s%s%s\n", o->name, s->str, o->help ? " -- " : "",
+		       o->help ? o->help : "");
+	}
+}
+
+static void json_options(JsonBuilder *b, const struct probe *p)
+{
+	json_builder_set_member_name(b, "options_declared");
+	json_builder_add_boolean_value(b, p->options->len > 0);
+	json_builder_set_member_name(b, "options");
+	json_builder_begin_array(b);
+	for (guint i = 0; i < p->options->len; i++) {
+		const struct probe_option *o = p->options->pdata[i];
+
+		json_builder_begin_object(b);
+		json_builder_set_member_name(b, "name");
+		json_builder_add_string_value(b, o->name);
+		json_builder_set_member_name(b, "type");
+		json_builder_add_string_value(b, option_type_str(o->type));
+		json_builder_set_member_name(b, "default");
+		if (o->def)
+			json_builder_add_string_value(b, o->def);
+		else
+			json_builder_add_null_value(b);
+		if ((o->type == TE_PLUGIN_OPT_INT || o->type == TE_PLUGIN_OPT_SIZE) &&
+		    (o->min != 0 || o->max != 0)) {
+			json_builder_set_member_name(b, "min");
+			json_builder_add_int_value(b, o->min);
+			json_builder_set_member_name(b, "max");
+			json_builder_add_int_value(b, o->max);
+		}
+		if (o->choices) {
+			json_builder_set_member_name(b, "choices");
+			json_builder_begin_array(b);
+			for (char **c = o->choices; *c; c++)
+				json_builder_add_string_value(b, *c);
+			json_builder_end_array(b);
+		}
+		json_builder_set_member_name(b, "required");
+		json_builder_add_boolean_value(b, (o->flags & TE_PLUGIN_OPT_REQUIRED) != 0);
+		json_builder_set_member_name(b, "help");
+		if (o->help)
+			json_builder_add_string_value(b, o->help);
+		else
+			json_builder_add_null_value(b);
+		json_builder_end_object(b);
+	}
+	json_builder_end_array(b);
+}
+
 /* --- text output ------------------------------------------------------------------------- */
 
 static void print_text(const char *search_path, GPtrArray *probes)
@@ -706,6 +916,7 @@ static void print_text(const char *search_path, GPtrArray *probes)
 			printf("  warning:  %s\n", (const char *)p->warnings->pdata[k]);
 		for (guint k = 0; k < p->errors->len; k++)
 			printf("  error:    %s\n", (const char *)p->errors->pdata[k]);
+		print_options(p);
 		if (p->init != TE_OK) {
 			printf("  init:     %s\n", p->error);
 			continue;
@@ -840,6 +1051,7 @@ static void json_probe(JsonBuilder *b, const struct probe *p)
 	json_int(b, "minor", p->abi_minor);
 	json_builder_end_object(b);
 	json_findings(b, p);
+	json_options(b, p);
 	if (p->init != TE_OK) {
 		json_string(b, "status", te_status_str(p->init));
 		json_int(b, "code", p->init);
@@ -927,14 +1139,51 @@ static void print_json(const char *search_path, GPtrArray *probes)
 
 /* --- --config ---------------------------------------------------------------------------- */
 
-static int show_config(const char *path, bool json)
+/*
+ * Check each transport's options against its plugin's declarations, as engine start does (same
+ * error text), filling in the defaults. A plugin te-info cannot load here is a note, not an
+ * error: the file may be meant for another host.
+ */
+static enum te_status check_options(struct config *cfg, const char *search_path, GPtrArray *notes,
+				    char **err_out)
 {
+	for (size_t i = 0; i < cfg->n_transports; i++) {
+		const struct config_transport *ct = &cfg->transports[i];
+		g_autofree char *err = NULL;
+		struct plugin *p = NULL;
+		enum te_status st;
+
+		st = plugin_open(ct->name, ct->path, search_path, &p, &err);
+		if (st != TE_OK) {
+			g_ptr_array_add(
+				notes,
+				g_strdup_printf("transports[%zu] (%s): options not checked: %s", i,
+						ct->name, err ? err : te_status_str(st)));
+			continue;
+		}
+		if (!p->n_options)
+			g_ptr_array_add(notes, g_strdup_printf("transports[%zu] (%s): the plugin "
+							       "declares no options: not checked",
+							       i, ct->name));
+		st = plugin_apply_options(p, cfg, i, err_out);
+		plugin_close(p);
+		if (st != TE_OK)
+			return st;
+	}
+	return TE_OK;
+}
+
+static int show_config(const char *path, bool json, const char *search_path)
+{
+	g_autoptr(GPtrArray) notes = g_ptr_array_new_with_free_func(g_free);
 	struct config *cfg = NULL;
 	g_autofree char *err = NULL;
 	g_autofree char *yaml = NULL;
 	enum te_status st;
 
 	st = config_load_file(path, &cfg, &err);
+	if (st == TE_OK)
+		st = check_options(cfg, search_path, notes, &err);
 	if (st == TE_OK) {
 		/* Never print a shared secret: operators paste this output into tickets. */
 		if (cfg->auth_secret) {
@@ -956,9 +1205,16 @@ static int show_config(const char *path, bool json)
 			json_string(b, "effective", yaml ? yaml : "");
 		else
 			json_string(b, "error", err ? err : te_status_str(st));
+		if (notes->len)
+			json_strings(b, "notes", notes);
 		json_builder_end_object(b);
 		print_json_root(b);
-	} else if (st == TE_OK) {
+		config_free(cfg);
+		return st == TE_OK ? 0 : 1;
+	}
+	for (guint i = 0; i < notes->len; i++)
+		fprintf(stderr, "te-info: note: %s\n", (const char *)notes->pdata[i]);
+	if (st == TE_OK) {
 		fputs(yaml ? yaml : "", stdout);
 		if (yaml && yaml[0] && !g_str_has_suffix(yaml, "\n"))
 			putchar('\n');
@@ -983,7 +1239,9 @@ int main(int argc, char **argv)
 	const GOptionEntry entries[] = {
 		{ "json", 'j', 0, G_OPTION_ARG_NONE, &json, "Print one JSON document", NULL },
 		{ "config", 'c', 0, G_OPTION_ARG_FILENAME, &config_file,
-		  "Print the effective configuration of FILE (or its error, exit 1)", "FILE" },
+		  "Print the effective configuration of FILE (or its error, exit 1); transport "
+		  "options are checked against the plugins' declarations",
+		  "FILE" },
 		{ "plugin-path", 'p', 0, G_OPTION_ARG_STRING, &plugin_path,
 		  "Search these ':'-separated directories instead of $TE_PLUGIN_PATH and "
 		  "the install directory",
@@ -995,8 +1253,9 @@ int main(int argc, char **argv)
 	octx = g_option_context_new("[PLUGIN...]");
 	g_option_context_set_summary(
 		octx,
-		"List the transport plugins te can find: path, name, ABI version, capabilities\n"
-		"and devices. Plugins that fail to load or initialise are listed with the reason.\n"
+		"List the transport plugins te can find: path, name, ABI version, declared options\n"
+		"(type, range or choices, default, help), capabilities and devices. Plugins that fail\n"
+		"to load or initialise are listed with the reason.\n"
 		"PLUGIN: a plugin name (resolved along the search path) or a module file.\n"
 		"Without PLUGIN: every *.so in the search path.\n"
 		"Each module is probed in a child process; exit status 1 when one crashed.");
@@ -1010,10 +1269,10 @@ int main(int argc, char **argv)
 		       TE_PLUGIN_ABI_MAJOR, TE_PLUGIN_ABI_MINOR, TE_PLUGINDIR);
 		return 0;
 	}
-	if (config_file)
-		return show_config(config_file, json);
-
 	search_path = plugin_path ? g_strdup(plugin_path) : plugin_search_path();
+	if (config_file)
+		return show_config(config_file, json, search_path);
+
 	probes = g_ptr_array_new_with_free_func(probe_free);
 	seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
 	sctx.probes = probes;

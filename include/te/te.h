@@ -127,16 +127,36 @@ TE_API TE_NODISCARD enum te_status te_mem_register(struct te_engine *engine, voi
 TE_API TE_NODISCARD enum te_status te_mem_unregister(struct te_engine *engine, void *addr);
 
 /*
- * te_mem_alloc - @length bytes at @location: "cpu" or "cpu:N" (page-aligned host memory) or
- * a memory kind a loaded transport owns ("cuda:0", "hip:1": the nvlink and hip plugins).
- * The memory is not registered; free it with te_mem_free (what is left is released with the
- * engine). Statuses: TE_ERR_INVALID_ARG, TE_ERR_MEMORY_TYPE (no transport owns the kind),
- * TE_ERR_NOMEM, the owner's error. Thread-safe.
+ * te_mem_alloc - @length bytes at @location, not registered: "cpu" or "cpu:N" (page-aligned host
+ * memory), or a kind a loaded transport hands out: one it owns ("cuda:0", "hip:1": the nvlink
+ * and hip plugins) or one it allocates from its own memory ("cxl:0": a range of the cxl
+ * window, from the range its alloc_offset/alloc_size options name). The first transport in
+ * priority order that offers the kind allocates (for cpu, the core when none does). Free it
+ * with te_mem_free; what is left is released with the engine. Statuses: TE_ERR_INVALID_ARG,
+ * TE_ERR_MEMORY_TYPE (no transport allocates the kind), TE_ERR_NOMEM, the transport's error;
+ * te_last_error() names the location, the transport and its reason. Thread-safe.
  */
 TE_API TE_NODISCARD enum te_status te_mem_alloc(struct te_engine *engine, const char *location,
 						size_t length, void **ptr_out);
 
-/* te_mem_free - free what te_mem_alloc returned; NULL is a no-op. TE_ERR_NOT_FOUND otherwise. */
+/*
+ * te_mem_alloc_registered - te_mem_alloc, then te_mem_register of the whole allocation with
+ * @location and @access (TE_MEM_*), in one step: memory a transport needs of its own kind
+ * (cxl window memory) is ready for peers at once. On failure nothing stays allocated.
+ * te_mem_free unregisters it first. Statuses: those of te_mem_alloc and te_mem_register.
+ * Thread-safe.
+ */
+TE_API TE_NODISCARD enum te_status te_mem_alloc_registered(struct te_engine *engine,
+							   const char *location, size_t length,
+							   uint32_t access, void **ptr_out);
+
+/*
+ * te_mem_free - free what te_mem_alloc or te_mem_alloc_registered returned; NULL is a no-op.
+ * Memory te_mem_alloc_registered registered is unregistered first. Statuses: TE_ERR_NOT_FOUND
+ * (not from te_mem_alloc*, or already freed), TE_ERR_BUSY (a live batch still uses it, or the
+ * application still has a region inside it registered: te_mem_unregister it first; nothing
+ * is freed), the transport's error. Thread-safe.
+ */
 TE_API TE_NODISCARD enum te_status te_mem_free(struct te_engine *engine, void *ptr);
 
 /*

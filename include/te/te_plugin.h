@@ -148,6 +148,16 @@ struct te_plugin_caps {
 	 * memory (the core stages). Kinds in mem_types are moved directly instead.
 	 */
 	uint32_t staged_mem_types;
+	/*
+	 * Since ABI 1.2: memory kinds this plugin hands out through mem_alloc/mem_free without
+	 * owning them (cxl: TE_PLUGIN_MEM_CXL, ranges of its window; a shared-memory or hugepage
+	 * transport: TE_PLUGIN_MEM_CPU). te_mem_alloc of such a kind asks the first loaded plugin
+	 * in priority order whose owned_mem_types or alloc_mem_types has it (for cpu, the core
+	 * allocates itself when none has it). Each kind must be in mem_types (the memory must
+	 * register with this plugin), and the plugin needs the ops mem_alloc and mem_free; the
+	 * core refuses the plugin otherwise.
+	 */
+	uint32_t alloc_mem_types;
 };
 
 /* One device (NIC, GPU link, window); filled by query_devices. */
@@ -514,7 +524,8 @@ struct te_plugin_ops {
 	 */
 	enum te_status (*wait)(struct te_plugin_inst *inst, uint64_t timeout_ns);
 
-	/* --- since ABI 1.2: memory kinds (plugins with caps.owned_mem_types) --- */
+	/* --- since ABI 1.2: memory kinds (caps.owned_mem_types; mem_alloc/mem_free also for
+	 * caps.alloc_mem_types) --- */
 	/*
 	 * mem_query: whether [@addr, +@len) is memory of a kind this plugin owns: TE_OK with
 	 * *mem_type_out (one TE_PLUGIN_MEM_* bit) and *dev_out; TE_ERR_NOT_FOUND when it is not
@@ -538,9 +549,22 @@ struct te_plugin_ops {
 	enum te_status (*mem_dmabuf)(struct te_plugin_inst *inst, const void *addr, uint64_t len,
 				     int *fd_out, uint64_t *offset_out);
 	/*
-	 * mem_alloc / mem_free: @len bytes of owned kind @mem_type on device @dev: TE_OK with
-	 * *ptr_out; TE_ERR_NOMEM, TE_ERR_NO_DEVICE, or the runtime's failure. mem_free:
-	 * TE_OK, TE_ERR_NOT_FOUND for a pointer mem_alloc did not return.
+	 * mem_alloc / mem_free: @len bytes of kind @mem_type (one bit of caps.owned_mem_types or
+	 * caps.alloc_mem_types) on device @dev: TE_OK with *ptr_out; TE_ERR_NOMEM (nothing left:
+	 * say how much is in use through set_error), TE_ERR_NO_DEVICE, TE_ERR_MEMORY_TYPE, or
+	 * the runtime's failure, with set_error's reason (e.g. options the allocation needs).
+	 * Owned kinds: device memory of the kind, as the runtime allocates it. Kinds of
+	 * alloc_mem_types: memory this plugin's own reg_mem accepts as that kind at location
+	 * "<kind>:@dev" and reaches peers through (cxl: a range of its window, registered with
+	 * its window key), page-aligned, mapped in this process, contents unspecified. Memory
+	 * handed out must not be handed out again, by this instance or by any other process or
+	 * host this plugin shares the memory with, until mem_free.
+	 * mem_free: TE_OK; TE_ERR_NOT_FOUND for a pointer mem_alloc did not return (or already
+	 * freed). The core never frees memory still registered: te_mem_free unregisters what
+	 * te_mem_alloc_registered registered and refuses (TE_ERR_BUSY) while a batch or a
+	 * registration of the application still covers it, so a plugin that still finds one of
+	 * its reg_mem handles inside the allocation may refuse with TE_ERR_BUSY and keep it.
+	 * What is not freed by fini's time is the plugin's to release in fini. Thread-safe.
 	 */
 	enum te_status (*mem_alloc)(struct te_plugin_inst *inst, uint32_t mem_type, int32_t dev,
 				    uint64_t len, void **ptr_out);
@@ -558,6 +582,92 @@ struct te_plugin_ops {
 				       size_t len, struct te_plugin_peer **peer_out);
 };
 
+/*
+ * Declared options (since ABI 1.2), the way libfabric's fi_param lists a provider's: the
+ * descriptor may list the options of the plugin's YAML section (transports[i].options), each
+ * with a type, a default, a range or choices and a line of help.
+ *
+ * - The core checks the YAML against them before init: an unknown option (with a "did you
+ *   mean" when a declared name is close), a value of the wrong type, out of range or not
+ *   among the choices, or a missing TE_PLUGIN_OPT_REQUIRED option fails engine start with
+ *   TE_ERR_CONFIG and "<file>:<line>:<col>: transports[<i>].options.<key>: <reason>", also
+ *   for a transport marked optional (optional only means the module may be absent from this
+ *   host). `te-info PLUGIN` lists the declarations; `te-info --config FILE` checks them.
+ * - From init on, host->config_get returns the effective value of each declared option in
+ *   normal form, its default when the YAML leaves it out or sets it to null (NULL only for an
+ *   option without a default that the YAML does not set), and config_foreach yields them in
+ *   declaration order. Normal forms: BOOL "true" or "false" (the YAML may write true/false,
+ *   yes/no, on/off in any case); INT decimal with '-' when negative; SIZE decimal bytes (the
+ *   YAML may write 64K, 64KiB, 1M, 1G, 1T: powers of 1024); STRING as written (may be empty);
+ *   CHOICE the declared choice (exact match). So a plugin only converts (strtoll, strtoull or
+ *   te_plugin_opts.h's te_plugin_opt_*) and checks in init what the core cannot (relations
+ *   between options, addresses, files) with one convention: set_error(ctx, "option '<key>':
+ *   <why>") (a "<plugin>: " prefix allowed) and TE_ERR_CONFIG; the core then reports it as
+ *   "<file>:<line>:<col>: transports[<i>].options.<key>: <why>" (any plugin, declared or not).
+ * - The declarations are checked when the module loads: a NULL, empty, malformed
+ *   ([a-z][a-z0-9_-]*, at most 63 bytes) or repeated name, an unknown type, min > max (or
+ *   min < 0 for SIZE), a CHOICE without choices, a default that fails its own option's
+ *   checks, REQUIRED with a default, or an element size other than desc->option_size
+ *   rejects the plugin with TE_ERR_PLUGIN_INVALID naming the file and the option.
+ * - A plugin that declares nothing (n_options 0, or a descriptor of minor < 2) gets its
+ *   options unchecked, as the YAML wrote them (null as ""), as before: te_plugin_opts.h
+ *   parses them.
+ */
+enum te_plugin_option_type {
+	TE_PLUGIN_OPT_BOOL = 0,	  /* true or false */
+	TE_PLUGIN_OPT_INT = 1,	  /* a signed 64-bit integer in [min, max] */
+	TE_PLUGIN_OPT_SIZE = 2,	  /* a byte count in [min, max] (min >= 0), suffixes K/M/G/T */
+	TE_PLUGIN_OPT_STRING = 3, /* any text */
+	TE_PLUGIN_OPT_CHOICE = 4, /* one of choices */
+};
+
+/* te_plugin_option.flags */
+#define TE_PLUGIN_OPT_REQUIRED (1u << 0) /* the YAML must set it (it has no default then) */
+
+/* At most this many declarations per plugin (as many options as a YAML section may hold). */
+#define TE_PLUGIN_MAX_OPTIONS 64u
+
+/* One declared option (since ABI 1.2). Static storage, like the descriptor. */
+struct te_plugin_option {
+	uint32_t size;		    /* sizeof(struct te_plugin_option): equals desc->option_size */
+	uint32_t type;		    /* enum te_plugin_option_type */
+	const char *name;	    /* the YAML key */
+	const char *default_value;  /* as YAML text ("4K", "auto"); NULL: none */
+	int64_t min, max;	    /* INT, SIZE: the range; both 0: no limit (SIZE: >= 0) */
+	const char *const *choices; /* CHOICE: NULL-terminated; otherwise NULL */
+	const char *help;	    /* one line for te-info; may be NULL */
+	uint32_t flags;		    /* TE_PLUGIN_OPT_* */
+};
+
+/*
+ * Declaration helpers, usable in C and C++ (positional):
+ *   static const char *const my_modes[] = { "auto", "poll", NULL };
+ *   static const struct te_plugin_option my_options[] = {
+ *           TE_PLUGIN_OPTION_INT("queue_depth", "128", 1, 4096, "work requests per queue"),
+ *           TE_PLUGIN_OPTION_CHOICE("mode", "auto", my_modes, "how completions are found"),
+ *   };
+ *   static const struct te_plugin_desc my_desc = { ..., TE_PLUGIN_OPTIONS(my_options) };
+ */
+#define TE_PLUGIN_OPTION(type, name, def, min, max, choices, flags, help)                          \
+	{                                                                                          \
+		(uint32_t)sizeof(struct te_plugin_option), (type), (name), (def), (min), (max),    \
+			(choices), (help), (flags)                                                 \
+	}
+#define TE_PLUGIN_OPTION_BOOL(name, def, help)                                                     \
+	TE_PLUGIN_OPTION(TE_PLUGIN_OPT_BOOL, name, def, 0, 0, NULL, 0, help)
+#define TE_PLUGIN_OPTION_INT(name, def, min, max, help)                                            \
+	TE_PLUGIN_OPTION(TE_PLUGIN_OPT_INT, name, def, min, max, NULL, 0, help)
+#define TE_PLUGIN_OPTION_SIZE(name, def, min, max, help)                                           \
+	TE_PLUGIN_OPTION(TE_PLUGIN_OPT_SIZE, name, def, min, max, NULL, 0, help)
+#define TE_PLUGIN_OPTION_STRING(name, def, help)                                                   \
+	TE_PLUGIN_OPTION(TE_PLUGIN_OPT_STRING, name, def, 0, 0, NULL, 0, help)
+#define TE_PLUGIN_OPTION_CHOICE(name, def, choices, help)                                          \
+	TE_PLUGIN_OPTION(TE_PLUGIN_OPT_CHOICE, name, def, 0, 0, choices, 0, help)
+/* The descriptor members for a static array of declarations (C designated initializers). */
+#define TE_PLUGIN_OPTIONS(array)                                                                   \
+	.options = (array), .n_options = (uint32_t)(sizeof(array) / sizeof((array)[0])),           \
+	.option_size = (uint32_t)sizeof(struct te_plugin_option)
+
 /* What the entry point returns. Static storage; never freed. */
 struct te_plugin_desc {
 	uint32_t size;
@@ -567,6 +677,15 @@ struct te_plugin_desc {
 	const char *version;
 	const char *description;
 	const struct te_plugin_ops *ops;
+	/* --- since ABI 1.2 --- */
+	/*
+	 * Declared options ("Declared options" above): @n_options elements of @option_size
+	 * bytes each (the stride: the element type may grow), at most TE_PLUGIN_MAX_OPTIONS.
+	 * NULL/0: none declared, options are free-form.
+	 */
+	const struct te_plugin_option *options;
+	uint32_t n_options;
+	uint32_t option_size;
 };
 
 /* Signature of the entry point. */

@@ -20,7 +20,7 @@
  *
  * What the toolkit does:
  * - init: options (library, streams, window, slice_size, pin_host, fetch_timeout_ms, and the
- *   vendor's), dlopen of the runtime with the loader's text, a minimum runtime version, one te
+ *   vendor's: declared in the plugin's descriptor, TE_PLUGIN_GPU_OPTIONS_COMMON), dlopen of the runtime with the loader's text, a minimum runtime version, one te
  *   device per GPU (name, PCI bus id, NUMA node from sysfs when the runtime has none), peer
  *   access between every pair that allows it (it decides which GPU can copy to which), the
  *   published blob (who this process is: te_plugin_gpu_util.h), an fd socket when the vendor
@@ -261,9 +261,10 @@ struct te_plugin_gpu_vendor {
 	uint32_t blob_magic;
 	uint32_t key_magic;
 	const char *description_fabric; /* "FABRIC handles" where the vendor has them, else NULL */
-	/* Option names this plugin accepts (the toolkit's common ones among them, and its own). */
-	const char *const *option_names;
-	size_t n_option_names;
+	/*
+	 * Options: declared in the plugin's descriptor (TE_PLUGIN_GPU_OPTIONS_COMMON and its
+	 * own, te_plugin_gpu_util.h); the core checks them before init.
+	 */
 	const char *const *libraries; /* default names to dlopen, in order */
 	size_t n_libraries;
 	int min_version; /* the oldest runtime version (as the version hook reports) it works with */
@@ -874,38 +875,26 @@ static inline void te_plugin_gpu_destroy_(struct te_plugin_gpu *g)
 	free(g);
 }
 
-/* The common options, then the vendor's. */
+/*
+ * The common options (declared: TE_PLUGIN_GPU_OPTIONS_COMMON; the core checked them and
+ * filled in their defaults), then the vendor's.
+ */
 static inline enum te_status te_plugin_gpu_options_(struct te_plugin_gpu *g)
 {
 	const struct te_plugin_gpu_vendor *v = g->v;
 	const struct te_plugin_host *h = g->host;
-	uint64_t streams = 0, window = 0, fetch = 0;
 	enum te_status st;
 
-	st = te_plugin_gpu_opt_known(h, g->ctx, v->name, v->option_names, v->n_option_names);
-	if (st == TE_OK)
-		st = te_plugin_gpu_opt_path(h, g->ctx, v->name, "library", NULL, g->library,
-					    sizeof(g->library));
-	if (st == TE_OK)
-		st = te_plugin_gpu_opt_u64(h, g->ctx, v->name, "streams", 4, 1, 64, false,
-					   &streams);
-	if (st == TE_OK)
-		st = te_plugin_gpu_opt_u64(h, g->ctx, v->name, "window", 256, 1, 4096, false,
-					   &window);
-	if (st == TE_OK)
-		st = te_plugin_gpu_opt_u64(h, g->ctx, v->name, "slice_size",
-					   TE_PLUGIN_GPU_DEF_SLICE, 4096, 1ull << 40, true,
-					   &g->slice_size);
-	if (st == TE_OK)
-		st = te_plugin_gpu_opt_bool(h, g->ctx, v->name, "pin_host", true, &g->pin_host);
-	if (st == TE_OK)
-		st = te_plugin_gpu_opt_u64(h, g->ctx, v->name, "fetch_timeout_ms", 5000, 10, 600000,
-					   false, &fetch);
+	st = te_plugin_gpu_opt_path(h, g->ctx, v->name, "library", NULL, g->library,
+				    sizeof(g->library));
 	if (st != TE_OK)
 		return st;
-	g->streams_per_dev = (uint32_t)streams;
-	g->window = (uint32_t)window;
-	g->fetch_timeout_ms = (uint32_t)fetch;
+	g->streams_per_dev = (uint32_t)te_plugin_opt_int(h, g->ctx, "streams", 4);
+	g->window = (uint32_t)te_plugin_opt_int(h, g->ctx, "window", 256);
+	g->slice_size = te_plugin_opt_size(h, g->ctx, "slice_size", TE_PLUGIN_GPU_DEF_SLICE);
+	g->pin_host = te_plugin_opt_bool(h, g->ctx, "pin_host", true);
+	/* Only plugins that share file descriptors declare it (TE_PLUGIN_GPU_OPTION_FETCH_TIMEOUT). */
+	g->fetch_timeout_ms = (uint32_t)te_plugin_opt_int(h, g->ctx, "fetch_timeout_ms", 5000);
 	return v->options ? v->options(g) : TE_OK;
 }
 

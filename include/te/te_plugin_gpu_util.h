@@ -349,94 +349,36 @@ te_plugin_gpu_ident_where(const struct te_plugin_gpu_ident *self,
 /* --- options --------------------------------------------------------------------------------- */
 
 /*
- * The option checks of a plugin's init: each reads host->config_get(ctx, @key); absent or empty
- * gives @def; a bad value fails with TE_ERR_CONFIG and a message naming the option.
+ * The toolkit's options, declared (te_plugin.h, "Declared options", ABI 1.2): a GPU plugin lists
+ * them first in its own array, then its own options, and gives the array to its descriptor:
+ *
+ *   static const struct te_plugin_option my_options[] = {
+ *           TE_PLUGIN_GPU_OPTIONS_COMMON,
+ *           TE_PLUGIN_GPU_OPTION_FETCH_TIMEOUT, // when it shares file descriptors
+ *           TE_PLUGIN_OPTION_CHOICE("alloc", "legacy", my_alloc_modes, "..."),
+ *   };
+ *
+ * The core checks them before init; te_plugin_gpu_init reads the common ones (normalized, with
+ * their defaults) and the vendor's options hook reads its own with te_plugin_opt_* of
+ * te_plugin_opts.h. The slice_size default is TE_PLUGIN_GPU_DEF_SLICE (te_plugin_gpu.h).
  */
-
-/* TE_ERR_CONFIG naming the first option that is not one of the @n @names, else TE_OK. */
-static inline enum te_status te_plugin_gpu_opt_known(const struct te_plugin_host *host,
-						     struct te_plugin_host_ctx *ctx,
-						     const char *plugin, const char *const *names,
-						     size_t n)
-{
-	char bad[64], list[256];
-
-	if (!te_plugin_unknown_option(host, ctx, names, n, bad, sizeof(bad)))
-		return TE_OK;
-	te_plugin_gpu_error(host, ctx, plugin, "%s: unknown option '%s' (known: %s)", plugin, bad,
-			    te_plugin_join(names, n, list, sizeof(list)));
-	return TE_ERR_CONFIG;
-}
-
-/* An integer in [@min, @max], with K/M/G/T suffixes when @size_suffix. */
-static inline enum te_status te_plugin_gpu_opt_u64(const struct te_plugin_host *host,
-						   struct te_plugin_host_ctx *ctx,
-						   const char *plugin, const char *key,
-						   uint64_t def, uint64_t min, uint64_t max,
-						   bool size_suffix, uint64_t *out)
-{
-	const char *s = host->config_get(ctx, key);
-
-	if (!s || !*s) {
-		*out = def;
-		return TE_OK;
-	}
-	if (te_plugin_parse_u64(s, size_suffix, min, max, out))
-		return TE_OK;
-	te_plugin_gpu_error(
-		host, ctx, plugin,
-		"%s: option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'",
-		plugin, key, size_suffix ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "",
-		min, max, s);
-	return TE_ERR_CONFIG;
-}
-
-/* true/false (yes/no, on/off, 1/0). */
-static inline enum te_status te_plugin_gpu_opt_bool(const struct te_plugin_host *host,
-						    struct te_plugin_host_ctx *ctx,
-						    const char *plugin, const char *key, bool def,
-						    bool *out)
-{
-	const char *s = host->config_get(ctx, key);
-	bool v = def;
-
-	if (s && *s && !te_plugin_parse_bool(s, &v)) {
-		te_plugin_gpu_error(host, ctx, plugin,
-				    "%s: option '%s': expected true or false, got '%s'", plugin,
-				    key, s);
-		return TE_ERR_CONFIG;
-	}
-	*out = v;
-	return TE_OK;
-}
-
-/* One of the NULL-terminated @choices: its index. */
-static inline enum te_status te_plugin_gpu_opt_enum(const struct te_plugin_host *host,
-						    struct te_plugin_host_ctx *ctx,
-						    const char *plugin, const char *key,
-						    const char *const *choices, unsigned def,
-						    unsigned *out)
-{
-	const char *s = host->config_get(ctx, key);
-	char list[128];
-	size_t n = 0;
-	int i;
-
-	if (!s || !*s) {
-		*out = def;
-		return TE_OK;
-	}
-	i = te_plugin_parse_enum(s, choices);
-	if (i >= 0) {
-		*out = (unsigned)i;
-		return TE_OK;
-	}
-	while (choices[n])
-		n++;
-	te_plugin_gpu_error(host, ctx, plugin, "%s: option '%s': '%s' is not one of %s", plugin,
-			    key, s, te_plugin_join(choices, n, list, sizeof(list)));
-	return TE_ERR_CONFIG;
-}
+#define TE_PLUGIN_GPU_OPTIONS_COMMON                                                               \
+	TE_PLUGIN_OPTION_STRING("library", NULL,                                                   \
+				"the runtime library to dlopen (a path or a name; default: the "   \
+				"vendor's)"),                                                      \
+		TE_PLUGIN_OPTION_INT("streams", "4", 1, 64,                                        \
+				     "streams per GPU that copies are spread over"),               \
+		TE_PLUGIN_OPTION_INT("window", "256", 1, 4096,                                     \
+				     "copies in flight per stream; beyond, back-pressure"),        \
+		TE_PLUGIN_OPTION_SIZE("slice_size", "8M", 4096, 1ll << 40,                         \
+				      "slice size advertised to the core (transfer.slice_size "    \
+				      "overrides)"),                                               \
+		TE_PLUGIN_OPTION_BOOL("pin_host", "true",                                          \
+				      "pin registered host memory (false: pageable, the runtime "  \
+				      "stages)")
+#define TE_PLUGIN_GPU_OPTION_FETCH_TIMEOUT                                                         \
+	TE_PLUGIN_OPTION_INT("fetch_timeout_ms", "5000", 10, 600000,                               \
+			     "how long importing a file descriptor from a peer may take")
 
 /* A file name of 1..@len - 1 bytes into @buf; @def when absent (NULL: *@buf = ""). */
 static inline enum te_status te_plugin_gpu_opt_path(const struct te_plugin_host *host,

@@ -1,9 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * te_plugin_opts.h: parsing of a plugin's YAML options (host->config_get strings), header-only.
+ * te_plugin_opts.h: a plugin's YAML options (host->config_get strings), header-only.
  *
- * A plugin cannot link libte, so these are static inline functions with libc only. They parse;
- * the plugin reports the error its own way (host->set_error, host->log), naming the option.
+ * A plugin cannot link libte, so these are static inline functions with libc only.
+ *
+ * Plugins that declare their options (te_plugin.h, "Declared options", ABI 1.2) get values the
+ * core checked and normalized, defaults filled in: te_plugin_opt_bool, _int, _size and _choice
+ * below only convert them.
+ *
+ * Plugins that declare nothing parse the text themselves and report errors their own way
+ * (host->set_error), naming the option:
  *
  *   const char *s = host->config_get(ctx, "window");
  *   uint64_t window = 128;
@@ -76,18 +82,39 @@ static inline bool te_plugin_parse_u64(const char *s, bool size_suffix, uint64_t
 	return true;
 }
 
-/* true, yes, on, 1 / false, no, off, 0 (any case) into *@out. true when valid. */
+/* The words te_plugin_parse_bool accepts, for messages. */
+#define TE_PLUGIN_BOOL_WORDS "true, false, yes, no, on, off"
+
+/* ASCII-only case-insensitive equality (no locale: "I" is "i" everywhere). */
+static inline bool te_plugin_ascii_caseeq_(const char *a, const char *b)
+{
+	for (;; a++, b++) {
+		char x = (*a >= 'A' && *a <= 'Z') ? (char)(*a - 'A' + 'a') : *a;
+		char y = (*b >= 'A' && *b <= 'Z') ? (char)(*b - 'A' + 'a') : *b;
+
+		if (x != y)
+			return false;
+		if (!x)
+			return true;
+	}
+}
+
+/*
+ * true, yes, on / false, no, off (any case; nothing else, not 1 or 0) into *@out. true when
+ * valid. The one boolean rule of te: the core reads its own keys (transfer.fallback,
+ * transports[].required) and declared BOOL options with this function.
+ */
 static inline bool te_plugin_parse_bool(const char *s, bool *out)
 {
-	static const char *const yes[] = { "true", "yes", "on", "1" };
-	static const char *const no[] = { "false", "no", "off", "0" };
+	static const char *const yes[] = { "true", "yes", "on" };
+	static const char *const no[] = { "false", "no", "off" };
 
 	for (size_t i = 0; s && i < sizeof(yes) / sizeof(yes[0]); i++) {
-		if (strcasecmp(s, yes[i]) == 0) {
+		if (te_plugin_ascii_caseeq_(s, yes[i])) {
 			*out = true;
 			return true;
 		}
-		if (strcasecmp(s, no[i]) == 0) {
+		if (te_plugin_ascii_caseeq_(s, no[i])) {
 			*out = false;
 			return true;
 		}
@@ -160,6 +187,58 @@ static inline bool te_plugin_unknown_option(const struct te_plugin_host *host,
 	if (host && host->config_foreach)
 		host->config_foreach(ctx, te_plugin_unknown_cb_, &u);
 	return u.found;
+}
+
+/*
+ * --- declared options (ABI 1.2) ---
+ * Readers of options the plugin declared: the core hands them in normal form (te_plugin.h), so
+ * these only convert. @fallback is returned when config_get gives NULL (an option without a
+ * default that the YAML does not set) or, defensively, text not in normal form.
+ */
+
+static inline bool te_plugin_opt_bool(const struct te_plugin_host *host,
+				      struct te_plugin_host_ctx *ctx, const char *name,
+				      bool fallback)
+{
+	const char *s = host->config_get(ctx, name);
+	bool v;
+
+	return s && te_plugin_parse_bool(s, &v) ? v : fallback;
+}
+
+static inline int64_t te_plugin_opt_int(const struct te_plugin_host *host,
+					struct te_plugin_host_ctx *ctx, const char *name,
+					int64_t fallback)
+{
+	const char *s = host->config_get(ctx, name);
+	long long v;
+	char *end;
+
+	if (!s || !*s)
+		return fallback;
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	return *end || errno ? fallback : (int64_t)v;
+}
+
+static inline uint64_t te_plugin_opt_size(const struct te_plugin_host *host,
+					  struct te_plugin_host_ctx *ctx, const char *name,
+					  uint64_t fallback)
+{
+	const char *s = host->config_get(ctx, name);
+	uint64_t v;
+
+	return s && te_plugin_parse_u64(s, false, 0, UINT64_MAX, &v) ? v : fallback;
+}
+
+/* Index of the value in the NULL-terminated @choices (the declaration's), or @fallback. */
+static inline int te_plugin_opt_choice(const struct te_plugin_host *host,
+				       struct te_plugin_host_ctx *ctx, const char *name,
+				       const char *const *choices, int fallback)
+{
+	int i = te_plugin_parse_enum(host->config_get(ctx, name), choices);
+
+	return i >= 0 ? i : fallback;
 }
 
 #ifdef __cplusplus

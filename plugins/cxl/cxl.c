@@ -109,6 +109,13 @@ struct cxl_peer {
 	struct cxl_peer *prev, *next;
 };
 
+/* One range of the window handed out by mem_alloc. */
+struct cxl_alloc {
+	uint64_t off; /* window offset */
+	uint64_t len; /* rounded up to pages */
+	struct cxl_alloc *next;
+};
+
 /* Where a slice is; changed under the queue lock (read by cancel under it). */
 enum cxl_state {
 	CXL_S_IDLE = 0,
@@ -150,6 +157,9 @@ struct cxl_inst {
 	uint64_t read_stream_min; /* READs this long stream into local memory */
 	char id[CXL_ID_MAX];
 	uint64_t id_hash;
+	bool alloc_set; /* alloc_offset and alloc_size given: mem_alloc hands out window memory */
+	uint64_t alloc_off;
+	uint64_t alloc_size;
 
 	/* window */
 	uint8_t *base;
@@ -163,6 +173,12 @@ struct cxl_inst {
 	struct cxl_mem *mems;
 	struct cxl_rkey *rkeys;
 	struct cxl_peer *peers;
+
+	/* mem_alloc's allocations in [alloc_off, +alloc_size), sorted by offset */
+	pthread_mutex_t alock;
+	struct cxl_alloc *allocs;
+	uint64_t alloc_used;
+	uint32_t n_allocs;
 
 	/* work queue */
 	pthread_mutex_t qlock;
@@ -234,40 +250,38 @@ static enum te_status cxl_fail(struct cxl_inst *ti, enum te_status st, const cha
 
 /* --- options ------------------------------------------------------------------------------ */
 
-static const char *const cxl_option_names[] = {
-	"device",     "offset",	    "size",	 "coherent", "threads",
-	"chunk_size", "slice_size", "window_id", "copy",     "read_stream_min",
+static const char *const cxl_copy_choices[] = { "auto", "avx2", "sse2", "plain", NULL };
+
+/*
+ * Declared options (te_plugin.h, ABI 1.2): the core checks types, ranges, choices and the
+ * required device before init and hands every one in normal form with its default.
+ */
+static const struct te_plugin_option cxl_options[] = {
+	TE_PLUGIN_OPTION(TE_PLUGIN_OPT_STRING, "device", NULL, 0, 0, NULL, TE_PLUGIN_OPT_REQUIRED,
+			 "the DAX device (/dev/daxX.Y) or file that maps the shared window"),
+	TE_PLUGIN_OPTION_SIZE("offset", "0", 0, CXL_MAX_OFFSET,
+			      "start of the window in the device (a multiple of the page size)"),
+	TE_PLUGIN_OPTION_SIZE("size", NULL, 1, CXL_MAX_OFFSET,
+			      "window bytes (default: the rest of the device after offset)"),
+	TE_PLUGIN_OPTION_BOOL("coherent", "false",
+			      "the window is cache-coherent between hosts: no explicit flushes"),
+	TE_PLUGIN_OPTION_INT("threads", "2", 1, CXL_MAX_THREADS, "copy threads"),
+	TE_PLUGIN_OPTION_SIZE("chunk_size", "256K", CXL_MIN_CHUNK, CXL_MAX_CHUNK,
+			      "bytes a copy thread takes at a time"),
+	TE_PLUGIN_OPTION_SIZE("slice_size", "16M", CXL_MIN_SLICE, CXL_MAX_OFFSET,
+			      "slice size advertised to the core"),
+	TE_PLUGIN_OPTION_STRING("window_id", NULL,
+				"identity of the window shared by all its hosts (default: from "
+				"the device)"),
+	TE_PLUGIN_OPTION_CHOICE("copy", "auto", cxl_copy_choices,
+				"copy routine; auto: the best this CPU has"),
+	TE_PLUGIN_OPTION_SIZE("read_stream_min", "1M", 0, 0,
+			      "READs from this size on use streaming loads"),
+	TE_PLUGIN_OPTION_SIZE("alloc_offset", NULL, 0, CXL_MAX_OFFSET,
+			      "start of the part of the window this engine allocates from"),
+	TE_PLUGIN_OPTION_SIZE("alloc_size", NULL, 1, CXL_MAX_OFFSET,
+			      "bytes of the window this engine allocates from (with alloc_offset)"),
 };
-
-static enum te_status cxl_opt_u64(struct cxl_inst *ti, const char *key, uint64_t def, uint64_t min,
-				  uint64_t max, bool size_suffix, uint64_t *out)
-{
-	const char *s = ti->host->config_get(ti->ctx, key);
-
-	if (!s) {
-		*out = def;
-		return TE_OK;
-	}
-	if (te_plugin_parse_u64(s, size_suffix, min, max, out))
-		return TE_OK;
-	return cxl_fail(
-		ti, TE_ERR_CONFIG,
-		"option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'", key,
-		size_suffix ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min, max, s);
-}
-
-static enum te_status cxl_opt_bool(struct cxl_inst *ti, const char *key, bool def, bool *out)
-{
-	const char *s = ti->host->config_get(ti->ctx, key);
-
-	if (!s) {
-		*out = def;
-		return TE_OK;
-	}
-	if (te_plugin_parse_bool(s, out))
-		return TE_OK;
-	return cxl_fail(ti, TE_ERR_CONFIG, "option '%s': expected true or false, got '%s'", key, s);
-}
 
 /* First line of a small sysfs file of the character device @rdev, or false. */
 static bool cxl_sysfs_read(dev_t rdev, const char *attr, char *buf, size_t cap)
@@ -287,25 +301,13 @@ static bool cxl_sysfs_read(dev_t rdev, const char *attr, char *buf, size_t cap)
 
 static enum te_status cxl_parse_options(struct cxl_inst *ti)
 {
-	const char *dev = ti->host->config_get(ti->ctx, "device");
-	const char *wid = ti->host->config_get(ti->ctx, "window_id");
-	const char *copy = ti->host->config_get(ti->ctx, "copy");
+	const struct te_plugin_host *h = ti->host;
+	const char *dev = h->config_get(ti->ctx, "device");
+	const char *wid = h->config_get(ti->ctx, "window_id");
 	uint32_t features = cxl_copy_detect();
 	enum cxl_copy_impl impl;
-	enum te_status st;
-	uint64_t v;
 
-	{
-		char bad[64], known[256];
-
-		if (te_plugin_unknown_option(ti->host, ti->ctx, cxl_option_names,
-					     TE_PLUGIN_ARRAY_LEN(cxl_option_names), bad,
-					     sizeof(bad)))
-			return cxl_fail(ti, TE_ERR_CONFIG, "unknown option '%s' (known: %s)", bad,
-					te_plugin_join(cxl_option_names,
-						       TE_PLUGIN_ARRAY_LEN(cxl_option_names), known,
-						       sizeof(known)));
-	}
+	/* The core refuses a YAML without device; an empty one (or te-info's probe) ends here. */
 	if (!dev || !*dev)
 		return cxl_fail(ti, TE_ERR_CONFIG,
 				"option 'device' is required: the DAX device (/dev/daxX.Y) or file "
@@ -314,20 +316,25 @@ static enum te_status cxl_parse_options(struct cxl_inst *ti)
 		return cxl_fail(ti, TE_ERR_CONFIG, "option 'device': path longer than %u bytes",
 				CXL_PATH_MAX - 1);
 	snprintf(ti->path, sizeof(ti->path), "%s", dev);
-	if ((st = cxl_opt_u64(ti, "offset", 0, 0, CXL_MAX_OFFSET, true, &ti->offset)) != TE_OK ||
-	    (st = cxl_opt_u64(ti, "size", 0, 1, CXL_MAX_OFFSET, true, &ti->size)) != TE_OK ||
-	    (st = cxl_opt_bool(ti, "coherent", false, &ti->coherent)) != TE_OK ||
-	    (st = cxl_opt_u64(ti, "threads", CXL_DEF_THREADS, 1, CXL_MAX_THREADS, false, &v)) !=
-		    TE_OK)
-		return st;
-	ti->n_threads = (uint32_t)v;
-	if ((st = cxl_opt_u64(ti, "chunk_size", CXL_DEF_CHUNK, CXL_MIN_CHUNK, CXL_MAX_CHUNK, true,
-			      &ti->chunk)) != TE_OK ||
-	    (st = cxl_opt_u64(ti, "slice_size", CXL_DEF_SLICE, CXL_MIN_SLICE, CXL_MAX_OFFSET, true,
-			      &ti->slice_size)) != TE_OK ||
-	    (st = cxl_opt_u64(ti, "read_stream_min", CXL_DEF_READ_STREAM, 0, UINT64_MAX, true,
-			      &ti->read_stream_min)) != TE_OK)
-		return st;
+	ti->offset = te_plugin_opt_size(h, ti->ctx, "offset", 0);
+	ti->size = te_plugin_opt_size(h, ti->ctx, "size", 0); /* 0: the rest of the device */
+	ti->coherent = te_plugin_opt_bool(h, ti->ctx, "coherent", false);
+	ti->n_threads = (uint32_t)te_plugin_opt_int(h, ti->ctx, "threads", CXL_DEF_THREADS);
+	ti->chunk = te_plugin_opt_size(h, ti->ctx, "chunk_size", CXL_DEF_CHUNK);
+	ti->slice_size = te_plugin_opt_size(h, ti->ctx, "slice_size", CXL_DEF_SLICE);
+	ti->read_stream_min =
+		te_plugin_opt_size(h, ti->ctx, "read_stream_min", CXL_DEF_READ_STREAM);
+	ti->alloc_off = te_plugin_opt_size(h, ti->ctx, "alloc_offset", 0);
+	ti->alloc_size = te_plugin_opt_size(h, ti->ctx, "alloc_size", 0);
+	/* Checked against the window once it is mapped (cxl_alloc_check). */
+	ti->alloc_set = h->config_get(ti->ctx, "alloc_size") != NULL;
+	if (ti->alloc_set != (h->config_get(ti->ctx, "alloc_offset") != NULL))
+		return cxl_fail(ti, TE_ERR_CONFIG,
+				"option '%s': given without '%s': the two name the part of the "
+				"window this engine allocates from, disjoint from every other "
+				"engine's",
+				ti->alloc_set ? "alloc_size" : "alloc_offset",
+				ti->alloc_set ? "alloc_offset" : "alloc_size");
 	if (wid) {
 		size_t n = strlen(wid);
 
@@ -343,18 +350,20 @@ static enum te_status cxl_parse_options(struct cxl_inst *ti)
 						wid);
 		snprintf(ti->id, sizeof(ti->id), "%s", wid);
 	}
-	if (!copy || strcmp(copy, "auto") == 0)
-		impl = cxl_copy_best(features);
-	else if (strcmp(copy, "avx2") == 0)
+	switch (te_plugin_opt_choice(h, ti->ctx, "copy", cxl_copy_choices, 0)) {
+	case 1:
 		impl = CXL_IMPL_AVX2;
-	else if (strcmp(copy, "sse2") == 0)
+		break;
+	case 2:
 		impl = CXL_IMPL_SSE2;
-	else if (strcmp(copy, "plain") == 0)
+		break;
+	case 3:
 		impl = CXL_IMPL_PLAIN;
-	else
-		return cxl_fail(ti, TE_ERR_CONFIG,
-				"option 'copy': expected auto, avx2, sse2 or plain, got '%s'",
-				copy);
+		break;
+	default:
+		impl = cxl_copy_best(features);
+		break;
+	}
 	if (cxl_copier_init(&ti->copier, impl, features) != 0)
 		return cxl_fail(ti, TE_ERR_CONFIG, "option 'copy': this CPU cannot do '%s'",
 				cxl_copy_impl_name(impl));
@@ -670,6 +679,200 @@ static void *cxl_worker_main(void *arg)
 	return NULL;
 }
 
+/* --- allocation ------------------------------------------------------------------------- */
+
+/*
+ * mem_alloc hands out ranges of [alloc_offset, +alloc_size) of the window, first fit. Every
+ * engine mapping the window allocates from its own range, so engines never hand out the same
+ * bytes; nothing in the window records the ranges, so keeping them disjoint is the
+ * deployment's job (README.md, "Allocating window memory").
+ */
+
+#define CXL_ALLOC_LARGE (2ull << 20) /* requests this large start on a 2 MiB window offset */
+
+static uint64_t cxl_page(void)
+{
+	long page = sysconf(_SC_PAGESIZE);
+
+	return page > 0 ? (uint64_t)page : 4096;
+}
+
+static uint64_t cxl_align_up(uint64_t v, uint64_t align)
+{
+	return (v + align - 1) / align * align;
+}
+
+/* The allocation range must lie inside the mapped window: a config error at install. */
+static enum te_status cxl_alloc_check(struct cxl_inst *ti)
+{
+	uint64_t page = cxl_page();
+
+	if (!ti->alloc_set)
+		return TE_OK;
+	/* "option '<key>': ..." is the convention the core locates in the YAML. */
+	if (ti->alloc_off % page || ti->alloc_size % page)
+		return cxl_fail(ti, TE_ERR_CONFIG,
+				"option '%s': %" PRIu64
+				" is not a multiple of the page size (%" PRIu64 ")",
+				ti->alloc_off % page ? "alloc_offset" : "alloc_size",
+				ti->alloc_off % page ? ti->alloc_off : ti->alloc_size, page);
+	if (ti->alloc_off > ti->size || ti->alloc_size > ti->size - ti->alloc_off)
+		return cxl_fail(ti, TE_ERR_CONFIG,
+				"option '%s': the allocation range [%" PRIu64 ", +%" PRIu64
+				") is outside the %" PRIu64 "-byte window '%s'",
+				ti->alloc_off >= ti->size ? "alloc_offset" : "alloc_size",
+				ti->alloc_off, ti->alloc_size, ti->size, ti->path);
+	cxl_log(ti, TE_PLUGIN_LOG_INFO,
+		"allocates window memory from [%" PRIu64 ", +%" PRIu64 ") of window %s",
+		ti->alloc_off, ti->alloc_size, ti->id);
+	return TE_OK;
+}
+
+/*
+ * First fit of @len bytes at a window offset that is a multiple of @align: the offset, or
+ * CXL_OFF_NONE; *prev_out is the allocation to link it after (NULL: at the head). Under alock.
+ */
+static uint64_t cxl_alloc_fit(const struct cxl_inst *ti, uint64_t len, uint64_t align,
+			      struct cxl_alloc **prev_out)
+{
+	uint64_t cur = ti->alloc_off, end = ti->alloc_off + ti->alloc_size;
+	struct cxl_alloc *prev = NULL;
+
+	for (struct cxl_alloc *a = ti->allocs;; prev = a, a = a->next) {
+		uint64_t gap_end = a ? a->off : end, at = cxl_align_up(cur, align);
+
+		if (at <= gap_end && len <= gap_end - at) {
+			*prev_out = prev;
+			return at;
+		}
+		if (!a)
+			return CXL_OFF_NONE;
+		cur = a->off + a->len;
+	}
+}
+
+/* Largest free gap of the range (for the message of a refusal). Under alock. */
+static uint64_t cxl_alloc_largest_gap(const struct cxl_inst *ti)
+{
+	uint64_t cur = ti->alloc_off, best = 0;
+
+	for (const struct cxl_alloc *a = ti->allocs; a; a = a->next) {
+		best = a->off - cur > best ? a->off - cur : best;
+		cur = a->off + a->len;
+	}
+	return ti->alloc_off + ti->alloc_size - cur > best ? ti->alloc_off + ti->alloc_size - cur
+							   : best;
+}
+
+static enum te_status cxl_mem_alloc(struct te_plugin_inst *inst, uint32_t mem_type, int32_t dev,
+				    uint64_t len, void **ptr_out)
+{
+	struct cxl_inst *ti = cxl_inst_of(inst);
+	uint64_t page = cxl_page(), rounded, off;
+	struct cxl_alloc *a, *prev = NULL;
+
+	if (!ptr_out || len == 0)
+		return TE_ERR_INVALID_ARG;
+	if (mem_type != TE_PLUGIN_MEM_CXL)
+		return cxl_fail(ti, TE_ERR_MEMORY_TYPE,
+				"allocates cxl window memory only, not memory type 0x%x", mem_type);
+	if (dev != 0)
+		return cxl_fail(ti, TE_ERR_NO_DEVICE,
+				"location cxl:%d: this engine maps one window, cxl:0 ('%s')", dev,
+				ti->path);
+	if (!ti->alloc_set)
+		return cxl_fail(ti, TE_ERR_CONFIG,
+				"no allocation range: set the options 'alloc_offset' and "
+				"'alloc_size' to the part of window %s this engine allocates from "
+				"(disjoint from every other engine's)",
+				ti->id);
+	if (len > ti->alloc_size)
+		return cxl_fail(ti, TE_ERR_NOMEM,
+				"%" PRIu64 " bytes: larger than the allocation range [%" PRIu64
+				", +%" PRIu64 ") of window %s",
+				len, ti->alloc_off, ti->alloc_size, ti->id);
+	rounded = cxl_align_up(len, page);
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return TE_ERR_NOMEM;
+	pthread_mutex_lock(&ti->alock);
+	off = rounded >= CXL_ALLOC_LARGE ? cxl_alloc_fit(ti, rounded, CXL_ALLOC_LARGE, &prev)
+					 : CXL_OFF_NONE;
+	if (off == CXL_OFF_NONE)
+		off = cxl_alloc_fit(ti, rounded, page, &prev);
+	if (off == CXL_OFF_NONE) {
+		uint64_t used = ti->alloc_used, gap = cxl_alloc_largest_gap(ti);
+		uint32_t n = ti->n_allocs;
+
+		pthread_mutex_unlock(&ti->alock);
+		free(a);
+		return cxl_fail(ti, TE_ERR_NOMEM,
+				"no free %" PRIu64 " bytes in the allocation range [%" PRIu64
+				", +%" PRIu64 ") of window %s: %" PRIu64
+				" bytes in use by %u allocation(s), largest free gap %" PRIu64
+				" bytes",
+				rounded, ti->alloc_off, ti->alloc_size, ti->id, used, n, gap);
+	}
+	a->off = off;
+	a->len = rounded;
+	a->next = prev ? prev->next : ti->allocs;
+	if (prev)
+		prev->next = a;
+	else
+		ti->allocs = a;
+	ti->alloc_used += rounded;
+	ti->n_allocs++;
+	pthread_mutex_unlock(&ti->alock);
+	cxl_log(ti, TE_PLUGIN_LOG_DEBUG, "allocated window [%" PRIu64 ", +%" PRIu64 ")", off,
+		rounded);
+	*ptr_out = ti->base + off;
+	return TE_OK;
+}
+
+static enum te_status cxl_mem_free(struct te_plugin_inst *inst, void *ptr)
+{
+	struct cxl_inst *ti = cxl_inst_of(inst);
+	uint64_t p = (uint64_t)(uintptr_t)ptr, base = (uint64_t)(uintptr_t)ti->base;
+	struct cxl_alloc *a, *prev = NULL;
+	const struct cxl_mem *m;
+
+	pthread_mutex_lock(&ti->alock);
+	for (a = ti->allocs; a && base + a->off != p; prev = a, a = a->next)
+		;
+	if (!a) {
+		pthread_mutex_unlock(&ti->alock);
+		return cxl_fail(ti, TE_ERR_NOT_FOUND, "%p is not an allocation of window %s", ptr,
+				ti->id);
+	}
+	/* Peers reach a registered range through its key: it stays until deregistered. */
+	pthread_mutex_lock(&ti->lock);
+	for (m = ti->mems; m; m = m->next)
+		if (m->off != CXL_OFF_NONE && m->off < a->off + a->len &&
+		    a->off < m->off + m->length)
+			break;
+	pthread_mutex_unlock(&ti->lock);
+	if (m) {
+		uint64_t off = m->off, len = m->length;
+
+		pthread_mutex_unlock(&ti->alock);
+		return cxl_fail(ti, TE_ERR_BUSY,
+				"window [%" PRIu64 ", +%" PRIu64 ") of the allocation at %p is "
+				"still registered",
+				off, len, ptr);
+	}
+	if (prev)
+		prev->next = a->next;
+	else
+		ti->allocs = a->next;
+	ti->alloc_used -= a->len;
+	ti->n_allocs--;
+	pthread_mutex_unlock(&ti->alock);
+	cxl_log(ti, TE_PLUGIN_LOG_DEBUG, "freed window [%" PRIu64 ", +%" PRIu64 ")", a->off,
+		a->len);
+	free(a);
+	return TE_OK;
+}
+
 /* --- install -------------------------------------------------------------------------------- */
 
 static enum te_status cxl_workers_start(struct cxl_inst *ti)
@@ -694,7 +897,7 @@ static enum te_status cxl_workers_start(struct cxl_inst *ti)
 /* Teardown shared by fini and a failing init; @ti may be partly built. */
 static void cxl_destroy(struct cxl_inst *ti)
 {
-	uint32_t peers = 0, rkeys = 0, mems = 0, slices = 0;
+	uint32_t peers = 0, rkeys = 0, mems = 0, slices = 0, allocs = 0;
 
 	atomic_store_explicit(&ti->closed, true, memory_order_relaxed);
 	pthread_mutex_lock(&ti->qlock);
@@ -738,14 +941,24 @@ static void cxl_destroy(struct cxl_inst *ti)
 		mems++;
 		free(m);
 	}
-	if (peers || rkeys || mems || slices)
+	/* Allocations are ranges of the window: they go with its mapping. */
+	while (ti->allocs) {
+		struct cxl_alloc *a = ti->allocs;
+
+		ti->allocs = a->next;
+		allocs++;
+		free(a);
+	}
+	if (peers || rkeys || mems || slices || allocs)
 		cxl_log(ti, TE_PLUGIN_LOG_DEBUG,
-			"fini released %u peers, %u remote keys, %u regions and %u queued slices",
-			peers, rkeys, mems, slices);
+			"fini released %u peers, %u remote keys, %u regions, %u allocations and %u "
+			"queued slices",
+			peers, rkeys, mems, allocs, slices);
 	if (ti->base)
 		munmap(ti->base, (size_t)ti->size);
 	pthread_cond_destroy(&ti->qcond);
 	pthread_mutex_destroy(&ti->qlock);
+	pthread_mutex_destroy(&ti->alock);
 	pthread_mutex_destroy(&ti->lock);
 	free(ti);
 }
@@ -779,12 +992,15 @@ static enum te_status cxl_init(const struct te_plugin_host *host, struct te_plug
 	ti->host = host;
 	ti->ctx = ctx;
 	pthread_mutex_init(&ti->lock, NULL);
+	pthread_mutex_init(&ti->alock, NULL);
 	pthread_mutex_init(&ti->qlock, NULL);
 	pthread_cond_init(&ti->qcond, NULL);
 
 	st = cxl_parse_options(ti);
 	if (st == TE_OK)
 		st = cxl_window_open(ti);
+	if (st == TE_OK)
+		st = cxl_alloc_check(ti);
 	if (st != TE_OK)
 		goto err_destroy;
 	cxl_blob_build(ti, blob);
@@ -826,6 +1042,8 @@ static enum te_status cxl_query_caps(struct te_plugin_inst *inst, struct te_plug
 	caps->default_slice_size = CXL_MIN(ti->slice_size, ti->size);
 	caps->slice_priv_size = sizeof(struct cxl_spriv);
 	caps->max_devices = 1;
+	/* Window memory for te_mem_alloc("cxl:0"); without alloc_size mem_alloc says so. */
+	caps->alloc_mem_types = TE_PLUGIN_MEM_CXL;
 	return TE_OK;
 }
 
@@ -945,6 +1163,7 @@ static enum te_status cxl_pack_key(struct te_plugin_inst *inst, struct te_plugin
 	*len_out = CXL_KEY_LEN;
 	return TE_OK;
 }
+
 
 /* --- peers ------------------------------------------------------------------------------ */
 
@@ -1312,6 +1531,8 @@ static const struct te_plugin_ops cxl_ops = {
 	.submit = cxl_submit,
 	.cancel = cxl_cancel,
 	.retry_prepare = cxl_retry_prepare,
+	.mem_alloc = cxl_mem_alloc,
+	.mem_free = cxl_mem_free,
 };
 
 static const struct te_plugin_desc cxl_desc = {
@@ -1323,6 +1544,7 @@ static const struct te_plugin_desc cxl_desc = {
 	.description = "CXL transport: copies through a shared memory window with explicit "
 		       "cache management",
 	.ops = &cxl_ops,
+	TE_PLUGIN_OPTIONS(cxl_options),
 };
 
 TE_PLUGIN_DEFINE(&cxl_desc)

@@ -38,64 +38,45 @@ void efa_error(struct efa_inst *ei, const char *fmt, ...)
 
 /* --- options ---------------------------------------------------------------------------- */
 
-static const char *const efa_option_names[] = {
-	"provider",
-	"devices",
-	"node",
-	"iface",
-	"window",
-	"slice_size",
-	"progress",
-	"spin_us",
-	"poll_us",
-	"progress_threads",
-	"write_completion",
-	"warmup",
-	"connect_timeout_ms",
+static const char *const efa_progress_modes[] = { "auto", "adaptive", "busy", "caller", NULL };
+static const char *const efa_completions[] = { "auto", "delivery", "transmit", NULL };
+
+/*
+ * Declared options (te_plugin.h, ABI 1.2): the core checks types, ranges and choices before
+ * init and hands every one in normal form with its default; README.md says more.
+ */
+static const struct te_plugin_option efa_option_decls[] = {
+	TE_PLUGIN_OPTION_STRING("provider", "efa",
+				"libfabric provider (efa; tcp;ofi_rxm, shm or net for tests)"),
+	TE_PLUGIN_OPTION_STRING("devices", NULL, "NICs to use, comma-separated (default: all)"),
+	TE_PLUGIN_OPTION_STRING(
+		"node", NULL,
+		"address the endpoints bind (IP providers; default 127.0.0.1, \"\": "
+		"the provider's choice)"),
+	TE_PLUGIN_OPTION_STRING("iface", NULL,
+				"interface whose address the endpoints bind (instead of node)"),
+	TE_PLUGIN_OPTION_INT("window", "0", 0, EFA_MAX_WINDOW,
+			     "operations in flight per NIC; 0: from the provider's queue sizes"),
+	TE_PLUGIN_OPTION_SIZE("slice_size", "4M", 4096, EFA_MAX_SLICE,
+			      "slice size advertised to the core (transfer.slice_size overrides)"),
+	TE_PLUGIN_OPTION_CHOICE("progress", "auto", efa_progress_modes,
+				"who polls completions (auto: busy on EFA, caller over IP)"),
+	TE_PLUGIN_OPTION_INT("spin_us", "20", 0, 1000000,
+			     "adaptive progress: how long a poller spins before it sleeps"),
+	TE_PLUGIN_OPTION_INT("poll_us", "50", 1, 1000000,
+			     "adaptive progress: the sleeping poller's period"),
+	TE_PLUGIN_OPTION_INT("progress_threads", "1", 1, EFA_MAX_THREADS, "polling threads"),
+	TE_PLUGIN_OPTION_CHOICE(
+		"write_completion", "auto", efa_completions,
+		"when a WRITE completes (auto: delivery, transmit on shm with CMA)"),
+	TE_PLUGIN_OPTION_BOOL("warmup", "true", "exchange a message with each peer on load"),
+	TE_PLUGIN_OPTION_INT("connect_timeout_ms", "3000", 1, 600000,
+			     "time to reach a peer's endpoint"),
 };
 
-static enum te_status efa_opt_u64(struct efa_inst *ei, const char *key, uint64_t def, uint64_t min,
-				  uint64_t max, bool size_suffix, uint64_t *out)
+static uint64_t efa_opt_int(const struct efa_inst *ei, const char *key)
 {
-	const char *s = ei->host->config_get(ei->ctx, key);
-
-	if (!s || !*s) {
-		*out = def;
-		return TE_OK;
-	}
-	if (te_plugin_parse_u64(s, size_suffix, min, max, out))
-		return TE_OK;
-	efa_error(ei,
-		  EFA_NAME ": option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64
-			   "], got '%s'",
-		  key, size_suffix ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min,
-		  max, s);
-	return TE_ERR_CONFIG;
-}
-
-/* One of @choices (NULL-terminated) for @key; index into *out, @def when absent. */
-static enum te_status efa_opt_enum(struct efa_inst *ei, const char *key, const char *const *choices,
-				   unsigned def, unsigned *out)
-{
-	const char *s = ei->host->config_get(ei->ctx, key);
-	char list[128];
-	size_t n = 0;
-	int i;
-
-	if (!s || !*s) {
-		*out = def;
-		return TE_OK;
-	}
-	i = te_plugin_parse_enum(s, choices);
-	if (i >= 0) {
-		*out = (unsigned)i;
-		return TE_OK;
-	}
-	while (choices[n])
-		n++;
-	efa_error(ei, EFA_NAME ": option '%s': '%s' is not one of %s", key, s,
-		  te_plugin_join(choices, n, list, sizeof(list)));
-	return TE_ERR_CONFIG;
+	return (uint64_t)te_plugin_opt_int(ei->host, ei->ctx, key, 0);
 }
 
 /* Provider names whose endpoints are addressed by IP (a node address applies). */
@@ -174,22 +155,12 @@ static bool efa_cma_usable(void)
 
 static enum te_status efa_options(struct efa_inst *ei)
 {
-	static const char *const progress[] = { "auto", "adaptive", "busy", "caller", NULL };
-	static const char *const completion[] = { "auto", "delivery", "transmit", NULL };
-	char bad[64], known[256];
+	const struct te_plugin_host *h = ei->host;
 	const char *s, *iface, *node;
-	unsigned prog, comp;
 	enum te_status st;
-	uint64_t v;
+	int prog, comp;
 
-	if (te_plugin_unknown_option(ei->host, ei->ctx, efa_option_names,
-				     TE_PLUGIN_ARRAY_LEN(efa_option_names), bad, sizeof(bad))) {
-		efa_error(ei, EFA_NAME ": unknown option '%s' (known: %s)", bad,
-			  te_plugin_join(efa_option_names, TE_PLUGIN_ARRAY_LEN(efa_option_names),
-					 known, sizeof(known)));
-		return TE_ERR_CONFIG;
-	}
-	s = ei->host->config_get(ei->ctx, "provider");
+	s = h->config_get(ei->ctx, "provider");
 	if (!s || !*s)
 		s = "efa";
 	if (strlen(s) > EFA_MAX_PROV) {
@@ -198,15 +169,15 @@ static enum te_status efa_options(struct efa_inst *ei)
 		return TE_ERR_CONFIG;
 	}
 	snprintf(ei->provider, sizeof(ei->provider), "%s", s);
-	s = ei->host->config_get(ei->ctx, "devices");
+	s = h->config_get(ei->ctx, "devices");
 	if (s && *s) {
 		ei->devices = strdup(s);
 		if (!ei->devices)
 			return TE_ERR_NOMEM;
 	}
 
-	iface = ei->host->config_get(ei->ctx, "iface");
-	node = ei->host->config_get(ei->ctx, "node");
+	iface = h->config_get(ei->ctx, "iface");
+	node = h->config_get(ei->ctx, "node");
 	if (iface && *iface && node && *node) {
 		efa_error(ei, EFA_NAME ": options 'iface' and 'node' are mutually exclusive");
 		return TE_ERR_CONFIG;
@@ -227,14 +198,9 @@ static enum te_status efa_options(struct efa_inst *ei)
 		snprintf(ei->node, sizeof(ei->node), "127.0.0.1");
 	}
 
-	if ((st = efa_opt_u64(ei, "window", 0, 0, EFA_MAX_WINDOW, false, &v)) != TE_OK)
-		return st;
-	ei->window_opt = (uint32_t)v;
-	if ((st = efa_opt_u64(ei, "slice_size", EFA_DEF_SLICE, 4096, EFA_MAX_SLICE, true,
-			      &ei->slice_size)) != TE_OK)
-		return st;
-	if ((st = efa_opt_enum(ei, "progress", progress, 0, &prog)) != TE_OK)
-		return st;
+	ei->window_opt = (uint32_t)efa_opt_int(ei, "window");
+	ei->slice_size = te_plugin_opt_size(h, ei->ctx, "slice_size", EFA_DEF_SLICE);
+	prog = te_plugin_opt_choice(h, ei->ctx, "progress", efa_progress_modes, 0);
 	/*
 	 * auto: a real EFA device wants a dedicated polling core. Providers over IP move data
 	 * in software only while polled: the waiting application thread polls best (no
@@ -247,17 +213,10 @@ static enum te_status efa_options(struct efa_inst *ei)
 		ei->progress = EFA_PROGRESS_CALLER;
 	else
 		ei->progress = EFA_PROGRESS_ADAPTIVE;
-	if ((st = efa_opt_u64(ei, "spin_us", 20, 0, 1000000, false, &v)) != TE_OK)
-		return st;
-	ei->spin_ns = v * 1000;
-	if ((st = efa_opt_u64(ei, "poll_us", 50, 1, 1000000, false, &v)) != TE_OK)
-		return st;
-	ei->poll_ns = v * 1000;
-	if ((st = efa_opt_u64(ei, "progress_threads", 1, 1, EFA_MAX_THREADS, false, &v)) != TE_OK)
-		return st;
-	ei->n_threads_opt = (uint32_t)v;
-	if ((st = efa_opt_enum(ei, "write_completion", completion, 0, &comp)) != TE_OK)
-		return st;
+	ei->spin_ns = efa_opt_int(ei, "spin_us") * 1000;
+	ei->poll_ns = efa_opt_int(ei, "poll_us") * 1000;
+	ei->n_threads_opt = (uint32_t)efa_opt_int(ei, "progress_threads");
+	comp = te_plugin_opt_choice(h, ei->ctx, "write_completion", efa_completions, 0);
 	/*
 	 * auto: delivery, except on shm with CMA, where the initiator itself copies with
 	 * process_vm_writev, so a WRITE that completes is already in the target's memory, while
@@ -267,16 +226,8 @@ static enum te_status efa_options(struct efa_inst *ei)
 	if (comp == 0)
 		comp = strcmp(ei->provider, "shm") == 0 && efa_cma_usable() ? 2 : 1;
 	ei->write_flags = comp == 1 ? FI_DELIVERY_COMPLETE : 0;
-	s = ei->host->config_get(ei->ctx, "warmup");
-	if (!s || !*s) {
-		ei->warmup = true;
-	} else if (!te_plugin_parse_bool(s, &ei->warmup)) {
-		efa_error(ei, EFA_NAME ": option 'warmup': expected true or false, got '%s'", s);
-		return TE_ERR_CONFIG;
-	}
-	if ((st = efa_opt_u64(ei, "connect_timeout_ms", 3000, 1, 600000, false,
-			      &ei->connect_timeout_ms)) != TE_OK)
-		return st;
+	ei->warmup = te_plugin_opt_bool(h, ei->ctx, "warmup", true);
+	ei->connect_timeout_ms = efa_opt_int(ei, "connect_timeout_ms");
 	return TE_OK;
 }
 
@@ -773,6 +724,7 @@ static const struct te_plugin_desc efa_desc = {
 	.description = "libfabric RDM transport (AWS EFA; tcp;ofi_rxm, shm, net for tests): "
 		       "one-sided READ/WRITE",
 	.ops = &efa_ops,
+	TE_PLUGIN_OPTIONS(efa_option_decls),
 };
 
 TE_PLUGIN_DEFINE(&efa_desc)

@@ -167,8 +167,9 @@ static enum te_status hip_status(int err)
 
 /* --- runtime ---------------------------------------------------------------------------------- */
 
-static const char *const hip_option_names[] = {
-	"library", "streams", "window", "slice_size", "pin_host",
+/* Declared options (te_plugin.h, ABI 1.2): the toolkit's common ones (hip shares no fds). */
+static const struct te_plugin_option hip_options[] = {
+	TE_PLUGIN_GPU_OPTIONS_COMMON,
 };
 
 /* The development symlink first (whatever ROCm is installed), then the runtime sonames. */
@@ -466,8 +467,6 @@ static const struct te_plugin_gpu_vendor hip_vendor = {
 	.blob_magic = HIP_BLOB_MAGIC,
 	.key_magic = HIP_KEY_MAGIC,
 	.description_fabric = NULL,
-	.option_names = hip_option_names,
-	.n_option_names = TE_PLUGIN_ARRAY_LEN(hip_option_names),
 	.libraries = hip_libraries,
 	.n_libraries = TE_PLUGIN_ARRAY_LEN(hip_libraries),
 	.min_version = HIP_MIN_VERSION,
@@ -533,6 +532,7 @@ static const struct te_plugin_desc hip_desc = {
 	.description = "HIP copies between AMD GPU memory of processes (IPC handles); owns memory "
 		       "kind hip",
 	.ops = &hip_ops,
+	TE_PLUGIN_OPTIONS(hip_options),
 };
 
 TE_PLUGIN_DEFINE(&hip_desc)

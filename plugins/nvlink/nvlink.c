@@ -200,30 +200,36 @@ static enum te_status nvlink_status(int err)
 
 /* --- options and driver ---------------------------------------------------------------------- */
 
-static const char *const nvlink_option_names[] = {
-	"library",  "streams", "window", "slice_size",
-	"pin_host", "alloc",   "fabric", "fetch_timeout_ms",
+static const char *const nvlink_alloc_modes[] = { "legacy", "vmm", NULL };
+static const char *const nvlink_fabric_modes[] = { "auto", "off", NULL };
+
+/* Declared options (te_plugin.h, ABI 1.2): the toolkit's, then nvlink's; README.md. */
+static const struct te_plugin_option nvlink_options_decl[] = {
+	TE_PLUGIN_GPU_OPTIONS_COMMON,
+	TE_PLUGIN_OPTION_CHOICE("alloc", "legacy", nvlink_alloc_modes,
+				"what te_mem_alloc(\"cuda:N\") makes: legacy (cuMemAlloc) or vmm "
+				"(cuMemCreate)"),
+	TE_PLUGIN_OPTION_CHOICE("fabric", "auto", nvlink_fabric_modes,
+				"auto: FABRIC handles when every GPU supports them; off: never"),
+	TE_PLUGIN_GPU_OPTION_FETCH_TIMEOUT,
 };
 
 static const char *const nvlink_libraries[] = { "libcuda.so.1" };
 
 static enum te_status nvlink_options(struct te_plugin_gpu *g)
 {
-	static const char *const alloc_modes[] = { "legacy", "vmm", NULL };
-	static const char *const fabric_modes[] = { "auto", "off", NULL };
 	struct nvlink_inst *ni = nvlink_of(g);
-	enum te_status st;
 
-	st = te_plugin_gpu_opt_enum(g->host, g->ctx, NVLINK_NAME, "alloc", alloc_modes,
-				    NVLINK_ALLOC_LEGACY, &ni->alloc_mode);
-	if (st == TE_OK)
-		st = te_plugin_gpu_opt_enum(g->host, g->ctx, NVLINK_NAME, "fabric", fabric_modes,
-					    NVLINK_FABRIC_AUTO, &ni->fabric_mode);
+	/* The indexes of the choices above are the enum values. */
+	ni->alloc_mode = (unsigned)te_plugin_opt_choice(g->host, g->ctx, "alloc",
+							nvlink_alloc_modes, NVLINK_ALLOC_LEGACY);
+	ni->fabric_mode = (unsigned)te_plugin_opt_choice(g->host, g->ctx, "fabric",
+							 nvlink_fabric_modes, NVLINK_FABRIC_AUTO);
 	/* FABRIC handles when every GPU supports them (nvlink_dev_open clears it otherwise). */
 	g->fabric = ni->fabric_mode != NVLINK_FABRIC_OFF;
 	/* VMM memory without FABRIC handles travels as file descriptors. */
 	g->fds = true;
-	return st;
+	return TE_OK;
 }
 
 typedef CUresult (*nvlink_version_fn)(int *version);
@@ -812,8 +818,6 @@ static const struct te_plugin_gpu_vendor nvlink_vendor = {
 	.blob_magic = NVLINK_BLOB_MAGIC,
 	.key_magic = NVLINK_KEY_MAGIC,
 	.description_fabric = "FABRIC handles",
-	.option_names = nvlink_option_names,
-	.n_option_names = TE_PLUGIN_ARRAY_LEN(nvlink_option_names),
 	.libraries = nvlink_libraries,
 	.n_libraries = TE_PLUGIN_ARRAY_LEN(nvlink_libraries),
 	.min_version = NVLINK_CUDA_VERSION,
@@ -884,6 +888,7 @@ static const struct te_plugin_desc nvlink_desc = {
 		"CUDA copies between GPU memory of processes (IPC, VMM fds, FABRIC handles); "
 		"owns memory kind cuda",
 	.ops = &nvlink_ops,
+	TE_PLUGIN_OPTIONS(nvlink_options_decl),
 };
 
 TE_PLUGIN_DEFINE(&nvlink_desc)

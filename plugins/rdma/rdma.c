@@ -80,47 +80,66 @@ void rdma_set_error(struct rdma_inst *ri, const char *fmt, ...)
 
 /* --- options ------------------------------------------------------------------------------ */
 
-static const char *const rdma_option_names[] = {
-	"devices",
-	"gid_index",
-	"qp_per_peer",
-	"qp_depth",
-	"cq_depth",
-	"slice_size",
-	"max_mr_size",
-	"progress",
-	"timeout",
-	"retry_cnt",
-	"mtu",
-	"traffic_class",
-	"sl",
-	"topology",
-	"gpu_direct",
-	"handshake_timeout_ms",
-	"reconnect_backoff_ms",
-	"poll_spin_us",
-	"poll_nap_us",
-	"post_batch",
-	"doorbell",
-	"test_fault",
+static const char *const rdma_progress_modes[] = { "auto", "manual", NULL };
+static const char *const rdma_mtus[] = { "256", "512", "1024", "2048", "4096", NULL };
+static const char *const rdma_gpu_modes[] = { "auto", "dmabuf", "peermem", "off", NULL };
+static const char *const rdma_doorbells[] = { "poller", "submitter", NULL };
+
+/*
+ * Declared options (te_plugin.h, ABI 1.2): the core checks types, ranges and choices before
+ * init and hands every one in normal form with its default; README.md says more. The formats
+ * of devices, gid_index, topology and test_fault are checked here.
+ */
+static const struct te_plugin_option rdma_options[] = {
+	TE_PLUGIN_OPTION_STRING("devices", NULL,
+				"devices and ports to open (\"mlx5_0,mlx5_1:2\"; default: every "
+				"device with an active port)"),
+	TE_PLUGIN_OPTION_STRING("gid_index", NULL,
+				"GID index: N for every device, or dev:N[,dev:N...] (default: "
+				"automatic)"),
+	TE_PLUGIN_OPTION_INT("qp_per_peer", "2", 1, RDMA_MAX_QP_PER_PEER,
+			     "queue pairs per device towards each peer"),
+	TE_PLUGIN_OPTION_INT("qp_depth", "128", 1, RDMA_MAX_QP_DEPTH,
+			     "work requests in flight per queue pair"),
+	TE_PLUGIN_OPTION_INT("cq_depth", "4096", 16, 1 << 20, "completion queue entries"),
+	TE_PLUGIN_OPTION_SIZE("slice_size", "64K", 4096, RDMA_MAX_SLICE,
+			      "slice size advertised to the core (transfer.slice_size overrides)"),
+	TE_PLUGIN_OPTION_SIZE("max_mr_size", "0", 0, 0,
+			      "largest memory region registered at once (at least 8K); 0: the "
+			      "device's limit"),
+	TE_PLUGIN_OPTION_CHOICE("progress", "auto", rdma_progress_modes,
+				"auto: a poller thread; manual: the core's progress calls"),
+	TE_PLUGIN_OPTION_INT("timeout", "14", 1, 31,
+			     "local ACK timeout exponent (4.096 us * 2^timeout)"),
+	TE_PLUGIN_OPTION_INT("retry_cnt", "6", 0, 7,
+			     "transport retries (7 is infinite on some devices)"),
+	TE_PLUGIN_OPTION_CHOICE("mtu", "4096", rdma_mtus,
+				"largest path MTU (the port's active MTU caps it)"),
+	TE_PLUGIN_OPTION_INT("traffic_class", "0", 0, 255, "RoCE traffic class"),
+	TE_PLUGIN_OPTION_INT("sl", "0", 0, 15, "InfiniBand service level"),
+	TE_PLUGIN_OPTION_STRING(
+		"topology", NULL,
+		"devices per memory location (\"cpu:0=mlx5_0;cuda:0=mlx5_1;*=mlx5_2\")"),
+	TE_PLUGIN_OPTION_CHOICE("gpu_direct", "auto", rdma_gpu_modes,
+				"how GPU memory is registered (dmabuf, peermem, off: staged)"),
+	TE_PLUGIN_OPTION_INT("handshake_timeout_ms", "5000", 1, 600000,
+			     "time for a peer's QP exchange"),
+	TE_PLUGIN_OPTION_INT("reconnect_backoff_ms", "200", 0, 600000,
+			     "pause before reconnecting to a peer after a failure"),
+	TE_PLUGIN_OPTION_INT("poll_spin_us", "50", 0, 10000000,
+			     "the poller spins this long before it sleeps"),
+	TE_PLUGIN_OPTION_INT("poll_nap_us", "1000", 0, 100000, "the sleeping poller's longest nap"),
+	TE_PLUGIN_OPTION_INT("post_batch", "64", 1, RDMA_MAX_QP_DEPTH,
+			     "work requests posted per doorbell"),
+	TE_PLUGIN_OPTION_CHOICE("doorbell", "poller", rdma_doorbells,
+				"who posts work requests (manual progress: always the submitter)"),
+	TE_PLUGIN_OPTION_STRING("test_fault", NULL,
+				"tests only: rkey@N or oob@N makes work request N fail"),
 };
 
-/* Integer option @key in [min, max] (size suffixes K/M/G/T when @size), or @def when absent. */
-static enum te_status rdma_opt_u64(struct rdma_inst *ri, const char *key, uint64_t def,
-				   uint64_t min, uint64_t max, bool size, uint64_t *out)
+static uint64_t rdma_opt(const struct rdma_inst *ri, const char *key)
 {
-	const char *s = ri->host->config_get(ri->ctx, key);
-
-	if (!s || !*s) {
-		*out = def;
-		return TE_OK;
-	}
-	if (te_plugin_parse_u64(s, size, min, max, out))
-		return TE_OK;
-	rdma_set_error(
-		ri, "option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'",
-		key, size ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min, max, s);
-	return TE_ERR_CONFIG;
+	return (uint64_t)te_plugin_opt_int(ri->host, ri->ctx, key, 0);
 }
 
 static enum te_status rdma_parse_fault(struct rdma_inst *ri)
@@ -154,118 +173,38 @@ err_invalid:
 
 static enum te_status rdma_parse_options(struct rdma_inst *ri)
 {
-	char bad[64], known[512];
-	const char *s;
-	enum te_status st;
-	uint64_t v;
+	static const enum ibv_mtu mtus[] = { IBV_MTU_256, IBV_MTU_512, IBV_MTU_1024, IBV_MTU_2048,
+					     IBV_MTU_4096 };
+	const struct te_plugin_host *h = ri->host;
 
-	if (te_plugin_unknown_option(ri->host, ri->ctx, rdma_option_names,
-				     TE_PLUGIN_ARRAY_LEN(rdma_option_names), bad, sizeof(bad))) {
-		rdma_set_error(ri, "unknown option '%s' (known: %s)", bad,
-			       te_plugin_join(rdma_option_names,
-					      TE_PLUGIN_ARRAY_LEN(rdma_option_names), known,
-					      sizeof(known)));
-		return TE_ERR_CONFIG;
-	}
-	if ((st = rdma_opt_u64(ri, "qp_per_peer", 2, 1, RDMA_MAX_QP_PER_PEER, false, &v)))
-		return st;
-	ri->qp_per_peer = (uint32_t)v;
-	if ((st = rdma_opt_u64(ri, "qp_depth", 128, 1, RDMA_MAX_QP_DEPTH, false, &v)))
-		return st;
-	ri->qp_depth = (uint32_t)v;
-	if ((st = rdma_opt_u64(ri, "post_batch", 64, 1, RDMA_MAX_QP_DEPTH, false, &v)))
-		return st;
-	ri->post_batch = (uint32_t)v;
-	if ((st = rdma_opt_u64(ri, "cq_depth", 4096, 16, 1u << 20, false, &v)))
-		return st;
-	ri->cq_depth = (uint32_t)v;
-	if ((st = rdma_opt_u64(ri, "slice_size", RDMA_DEF_SLICE, 4096, RDMA_MAX_SLICE, true,
-			       &ri->slice_size)))
-		return st;
-	if ((st = rdma_opt_u64(ri, "max_mr_size", 0, 0, UINT64_MAX, true, &ri->max_mr_opt)))
-		return st;
+	ri->qp_per_peer = (uint32_t)rdma_opt(ri, "qp_per_peer");
+	ri->qp_depth = (uint32_t)rdma_opt(ri, "qp_depth");
+	ri->post_batch = (uint32_t)rdma_opt(ri, "post_batch");
+	ri->cq_depth = (uint32_t)rdma_opt(ri, "cq_depth");
+	ri->slice_size = te_plugin_opt_size(h, ri->ctx, "slice_size", RDMA_DEF_SLICE);
+	ri->max_mr_opt = te_plugin_opt_size(h, ri->ctx, "max_mr_size", 0);
 	if (ri->max_mr_opt && ri->max_mr_opt < (8u << 10)) {
 		rdma_set_error(ri, "option 'max_mr_size': %" PRIu64 " is below 8K", ri->max_mr_opt);
 		return TE_ERR_CONFIG;
 	}
-	if ((st = rdma_opt_u64(ri, "timeout", 14, 1, 31, false, &v)))
-		return st;
-	ri->ib_timeout = (uint8_t)v;
-	/* 6, not 7: soft-RoCE (rxe) reads 7 as "retry forever", so a dead peer would hang its
-	 * QPs instead of completing their work with a retry-exceeded error. */
-	if ((st = rdma_opt_u64(ri, "retry_cnt", 6, 0, 7, false, &v)))
-		return st;
-	ri->retry_cnt = (uint8_t)v;
+	ri->ib_timeout = (uint8_t)rdma_opt(ri, "timeout");
+	/* 6, not 7, by default: soft-RoCE (rxe) reads 7 as "retry forever", so a dead peer
+	 * would hang its QPs instead of completing their work with a retry-exceeded error. */
+	ri->retry_cnt = (uint8_t)rdma_opt(ri, "retry_cnt");
 	ri->rnr_retry = 7;
-	if ((st = rdma_opt_u64(ri, "traffic_class", 0, 0, 255, false, &v)))
-		return st;
-	ri->traffic_class = (uint8_t)v;
-	if ((st = rdma_opt_u64(ri, "sl", 0, 0, 15, false, &v)))
-		return st;
-	ri->sl = (uint8_t)v;
-	if ((st = rdma_opt_u64(ri, "mtu", 4096, 256, 4096, false, &v)))
-		return st;
-	switch (v) {
-	case 256:
-		ri->mtu_cap = IBV_MTU_256;
-		break;
-	case 512:
-		ri->mtu_cap = IBV_MTU_512;
-		break;
-	case 1024:
-		ri->mtu_cap = IBV_MTU_1024;
-		break;
-	case 2048:
-		ri->mtu_cap = IBV_MTU_2048;
-		break;
-	case 4096:
-		ri->mtu_cap = IBV_MTU_4096;
-		break;
-	default:
-		rdma_set_error(
-			ri, "option 'mtu': expected 256, 512, 1024, 2048 or 4096, got %" PRIu64, v);
-		return TE_ERR_CONFIG;
-	}
-	if ((st = rdma_opt_u64(ri, "handshake_timeout_ms", 5000, 1, 600000, false, &v)))
-		return st;
-	ri->handshake_timeout_ms = (uint32_t)v;
-	if ((st = rdma_opt_u64(ri, "reconnect_backoff_ms", 200, 0, 600000, false, &v)))
-		return st;
-	ri->reconnect_backoff_ms = (uint32_t)v;
-	if ((st = rdma_opt_u64(ri, "poll_spin_us", 50, 0, 10000000, false, &v)))
-		return st;
-	ri->spin_ns = v * 1000;
-	if ((st = rdma_opt_u64(ri, "poll_nap_us", 1000, 0, 100000, false, &v)))
-		return st;
-	ri->nap_ns = v * 1000;
-	s = ri->host->config_get(ri->ctx, "gpu_direct");
-	if (s && *s) {
-		static const char *const modes[] = { "auto", "dmabuf", "peermem", "off", NULL };
-		int m = te_plugin_parse_enum(s, modes);
-
-		if (m < 0) {
-			rdma_set_error(
-				ri,
-				"option 'gpu_direct': expected auto, dmabuf, peermem or off, "
-				"got '%s'",
-				s);
-			return TE_ERR_CONFIG;
-		}
-		ri->gpu_direct = (enum rdma_gpu_direct)m;
-	}
-	s = ri->host->config_get(ri->ctx, "progress");
-	if (s && *s && strcmp(s, "auto") && strcmp(s, "manual")) {
-		rdma_set_error(ri, "option 'progress': expected auto or manual, got '%s'", s);
-		return TE_ERR_CONFIG;
-	}
-	ri->manual = s && !strcmp(s, "manual");
-	s = ri->host->config_get(ri->ctx, "doorbell");
-	if (s && *s && strcmp(s, "poller") && strcmp(s, "submitter")) {
-		rdma_set_error(ri, "option 'doorbell': expected poller or submitter, got '%s'", s);
-		return TE_ERR_CONFIG;
-	}
+	ri->traffic_class = (uint8_t)rdma_opt(ri, "traffic_class");
+	ri->sl = (uint8_t)rdma_opt(ri, "sl");
+	ri->mtu_cap = mtus[te_plugin_opt_choice(h, ri->ctx, "mtu", rdma_mtus, 4)];
+	ri->handshake_timeout_ms = (uint32_t)rdma_opt(ri, "handshake_timeout_ms");
+	ri->reconnect_backoff_ms = (uint32_t)rdma_opt(ri, "reconnect_backoff_ms");
+	ri->spin_ns = rdma_opt(ri, "poll_spin_us") * 1000;
+	ri->nap_ns = rdma_opt(ri, "poll_nap_us") * 1000;
+	ri->gpu_direct = (enum rdma_gpu_direct)te_plugin_opt_choice(h, ri->ctx, "gpu_direct",
+								    rdma_gpu_modes, 0);
+	ri->manual = te_plugin_opt_choice(h, ri->ctx, "progress", rdma_progress_modes, 0) == 1;
 	/* MANUAL: no poller thread; the submitting thread rings the doorbell. */
-	ri->poller_posts = !ri->manual && !(s && !strcmp(s, "submitter"));
+	ri->poller_posts =
+		!ri->manual && te_plugin_opt_choice(h, ri->ctx, "doorbell", rdma_doorbells, 0) == 0;
 	return rdma_parse_fault(ri);
 }
 
@@ -1882,6 +1821,7 @@ static const struct te_plugin_desc rdma_desc = {
 	.description = "RDMA verbs (rdma-core): RC READ/WRITE, multi-device striping, QP exchange "
 		       "through the control plane",
 	.ops = &rdma_ops,
+	TE_PLUGIN_OPTIONS(rdma_options),
 };
 
 TE_PLUGIN_DEFINE(&rdma_desc)

@@ -7,39 +7,49 @@
 
 /* --- options ------------------------------------------------------------------------- */
 
-static const char *const tcp_option_names[] = {
-	"bind",
-	"port",
-	"advertise",
-	"lanes",
-	"workers",
-	"max_inflight",
-	"slice_size",
-	"connect_timeout_ms",
-	"sockbuf",
-	"max_conns",
-	"max_conns_per_host",
-	"max_unauth",
-	"hello_timeout_ms",
-	"idle_timeout_ms",
-	"frame_timeout_ms",
+/*
+ * Declared options (te_plugin.h, ABI 1.2): the core checks types and ranges before init and
+ * hands every one in normal form with its default; README.md says more about each.
+ */
+static const struct te_plugin_option tcp_options[] = {
+	TE_PLUGIN_OPTION_STRING("bind", "127.0.0.1",
+				"address the data listener binds: IPv4/IPv6 literal or host name"),
+	TE_PLUGIN_OPTION_INT("port", "0", 0, 65535, "listener port; 0 picks a free one"),
+	TE_PLUGIN_OPTION_STRING("advertise", NULL,
+				"address published to peers (default: the bind address; needed "
+				"when bind is a wildcard)"),
+	TE_PLUGIN_OPTION_INT("lanes", "2", 1, TCP_MAX_LANES, "TCP connections per peer"),
+	TE_PLUGIN_OPTION_INT("workers", "2", 1, TCP_MAX_WORKERS, "epoll threads"),
+	TE_PLUGIN_OPTION_INT("max_inflight", "256", 1, TCP_MAX_INFLIGHT,
+			     "requests in flight per lane; beyond it, back-pressure"),
+	TE_PLUGIN_OPTION_SIZE("slice_size", "1M", 4096, TCP_MAX_FRAME,
+			      "slice size advertised to the core (transfer.slice_size overrides)"),
+	TE_PLUGIN_OPTION_INT("connect_timeout_ms", "3000", 1, 600000,
+			     "a slower connect fails its slices (TE_ERR_PEER_UNREACHABLE)"),
+	TE_PLUGIN_OPTION_SIZE("sockbuf", "0", 0, 1 << 30,
+			      "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's autotuning"),
+	TE_PLUGIN_OPTION_INT("max_conns", "1024", 1, 1 << 20, "accepted connections open at once"),
+	TE_PLUGIN_OPTION_INT("max_conns_per_host", "64", 1, 1 << 20,
+			     "accepted connections from one client address"),
+	TE_PLUGIN_OPTION_INT("max_unauth", "128", 1, 1 << 20,
+			     "accepted connections still in their HELLO (and AUTH)"),
+	TE_PLUGIN_OPTION_INT("hello_timeout_ms", "5000", 10, 600000,
+			     "time an accepted connection has to finish its HELLO (and AUTH)"),
+	TE_PLUGIN_OPTION_INT("idle_timeout_ms", "300000", 0, 86400000,
+			     "a connection idle this long is closed; 0: never"),
+	TE_PLUGIN_OPTION_INT("frame_timeout_ms", "60000", 10, 86400000,
+			     "time a request frame has to arrive from its first byte"),
 };
 
-static enum te_status tcp_opt_u64(struct tcp_inst *ti, const char *key, uint64_t def, uint64_t min,
-				  uint64_t max, bool size_suffix, uint64_t *out)
+/* A declared integer option (always set: every one above has a default). */
+static uint64_t tcp_opt(const struct tcp_inst *ti, const char *key)
 {
-	const char *s = ti->host->config_get(ti->ctx, key);
+	return (uint64_t)te_plugin_opt_int(ti->host, ti->ctx, key, 0);
+}
 
-	if (!s) {
-		*out = def;
-		return TE_OK;
-	}
-	if (te_plugin_parse_u64(s, size_suffix, min, max, out))
-		return TE_OK;
-	tcp_log(ti, TE_PLUGIN_LOG_ERROR,
-		"option '%s': expected an integer%s in [%" PRIu64 ", %" PRIu64 "], got '%s'", key,
-		size_suffix ? " (optional " TE_PLUGIN_SIZE_SUFFIXES " suffix)" : "", min, max, s);
-	return TE_ERR_CONFIG;
+static uint64_t tcp_opt_size(const struct tcp_inst *ti, const char *key)
+{
+	return te_plugin_opt_size(ti->host, ti->ctx, key, 0);
 }
 
 /* Resolve @host (numeric or a name, looked up once here) with @port into @ss. */
@@ -56,8 +66,8 @@ static enum te_status tcp_resolve(struct tcp_inst *ti, const char *opt, const ch
 	rc = getaddrinfo(host, NULL, &hints, &res);
 	if (rc != 0 || !res || res->ai_addrlen > sizeof(*ss) ||
 	    (res->ai_family != AF_INET && res->ai_family != AF_INET6)) {
-		tcp_log(ti, TE_PLUGIN_LOG_ERROR, "option '%s': cannot resolve '%s': %s", opt, host,
-			rc ? gai_strerror(rc) : "no IPv4/IPv6 address");
+		tcp_set_error(ti, TCP_NAME ": option '%s': cannot resolve '%s': %s", opt, host,
+			      rc ? gai_strerror(rc) : "no IPv4/IPv6 address");
 		if (res)
 			freeaddrinfo(res);
 		return TE_ERR_CONFIG;
@@ -88,47 +98,23 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	struct sockaddr_storage bsa, asa;
 	socklen_t blen, alen;
 	char text[72];
-	uint64_t v, port;
+	uint64_t port;
 	enum te_status st;
 	int one = 1;
 
-	if (te_plugin_unknown_option(ti->host, ti->ctx, tcp_option_names,
-				     TE_PLUGIN_ARRAY_LEN(tcp_option_names), text, sizeof(text))) {
-		char known[256];
-
-		tcp_log(ti, TE_PLUGIN_LOG_ERROR, "unknown option '%s' (known: %s)", text,
-			te_plugin_join(tcp_option_names, TE_PLUGIN_ARRAY_LEN(tcp_option_names),
-				       known, sizeof(known)));
-		return TE_ERR_CONFIG;
-	}
-	if ((st = tcp_opt_u64(ti, "port", 0, 0, 65535, false, &port)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "lanes", 2, 1, TCP_MAX_LANES, false, &v)) != TE_OK)
-		return st;
-	ti->lanes = (uint32_t)v;
-	if ((st = tcp_opt_u64(ti, "workers", 2, 1, TCP_MAX_WORKERS, false, &v)) != TE_OK)
-		return st;
-	ti->n_workers = (uint32_t)v;
-	if ((st = tcp_opt_u64(ti, "max_inflight", 256, 1, TCP_MAX_INFLIGHT, false, &v)) != TE_OK)
-		return st;
-	ti->max_inflight = (uint32_t)v;
-	if ((st = tcp_opt_u64(ti, "slice_size", TCP_DEF_SLICE, 4096, TCP_MAX_FRAME, true,
-			      &ti->slice_size)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "connect_timeout_ms", 3000, 1, 600000, false,
-			      &ti->connect_timeout_ms)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "sockbuf", 0, 0, 1ull << 30, true, &ti->sockbuf)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "max_conns", TCP_DEF_MAX_CONNS, 1, 1u << 20, false,
-			      &ti->max_conns)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "max_conns_per_host", TCP_DEF_MAX_CONNS_HOST, 1, 1u << 20, false,
-			      &ti->max_conns_per_host)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "max_unauth", TCP_DEF_MAX_UNAUTH, 1, 1u << 20, false,
-			      &ti->max_unauth)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "hello_timeout_ms", TCP_DEF_HELLO_MS, 10, 600000, false,
-			      &ti->hello_timeout_ms)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "idle_timeout_ms", TCP_DEF_IDLE_MS, 0, 86400000, false,
-			      &ti->idle_timeout_ms)) != TE_OK ||
-	    (st = tcp_opt_u64(ti, "frame_timeout_ms", TCP_DEF_FRAME_MS, 10, 86400000, false,
-			      &ti->frame_timeout_ms)) != TE_OK)
-		return st;
+	port = tcp_opt(ti, "port");
+	ti->lanes = (uint32_t)tcp_opt(ti, "lanes");
+	ti->n_workers = (uint32_t)tcp_opt(ti, "workers");
+	ti->max_inflight = (uint32_t)tcp_opt(ti, "max_inflight");
+	ti->slice_size = tcp_opt_size(ti, "slice_size");
+	ti->connect_timeout_ms = tcp_opt(ti, "connect_timeout_ms");
+	ti->sockbuf = tcp_opt_size(ti, "sockbuf");
+	ti->max_conns = tcp_opt(ti, "max_conns");
+	ti->max_conns_per_host = tcp_opt(ti, "max_conns_per_host");
+	ti->max_unauth = tcp_opt(ti, "max_unauth");
+	ti->hello_timeout_ms = tcp_opt(ti, "hello_timeout_ms");
+	ti->idle_timeout_ms = tcp_opt(ti, "idle_timeout_ms");
+	ti->frame_timeout_ms = tcp_opt(ti, "frame_timeout_ms");
 
 	if (!bind_s || !*bind_s)
 		bind_s = "127.0.0.1";
@@ -141,15 +127,19 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 		if (st != TE_OK)
 			return st;
 		if (tcp_is_wildcard(&asa)) {
-			tcp_log(ti, TE_PLUGIN_LOG_ERROR,
-				"option 'advertise': '%s' is a wildcard address; peers need one they "
+			tcp_set_error(
+				ti,
+				TCP_NAME
+				": option 'advertise': '%s' is a wildcard address; peers need one they "
 				"can connect to",
 				adv_s);
 			return TE_ERR_CONFIG;
 		}
 	} else if (tcp_is_wildcard(&bsa)) {
-		tcp_log(ti, TE_PLUGIN_LOG_ERROR,
-			"option 'advertise' is required when 'bind' is the wildcard address '%s'",
+		tcp_set_error(
+			ti,
+			TCP_NAME
+			": option 'advertise' is required when 'bind' is the wildcard address '%s'",
 			bind_s);
 		return TE_ERR_CONFIG;
 	} else {
@@ -158,8 +148,8 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 
 	ti->listen_fd = socket(bsa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (ti->listen_fd < 0) {
-		tcp_log(ti, TE_PLUGIN_LOG_ERROR, "option 'bind': no %s socket: %s",
-			bsa.ss_family == AF_INET6 ? "IPv6" : "IPv4", strerror(errno));
+		tcp_set_error(ti, TCP_NAME ": option 'bind': no %s socket: %s",
+			      bsa.ss_family == AF_INET6 ? "IPv6" : "IPv4", strerror(errno));
 		return TE_ERR_CONFIG;
 	}
 	setsockopt(ti->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -172,8 +162,8 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	tcp_sa_text(&bsa, text, sizeof(text));
 	if (bind(ti->listen_fd, (struct sockaddr *)&bsa, blen) != 0 ||
 	    listen(ti->listen_fd, SOMAXCONN) != 0) {
-		tcp_log(ti, TE_PLUGIN_LOG_ERROR, "options 'bind'/'port': cannot listen on %s: %s",
-			text, strerror(errno));
+		tcp_set_error(ti, TCP_NAME ": options 'bind'/'port': cannot listen on %s: %s", text,
+			      strerror(errno));
 		return TE_ERR_CONFIG;
 	}
 	blen = sizeof(bsa);
@@ -794,6 +784,7 @@ static const struct te_plugin_desc tcp_desc = {
 	.version = TE_PLUGIN_VERSION,
 	.description = "TCP transport: pipelined, bounds-checked READ/WRITE over persistent lanes",
 	.ops = &tcp_ops,
+	TE_PLUGIN_OPTIONS(tcp_options),
 };
 
 TE_PLUGIN_DEFINE(&tcp_desc)

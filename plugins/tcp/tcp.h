@@ -84,7 +84,7 @@
 #define TCP_MAX_WORKERS 64u
 #define TCP_MAX_INFLIGHT 4096u	   /* slot index must fit the low 16 bits of a request id */
 #define TCP_MAX_FRAME (1ull << 30) /* longest READ/WRITE a server accepts */
-#define TCP_DEF_SLICE (1ull << 20) /* chosen by measurement: see README.md */
+/* Option defaults (1M slices chosen by measurement: README.md) are in tcp.c's tcp_options. */
 
 #define TCP_WIRE_MAGIC 0x31504354u /* bytes "TCP1" */
 #define TCP_WIRE_VERSION 2u
@@ -103,13 +103,7 @@
 #define TCP_NOT_AUTHED TCP_NAME ": not authenticated"
 #define TCP_AUTH_FAILED TCP_NAME ": authentication failed"
 
-/* Serving-side limits (options; README.md): defaults safe on a public network. */
-#define TCP_DEF_MAX_CONNS 1024u
-#define TCP_DEF_MAX_CONNS_HOST 64u
-#define TCP_DEF_MAX_UNAUTH 128u
-#define TCP_DEF_HELLO_MS 5000u
-#define TCP_DEF_IDLE_MS 300000u
-#define TCP_DEF_FRAME_MS 60000u
+/* Serving-side limits are options (tcp_options, README.md) with defaults safe on a public network. */
 #define TCP_FENCES 4096u /* lane epochs remembered (client id, lane) */
 /*
  * After a HELLO answered by another instance, submits to that peer fail at once for this

@@ -17,6 +17,10 @@
  *   check <off> <len> <seed>   check <index of the first differing byte, or len>
  *   quit                       exits 0; so does the end of stdin
  *
+ * Allocating target mode (--alloc): the same, but the buffer is --size bytes that
+ * te_mem_alloc_registered hands out at cxl:0 (the plugin's alloc_offset/alloc_size options in
+ * --yaml say where in the window); "quit" frees it with te_mem_free, which must succeed.
+ *
  * Writer mode (--writer SEGMENT): open SEGMENT, and --rounds times WRITE, as one batch,
  * --len bytes at offsets k * --stride of its first buffer for every k < --count with
  * k % 2 == --parity; round r sends pattern --seed + r. It prints "ready" once the segment is
@@ -73,10 +77,63 @@ static gboolean node_parse(const char *s, uint64_t *out)
 	return TRUE;
 }
 
+/* Serve fill and check commands on @buf (@size bytes) until "quit" or the end of stdin. */
+static void node_serve(uint8_t *buf, uint64_t size)
+{
+	char line[NODE_LINE_MAX];
+
+	while (fgets(line, sizeof(line), stdin)) {
+		g_auto(GStrv) a = g_strsplit_set(g_strstrip(line), " \t", -1);
+		uint64_t off, len, sd;
+
+		if (!a[0] || !*a[0])
+			continue;
+		if (strcmp(a[0], "quit") == 0)
+			break;
+		if ((strcmp(a[0], "fill") && strcmp(a[0], "check")) || !a[1] || !a[2] || !a[3] ||
+		    !node_parse(a[1], &off) || !node_parse(a[2], &len) || !node_parse(a[3], &sd) ||
+		    off > size || len > size - off) {
+			node_say("error expected fill|check <off> <len> <seed> inside the buffer");
+			continue;
+		}
+		if (a[0][0] == 'f') {
+			cxlnode_fill(buf + off, off, len, sd);
+			node_say("ok");
+		} else {
+			node_say("check %zu", cxlnode_check(buf + off, off, len, sd));
+		}
+	}
+}
+
+/* Allocating target: the buffer comes from te_mem_alloc_registered at cxl:0. */
+static int node_alloc_target(struct te_engine *e, uint64_t size, uint64_t seed)
+{
+	enum te_status st;
+	void *buf = NULL;
+
+	st = te_mem_alloc_registered(e, "cxl:0", size, TE_MEM_REMOTE, &buf);
+	if (st != TE_OK) {
+		fprintf(stderr, "cxl-node: te_mem_alloc_registered: %s: %s\n", te_status_str(st),
+			te_last_error());
+		te_engine_free(e);
+		return 1;
+	}
+	cxlnode_fill(buf, 0, size, seed);
+	node_say("segment: %s", te_engine_name(e));
+	node_say("buffer: 0x%" PRIxPTR " %" PRIu64, (uintptr_t)buf, size);
+	node_say("ready");
+	node_serve(buf, size);
+	st = te_mem_free(e, buf);
+	if (st != TE_OK)
+		fprintf(stderr, "cxl-node: te_mem_free: %s: %s\n", te_status_str(st),
+			te_last_error());
+	te_engine_free(e);
+	return st == TE_OK ? 0 : 1;
+}
+
 static int node_target(struct te_engine *e, const char *window, uint64_t offset, uint64_t size,
 		       uint64_t seed)
 {
-	char line[NODE_LINE_MAX];
 	enum te_status st;
 	uint8_t *map, *buf;
 	uint64_t total = offset + size;
@@ -105,27 +162,7 @@ static int node_target(struct te_engine *e, const char *window, uint64_t offset,
 	node_say("segment: %s", te_engine_name(e));
 	node_say("buffer: 0x%" PRIxPTR " %" PRIu64, (uintptr_t)buf, size);
 	node_say("ready");
-	while (fgets(line, sizeof(line), stdin)) {
-		g_auto(GStrv) a = g_strsplit_set(g_strstrip(line), " \t", -1);
-		uint64_t off, len, sd;
-
-		if (!a[0] || !*a[0])
-			continue;
-		if (strcmp(a[0], "quit") == 0)
-			break;
-		if ((strcmp(a[0], "fill") && strcmp(a[0], "check")) || !a[1] || !a[2] || !a[3] ||
-		    !node_parse(a[1], &off) || !node_parse(a[2], &len) || !node_parse(a[3], &sd) ||
-		    off > size || len > size - off) {
-			node_say("error expected fill|check <off> <len> <seed> inside the buffer");
-			continue;
-		}
-		if (a[0][0] == 'f') {
-			cxlnode_fill(buf + off, off, len, sd);
-			node_say("ok");
-		} else {
-			node_say("check %zu", cxlnode_check(buf + off, off, len, sd));
-		}
-	}
+	node_serve(buf, size);
 	/* The engine stops before the memory it serves goes away. */
 	te_engine_free(e);
 	munmap(map, total);
@@ -212,6 +249,7 @@ int main(int argc, char **argv)
 	g_autofree char *yaml = NULL, *window = NULL, *writer = NULL;
 	gint64 offset = 0, size = 1 << 20, seed = 0, stride = 100, len = 100, count = 1000;
 	gint64 parity = 0, rounds = 1;
+	gboolean alloc = FALSE;
 	GOptionEntry entries[] = {
 		{ "yaml", 0, 0, G_OPTION_ARG_STRING, &yaml, "Engine YAML text", "STRING" },
 		{ "window", 0, 0, G_OPTION_ARG_FILENAME, &window, "Target: the window file",
@@ -221,6 +259,8 @@ int main(int argc, char **argv)
 		{ "size", 0, 0, G_OPTION_ARG_INT64, &size, "Target: buffer bytes", "N" },
 		{ "seed", 0, 0, G_OPTION_ARG_INT64, &seed, "Pattern seed (writer: of round 0)",
 		  "N" },
+		{ "alloc", 0, 0, G_OPTION_ARG_NONE, &alloc,
+		  "Target: the buffer from te_mem_alloc_registered (cxl:0)", NULL },
 		{ "writer", 0, 0, G_OPTION_ARG_STRING, &writer, "Write into SEGMENT", "SEGMENT" },
 		{ "stride", 0, 0, G_OPTION_ARG_INT64, &stride, "Writer: bytes between ranges",
 		  "N" },
@@ -246,10 +286,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "cxl-node: %s\n", err->message);
 		return 2;
 	}
-	if (!yaml || !window == !writer || offset < 0 || size <= 0 || seed < 0 || stride <= 0 ||
-	    len <= 0 || len > stride || count <= 0 || count > (1 << 20) || parity < 0 ||
-	    parity > 1 || rounds <= 0) {
-		fprintf(stderr, "cxl-node: need --yaml and one of --window, --writer; sizes > 0\n");
+	if (!yaml || (!!window + !!writer + !!alloc) != 1 || offset < 0 || size <= 0 || seed < 0 ||
+	    stride <= 0 || len <= 0 || len > stride || count <= 0 || count > (1 << 20) ||
+	    parity < 0 || parity > 1 || rounds <= 0) {
+		fprintf(stderr,
+			"cxl-node: need --yaml and one of --window, --alloc, --writer; sizes > 0\n");
 		return 2;
 	}
 	st = te_engine_new_from_string(yaml, strlen(yaml), &e);
@@ -258,6 +299,8 @@ int main(int argc, char **argv)
 			te_last_error());
 		return 1;
 	}
+	if (alloc)
+		return node_alloc_target(e, (uint64_t)size, (uint64_t)seed);
 	if (window)
 		return node_target(e, window, (uint64_t)offset, (uint64_t)size, (uint64_t)seed);
 	rc = node_writer(e, writer, (uint64_t)stride, (uint64_t)len, (uint64_t)count,

@@ -391,6 +391,93 @@ out:
 	g_free(local);
 }
 
+/*
+ * te_mem_alloc_registered on cxl:0 in two processes on one window, with disjoint allocation
+ * ranges: the target (a cxl-node, range [4M, +2M)) serves an allocation of its own, this
+ * process's engine (range [0, +2M)) takes its local side from its own. Each allocation is the
+ * start of its engine's range (checked through this process's mapping: the engines hand out
+ * disjoint window bytes), and bytes WRITTEN to and READ from the target's allocation are
+ * checked here, in the window, and by the target.
+ */
+static void test_alloc(void)
+{
+	const uint64_t len = 1 * MiB + 5, t_off = 4 * MiB;
+	g_autofree char *tyaml = NULL, *yaml = NULL;
+	const char *argv[] = { node_path, "--yaml", NULL, "--alloc", "--size",
+			       "1048581", "--seed", "3",  NULL };
+	struct te_buffer_info bi[2];
+	struct win w;
+	struct node *t;
+	struct te_engine *e;
+	struct te_task_info ti;
+	struct te_request r;
+	te_segment_id seg;
+	uint8_t *local = NULL;
+	size_t n = 0;
+
+	win_new(&w, 8 * MiB);
+	tyaml = yaml_for(&w, "alloc_offset: 4M, alloc_size: 2M", false);
+	argv[2] = tyaml;
+	t = node_spawn("target (alloc)", argv);
+	t->segment = node_expect(t, "segment: ", NODE_WAIT_MS);
+	{
+		g_autofree char *buf = node_expect(t, "buffer: ", NODE_WAIT_MS);
+
+		parse_range(buf, &t->buf, &t->size);
+	}
+	g_free(node_expect(t, "ready", NODE_WAIT_MS));
+	g_assert_cmpuint(t->size, ==, len);
+	/* The target's allocation is window bytes [4M, +len), filled by the target. */
+	g_assert_cmpuint(cxlnode_check(w.map + t_off, 0, len, 3), ==, len);
+
+	yaml = yaml_for(&w, "alloc_offset: 0, alloc_size: 2M", false);
+	e = engine_new(yaml);
+	assert_ok(te_mem_alloc_registered(e, "cxl:0", len, TE_MEM_LOCAL, (void **)&local));
+	cxlnode_fill(local, 0, len, 11);
+	g_assert_cmpuint(cxlnode_check(w.map, 0, len, 11), ==, len);
+	/* Untouched by this engine: the target's bytes are still its own. */
+	g_assert_cmpuint(cxlnode_check(w.map + t_off, 0, len, 3), ==, len);
+
+	assert_ok(te_segment_open(e, t->segment, &seg));
+	assert_ok(te_segment_buffers(e, seg, bi, G_N_ELEMENTS(bi), &n));
+	g_assert_cmpuint(n, ==, 1);
+	g_assert_cmpuint(bi[0].addr, ==, t->buf);
+	g_assert_cmpuint(bi[0].length, ==, len);
+	g_assert_cmpstr(bi[0].location, ==, "cxl:0");
+
+	/* WRITE local bytes [7, +len - 9) to the target's allocation at 2. */
+	r = (struct te_request){ TE_OP_WRITE, seg, local + 7, t->buf + 2, len - 9 };
+	assert_ok(run(e, &r, 1, &ti));
+	g_assert_cmpstr(ti.transport, ==, "cxl");
+	g_assert_cmpuint(ti.bytes, ==, len - 9);
+	{
+		g_autofree uint8_t *want = g_malloc(len);
+
+		cxlnode_fill(want, 0, len, 3);
+		cxlnode_fill(want + 2, 7, len - 9, 11);
+		g_assert_true(memcmp(w.map + t_off, want, len) == 0);
+	}
+	target_check(t, 0, 2, 3);
+	target_check(t, len - 7, 7, 3);
+
+	/* READ what the target wrote into its allocation back into local bytes [5, +len - 5). */
+	target_fill(t, 0, len, 21);
+	r = (struct te_request){ TE_OP_READ, seg, local + 5, t->buf, len - 5 };
+	assert_ok(run(e, &r, 1, &ti));
+	g_assert_cmpuint(ti.bytes, ==, len - 5);
+	g_assert_cmpuint(cxlnode_check(local + 5, 0, len - 5, 21), ==, len - 5);
+	g_assert_cmpuint(cxlnode_check(w.map, 0, 5, 11), ==, 5);
+	g_assert_cmpuint(cxlnode_check(w.map + 5, 0, len - 5, 21), ==, len - 5);
+
+	assert_ok(te_segment_close(e, seg));
+	assert_ok(te_mem_free(e, local));
+	assert_status(te_mem_free(e, local), TE_ERR_NOT_FOUND);
+	te_engine_free(e);
+	/* The target frees its allocation on quit and exits 0 only if that succeeded. */
+	node_end(t, true);
+	win_free(&w);
+}
+
 /* A missing or too small window file fails engine start, naming the file and the sizes. */
 static void test_install_errors(void)
 {
@@ -467,5 +554,6 @@ int main(int argc, char **argv)
 	g_test_add_func("/cxl-system/concurrent-writers", test_concurrent_writers);
 	g_test_add_func("/cxl-system/other-window", test_other_window);
 	g_test_add_func("/cxl-system/install-errors", test_install_errors);
+	g_test_add_func("/cxl-system/alloc", test_alloc);
 	return g_test_run();
 }

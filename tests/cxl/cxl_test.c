@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cxlnode.h"
+#include "logcap.h"
 
 #define KiB (1024u)
 #define MiB (1024u * 1024u)
@@ -501,6 +502,295 @@ static void test_local_segment(void)
 	win_free(&w);
 }
 
+/* --- allocation (te_mem_alloc at cxl:0) -------------------------------------------------- */
+
+/*
+ * Two engines on one window allocate from disjoint ranges with te_mem_alloc_registered: B's
+ * allocation is the target, A's (window memory too) the local side. Each is the start of its
+ * engine's range, seen through the test's own mapping, and bytes moved between them are
+ * checked there.
+ */
+static void test_alloc_transfer(void)
+{
+	const size_t len = 300 * KiB + 5;
+	struct win w;
+	struct itest_pair p;
+	struct te_buffer_info bi[2];
+	struct te_request r;
+	uint8_t *la = NULL, *rb = NULL;
+	size_t n = 0;
+
+	win_new(&w, 8 * MiB);
+	p.a = engine_on("A", &w, "alloc_offset: 0, alloc_size: 2M");
+	p.b = engine_on("B", &w, "alloc_offset: 4M, alloc_size: 1M");
+	assert_ok(te_mem_alloc_registered(p.b, "cxl:0", len, TE_MEM_REMOTE, (void **)&rb));
+	assert_ok(te_mem_alloc_registered(p.a, "cxl:0", len, TE_MEM_LOCAL, (void **)&la));
+	cxlnode_fill(rb, 0, len, 1);
+	cxlnode_fill(la, 0, len, 2);
+	g_assert_cmpuint(cxlnode_check(w.map + 4 * MiB, 0, len, 1), ==, len);
+	g_assert_cmpuint(cxlnode_check(w.map, 0, len, 2), ==, len);
+	itest_pair_connect(&p);
+	assert_ok(te_segment_buffers(p.a, p.seg, bi, G_N_ELEMENTS(bi), &n));
+	g_assert_cmpuint(n, ==, 1);
+	g_assert_cmpuint(bi[0].addr, ==, (uintptr_t)rb);
+	g_assert_cmpuint(bi[0].length, ==, len);
+	g_assert_cmpstr(bi[0].location, ==, "cxl:0");
+
+	/* WRITE A's [3, +len - 3) to B's [0, ...): B's last 3 bytes keep pattern 1. */
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la + 3, (uintptr_t)rb, len - 3 };
+	run_ok(p.a, &r, 1);
+	g_assert_cmpuint(cxlnode_check(w.map + 4 * MiB, 3, len - 3, 2), ==, len - 3);
+	g_assert_cmpuint(cxlnode_check(w.map + 4 * MiB + len - 3, len - 3, 3, 1), ==, 3);
+	/* B's bytes change under its own pointer; READ them back into A at 0. */
+	cxlnode_fill(rb, 0, len, 9);
+	r = (struct te_request){ TE_OP_READ, p.seg, la, (uintptr_t)rb + 1, len - 1 };
+	run_ok(p.a, &r, 1);
+	g_assert_cmpuint(cxlnode_check(w.map, 1, len - 1, 9), ==, len - 1);
+	g_assert_cmpuint(cxlnode_check(w.map + len - 1, len - 1, 1, 2), ==, 1);
+
+	assert_ok(te_mem_free(p.a, la));
+	assert_ok(te_mem_free(p.b, rb));
+	/* Unregistered with the free: B lists no buffer any more. */
+	assert_ok(te_segment_buffers(p.b, TE_SEGMENT_LOCAL, bi, G_N_ELEMENTS(bi), &n));
+	g_assert_cmpuint(n, ==, 0);
+	itest_pair_free(&p);
+	win_free(&w);
+}
+
+/*
+ * One engine's range [1M, +1M) of a 4 MiB window: 64 KiB allocations fill it in order, the
+ * next is TE_ERR_NOMEM saying how full it is; freed ranges are reused first fit; unknown
+ * pointers are refused; large requests start on 2 MiB window offsets.
+ */
+static void test_alloc_range(void)
+{
+	struct win w;
+	struct te_engine *e;
+	uint8_t *p[16], *q = NULL, *x = NULL, *y = NULL;
+
+	win_new(&w, 4 * MiB);
+	e = engine_on("E", &w, "alloc_offset: 1M, alloc_size: 1M");
+	for (size_t i = 0; i < G_N_ELEMENTS(p); i++) {
+		assert_ok(te_mem_alloc_registered(e, "cxl:0", 64 * KiB - (i % 3), TE_MEM_REMOTE,
+						  (void **)&p[i]));
+		g_assert_true(p[i] == p[0] + i * 64 * KiB);
+		cxlnode_fill(p[i], 0, 64 * KiB - 2, 40 + i);
+	}
+	g_assert_cmpuint(cxlnode_check(w.map + 1 * MiB, 0, 64 * KiB - 2, 40), ==, 64 * KiB - 2);
+	g_assert_cmpuint(cxlnode_check(w.map + 2 * MiB - 64 * KiB, 0, 64 * KiB - 2, 55), ==,
+			 64 * KiB - 2);
+	assert_status(te_mem_alloc_registered(e, "cxl:0", 4096, TE_MEM_REMOTE, (void **)&q),
+		      TE_ERR_NOMEM);
+	g_test_message("full: %s", te_last_error());
+	assert_contains(te_last_error(), "te_mem_alloc_registered: cxl:0: cxl: 4096 bytes: ");
+	assert_contains(te_last_error(), "no free 4096 bytes in the allocation range "
+					 "[1048576, +1048576) of window");
+	assert_contains(te_last_error(), "1048576 bytes in use by 16 allocation(s), largest free "
+					 "gap 0 bytes");
+	assert_status(te_mem_alloc(e, "cxl:0", 2 * MiB, (void **)&q), TE_ERR_NOMEM);
+	assert_contains(te_last_error(), "larger than the allocation range");
+	g_assert_null(q);
+
+	/* Free two neighbours: 100 KiB goes there (first fit), 64 KiB no longer fits anywhere. */
+	assert_ok(te_mem_free(e, p[3]));
+	assert_ok(te_mem_free(e, p[4]));
+	assert_ok(te_mem_alloc_registered(e, "cxl:0", 100 * KiB, TE_MEM_REMOTE, (void **)&q));
+	g_assert_true(q == p[3]);
+	assert_status(te_mem_alloc(e, "cxl:0", 64 * KiB, (void **)&x), TE_ERR_NOMEM);
+	assert_contains(te_last_error(), "largest free gap 28672 bytes");
+	assert_ok(te_mem_alloc(e, "cxl:0", 20 * KiB, (void **)&x));
+	g_assert_true(x == p[3] + 100 * KiB);
+
+	/* Pointers te_mem_alloc did not return. */
+	assert_status(te_mem_free(e, p[5] + 4096), TE_ERR_NOT_FOUND);
+	assert_contains(te_last_error(), "did not come from te_mem_alloc");
+	assert_status(te_mem_free(e, w.map), TE_ERR_NOT_FOUND);
+	assert_status(te_mem_free(e, p[3] + 100 * KiB + 20 * KiB), TE_ERR_NOT_FOUND);
+	assert_ok(te_mem_free(e, x));
+	assert_status(te_mem_free(e, x), TE_ERR_NOT_FOUND);
+	assert_contains(te_last_error(), "or was freed already");
+	assert_ok(te_mem_free(e, q));
+	for (size_t i = 0; i < G_N_ELEMENTS(p); i++)
+		if (i != 3 && i != 4)
+			assert_ok(te_mem_free(e, p[i]));
+	te_engine_free(e);
+
+	/* A 2 MiB request starts on a 2 MiB window offset; a small one takes the first page. */
+	e = engine_on("E", &w, "alloc_offset: 4K, alloc_size: 4092K");
+	assert_ok(te_mem_alloc_registered(e, "cxl:0", 2 * MiB, TE_MEM_REMOTE, (void **)&x));
+	assert_ok(te_mem_alloc_registered(e, "cxl:0", 100, TE_MEM_REMOTE, (void **)&y));
+	g_assert_true(x - y == 2 * MiB - 4 * KiB);
+	cxlnode_fill(x, 0, 2 * MiB, 60);
+	g_assert_cmpuint(cxlnode_check(w.map + 2 * MiB, 0, 2 * MiB, 60), ==, 2 * MiB);
+	te_engine_free(e);
+	win_free(&w);
+}
+
+/*
+ * te_mem_free refuses, freeing nothing, while a batch still refers to the memory or the
+ * application still has a region inside it registered.
+ */
+static void test_alloc_busy(void)
+{
+	struct win w;
+	struct te_engine *e;
+	uint8_t *l = NULL, *t = NULL, *u = NULL;
+	struct te_request r;
+	te_batch_id bid;
+
+	win_new(&w, 4 * MiB);
+	e = engine_on("E", &w, "alloc_offset: 0, alloc_size: 4M");
+	assert_ok(te_mem_alloc_registered(e, "cxl:0", 64 * KiB, TE_MEM_LOCAL, (void **)&l));
+	assert_ok(te_mem_alloc_registered(e, "cxl:0", 64 * KiB, TE_MEM_REMOTE, (void **)&t));
+	cxlnode_fill(l, 0, 64 * KiB, 70);
+	r = (struct te_request){ TE_OP_WRITE, TE_SEGMENT_LOCAL, l, (uintptr_t)t, 64 * KiB };
+	assert_ok(run_batch(e, &r, 1, &bid));
+	assert_status(te_mem_free(e, l), TE_ERR_BUSY);
+	g_test_message("batch: %s", te_last_error());
+	assert_contains(te_last_error(), "te_mem_free: ");
+	assert_contains(te_last_error(), "(cxl:0, 65536 bytes from cxl) not freed");
+	assert_contains(te_last_error(), "used by 1 task(s)");
+	/* Nothing was freed or unregistered: the batch's bytes are there, and l still works. */
+	g_assert_cmpuint(cxlnode_check(t, 0, 64 * KiB, 70), ==, 64 * KiB);
+	assert_ok(te_batch_free(e, bid));
+	cxlnode_fill(l, 0, 64 * KiB, 71);
+	run_ok(e, &r, 1);
+	g_assert_cmpuint(cxlnode_check(t, 0, 64 * KiB, 71), ==, 64 * KiB);
+	assert_ok(te_mem_free(e, l));
+
+	/* Allocated unregistered, then a part registered by the application. */
+	assert_ok(te_mem_alloc(e, "cxl:0", 64 * KiB, (void **)&u));
+	assert_ok(te_mem_register(e, u + 4096, 4096, "cxl:0", TE_MEM_REMOTE));
+	assert_status(te_mem_free(e, u), TE_ERR_BUSY);
+	assert_contains(te_last_error(), "inside it is still registered (te_mem_unregister it");
+	assert_ok(te_mem_unregister(e, u + 4096));
+	assert_ok(te_mem_free(e, u));
+	/* The application unregistered a registered allocation itself: the free still works. */
+	assert_ok(te_mem_unregister(e, t));
+	assert_ok(te_mem_free(e, t));
+	te_engine_free(e);
+	win_free(&w);
+}
+
+/* Allocation refusals name the location, the transport and what to do. */
+static void test_alloc_errors(void)
+{
+	struct win w;
+	struct te_engine *e;
+	void *q = NULL;
+
+	win_new(&w, 1 * MiB);
+	e = engine_on("E", &w, NULL);
+	/* No range configured: the options to set. */
+	assert_status(te_mem_alloc(e, "cxl:0", 4096, &q), TE_ERR_CONFIG);
+	g_test_message("no range: %s", te_last_error());
+	assert_contains(te_last_error(), "te_mem_alloc: cxl:0: cxl: 4096 bytes: configuration "
+					 "error: cxl: no allocation range: set the options "
+					 "'alloc_offset' and 'alloc_size'");
+	assert_status(te_mem_alloc_registered(e, "cxl:0", 4096, TE_MEM_REMOTE, &q), TE_ERR_CONFIG);
+	assert_contains(te_last_error(), "te_mem_alloc_registered: cxl:0: cxl: ");
+	/* A window this engine does not map. */
+	assert_status(te_mem_alloc(e, "cxl:1", 4096, &q), TE_ERR_NO_DEVICE);
+	assert_contains(te_last_error(), "this engine maps one window, cxl:0");
+	/* A kind no loaded transport allocates. */
+	assert_status(te_mem_alloc(e, "hip:0", 4096, &q), TE_ERR_MEMORY_TYPE);
+	g_test_message("hip: %s", te_last_error());
+	assert_contains(te_last_error(), "te_mem_alloc: hip:0: no loaded transport owns hip "
+					 "memory or allocates it (loaded: cxl)");
+	assert_status(te_mem_alloc_registered(e, "cuda:0", 4096, TE_MEM_LOCAL, &q),
+		      TE_ERR_MEMORY_TYPE);
+	assert_contains(te_last_error(), "te_mem_alloc_registered: cuda:0: no loaded transport");
+	/* Bad arguments. */
+	assert_status(te_mem_alloc(e, "*", 4096, &q), TE_ERR_INVALID_ARG);
+	assert_status(te_mem_alloc(e, "cxl:0", 0, &q), TE_ERR_INVALID_ARG);
+	assert_status(te_mem_alloc_registered(e, "cxl:0", 4096, 0x10, &q), TE_ERR_INVALID_ARG);
+	assert_contains(te_last_error(), "unknown access bits 0x10");
+	g_assert_null(q);
+	/* Host memory, registered in one step, is freed (and unregistered) like the rest. */
+	assert_ok(te_mem_alloc_registered(e, "cpu", 10000, TE_MEM_LOCAL, &q));
+	g_assert_cmpuint((uintptr_t)q % 4096, ==, 0);
+	assert_status(te_mem_register(e, q, 100, "cpu", TE_MEM_LOCAL), TE_ERR_ADDRESS_OVERLAPPED);
+	assert_ok(te_mem_free(e, q));
+	assert_status(te_mem_unregister(e, q), TE_ERR_NOT_REGISTERED);
+	te_engine_free(e);
+	win_free(&w);
+}
+
+/*
+ * An allocation range that is not inside the window, not page-aligned, or half given fails
+ * install with a configuration error at the option in the YAML.
+ */
+static void test_alloc_options(void)
+{
+	static const struct {
+		const char *extra;
+		const char *why;
+	} cases[] = {
+		{ "alloc_size: 64K", "options.alloc_size: given without 'alloc_offset'" },
+		{ "alloc_offset: 64K", "options.alloc_offset: given without 'alloc_size'" },
+		{ "alloc_offset: 0, alloc_size: 2M",
+		  "options.alloc_size: the allocation range [0, +2097152) is outside the "
+		  "1048576-byte window" },
+		{ "alloc_offset: 1M, alloc_size: 4K",
+		  "options.alloc_offset: the allocation range [1048576, +4096) is outside" },
+		{ "alloc_offset: 100, alloc_size: 4K",
+		  "options.alloc_offset: 100 is not a multiple of the page size" },
+		{ "alloc_offset: 4K, alloc_size: 5000",
+		  "options.alloc_size: 5000 is not a multiple of the page size" },
+	};
+	struct win w;
+
+	win_new(&w, 1 * MiB);
+	for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
+		struct te_engine *e = NULL;
+
+		assert_status(engine_try("E", w.path, cases[i].extra, &e), TE_ERR_CONFIG);
+		g_assert_null(e);
+		g_test_message("%s: %s", cases[i].extra, te_last_error());
+		assert_contains(te_last_error(), "transports[0].");
+		assert_contains(te_last_error(), cases[i].why);
+	}
+	win_free(&w);
+}
+
+/* Allocations left at engine free are unregistered, then released, while cxl still runs. */
+static void test_alloc_engine_free(void)
+{
+	struct logcap c;
+	struct win w;
+	struct te_engine *e = NULL;
+	struct te_engine_opts o = { .size = sizeof(o) };
+	g_autofree char *opts = NULL, *yaml = NULL;
+	void *a = NULL, *b = NULL, *h = NULL;
+
+	win_new(&w, 1 * MiB);
+	opts = g_strdup_printf("device: \"%s\", alloc_offset: 0, alloc_size: 1M", w.path);
+	{
+		struct itest_transport t = { .name = "cxl", .required = true, .options = opts };
+
+		yaml = itest_yaml("E", &t, 1, default_transfer);
+	}
+	logcap_init(&c);
+	o.config_yaml = yaml;
+	o.config_yaml_len = strlen(yaml);
+	o.log_fn = logcap_fn;
+	o.log_user = &c;
+	o.log_level = TE_LOG_DEBUG;
+	assert_ok(te_engine_new(&o, &e));
+	assert_ok(te_mem_alloc_registered(e, "cxl:0", 8192, TE_MEM_REMOTE, &a));
+	assert_ok(te_mem_alloc(e, "cxl:0", 4096, &b));
+	assert_ok(te_mem_alloc_registered(e, "cpu", 4096, TE_MEM_LOCAL, &h));
+	te_engine_free(e);
+	/* cxl's mem_free refuses a range still registered: these lines say it was not. */
+	g_assert_cmpuint(logcap_count(&c, "engine free: released 8192 bytes", "(cxl:0)"), ==, 1);
+	g_assert_cmpuint(logcap_count(&c, "engine free: released 4096 bytes", "(cxl:0)"), ==, 1);
+	g_assert_cmpuint(logcap_count(&c, "engine free: released 4096 bytes", "(cpu)"), ==, 1);
+	g_assert_cmpuint(logcap_count(&c, "not released", NULL), ==, 0);
+	g_assert_cmpuint(logcap_count(&c, "cxl: freed window [0, +8192)", NULL), ==, 1);
+	logcap_clear(&c);
+	win_free(&w);
+}
+
 /* --- cancel and shutdown ------------------------------------------------------------------ */
 
 static void test_cancel(void)
@@ -562,19 +852,29 @@ static void test_free_in_flight(void)
 
 static void test_bad_options(void)
 {
+	/* Declared options: the core refuses bad ones (TE_ERR_CONFIG); cxl checks the rest. */
 	static const struct {
 		const char *extra;
+		enum te_status st;
 		const char *why;
 	} cases[] = {
-		{ "colour: blue", "unknown option 'colour'" },
-		{ "coherent: maybe", "option 'coherent'" },
-		{ "threads: 0", "option 'threads'" },
-		{ "threads: 65", "option 'threads'" },
-		{ "chunk_size: 1K", "option 'chunk_size'" },
-		{ "copy: neon", "option 'copy'" },
-		{ "offset: 100", "page size" },
-		{ "size: 0", "option 'size'" },
-		{ "window_id: \"a b\"", "option 'window_id'" },
+		{ "colour: blue", TE_ERR_CONFIG, "options.colour: unknown option of plugin cxl" },
+		{ "coherent: maybe", TE_ERR_CONFIG,
+		  "options.coherent: expected a boolean (true, false, yes, no, on, off), got "
+		  "\"maybe\"" },
+		{ "threads: 0", TE_ERR_CONFIG, "options.threads: value 0 out of range 1..64" },
+		{ "threads: 65", TE_ERR_CONFIG, "options.threads: value 65 out of range 1..64" },
+		{ "chunk_size: 1K", TE_ERR_CONFIG,
+		  "options.chunk_size: value 1K out of range 4K..1G" },
+		{ "copy: neon", TE_ERR_CONFIG,
+		  "options.copy: expected one of: auto, avx2, sse2, plain, got \"neon\"" },
+		/* cxl's own checks, located like the core's ("option '<key>': <why>"). */
+		{ "offset: 100", TE_ERR_CONFIG,
+		  "transports[0].options.offset: 100 is not a multiple of the page size" },
+		{ "size: 0", TE_ERR_CONFIG, "options.size: value 0 out of range 1..4194304T" },
+		{ "window_id: \"a b\"", TE_ERR_CONFIG,
+		  "transports[0].options.window_id: 'a b' has a space or a non-printable "
+		  "character" },
 	};
 	struct win w;
 
@@ -582,7 +882,7 @@ static void test_bad_options(void)
 	for (size_t i = 0; i < G_N_ELEMENTS(cases); i++) {
 		struct te_engine *e = NULL;
 
-		assert_status(engine_try("E", w.path, cases[i].extra, &e), TE_ERR_PLUGIN_INIT);
+		assert_status(engine_try("E", w.path, cases[i].extra, &e), cases[i].st);
 		g_assert_null(e);
 		assert_contains(te_last_error(), cases[i].why);
 	}
@@ -591,9 +891,11 @@ static void test_bad_options(void)
 		struct itest_transport t = { .name = "cxl", .required = true, .options = NULL };
 		g_autofree char *yaml = itest_yaml("E", &t, 1, NULL);
 
-		assert_status(te_engine_new_from_string(yaml, strlen(yaml), &e),
-			      TE_ERR_PLUGIN_INIT);
-		assert_contains(te_last_error(), "option 'device' is required");
+		assert_status(te_engine_new_from_string(yaml, strlen(yaml), &e), TE_ERR_CONFIG);
+		assert_contains(te_last_error(),
+				"transports[0].options.device: missing required option of plugin "
+				"cxl (the DAX device (/dev/daxX.Y) or file that maps the shared "
+				"window)");
 	}
 	win_free(&w);
 }
@@ -733,5 +1035,11 @@ int main(int argc, char **argv)
 	g_test_add_func("/cxl/failure/cancel", test_cancel);
 	g_test_add_func("/cxl/failure/free-in-flight", test_free_in_flight);
 	g_test_add_func("/cxl/options/bad", test_bad_options);
+	g_test_add_func("/cxl/alloc/transfer", test_alloc_transfer);
+	g_test_add_func("/cxl/alloc/range", test_alloc_range);
+	g_test_add_func("/cxl/alloc/busy", test_alloc_busy);
+	g_test_add_func("/cxl/alloc/errors", test_alloc_errors);
+	g_test_add_func("/cxl/alloc/options", test_alloc_options);
+	g_test_add_func("/cxl/alloc/engine-free", test_alloc_engine_free);
 	return g_test_run();
 }

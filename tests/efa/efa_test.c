@@ -1068,13 +1068,20 @@ static void test_options(void)
 	static const struct {
 		const char *options, *needle;
 	} bad[] = {
-		{ "colour: blue", "unknown option 'colour'" },
-		{ "window: 0x10", "option 'window'" },
-		{ "window: 100000", "option 'window'" },
-		{ "progress: sometimes", "option 'progress'" },
-		{ "write_completion: maybe", "option 'write_completion'" },
-		{ "slice_size: 1k", "option 'slice_size'" },
-		{ "warmup: perhaps", "option 'warmup'" },
+		/* Declared options: the core's checks (efa checks the rest itself). */
+		{ "colour: blue", "options.colour: unknown option of plugin efa" },
+		{ "window: 0x10", "options.window: expected an integer, got \"0x10\"" },
+		{ "window: 100000", "options.window: value 100000 out of range 0..16384" },
+		{ "progress: sometimes",
+		  "options.progress: expected one of: auto, adaptive, busy, caller, got "
+		  "\"sometimes\"" },
+		{ "write_completion: maybe",
+		  "options.write_completion: expected one of: auto, delivery, transmit, got "
+		  "\"maybe\"" },
+		{ "slice_size: 1k", "options.slice_size: value 1k out of range 4K..1G" },
+		{ "warmup: perhaps",
+		  "options.warmup: expected a boolean (true, false, yes, no, on, off), got "
+		  "\"perhaps\"" },
 		{ "iface: no-such-if0", "no interface 'no-such-if0'" },
 		{ "devices: no-such-domain", "no domain named in 'devices'" },
 		{ "node: 127.0.0.1, iface: lo", "mutually exclusive" },

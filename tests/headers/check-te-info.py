@@ -94,6 +94,84 @@ with tempfile.TemporaryDirectory() as d:
 r = run("--no-such-option")
 check("unknown option: exit 2", r.returncode == 2, r.stderr)
 
+# Declared options (ABI 1.2): listed with type, range or choices, default and help.
+r = run(os.path.join(plugin_dir, "declared.so"))
+lines = [l.strip() for l in r.stdout.splitlines()]
+for want in ["options:  9 declared",
+             "progress: choice (auto, manual), default auto -- auto: worker threads complete "
+             "slices; manual: progress() does",
+             "workers: int 1..64, default 1 -- worker threads",
+             "slice_size: size 1..1T, default 64K -- slice size advertised to the core",
+             "verbose: bool, default false -- log more (a boolean for tests)",
+             "bias: int -100..100, default -1 -- a signed integer for tests",
+             'label: string, default "lo" -- a string for tests',
+             "note: string, no default -- a string without default for tests"]:
+    check("te-info declared.so lists '%s'" % want.split(":")[0] if ":" in want else want,
+          r.returncode == 0 and want in lines, r.stdout + r.stderr)
+r = run(os.path.join(plugin_dir, "declared_req.so"))
+check("a required option is listed as such",
+      "token: string, required -- a required string for tests" in
+      [l.strip() for l in r.stdout.splitlines()], r.stdout + r.stderr)
+r = run(os.path.join(plugin_dir, "loopback.so"))
+check("a plugin without declarations says so",
+      "options:  none declared (free-form)" in [l.strip() for l in r.stdout.splitlines()],
+      r.stdout)
+r = run("--json", os.path.join(plugin_dir, "declared.so"), os.path.join(plugin_dir, "loopback.so"))
+try:
+    ps = {p["name"]: p for p in json.loads(r.stdout)["plugins"]}
+except (ValueError, KeyError) as e:
+    ps = {}
+    check("--json of declared.so parses", False, str(e) + r.stdout)
+opts = {o["name"]: o for o in ps.get("declared", {}).get("options", [])}
+check("--json: declared options with type, default, range, choices, help",
+      ps.get("declared", {}).get("options_declared") is True and len(opts) == 9
+      and opts.get("workers") == {"name": "workers", "type": "int", "default": "1", "min": 1,
+                                  "max": 64, "required": False, "help": "worker threads"}
+      and opts.get("progress", {}).get("choices") == ["auto", "manual"]
+      and opts.get("note", {}).get("default", 0) is None
+      and "min" not in opts.get("label", {}), ps.get("declared"))
+check("--json: no declarations", ps.get("loopback", {}).get("options_declared") is False
+      and ps.get("loopback", {}).get("options") == [], ps.get("loopback"))
+r = run(os.path.join(plugin_dir, "bad_decl.so"))
+check("broken declarations: the module is refused naming the option",
+      r.returncode == 0 and "option 'workers': default \"0\" is invalid: value 0 out of range "
+      "1..64" in r.stdout, r.stdout + r.stderr)
+
+# --config checks declared options with the engine's error text; defaults show as effective.
+with tempfile.TemporaryDirectory() as d:
+    def cfg(name, text):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+    bad = cfg("bad-opt.yaml", "transports:\n  - name: loopback\n    required: true\n"
+              "  - name: declared\n    required: false\n    options:\n      workers: 65\n")
+    r = run("--plugin-path", plugin_dir, "--config", bad)
+    check("--config: a bad declared option (optional transport): exit 1, file:line:col",
+          r.returncode == 1 and r.stderr.strip().splitlines()[-1:] ==
+          ["te-info: %s:7:16: transports[1].options.workers: value 65 out of range 1..64" % bad],
+          r.stdout + r.stderr)
+    r = run("--json", "--plugin-path", plugin_dir, "--config", bad)
+    try:
+        j = json.loads(r.stdout)
+    except ValueError:
+        j = {}
+    check("--json --config: the same error",
+          r.returncode == 1 and j.get("error") ==
+          "%s:7:16: transports[1].options.workers: value 65 out of range 1..64" % bad, r.stdout)
+    typo = cfg("typo.yaml", "transports:\n  - name: declared\n    options: {lable: x}\n")
+    r = run("--plugin-path", plugin_dir, "--config", typo)
+    check("--config: an unknown option with a suggestion",
+          r.returncode == 1 and '%s:3:15: transports[0].options.lable: unknown option of plugin '
+          'declared (did you mean "label"?)' % typo in r.stderr, r.stdout + r.stderr)
+    good = cfg("good-opt.yaml", "transports:\n  - name: declared\n    options: {verbose: on}\n"
+               "  - name: not_installed_here\n    options: {x: 1}\n")
+    r = run("--plugin-path", plugin_dir, "--config", good)
+    check("--config: effective options with defaults, absent plugin noted",
+          r.returncode == 0 and '"verbose": "true"' in r.stdout and '"workers": "1"' in r.stdout
+          and '"x": "1"' in r.stdout and "not_installed_here" in r.stderr
+          and "options not checked" in r.stderr, r.stdout + r.stderr)
+
 
 def block(text, stem):
     """The lines of the text listing's block for module STEM.so (empty if absent)."""

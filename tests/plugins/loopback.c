@@ -18,6 +18,10 @@
  *                                  lie in the descriptor
  *   LOOPBACK_OMIT_SUBMIT           leave the required submit op NULL
  *   LOOPBACK_ENTRY_SYMBOL=sym      export sym instead of TE_PLUGIN_ENTRY
+ *   LOOPBACK_DECLARED              declare its options (ABI 1.2; one of each type) and log
+ *                                  every effective option at init ("option key=value")
+ *   LOOPBACK_DECLARED_REQUIRED     ... and a required option, "token"
+ *   LOOPBACK_BAD_DECL              declare an option whose default fails its own range
  *
  * Peers find each other through a process-wide registry: init publishes
  * {pid, process nonce, instance token}; load_peer resolves the token to the
@@ -329,8 +333,10 @@ static struct loopback_endpoint *loopback_registry_get(uint64_t nonce, uint64_t 
 
 /* --- options ---------------------------------------------------------------------------- */
 
-static enum te_status loopback_opt_u64(struct loopback_inst *li, const char *key, uint64_t def,
-				       uint64_t min, uint64_t max, bool size_suffix, uint64_t *out)
+/* Free-form options (every variant but the declared ones): parsed here. */
+LOOPBACK_UNUSED static enum te_status loopback_opt_u64(struct loopback_inst *li, const char *key,
+						       uint64_t def, uint64_t min, uint64_t max,
+						       bool size_suffix, uint64_t *out)
 {
 	const char *s = li->host->config_get(li->ctx, key);
 
@@ -348,7 +354,7 @@ static enum te_status loopback_opt_u64(struct loopback_inst *li, const char *key
 }
 
 /* clang-format off */
-static const char *const loopback_option_names[] = {
+LOOPBACK_UNUSED static const char *const loopback_option_names[] = {
 	"progress",
 	"workers",
 	"queue_depth",
@@ -364,8 +370,69 @@ static const char *const loopback_option_names[] = {
 };
 /* clang-format on */
 
+#if defined(LOOPBACK_DECLARED) || defined(LOOPBACK_BAD_DECL)
+static const char *const loopback_progress_modes[] = { "auto", "manual", NULL };
+
+/* Declared options: the core checks them and fills in the defaults (te_plugin.h, ABI 1.2). */
+static const struct te_plugin_option loopback_options[] = {
+	TE_PLUGIN_OPTION_CHOICE("progress", "auto", loopback_progress_modes,
+				"auto: worker threads complete slices; manual: progress() does"),
+#ifdef LOOPBACK_BAD_DECL
+	TE_PLUGIN_OPTION_INT("workers", "0", 1, LOOPBACK_MAX_WORKERS, "worker threads"),
+#else
+	TE_PLUGIN_OPTION_INT("workers", "1", 1, LOOPBACK_MAX_WORKERS, "worker threads"),
+#endif
+	TE_PLUGIN_OPTION_INT("queue_depth", "4096", 1, LOOPBACK_MAX_DEPTH, "slices queued at most"),
+	TE_PLUGIN_OPTION_SIZE("slice_size", "64K", 1, LOOPBACK_MAX_SIZE,
+			      "slice size advertised to the core"),
+	TE_PLUGIN_OPTION_SIZE("max_slice_size", "0", 0, LOOPBACK_MAX_SIZE,
+			      "largest slice accepted; 0: any"),
+	TE_PLUGIN_OPTION_BOOL("verbose", "false", "log more (a boolean for tests)"),
+	TE_PLUGIN_OPTION_INT("bias", "-1", -100, 100, "a signed integer for tests"),
+	TE_PLUGIN_OPTION_STRING("label", "lo", "a string for tests"),
+	TE_PLUGIN_OPTION_STRING("note", NULL, "a string without default for tests"),
+#ifdef LOOPBACK_DECLARED_REQUIRED
+	TE_PLUGIN_OPTION(TE_PLUGIN_OPT_STRING, "token", NULL, 0, 0, NULL, TE_PLUGIN_OPT_REQUIRED,
+			 "a required string for tests"),
+#endif
+};
+
+static void loopback_log_option(void *user, const char *key, const char *value)
+{
+	struct loopback_inst *li = user;
+
+	loopback_log(li, TE_PLUGIN_LOG_INFO, "option %s=%s", key, value);
+}
+
+/* Values come checked and normalized: conversion only, and the one cross-option rule. */
+static enum te_status loopback_parse_declared(struct loopback_inst *li)
+{
+	const struct te_plugin_host *h = li->host;
+
+	li->host->config_foreach(li->ctx, loopback_log_option, li);
+	li->progress = te_plugin_opt_choice(h, li->ctx, "progress", loopback_progress_modes, 0)
+			       ? TE_PLUGIN_PROGRESS_MANUAL
+			       : TE_PLUGIN_PROGRESS_AUTO;
+	li->workers = (uint32_t)te_plugin_opt_int(h, li->ctx, "workers", 1);
+	li->depth = (uint32_t)te_plugin_opt_int(h, li->ctx, "queue_depth", 4096);
+	li->slice_size = te_plugin_opt_size(h, li->ctx, "slice_size", 65536);
+	li->max_slice_size = te_plugin_opt_size(h, li->ctx, "max_slice_size", 0);
+	if (li->max_slice_size && li->slice_size > li->max_slice_size) {
+		h->set_error(li->ctx,
+			     LOOPBACK_NAME ": option 'slice_size' (%" PRIu64
+					   ") exceeds option 'max_slice_size' (%" PRIu64 ")",
+			     li->slice_size, li->max_slice_size);
+		return TE_ERR_CONFIG;
+	}
+	return TE_OK;
+}
+#endif
+
 static enum te_status loopback_parse_options(struct loopback_inst *li)
 {
+#if defined(LOOPBACK_DECLARED) || defined(LOOPBACK_BAD_DECL)
+	return loopback_parse_declared(li);
+#else
 	const char *progress = li->host->config_get(li->ctx, "progress");
 	char bad[64];
 	uint64_t v;
@@ -425,6 +492,7 @@ static enum te_status loopback_parse_options(struct loopback_inst *li)
 		return st;
 #endif
 	return TE_OK;
+#endif
 }
 
 /* --- execution -------------------------------------------------------------------------- */
@@ -1312,6 +1380,9 @@ static const struct te_plugin_desc loopback_desc = {
 	.version = TE_PLUGIN_VERSION,
 	.description = "in-process test transport (" LOOPBACK_NAME ")",
 	.ops = &loopback_ops,
+#if defined(LOOPBACK_DECLARED) || defined(LOOPBACK_BAD_DECL)
+	TE_PLUGIN_OPTIONS(loopback_options),
+#endif
 };
 
 #ifdef LOOPBACK_ENTRY_SYMBOL

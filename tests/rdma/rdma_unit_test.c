@@ -835,6 +835,19 @@ static void expect_init_failure(const char *options, const char *needle)
 	logcap_clear(&lc);
 }
 
+/* A declared option the core refuses before init: a configuration error naming it. */
+static void expect_config_failure(const char *options, const char *needle)
+{
+	struct logcap lc;
+	struct te_engine *e = NULL;
+
+	logcap_init(&lc);
+	assert_status(engine_try("X", options, NULL, &lc, &e), TE_ERR_CONFIG);
+	g_assert_null(e);
+	assert_contains(te_last_error(), needle);
+	logcap_clear(&lc);
+}
+
 static void test_no_device(void)
 {
 	struct itest_transport t[2] = {
@@ -859,14 +872,24 @@ static void test_no_device(void)
 static void test_bad_options(void)
 {
 	devices2();
-	expect_init_failure("devices: zz0", "no RDMA device 'zz0' (found: a0, a1, b0, b1)");
-	expect_init_failure("colour: blue", "unknown option 'colour'");
-	expect_init_failure("qp_depth: 0", "option 'qp_depth'");
-	expect_init_failure("progress: sometimes", "option 'progress'");
-	expect_init_failure("topology: \"cpu=q9\"", "'q9' is not an open device");
-	expect_init_failure("topology: nonsense", "option 'topology'");
-	expect_init_failure("test_fault: \"oob@0\"", "option 'test_fault'");
-	expect_init_failure("mtu: 3000", "option 'mtu'");
+	/* rdma's own option checks, located like the core's ("option '<key>': <why>"). */
+	expect_config_failure("devices: zz0",
+			      "options.devices: no RDMA device 'zz0' (found: a0, a1, b0, b1)");
+	expect_config_failure("colour: blue", "options.colour: unknown option of plugin rdma");
+	expect_config_failure("qp_depht: 4",
+			      "options.qp_depht: unknown option of plugin rdma (did you mean "
+			      "\"qp_depth\"?)");
+	expect_config_failure("qp_depth: 0", "options.qp_depth: value 0 out of range 1..8192");
+	expect_config_failure("progress: sometimes",
+			      "options.progress: expected one of: auto, manual, got \"sometimes\"");
+	expect_config_failure("topology: \"cpu=q9\"",
+			      "options.topology: 'q9' is not an open device");
+	expect_config_failure("topology: nonsense", "options.topology: expected LOCATION=");
+	expect_config_failure("test_fault: \"oob@0\"",
+			      "options.test_fault: expected rkey@N or oob@N (N >= 1), got 'oob@0'");
+	expect_config_failure("mtu: 3000",
+			      "options.mtu: expected one of: 256, 512, 1024, 2048, 4096, got "
+			      "\"3000\"");
 	fakeverbs_reset();
 }
 
@@ -1306,7 +1329,10 @@ static void test_gpu_direct_option(void)
 	g_assert_cmpuint(fakeverbs_dmabuf_mrs("a0"), ==, 0);
 	gfx_free(&f);
 	/* A bad value. */
-	expect_init_failure("gpu_direct: maybe", "option 'gpu_direct'");
+	expect_config_failure(
+		"gpu_direct: maybe",
+		"options.gpu_direct: expected one of: auto, dmabuf, peermem, off, got "
+		"\"maybe\"");
 	fakeverbs_reset();
 }
 

@@ -515,11 +515,13 @@ static void test_bools(void)
 		const char *text;
 		bool v;
 	} ok[] = {
-		{ "true", true }, { "false", false }, { "yes", true },
-		{ "no", false },  { "True", true },   { "FALSE", false },
-		{ "Yes", true },  { "NO", false },    { "\"yes\"", true },
+		{ "true", true },    { "false", false }, { "yes", true }, { "no", false },
+		{ "True", true },    { "FALSE", false }, { "Yes", true }, { "NO", false },
+		{ "on", true },	     { "off", false },	 { "ON", true },  { "Off", false },
+		{ "\"yes\"", true },
 	};
-	static const char *const bad[] = { "maybe", "on", "off", "1", "0", "y", "n", "\"\"" };
+	/* One rule with plugin options (te_plugin_parse_bool): never 1/0, y/n. */
+	static const char *const bad[] = { "maybe", "1", "0", "y", "n", "onn", "\"\"" };
 
 	for (size_t i = 0; i < G_N_ELEMENTS(ok); i++) {
 		g_autofree char *y = g_strdup_printf("transfer:\n  fallback: %s\n", ok[i].text);
@@ -532,8 +534,8 @@ static void test_bools(void)
 		g_autofree char *y = g_strdup_printf("transfer:\n  fallback: %s\n", bad[i]);
 		const char *shown = bad[i][0] == '"' ? "" : bad[i];
 		g_autofree char *e = g_strdup_printf(
-			"t.yaml:2:13: transfer.fallback: expected a boolean (true, false, yes, no), "
-			"got \"%s\"",
+			"t.yaml:2:13: transfer.fallback: expected a boolean (true, false, yes, no, "
+			"on, off), got \"%s\"",
 			shown);
 
 		expect_err(y, e);
@@ -695,12 +697,12 @@ static void test_transport_errors(void)
 		   "required, memory_only, options)");
 	expect_err(
 		"transports:\n  - name: tcp\n    required: sometimes\n",
-		"t.yaml:3:15: transports[0].required: expected a boolean (true, false, yes, no), "
-		"got \"sometimes\"");
+		"t.yaml:3:15: transports[0].required: expected a boolean (true, false, yes, no, on, "
+		"off), got \"sometimes\"");
 	expect_err(
 		"transports:\n  - name: tcp\n    memory_only: 2\n",
-		"t.yaml:3:18: transports[0].memory_only: expected a boolean (true, false, yes, no), "
-		"got \"2\"");
+		"t.yaml:3:18: transports[0].memory_only: expected a boolean (true, false, yes, no, "
+		"on, off), got \"2\"");
 	expect_err("transports:\n  - name: rdma\n    options:\n      nested: {a: 1}\n",
 		   "t.yaml:4:15: transports[0].options.nested: option values must be scalars, got "
 		   "a mapping (nested mappings and sequences are not allowed in options)");
@@ -890,8 +892,8 @@ static void test_wrong_types(void)
 		   "t.yaml:2:12: transfer.retries: expected an integer, got \"\"");
 	expect_err(
 		"transfer:\n  fallback: {}\n",
-		"t.yaml:2:13: transfer.fallback: expected a boolean (true, false, yes, no), got a "
-		"mapping");
+		"t.yaml:2:13: transfer.fallback: expected a boolean (true, false, yes, no, on, off), "
+		"got a mapping");
 	expect_err(
 		"- engine\n",
 		"t.yaml:1:1: (root): expected a mapping (engine, metadata, transfer, transports, "

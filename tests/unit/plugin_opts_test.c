@@ -73,8 +73,14 @@ static void test_bool_enum(void)
 
 	g_assert_true(te_plugin_parse_bool("YES", &b) && b);
 	g_assert_true(te_plugin_parse_bool("off", &b) && !b);
-	g_assert_true(te_plugin_parse_bool("1", &b) && b);
+	g_assert_true(te_plugin_parse_bool("On", &b) && b);
 	g_assert_true(te_plugin_parse_bool("False", &b) && !b);
+	/* The one boolean rule (core keys too): no 1/0, no y/n. */
+	b = true;
+	g_assert_false(te_plugin_parse_bool("1", &b));
+	g_assert_false(te_plugin_parse_bool("0", &b));
+	g_assert_false(te_plugin_parse_bool("y", &b));
+	g_assert_true(b); /* untouched on failure */
 	g_assert_false(te_plugin_parse_bool("maybe", &b));
 	g_assert_false(te_plugin_parse_bool("", &b));
 	g_assert_false(te_plugin_parse_bool(NULL, &b));
@@ -111,11 +117,44 @@ static void test_unknown_and_join(void)
 	g_assert_cmpstr(te_plugin_join(names, 0, known, sizeof(known)), ==, "");
 }
 
+/* A host whose config_get answers normalized values, as the core does for declared options. */
+static const char *fake_get(struct te_plugin_host_ctx *ctx, const char *key)
+{
+	static const char *const kv[][2] = {
+		{ "flag", "true" }, { "neg", "-42" },  { "bytes", "65536" },
+		{ "mode", "busy" }, { "junk", "12x" }, { "off", "false" },
+	};
+
+	(void)ctx;
+	for (size_t i = 0; i < G_N_ELEMENTS(kv); i++)
+		if (strcmp(key, kv[i][0]) == 0)
+			return kv[i][1];
+	return NULL;
+}
+
+static void test_declared_readers(void)
+{
+	static const char *const choices[] = { "auto", "adaptive", "busy", NULL };
+	struct te_plugin_host host = { .size = sizeof(host), .config_get = fake_get };
+
+	g_assert_true(te_plugin_opt_bool(&host, NULL, "flag", false));
+	g_assert_false(te_plugin_opt_bool(&host, NULL, "off", true));
+	g_assert_true(te_plugin_opt_bool(&host, NULL, "absent", true));
+	g_assert_cmpint(te_plugin_opt_int(&host, NULL, "neg", 0), ==, -42);
+	g_assert_cmpint(te_plugin_opt_int(&host, NULL, "junk", 7), ==, 7);
+	g_assert_cmpint(te_plugin_opt_int(&host, NULL, "absent", 9), ==, 9);
+	g_assert_cmpuint(te_plugin_opt_size(&host, NULL, "bytes", 0), ==, 65536);
+	g_assert_cmpuint(te_plugin_opt_size(&host, NULL, "neg", 5), ==, 5);
+	g_assert_cmpint(te_plugin_opt_choice(&host, NULL, "mode", choices, 0), ==, 2);
+	g_assert_cmpint(te_plugin_opt_choice(&host, NULL, "absent", choices, 1), ==, 1);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/plugin-opts/u64", test_u64);
 	g_test_add_func("/plugin-opts/bool-enum", test_bool_enum);
 	g_test_add_func("/plugin-opts/unknown-and-join", test_unknown_and_join);
+	g_test_add_func("/plugin-opts/declared-readers", test_declared_readers);
 	return g_test_run();
 }
