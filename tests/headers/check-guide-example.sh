@@ -1,18 +1,37 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# check-guide-example.sh: build the example plugin of docs/plugin-guide.md out of tree (as the
-# guide says), check its exports, and load it with te-info: the guide's code cannot rot.
-# Usage: CC="cc" check-guide-example.sh GUIDE.md INCLUDE_DIR TE_INFO
+# check-guide-example.sh: the example plugin of docs/plugin-guide.md, as a vendor builds it:
+# te is installed (meson install into a scratch folder), the example is cut out of the guide
+# and compiled against the *installed* te-plugin.pc, its exports checked, te-info loads it,
+# and the installed te-conformance runs the whole suite on it (two processes). The guide's
+# code cannot rot.
+# Usage: CC="cc" check-guide-example.sh GUIDE.md BUILD_ROOT
 set -eu
 guide=$1
-incdir=$2
-te_info=$3
+build=$2
 cc=${CC:-cc}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+dest=$tmp/dest
 mkdir "$tmp/plugins"
 
+# 1. Install te as a package would, into $dest.
+meson install -C "$build" --no-rebuild --quiet --destdir "$dest" >"$tmp/install.log" 2>&1 || {
+	cat "$tmp/install.log"
+	echo "meson install failed"
+	exit 1
+}
+pc=$(find "$dest" -name te-plugin.pc | head -n 1)
+if [ -z "$pc" ]; then
+	echo "no te-plugin.pc installed under $dest"
+	exit 1
+fi
+export PKG_CONFIG_PATH="$(dirname "$pc")"
+export PKG_CONFIG_SYSROOT_DIR="$dest"
+bindir=$(dirname "$(find "$dest" -name te-info -type f | head -n 1)")
+
+# 2. The guide's code, built the way the guide says.
 awk '/<!-- plugin-guide-example: begin -->/ { on = 1; next }
      /<!-- plugin-guide-example: end -->/ { on = 0 }
      on && !/^```/ { print }' "$guide" >"$tmp/example.c"
@@ -21,10 +40,18 @@ if ! [ -s "$tmp/example.c" ]; then
 	exit 1
 fi
 printf '{\n\tglobal: te_plugin_entry_v1;\n\tlocal: *;\n};\n' >"$tmp/example.map"
-
-# shellcheck disable=SC2086 # CC may be "ccache cc"
+cflags=$(pkg-config --cflags te-plugin)
+case "$cflags" in
+*"$dest"*) ;;
+*)
+	echo "pkg-config --cflags te-plugin gave '$cflags', not the installed headers"
+	exit 1
+	;;
+esac
+echo "building against the installed te-plugin.pc: $cflags"
+# shellcheck disable=SC2086 # CC may be "ccache cc"; cflags is a word list
 $cc -std=gnu17 -O2 -Wall -Wextra -Werror -Wno-unused-parameter -Wmissing-prototypes -Wshadow \
-	-fPIC -fvisibility=hidden -I"$incdir" -shared -o "$tmp/plugins/example.so" \
+	-fPIC -fvisibility=hidden $cflags -shared -o "$tmp/plugins/example.so" \
 	"$tmp/example.c" -Wl,-z,defs -Wl,--version-script="$tmp/example.map"
 
 syms=$(nm -D --defined-only "$tmp/plugins/example.so" | awk '$2 != "A" { print $3 }' | sed 's/@.*//')
@@ -33,8 +60,9 @@ if [ "$syms" != te_plugin_entry_v1 ]; then
 	exit 1
 fi
 
-"$te_info" --plugin-path "$tmp/plugins" >"$tmp/out.txt"
-"$te_info" --json --plugin-path "$tmp/plugins" >"$tmp/out.json"
+# 3. The installed te-info loads it.
+"$bindir/te-info" --plugin-path "$tmp/plugins" >"$tmp/out.txt"
+"$bindir/te-info" --json --plugin-path "$tmp/plugins" >"$tmp/out.json"
 cat "$tmp/out.txt"
 python3 - "$tmp/out.json" <<'PY'
 import json, sys
@@ -45,6 +73,16 @@ p = ps[0]
 assert "error" not in p, p
 assert p["name"] == "example" and p["abi"]["major"] == 1, p
 assert p["caps"]["progress"] == "manual" and p["caps"]["ops"] == ["read", "write"], p
-assert [d["name"] for d in p["devices"]] == ["example0"], p
-print("te-info --json: example loads, caps and devices as written")
+assert [d["name"] for d in p["devices"]] == ["cma0"], p
+assert [o["name"] for o in p["options"]] == ["queue_depth"], p
+print("te-info --json: example loads, caps, devices and options as written")
 PY
+
+# 4. The installed te-conformance passes it.
+conf="$bindir/te-conformance"
+if ! [ -x "$conf" ]; then
+	echo "te-conformance was not installed"
+	exit 1
+fi
+shim=$(find "$dest" -name 'te-conformance-shim.so' | head -n 1)
+TE_CONFORMANCE_SHIM="$shim" "$conf" "$tmp/plugins/example.so"
