@@ -194,7 +194,8 @@ bool retry_plan(struct engine *e, struct slice *s, enum te_status status, const 
 		ps->attempt++;
 		/* priv keeps what the plugin wrote: it may remember why the attempt failed. */
 		atomic_fetch_add_explicit(&t->retries, 1, memory_order_relaxed);
-		if (tp->n_devices > 1 && ps->device < 64) {
+		if (tp->n_devices > 1 && ps->device < 64 &&
+		    !(tp->caps.flags & TE_PLUGIN_CAP_FIXED_DEVICES)) {
 			uint64_t all =
 				tp->n_devices >= 64 ? UINT64_MAX : (1ull << tp->n_devices) - 1;
 

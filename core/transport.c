@@ -233,8 +233,9 @@ uint64_t transport_paused_devices(struct transport *tp, uint64_t now)
 	uint64_t mask = 0, all;
 	uint32_t n = tp->n_devices;
 
-	/* Fast path: nothing was quarantined recently. */
-	if (atomic_load_explicit(&tp->any_paused_until, memory_order_relaxed) <= now)
+	/* Fast path: nothing was quarantined recently, or devices are not interchangeable. */
+	if (atomic_load_explicit(&tp->any_paused_until, memory_order_relaxed) <= now ||
+	    (tp->caps.flags & TE_PLUGIN_CAP_FIXED_DEVICES))
 		return 0;
 	for (uint32_t d = 0; d < n; d++)
 		if (atomic_load_explicit(&tp->dev_paused_until[d], memory_order_relaxed) > now)

@@ -730,9 +730,9 @@ static void flag_list(JsonBuilder *b, GString *s, uint32_t v, const uint32_t *bi
 
 static const uint32_t op_bits[] = { TE_PLUGIN_CAN_READ, TE_PLUGIN_CAN_WRITE };
 static const char *const op_names[] = { "read", "write" };
-static const uint32_t cap_bits[] = { TE_PLUGIN_CAP_SAME_HOST_ONLY,
-				     TE_PLUGIN_CAP_SAME_PROCESS_ONLY };
-static const char *const cap_names[] = { "same-host-only", "same-process-only" };
+static const uint32_t cap_bits[] = { TE_PLUGIN_CAP_SAME_HOST_ONLY, TE_PLUGIN_CAP_SAME_PROCESS_ONLY,
+				     TE_PLUGIN_CAP_FIXED_DEVICES };
+static const char *const cap_names[] = { "same-host-only", "same-process-only", "fixed-devices" };
 static const uint32_t mem_bits[] = { TE_PLUGIN_MEM_CPU, TE_PLUGIN_MEM_CUDA, TE_PLUGIN_MEM_HIP,
 				     TE_PLUGIN_MEM_CXL };
 static const char *const mem_names[] = { "cpu", "cuda", "hip", "cxl" };

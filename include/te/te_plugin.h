@@ -121,6 +121,13 @@ enum te_plugin_thread_level {
 /* caps.flags */
 #define TE_PLUGIN_CAP_SAME_HOST_ONLY (1u << 0)	  /* peers must share this host */
 #define TE_PLUGIN_CAP_SAME_PROCESS_ONLY (1u << 1) /* peers must share this process */
+/*
+ * Since ABI 1.2: the memory decides the device (a GPU copies its own memory): devices are not
+ * interchangeable paths, so the core never puts a device in slice->excluded_devices for this
+ * plugin (a retry takes the same device; the plugin refuses work for a device it knows
+ * failed). Without it, devices are rails: a failed or quarantined one is avoided.
+ */
+#define TE_PLUGIN_CAP_FIXED_DEVICES (1u << 2)
 
 /* Capabilities; filled by query_caps after the core zeroes it and sets size. */
 struct te_plugin_caps {

@@ -1071,7 +1071,8 @@ static inline enum te_status te_plugin_gpu_query_caps(struct te_plugin_inst *ins
 	caps->progress = TE_PLUGIN_PROGRESS_MANUAL;
 	caps->thread_level = TE_PLUGIN_THREAD_MULTI;
 	/* FABRIC handles reach GPUs of other hosts; nothing else does. */
-	caps->flags = g->fabric ? 0 : TE_PLUGIN_CAP_SAME_HOST_ONLY;
+	/* A GPU copies its own memory: devices are not interchangeable rails. */
+	caps->flags = (g->fabric ? 0 : TE_PLUGIN_CAP_SAME_HOST_ONLY) | TE_PLUGIN_CAP_FIXED_DEVICES;
 	caps->max_slice_size = 0;
 	caps->default_slice_size = g->slice_size;
 	caps->slice_priv_size = 0;
@@ -2109,7 +2110,11 @@ static inline enum te_status te_plugin_gpu_cancel(struct te_plugin_inst *inst,
 static inline enum te_status te_plugin_gpu_retry_prepare(struct te_plugin_inst *inst,
 							 struct te_plugin_slice *s)
 {
-	/* The GPU is dictated by where the memory is: a retry takes the same path. */
+	/*
+	 * The GPU is dictated by where the memory is (caps TE_PLUGIN_CAP_FIXED_DEVICES: the core
+	 * excludes none): a retry takes the same path; a GPU known to have failed refuses it in
+	 * submit (te_plugin_gpu_dev_failed).
+	 */
 	(void)inst;
 	(void)s;
 	return TE_OK;

@@ -849,6 +849,11 @@ static void check_retry_excluded(void)
 			    run.c->n_devices, run.c->n_devices == 1 ? "" : "s");
 		return;
 	}
+	if (run.c->caps.flags & TE_PLUGIN_CAP_FIXED_DEVICES) {
+		report_skip(name, "caps say TE_PLUGIN_CAP_FIXED_DEVICES (the memory decides the "
+				  "device): the core excludes none");
+		return;
+	}
 	report_watch(name, run.c->hang_s);
 	shim_stats(&s0);
 	shim_modes(&m);
@@ -908,6 +913,9 @@ static void check_mark_failed(void)
 	else if (run.c->n_devices < 2)
 		report_ok(name, "(one device: quarantining it leaves it in use; every transfer "
 				"completed with the right bytes)");
+	else if (run.c->caps.flags & TE_PLUGIN_CAP_FIXED_DEVICES)
+		report_ok(name, "(fixed devices: a quarantined device stays the memory's path; "
+				"every transfer completed with the right bytes)");
 	else
 		report_ok(name,
 			  "(a device quarantined for %u ms; %" PRIu64
