@@ -62,6 +62,11 @@ const char *control_address(const struct engine *e)
 	return e->advertise ? e->advertise : e->rpc ? rpc_server_address(e->rpc) : "";
 }
 
+const char *control_bound_address(const struct engine *e)
+{
+	return e->rpc ? rpc_server_address(e->rpc) : "";
+}
+
 /* The first up, non-loopback IPv4 address of this host, or NULL. */
 static char *control_first_ipv4(void)
 {

@@ -42,6 +42,8 @@ void control_stop(struct engine *e);
 
 /* The address peers reach this engine's control plane at ("" if none). */
 const char *control_address(const struct engine *e);
+/* What the listener bound ("0.0.0.0:7000" for a wildcard), or "" without one. */
+const char *control_bound_address(const struct engine *e);
 
 /* A batch armed with a notify became terminal with every task COMPLETED. */
 void control_queue_notify(struct engine *e, const char *addr, GBytes *msg);

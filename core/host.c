@@ -176,6 +176,16 @@ static const char *host_local_name(struct te_plugin_host_ctx *ctx)
 	return tp->engine && tp->engine->name ? tp->engine->name : "";
 }
 
+static const char *host_control_address(struct te_plugin_host_ctx *ctx, uint32_t which)
+{
+	struct transport *tp = ctx_tp(ctx);
+
+	if (!tp->engine)
+		return "";
+	return which == TE_PLUGIN_ADDR_BOUND ? control_bound_address(tp->engine)
+					     : control_address(tp->engine);
+}
+
 /* HMAC-SHA256(secret, "te-plugin-auth-v1" NUL plugin NUL msg). */
 static enum te_status host_auth_compute(struct transport *tp, const void *msg, size_t len,
 					uint8_t mac[TE_PLUGIN_MAC_SIZE])
@@ -290,4 +300,5 @@ const struct te_plugin_host host_services = {
 	.mem_query = host_mem_query,
 	.mem_copy = host_mem_copy,
 	.mem_dmabuf = host_mem_dmabuf,
+	.control_address = host_control_address,
 };

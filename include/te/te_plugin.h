@@ -353,7 +353,20 @@ struct te_plugin_host {
 	enum te_status (*mem_dmabuf)(struct te_plugin_host_ctx *ctx, const void *addr, uint64_t len,
 				     uint32_t mem_type, int32_t dev, int *fd_out,
 				     uint64_t *offset_out);
+
+	/*
+	 * Since ABI 1.2: the engine's control-plane address, "host:port" (IPv6 hosts in
+	 * brackets): TE_PLUGIN_ADDR_BOUND is what its listener bound (a wildcard host when
+	 * engine.listen is one), TE_PLUGIN_ADDR_ADVERTISED what peers are told to dial (never a
+	 * wildcard). A data listener that follows them reaches the same peers as the control
+	 * plane. "" when the engine has no control plane. Valid until fini; any thread.
+	 */
+	const char *(*control_address)(struct te_plugin_host_ctx *ctx, uint32_t which);
 };
+
+/* host->control_address @which (since ABI 1.2). */
+#define TE_PLUGIN_ADDR_BOUND 0u
+#define TE_PLUGIN_ADDR_ADVERTISED 1u
 
 /*
  * Operations. Required: init, fini, query_caps, reg_mem, dereg_mem, pack_key,

@@ -12,8 +12,9 @@
  * hands every one in normal form with its default; README.md says more about each.
  */
 static const struct te_plugin_option tcp_options[] = {
-	TE_PLUGIN_OPTION_STRING("bind", "127.0.0.1",
-				"address the data listener binds: IPv4/IPv6 literal or host name"),
+	TE_PLUGIN_OPTION_STRING("bind", "auto",
+				"address the data listener binds: IPv4/IPv6 literal or host name; "
+				"auto: the host the control plane listens on (engine.listen)"),
 	TE_PLUGIN_OPTION_INT("port", "0", 0, 65535, "listener port; 0 picks a free one"),
 	TE_PLUGIN_OPTION_STRING("advertise", NULL,
 				"address published to peers (default: the bind address; needed "
@@ -83,6 +84,33 @@ static enum te_status tcp_resolve(struct tcp_inst *ti, const char *opt, const ch
 	return TE_OK;
 }
 
+static bool tcp_is_loopback(const struct sockaddr_storage *ss)
+{
+	if (ss->ss_family == AF_INET6)
+		return IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)ss)->sin6_addr);
+	return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+}
+
+/* The host part of "host:port" / "[v6]:port" into @out ("" when there is none). */
+static void tcp_host_of(const char *hostport, char *out, size_t cap)
+{
+	const char *colon = hostport ? strrchr(hostport, ':') : NULL;
+	size_t n;
+
+	out[0] = '\0';
+	if (!colon)
+		return;
+	n = (size_t)(colon - hostport);
+	if (n >= 2 && hostport[0] == '[' && hostport[n - 1] == ']') {
+		hostport++;
+		n -= 2;
+	}
+	if (n >= cap)
+		return;
+	memcpy(out, hostport, n);
+	out[n] = '\0';
+}
+
 static bool tcp_is_wildcard(const struct sockaddr_storage *ss)
 {
 	if (ss->ss_family == AF_INET6)
@@ -95,6 +123,8 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 {
 	const char *bind_s = ti->host->config_get(ti->ctx, "bind");
 	const char *adv_s = ti->host->config_get(ti->ctx, "advertise");
+	char ctl_host[72], auto_adv[72];
+	const char *ctl_bound;
 	struct sockaddr_storage bsa, asa;
 	socklen_t blen, alen;
 	char text[72];
@@ -116,12 +146,37 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	ti->idle_timeout_ms = tcp_opt(ti, "idle_timeout_ms");
 	ti->frame_timeout_ms = tcp_opt(ti, "frame_timeout_ms");
 
-	if (!bind_s || !*bind_s)
-		bind_s = "127.0.0.1";
+	/*
+	 * auto: follow the control plane, so that the peers that find this engine can also reach
+	 * its data: its bound host (a wildcard too), advertising what the control plane
+	 * advertises unless 'advertise' says otherwise.
+	 */
+	ctl_bound = TE_PLUGIN_HAS(ti->host, struct te_plugin_host, control_address)
+			    ? ti->host->control_address(ti->ctx, TE_PLUGIN_ADDR_BOUND)
+			    : "";
+	tcp_host_of(ctl_bound, ctl_host, sizeof(ctl_host));
+	if (!bind_s || !*bind_s || strcmp(bind_s, "auto") == 0) {
+		bind_s = *ctl_host ? ctl_host : "127.0.0.1";
+		if (!(adv_s && *adv_s)) {
+			tcp_host_of(ti->host->control_address(ti->ctx, TE_PLUGIN_ADDR_ADVERTISED),
+				    auto_adv, sizeof(auto_adv));
+			if (*auto_adv)
+				adv_s = auto_adv;
+		}
+	}
 	snprintf(ti->bind_text, sizeof(ti->bind_text), "%s", bind_s);
 	st = tcp_resolve(ti, "bind", bind_s, (uint16_t)port, true, &bsa, &blen);
 	if (st != TE_OK)
 		return st;
+	/* A loopback data listener behind a network control plane moves no data between hosts. */
+	if (tcp_is_loopback(&bsa) && *ctl_host && strncmp(ctl_host, "127.", 4) != 0 &&
+	    strcmp(ctl_host, "::1") != 0 && strcmp(ctl_host, "localhost") != 0)
+		ti->host->log(ti->ctx, TE_PLUGIN_LOG_WARN,
+			      "option 'bind' is %s, a loopback address, while the control plane "
+			      "listens on %s: peers on other hosts will find this engine but "
+			      "cannot move data with it; set 'bind' to auto (the default) or an "
+			      "address they reach",
+			      bind_s, ctl_bound);
 	if (adv_s && *adv_s) {
 		st = tcp_resolve(ti, "advertise", adv_s, 0, false, &asa, &alen);
 		if (st != TE_OK)

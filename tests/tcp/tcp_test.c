@@ -2104,6 +2104,68 @@ static void test_good_options(void)
 	te_engine_free(e);
 }
 
+/* An engine from @yaml whose log lines @cap keeps. */
+static struct te_engine *engine_yaml_logged(const char *yaml, struct logcap *cap)
+{
+	struct te_engine_opts o = { .size = sizeof(o),
+				    .config_yaml = yaml,
+				    .config_yaml_len = strlen(yaml),
+				    .log_fn = logcap_fn,
+				    .log_user = cap,
+				    .log_level = TE_LOG_INFO };
+	struct te_engine *e = NULL;
+
+	assert_ok(te_engine_new(&o, &e));
+	return e;
+}
+
+/*
+ * bind: auto (the default) follows the control plane: loopback with it, its wildcard with its
+ * advertised host; an explicit loopback bind behind a network control plane is a warning
+ * naming the option (peers would find the engine but move no data).
+ */
+static void test_bind_auto(void)
+{
+	static const char warn[] = "option 'bind' is 127.0.0.1, a loopback address, while the "
+				   "control plane listens on 0.0.0.0:";
+	struct logcap cap;
+	struct te_engine *e;
+	struct endpoint ep;
+
+	logcap_init(&cap);
+	e = engine_yaml_logged("engine: {listen: \"127.0.0.1:0\"}\n"
+			       "transports: [{name: tcp, required: true}]\n",
+			       &cap);
+	ep = endpoint_of(e);
+	g_assert_cmpuint(ep.addr[0], ==, 127);
+	g_assert_false(logcap_has(&cap, "option 'bind'"));
+	te_engine_free(e);
+	/* Wildcard control plane advertising 127.0.0.1 (nothing leaves this host). */
+	logcap_clear(&cap);
+	logcap_init(&cap);
+	e = engine_yaml_logged("engine: {listen: \"0.0.0.0:0\", advertise: 127.0.0.1}\n"
+			       "transports: [{name: tcp, required: true}]\n",
+			       &cap);
+	ep = endpoint_of(e);
+	g_assert_cmpint(ep.family, ==, AF_INET);
+	g_assert_cmpuint(ep.addr[0], ==, 127);
+	g_assert_cmpuint(ep.port, !=, 0);
+	g_assert_false(logcap_has(&cap, "option 'bind'"));
+	te_engine_free(e);
+	/* The first two-host setup of issue 17: data on loopback, control on the network. */
+	logcap_clear(&cap);
+	logcap_init(&cap);
+	e = engine_yaml_logged(
+		"engine: {listen: \"0.0.0.0:0\", advertise: 127.0.0.1}\n"
+		"transports: [{name: tcp, required: true, options: {bind: 127.0.0.1}}]\n",
+		&cap);
+	g_assert_cmpuint(logcap_count_at(&cap, TE_LOG_WARN, warn), ==, 1);
+	g_assert_true(logcap_has(&cap, "set 'bind' to auto (the default) or an address they "
+				       "reach"));
+	te_engine_free(e);
+	logcap_clear(&cap);
+}
+
 /* --- main --------------------------------------------------------------------------- */
 
 static void add_xfer(const char *name, enum te_opcode op, uint64_t len, size_t loff, size_t roff,
@@ -2171,6 +2233,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/failure/bad-blob-reason", test_bad_blob_reason);
 	g_test_add_func("/tcp/options/bad", test_bad_options);
 	g_test_add_func("/tcp/options/good", test_good_options);
+	g_test_add_func("/tcp/options/bind-auto", test_bind_auto);
 	g_test_add_data_func("/tcp/options/wildcard-v4",
 			     "bind: \"0.0.0.0\", advertise: \"127.0.0.1\"", test_wildcard_bind);
 	g_test_add_data_func("/tcp/options/wildcard-v6-dual-stack",

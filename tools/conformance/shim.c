@@ -42,7 +42,7 @@
  * fail the build when the ABI grows, so that the shim grows with it.
  */
 _Static_assert(sizeof(struct te_plugin_host) ==
-		       offsetof(struct te_plugin_host, mem_dmabuf) + sizeof(void *),
+		       offsetof(struct te_plugin_host, control_address) + sizeof(void *),
 	       "te-conformance shim: a host service was added to te_plugin.h; wrap it in shim.c");
 _Static_assert(sizeof(struct te_plugin_ops) ==
 		       offsetof(struct te_plugin_ops, load_peer_ex) + sizeof(void *),
@@ -444,6 +444,15 @@ static enum te_status h_mem_dmabuf(struct te_plugin_host_ctx *ctx, const void *a
 					 offset_out);
 }
 
+static const char *h_control_address(struct te_plugin_host_ctx *ctx, uint32_t which)
+{
+	const struct te_plugin_host *core = SI(ctx)->core;
+
+	return TE_PLUGIN_HAS(core, struct te_plugin_host, control_address)
+		       ? core->control_address(SI(ctx)->ctx, which)
+		       : "";
+}
+
 /* --- ops the core calls ----------------------------------------------------------------- */
 
 static enum te_status w_init(const struct te_plugin_host *core, struct te_plugin_host_ctx *ctx,
@@ -473,6 +482,7 @@ static enum te_status w_init(const struct te_plugin_host *core, struct te_plugin
 	si->host.mem_query = h_mem_query;
 	si->host.mem_copy = h_mem_copy;
 	si->host.mem_dmabuf = h_mem_dmabuf;
+	si->host.control_address = h_control_address;
 	st = REAL_OPS->init(&si->host, (struct te_plugin_host_ctx *)si, &real);
 	if (st != TE_OK || !real) {
 		/* TE_OK without an instance: let the core refuse it as it would the plugin. */
