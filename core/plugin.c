@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -13,13 +14,60 @@
 #include "core/plugin.h"
 #include "te_build_config.h"
 
+static gint plugin_cmp_str(gconstpointer a, gconstpointer b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/*
+ * When this code runs from the build tree it was compiled in (libte.so or a tool linking the
+ * core there), the build's plugin folders, so that tools and programs run from a checkout find
+ * the plugins built with them: build/plugins/<name>/. NULL otherwise (an installed te).
+ */
+static char *plugin_build_tree_dirs(void)
+{
+	g_autofree char *root = g_strconcat(TE_BUILD_ROOT, "/", NULL);
+	g_autofree char *plugins = g_build_filename(TE_BUILD_ROOT, "plugins", NULL);
+	g_autoptr(GString) dirs = g_string_new(NULL);
+	g_autoptr(GPtrArray) found = g_ptr_array_new_with_free_func(g_free);
+	g_autoptr(GDir) d = NULL;
+	g_autofree char *self = NULL;
+	const char *entry;
+	Dl_info info;
+
+	/* The object holding this code: libte.so, or the executable (dli_fname may be relative). */
+	if (!dladdr((void *)plugin_build_tree_dirs, &info) || !info.dli_fname)
+		return NULL;
+	self = realpath(info.dli_fname, NULL);
+	if (!self)
+		self = g_file_read_link("/proc/self/exe", NULL);
+	if (!self || !g_str_has_prefix(self, root))
+		return NULL;
+	d = g_dir_open(plugins, 0, NULL);
+	while (d && (entry = g_dir_read_name(d))) {
+		g_autofree char *so = g_strdup_printf("%s/%s/%s.so", plugins, entry, entry);
+
+		if (g_file_test(so, G_FILE_TEST_IS_REGULAR))
+			g_ptr_array_add(found, g_build_filename(plugins, entry, NULL));
+	}
+	g_ptr_array_sort(found, plugin_cmp_str);
+	for (guint i = 0; i < found->len; i++)
+		g_string_append_printf(dirs, "%s%s", i ? ":" : "", (char *)found->pdata[i]);
+	return dirs->len ? g_string_free(g_steal_pointer(&dirs), FALSE) : NULL;
+}
+
 char *plugin_search_path(void)
 {
 	const char *env = g_getenv("TE_PLUGIN_PATH");
+	g_autofree char *build = plugin_build_tree_dirs();
+	g_autoptr(GString) s = g_string_new(NULL);
 
 	if (env && *env)
-		return g_strdup_printf("%s:%s", env, TE_PLUGINDIR);
-	return g_strdup(TE_PLUGINDIR);
+		g_string_append_printf(s, "%s:", env);
+	if (build)
+		g_string_append_printf(s, "%s:", build);
+	g_string_append(s, TE_PLUGINDIR);
+	return g_string_free(g_steal_pointer(&s), FALSE);
 }
 
 /* Stubs for optional ops the plugin left NULL: callers never test for NULL. */

@@ -24,7 +24,8 @@ struct plugin {
 };
 
 /*
- * plugin_search_path - the directories searched for plugins, ':'-separated:
+ * plugin_search_path - the directories searched for plugins, ':'-separated (when the code
+ * runs from its build tree, the build's plugin folders come after $TE_PLUGIN_PATH):
  * $TE_PLUGIN_PATH, then the install directory. Caller g_frees.
  */
 char *plugin_search_path(void);

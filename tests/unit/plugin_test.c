@@ -5,6 +5,7 @@
 #include <glib.h>
 
 #include "core/plugin.h"
+#include "te_build_config.h"
 
 static enum te_status fake_init(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
 				struct te_plugin_inst **inst_out)
@@ -246,9 +247,32 @@ static void test_open_missing(void)
 	g_free(err);
 }
 
+/* Run from the build tree, the search path has the build's plugin folders (no TE_PLUGIN_PATH). */
+static void test_search_path_build_tree(void)
+{
+	g_autofree char *saved = g_strdup(g_getenv("TE_PLUGIN_PATH"));
+	g_autofree char *path = NULL;
+	g_autofree char *tcp_dir = g_build_filename(TE_BUILD_ROOT, "plugins", "tcp", NULL);
+	g_autofree char *tcp_so = g_build_filename(tcp_dir, "tcp.so", NULL);
+
+	g_unsetenv("TE_PLUGIN_PATH");
+	path = plugin_search_path();
+	if (saved)
+		g_setenv("TE_PLUGIN_PATH", saved, TRUE);
+	g_assert_true(g_str_has_suffix(path, TE_PLUGINDIR));
+	if (!g_file_test(tcp_so, G_FILE_TEST_EXISTS)) {
+		g_test_skip("tcp is not built here");
+		return;
+	}
+	g_assert_nonnull(strstr(path, tcp_dir));
+	/* The build's folders come before the install directory. */
+	g_assert_true(strstr(path, tcp_dir) < strstr(path, TE_PLUGINDIR));
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
+	g_test_add_func("/plugin/search-path-build-tree", test_search_path_build_tree);
 	g_test_add_func("/plugin/good", test_good);
 	g_test_add_func("/plugin/older-ops", test_older_smaller_ops_table);
 	g_test_add_func("/plugin/rejections", test_rejections);
