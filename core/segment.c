@@ -408,6 +408,7 @@ enum te_status te_segment_open(struct te_engine *engine, const char *name, te_se
 void segment_refresh_stale(struct engine *e)
 {
 	g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
+	g_autoptr(GPtrArray) keys = g_ptr_array_new_with_free_func(g_free);
 	uint64_t now = engine_now_ns();
 
 	if (!atomic_load_explicit(&e->refresh_pending, memory_order_acquire))
@@ -427,20 +428,31 @@ void segment_refresh_stale(struct engine *e)
 		if (s->last_refresh_ns && now - s->last_refresh_ns < 1000000000ull)
 			continue;
 		if (atomic_compare_exchange_strong(&s->stale, &one, 0)) {
+			const char *rpc = s->view && s->view->desc ? s->view->desc->rpc : NULL;
+
 			atomic_fetch_sub(&e->refresh_pending, 1);
 			g_ptr_array_add(names, g_strdup(s->name));
+			/*
+			 * Without a store, a segment opened by engine name (imported out of band)
+			 * is fetched again from the control-plane address its descriptor gave.
+			 */
+			g_ptr_array_add(keys, g_strdup(!metadata_is_store(e->md) && rpc && *rpc &&
+								       !strchr(s->name, ':')
+							       ? rpc
+							       : s->name));
 		}
 	}
 	g_rw_lock_writer_unlock(&e->seg_lock);
 	for (guint i = 0; i < names->len; i++) {
 		const char *name = g_ptr_array_index(names, i);
+		const char *key = g_ptr_array_index(keys, i);
 		g_autofree char *err = NULL;
 		struct descriptor *d = NULL;
 		te_segment_id id;
 
 		uint64_t t0 = engine_now_ns();
 
-		if (metadata_fetch_descriptor(e, name, SEGMENT_REFRESH_TIMEOUT_MS, &d, &err) !=
+		if (metadata_fetch_descriptor(e, key, SEGMENT_REFRESH_TIMEOUT_MS, &d, &err) !=
 		    TE_OK) {
 			bool slow = engine_now_ns() - t0 > 100000000ull;
 
@@ -456,6 +468,14 @@ void segment_refresh_stale(struct engine *e)
 				}
 			}
 			g_rw_lock_writer_unlock(&e->seg_lock);
+			continue;
+		}
+		if (strcmp(d->name, name) != 0) {
+			/* Another engine answers at that address now: not ours to import. */
+			ENGINE_LOG(e, TE_LOG_INFO,
+				   "segment %s: refresh from %s found segment '%s' there instead",
+				   name, key, d->name);
+			descriptor_free(d);
 			continue;
 		}
 		if (segment_import_desc(e, name, d, true, &id) != TE_OK)

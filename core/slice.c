@@ -438,8 +438,33 @@ static void task_reject(struct task *t, enum te_status st, const char *fmt, ...)
 	atomic_store_explicit(&t->status, st, memory_order_release);
 }
 
+/* Undo what pass 1 took for tasks [base, base + n) of @b; nothing was published yet. */
+static void tasks_undo(struct batch *b, uint32_t base, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct task *t = &b->tasks[base + i];
+
+		if (t->region)
+			atomic_fetch_sub(&t->region->refs, 1);
+		if (t->seg)
+			atomic_fetch_sub(&t->seg->busy, 1);
+		segview_unref(t->view);
+		g_free(t->detail);
+		memset(t, 0, sizeof(*t));
+	}
+}
+
+/* Internal: a request missed its segment's descriptor; nothing was appended (try again). */
+#define SUBMIT_REFRESH 1
+
+/*
+ * Append @n requests to batch @id. With @may_refresh, a request whose remote range is not in
+ * its segment's descriptor appends nothing and returns SUBMIT_REFRESH (*missed set): the caller
+ * fetches the descriptor again and retries once without @may_refresh.
+ */
 static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
-					    const struct te_request *reqs, size_t n, bool *missed)
+					    const struct te_request *reqs, size_t n,
+					    bool may_refresh, bool *missed)
 {
 	enum te_status first_err = TE_OK;
 	struct slice_chunk *chunk = NULL;
@@ -645,6 +670,13 @@ rejected:
 	segment_read_unlock(e);
 	g_rw_lock_reader_unlock(&e->mem.lock);
 
+	if (*missed && may_refresh) {
+		tasks_undo(b, base, n);
+		segview_unref(local_view);
+		batch_unref(b);
+		log_clear_error();
+		return (enum te_status)SUBMIT_REFRESH;
+	}
 	if (total_slices) {
 		size_t bytes = sizeof(struct slice_chunk) + total_slices * e->slice_stride;
 
@@ -657,18 +689,7 @@ rejected:
 				chunk->cap = bytes;
 		}
 		if (!chunk) {
-			/* Undo pass 1 references; nothing was published yet. */
-			for (i = 0; i < n; i++) {
-				struct task *t = &b->tasks[base + i];
-
-				if (t->region)
-					atomic_fetch_sub(&t->region->refs, 1);
-				if (t->seg)
-					atomic_fetch_sub(&t->seg->busy, 1);
-				segview_unref(t->view);
-				g_free(t->detail);
-				memset(t, 0, sizeof(*t));
-			}
+			tasks_undo(b, base, n);
 			segview_unref(local_view);
 			batch_unref(b);
 			return log_error(TE_ERR_NOMEM,
@@ -769,16 +790,21 @@ enum te_status slice_submit(struct engine *e, te_batch_id id, const struct te_re
 			    size_t n)
 {
 	bool missed = false;
-	enum te_status st = slice_submit_requests(e, id, reqs, n, &missed);
+	enum te_status st = slice_submit_requests(e, id, reqs, n, true, &missed);
 
 	/*
-	 * A remote range outside the segment's descriptor was refused: the peer may have
-	 * registered it (or restarted) since the descriptor was fetched. Fetch it now, so the
-	 * next submit sees the peer as it is (not later: a descriptor kept until a later
-	 * submit would pick up unrelated changes made meanwhile).
+	 * A remote range outside the segment's descriptor: the peer may have registered it (or
+	 * restarted) since its descriptor was fetched. Fetch it now and validate the requests
+	 * against it once more: a buffer a peer registers after it was opened is reachable at
+	 * once (what is still outside is refused then, the others proceed).
 	 */
-	if (missed)
+	if (st == (enum te_status)SUBMIT_REFRESH) {
 		segment_refresh_stale(e);
+		missed = false;
+		st = slice_submit_requests(e, id, reqs, n, false, &missed);
+		if (missed)
+			segment_refresh_stale(e);
+	}
 	return st;
 }
 

@@ -308,8 +308,10 @@ TE_API TE_NODISCARD enum te_status te_batch_new(struct te_engine *engine, uint32
  * submits on this batch) and start them. Requests are validated first: a rejected
  * request becomes an INVALID task with status and detail, the others proceed, and
  * the return value is the first rejection's status (te_last_error names the
- * request index). If the batch cannot hold all @n, nothing is appended and
- * TE_ERR_BATCH_FULL is returned. Serialize per batch; different batches may be
+ * request index). A remote range outside the buffers the segment's descriptor lists makes
+ * the call fetch the descriptor again once and validate anew (a buffer the peer registered
+ * after the segment was opened is reachable at once). If the batch cannot hold all @n,
+ * nothing is appended and TE_ERR_BATCH_FULL is returned. Serialize per batch; different batches may be
  * submitted from different threads.
  */
 TE_API TE_NODISCARD enum te_status te_batch_submit(struct te_engine *engine, te_batch_id batch,
@@ -323,7 +325,7 @@ TE_API TE_NODISCARD enum te_status te_batch_submit(struct te_engine *engine, te_
  * is COMPLETED, deliver @msg (@len <= TE_NOTIFY_MAX bytes) to the engine serving
  * the requests' segment (all requests must target one remote segment). The
  * message is sent exactly once, and never if any task fails, times out or is
- * canceled. One notify per batch. Statuses: those of te_batch_submit, and
+ * canceled; te_engine_free sends what is still queued (waiting at most 2 s). One notify per batch. Statuses: those of te_batch_submit, and
  * TE_ERR_INVALID_ARG (no requests, a message over TE_NOTIFY_MAX, requests to
  * several segments or to segment 0), TE_ERR_UNKNOWN_SEGMENT (the segment is not
  * open or has no control-plane address), TE_ERR_EXISTS (the batch already has a

@@ -272,6 +272,52 @@ static void add_single(const char *progress, enum te_opcode op, uint64_t len, si
  * Manual progress with nobody in te_batch_wait: the engine's workers (here three,
  * transfer.worker_threads) must drive the transport; the caller only polls.
  */
+/*
+ * A buffer the peer registers after its segment was opened is reachable by the very next
+ * submit (the core fetches the descriptor again and validates once more); a range still
+ * outside every buffer is refused, and the other requests of that submit go through.
+ */
+static void test_late_registration(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb, late;
+	struct te_request r[2];
+	struct te_task_info ti;
+	te_batch_id bid;
+
+	pair_for(&p, "auto", SLICE);
+	itest_buf_new(&la, 2 * 65536, GUARD, 0x1111);
+	itest_buf_new(&rb, 65536, GUARD, 0x2222);
+	itest_buf_new(&late, 65536, GUARD, 0x3333);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	itest_buf_register(&late, p.b, TE_MEM_REMOTE); /* after a opened b */
+
+	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&late, 0), 65536 };
+	r[1] = (struct te_request){ TE_OP_WRITE, p.seg, la.data + 65536, itest_raddr(&rb, 0),
+				    65536 };
+	assert_ok(te_batch_new(p.a, 4, &bid));
+	assert_ok(te_batch_submit(p.a, bid, r, 2));
+	assert_ok(itest_wait(p.a, bid));
+	g_assert_true(itest_range_is(&late, 0, 65536, &la, 0));
+	g_assert_true(itest_range_is(&rb, 0, 65536, &la, 65536));
+	/* Still outside after the refresh: refused with the reason; nothing else waits on it. */
+	r[0].remote = itest_raddr(&late, 0) + (1u << 30);
+	g_assert_cmpint(te_batch_submit(p.a, bid, r, 2), ==, TE_ERR_REMOTE_ACCESS);
+	assert_contains(te_last_error(), "is outside the registered buffers of segment");
+	g_assert_cmpint(itest_wait(p.a, bid), ==, TE_ERR_REMOTE_ACCESS);
+	ti = itest_task(p.a, bid, 2);
+	g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
+	ti = itest_task(p.a, bid, 3);
+	g_assert_cmpint(ti.state, ==, TE_STATE_COMPLETED);
+	assert_ok(te_batch_free(p.a, bid));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+	itest_buf_free(&late);
+}
+
 static void test_workers_drive_manual(void)
 {
 	struct itest_pair p;
@@ -336,5 +382,6 @@ int main(int argc, char **argv)
 	g_test_add_func("/transfer/batch-slots-recycled", test_batch_slots_recycled);
 	g_test_add_func("/transfer/batch-new-limits", test_batch_new_limits);
 	g_test_add_func("/transfer/workers-drive-manual", test_workers_drive_manual);
+	g_test_add_func("/transfer/late-registration", test_late_registration);
 	return g_test_run();
 }
