@@ -1,27 +1,38 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* te-info: list the transport plugins te can find (ABI, caps, devices) and check a config. */
+#include <arpa/inet.h>
 #include <elf.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <inttypes.h>
 #include <link.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <glib.h>
 #include <json-glib/json-glib.h>
+#include <yaml.h>
 
 #include <te/te_plugin.h>
 #include <te/te_status.h>
 
 #include "core/config.h"
+#include "core/control.h"
+#include "core/engine.h"
 #include "core/host.h"
+#include "core/metadata/metadata.h"
 #include "core/plugin.h"
 #include "core/transport.h"
 #include "te_build_config.h"
@@ -183,13 +194,15 @@ static struct {
 	bool too_many;		   /* query_devices reported more than it was asked for */
 	uint32_t reported;
 	uint32_t asked;
+	enum te_status init_status; /* what the plugin's own init returned */
 } child;
 
 static enum te_status wrap_init(const struct te_plugin_host *host, struct te_plugin_host_ctx *ctx,
 				struct te_plugin_inst **inst_out)
 {
 	rec_text(child.fd, REC_OP, "init");
-	return child.orig.init(host, ctx, inst_out);
+	child.init_status = child.orig.init(host, ctx, inst_out);
+	return child.init_status;
 }
 
 static void wrap_fini(struct te_plugin_inst *inst)
@@ -1137,6 +1150,990 @@ static void print_json(const char *search_path, GPtrArray *probes)
 	print_json_root(b);
 }
 
+/* --- YAML: positions of keys, and the effective configuration as JSON ------------------------ */
+
+/* Parse @len bytes of YAML @text into @doc (yaml_document_delete); false when it has none. */
+static bool yaml_doc_load(const char *text, size_t len, yaml_document_t *doc)
+{
+	yaml_parser_t parser;
+	bool ok;
+
+	if (!yaml_parser_initialize(&parser))
+		return false;
+	yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+	ok = yaml_parser_load(&parser, doc) != 0;
+	yaml_parser_delete(&parser);
+	if (ok && !yaml_document_get_root_node(doc)) {
+		yaml_document_delete(doc);
+		ok = false;
+	}
+	return ok;
+}
+
+/* The value of @key in mapping @map, or NULL. */
+static yaml_node_t *yaml_member(yaml_document_t *doc, yaml_node_t *map, const char *key,
+				size_t key_len)
+{
+	if (!map || map->type != YAML_MAPPING_NODE)
+		return NULL;
+	for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+	     p++) {
+		yaml_node_t *k = yaml_document_get_node(doc, p->key);
+
+		if (k && k->type == YAML_SCALAR_NODE && k->data.scalar.length == key_len &&
+		    memcmp(k->data.scalar.value, key, key_len) == 0)
+			return yaml_document_get_node(doc, p->value);
+	}
+	return NULL;
+}
+
+/* The node at key path @path ("engine.listen", "transports[1].options.bind"), or NULL. */
+static yaml_node_t *yaml_find(yaml_document_t *doc, const char *path)
+{
+	yaml_node_t *n = yaml_document_get_root_node(doc);
+	const char *s = path;
+
+	while (n && *s) {
+		size_t len = strcspn(s, ".[");
+
+		if (len) {
+			n = yaml_member(doc, n, s, len);
+			s += len;
+		}
+		while (n && *s == '[') {
+			char *end;
+			unsigned long i = strtoul(s + 1, &end, 10);
+
+			if (*end != ']' || n->type != YAML_SEQUENCE_NODE ||
+			    i >= (unsigned long)(n->data.sequence.items.top -
+						 n->data.sequence.items.start))
+				return NULL;
+			n = yaml_document_get_node(doc, n->data.sequence.items.start[i]);
+			s = end + 1;
+		}
+		if (*s == '.')
+			s++;
+		else if (*s)
+			return NULL;
+	}
+	return n;
+}
+
+/* true: @v is one of te's boolean words (docs/config.md), its value in *out. */
+static bool yaml_bool_word(const char *v, bool *out)
+{
+	static const char *const yes[] = { "true", "yes", "on" }, *const no[] = { "false", "no",
+										  "off" };
+
+	for (size_t i = 0; i < G_N_ELEMENTS(yes); i++) {
+		if (g_ascii_strcasecmp(v, yes[i]) == 0 || g_ascii_strcasecmp(v, no[i]) == 0) {
+			*out = g_ascii_strcasecmp(v, yes[i]) == 0;
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * @n as JSON: mappings as objects, sequences as arrays; a plain scalar that reads as null, a
+ * boolean or a decimal integer is typed so; every other scalar (quoted ones too) is a string.
+ */
+static void yaml_to_json(JsonBuilder *b, yaml_document_t *doc, yaml_node_t *n, int depth)
+{
+	if (!n || depth > 64) {
+		json_builder_add_null_value(b);
+		return;
+	}
+	switch (n->type) {
+	case YAML_MAPPING_NODE:
+		json_builder_begin_object(b);
+		for (yaml_node_pair_t *p = n->data.mapping.pairs.start;
+		     p < n->data.mapping.pairs.top; p++) {
+			yaml_node_t *k = yaml_document_get_node(doc, p->key);
+
+			if (!k || k->type != YAML_SCALAR_NODE)
+				continue;
+			json_builder_set_member_name(b, (const char *)k->data.scalar.value);
+			yaml_to_json(b, doc, yaml_document_get_node(doc, p->value), depth + 1);
+		}
+		json_builder_end_object(b);
+		return;
+	case YAML_SEQUENCE_NODE:
+		json_builder_begin_array(b);
+		for (yaml_node_item_t *i = n->data.sequence.items.start;
+		     i < n->data.sequence.items.top; i++)
+			yaml_to_json(b, doc, yaml_document_get_node(doc, *i), depth + 1);
+		json_builder_end_array(b);
+		return;
+	case YAML_SCALAR_NODE: {
+		const char *v = (const char *)n->data.scalar.value;
+		gint64 num;
+		bool flag;
+
+		if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE) {
+			if (!v[0] || strcmp(v, "~") == 0 || g_ascii_strcasecmp(v, "null") == 0) {
+				json_builder_add_null_value(b);
+				return;
+			}
+			if (yaml_bool_word(v, &flag)) {
+				json_builder_add_boolean_value(b, flag);
+				return;
+			}
+			if ((g_ascii_isdigit(v[0]) ||
+			     ((v[0] == '-' || v[0] == '+') && g_ascii_isdigit(v[1]))) &&
+			    g_ascii_string_to_signed(v, 10, G_MININT64, G_MAXINT64, &num, NULL)) {
+				json_builder_add_int_value(b, num);
+				return;
+			}
+		}
+		json_builder_add_string_value(b, v);
+		return;
+	}
+	default:
+		json_builder_add_null_value(b);
+		return;
+	}
+}
+
+/* --- --check ----------------------------------------------------------------------------- */
+
+/*
+ * What would stop or cripple an engine started from a file on this host: each check makes
+ * one line (ok, note, warning, error); the first error ends the run. Plugins are loaded and
+ * initialised in a child process each, as te-info probes them, so a crash is a finding.
+ */
+
+enum check_level {
+	CHECK_OK = 'o',
+	CHECK_NOTE = 'n',
+	CHECK_WARNING = 'w',
+	CHECK_ERROR = 'e'
+};
+
+struct check_line {
+	char level; /* enum check_level */
+	char *key;  /* the key path it is about */
+	char *text; /* the line, without the level */
+};
+
+static void check_line_free(gpointer data)
+{
+	struct check_line *l = data;
+
+	g_free(l->key);
+	g_free(l->text);
+	g_free(l);
+}
+
+struct check {
+	const char *file;
+	struct config *cfg;
+	yaml_document_t doc;
+	bool have_doc;
+	bool json;
+	GPtrArray *lines; /* struct check_line */
+	unsigned warnings, errors;
+	enum te_status status; /* of the first error */
+	char *first_error;
+	/* The control plane's address as an engine would report it to plugins (ABI 1.2). */
+	char *ctl_bound;
+	char *ctl_advertised;
+};
+
+/* Child-to-parent records of a transport check (besides REC_OP). */
+enum {
+	REC_CHECK = 'k',  /* level (1 byte), status (int32), key, NUL, text */
+	REC_RESULT = 'r', /* 1 byte: 'L' loaded, 'S' skipped, 'E' error */
+};
+
+static const char *check_level_word(char level)
+{
+	switch (level) {
+	case CHECK_OK:
+		return "ok";
+	case CHECK_NOTE:
+		return "note";
+	case CHECK_WARNING:
+		return "warning";
+	default:
+		return "error";
+	}
+}
+
+static void check_add_line(struct check *c, char level, enum te_status st, const char *key,
+			   const char *text)
+{
+	struct check_line *l = g_new0(struct check_line, 1);
+
+	l->level = level;
+	l->key = g_strdup(key);
+	l->text = g_strdup(text);
+	g_ptr_array_add(c->lines, l);
+	if (level == CHECK_WARNING)
+		c->warnings++;
+	if (level == CHECK_ERROR && !c->errors++) {
+		c->status = st != TE_OK ? st : TE_ERR_CONFIG;
+		c->first_error = g_strdup(text);
+	}
+	if (!c->json)
+		fprintf(stderr, "%s: %s\n", check_level_word(level), text);
+}
+
+static void check_add(struct check *c, char level, enum te_status st, const char *key,
+		      const char *fmt, ...) G_GNUC_PRINTF(5, 6);
+static void check_add(struct check *c, char level, enum te_status st, const char *key,
+		      const char *fmt, ...)
+{
+	g_autofree char *text = NULL;
+	va_list ap;
+
+	va_start(ap, fmt);
+	text = g_strdup_vprintf(fmt, ap);
+	va_end(ap);
+	check_add_line(c, level, st, key, text);
+}
+
+/* Where @key is in the file: true with its value's 1-based line and column. */
+static bool check_pos(struct check *c, const char *key, unsigned *line, unsigned *col)
+{
+	yaml_node_t *n = c->have_doc ? yaml_find(&c->doc, key) : NULL;
+
+	if (!n)
+		return false;
+	*line = (unsigned)n->start_mark.line + 1;
+	*col = (unsigned)n->start_mark.column + 1;
+	return true;
+}
+
+/* "<file>:<line>:<col>: <key>" where the file has @key, else "<file>: <key>". */
+static char *check_at(struct check *c, const char *key)
+{
+	unsigned line, col;
+
+	if (check_pos(c, key, &line, &col))
+		return g_strdup_printf("%s:%u:%u: %s", c->file, line, col, key);
+	return g_strdup_printf("%s: %s", c->file, key);
+}
+
+/* An error or warning about @key: "<file>:<line>:<col>: <key>: <reason>". */
+static void check_problem(struct check *c, char level, enum te_status st, const char *key,
+			  const char *fmt, ...) G_GNUC_PRINTF(5, 6);
+static void check_problem(struct check *c, char level, enum te_status st, const char *key,
+			  const char *fmt, ...)
+{
+	g_autofree char *at = check_at(c, key);
+	g_autofree char *why = NULL;
+	va_list ap;
+
+	va_start(ap, fmt);
+	why = g_strdup_vprintf(fmt, ap);
+	va_end(ap);
+	check_add(c, level, st, key, "%s: %s", at, why);
+}
+
+/* @text without a leading "<key>: " (the core's messages often start with their key). */
+static const char *strip_key(const char *text, const char *key)
+{
+	size_t n = strlen(key);
+
+	if (strncmp(text, key, n) == 0 && text[n] == ':' && text[n + 1] == ' ')
+		return text + n + 2;
+	return text;
+}
+
+static void check_secret(struct check *c)
+{
+	const struct config *cfg = c->cfg;
+	g_autofree char *err = NULL;
+	char *secret = NULL;
+	size_t len = 0;
+	enum te_status st;
+
+	if (!cfg->auth_secret_file) {
+		if (cfg->auth_secret)
+			check_add(c, CHECK_OK, TE_OK, "auth.secret",
+				  "auth.secret: inline, %zu bytes (secret_file keeps it out of "
+				  "the file)",
+				  strlen(cfg->auth_secret));
+		else
+			check_add(c, CHECK_OK, TE_OK, "auth",
+				  "auth: none (no authentication: keep engine.listen on "
+				  "loopback)");
+		return;
+	}
+	st = control_secret_load(cfg->auth_secret_file, &secret, &len, &err);
+	if (st != TE_OK) {
+		check_problem(c, CHECK_ERROR, st, "auth.secret_file", "%s",
+			      strip_key(err ? err : te_status_str(st), "auth.secret_file"));
+		return;
+	}
+	explicit_bzero(secret, len);
+	g_free(secret);
+	check_add(c, CHECK_OK, TE_OK, "auth.secret_file",
+		  "auth.secret_file: %s holds %zu bytes, readable by its owner only",
+		  cfg->auth_secret_file, len);
+}
+
+/* Split "host:port" / "[v6]:port" (engine.listen, already checked by the parser). */
+static bool split_hostport(const char *addr, char **host_out, char **port_out)
+{
+	const char *colon = strrchr(addr, ':');
+
+	if (!colon || colon == addr)
+		return false;
+	if (addr[0] == '[' && colon[-1] == ']')
+		*host_out = g_strndup(addr + 1, (gsize)(colon - addr - 2));
+	else
+		*host_out = g_strndup(addr, (gsize)(colon - addr));
+	*port_out = g_strdup(colon + 1);
+	return true;
+}
+
+static bool sockaddr_is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET)
+		return (ntohl(((const struct sockaddr_in *)(const void *)sa)->sin_addr.s_addr) >>
+			24) == 127;
+	if (sa->sa_family == AF_INET6) {
+		const struct in6_addr *a =
+			&((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+
+		if (IN6_IS_ADDR_LOOPBACK(a))
+			return true;
+		/* ::ffff:127.x.y.z */
+		return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+	}
+	return false;
+}
+
+/* The host's first up, non-loopback IPv4 address (g_free), or NULL; as control.c finds it. */
+static char *first_ipv4(void)
+{
+	struct ifaddrs *ifs = NULL;
+	char *found = NULL;
+
+	if (getifaddrs(&ifs) != 0)
+		return NULL;
+	for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+		char buf[INET_ADDRSTRLEN];
+
+		if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+		    (i->ifa_flags & IFF_LOOPBACK))
+			continue;
+		if (inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, buf,
+			      sizeof(buf)))
+			found = g_strdup(buf);
+	}
+	freeifaddrs(ifs);
+	return found;
+}
+
+/* "host:port", with brackets for an IPv6 host. */
+static char *join_hostport(const char *host, const char *port)
+{
+	if (strchr(host, ':') && host[0] != '[')
+		return g_strdup_printf("[%s]:%s", host, port);
+	return g_strdup_printf("%s:%s", host, port);
+}
+
+/*
+ * engine.listen resolves and its host can be bound (port 0: an engine already running on the
+ * configured port does not fail the check; a busy port is a note). Sets c->ctl_bound and
+ * c->ctl_advertised as the engine would report them to plugins.
+ */
+static void check_listen(struct check *c)
+{
+	const struct config *cfg = c->cfg;
+	struct addrinfo hints = { .ai_family = AF_UNSPEC,
+				  .ai_socktype = SOCK_STREAM,
+				  .ai_flags = AI_PASSIVE | AI_NUMERICSERV };
+	g_autofree char *host = NULL, *port = NULL;
+	struct sockaddr_storage ss;
+	socklen_t sl = 0;
+	struct addrinfo *res = NULL;
+	char numeric[NI_MAXHOST];
+	bool wildcard, loopback;
+	int rc, err = 0, one = 1;
+	unsigned long portnum;
+
+	if (!split_hostport(cfg->listen, &host, &port)) {
+		check_problem(c, CHECK_ERROR, TE_ERR_CONFIG, "engine.listen",
+			      "invalid address \"%s\"", cfg->listen);
+		return;
+	}
+	portnum = strtoul(port, NULL, 10);
+	rc = getaddrinfo(host, "0", &hints, &res);
+	if (rc != 0) {
+		check_problem(c, CHECK_ERROR, TE_ERR_CONFIG, "engine.listen",
+			      "cannot resolve '%s' on this host: %s", host, gai_strerror(rc));
+		return;
+	}
+	for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+		int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+
+		if (fd < 0) {
+			err = errno;
+			continue;
+		}
+		(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+			memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+			sl = ai->ai_addrlen;
+			close(fd);
+			break;
+		}
+		err = errno;
+		close(fd);
+	}
+	freeaddrinfo(res);
+	if (!sl) {
+		check_problem(c, CHECK_ERROR, TE_ERR_SYSTEM, "engine.listen",
+			      "cannot bind '%s' on this host: %s (an engine would fail to start)",
+			      host, g_strerror(err));
+		return;
+	}
+	if (getnameinfo((struct sockaddr *)&ss, sl, numeric, sizeof(numeric), NULL, 0,
+			NI_NUMERICHOST) != 0)
+		g_strlcpy(numeric, host, sizeof(numeric));
+	loopback = sockaddr_is_loopback((struct sockaddr *)&ss);
+	wildcard = strcmp(numeric, "0.0.0.0") == 0 || strcmp(numeric, "::") == 0;
+
+	/* The configured port: in use is a note (most likely an engine of this very file). */
+	if (portnum) {
+		int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		if (ss.ss_family == AF_INET6)
+			((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)portnum);
+		else
+			((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)portnum);
+		err = 0;
+		if (fd >= 0) {
+			(void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+			if (bind(fd, (struct sockaddr *)&ss, sl) != 0)
+				err = errno;
+			close(fd);
+		}
+		if (err == EADDRINUSE) {
+			check_add(c, CHECK_NOTE, TE_OK, "engine.listen",
+				  "engine.listen: port %lu is in use on %s (an engine of this file "
+				  "running already?): a second engine on it would fail to start",
+				  portnum, numeric);
+		} else if (err) {
+			check_problem(c, CHECK_ERROR, TE_ERR_SYSTEM, "engine.listen",
+				      "cannot bind %s port %lu on this host: %s (an engine would "
+				      "fail to start)",
+				      numeric, portnum, g_strerror(err));
+			return;
+		}
+	}
+	c->ctl_bound = join_hostport(numeric, port);
+	if (cfg->advertise) {
+		c->ctl_advertised = join_hostport(cfg->advertise, port);
+	} else if (wildcard) {
+		g_autofree char *ip = first_ipv4();
+
+		c->ctl_advertised = join_hostport(ip ? ip : g_get_host_name(), port);
+	} else {
+		c->ctl_advertised = g_strdup(c->ctl_bound);
+	}
+	if (portnum)
+		check_add(c, CHECK_OK, TE_OK, "engine.listen",
+			  "engine.listen: %s resolves and can be bound on this host (as %s; peers "
+			  "are told %s)",
+			  cfg->listen, c->ctl_bound, c->ctl_advertised);
+	else
+		check_add(c, CHECK_OK, TE_OK, "engine.listen",
+			  "engine.listen: %s resolves and can be bound on this host (as %s, a port "
+			  "chosen at start; peers are told that port on %s)",
+			  cfg->listen, numeric,
+			  cfg->advertise ? cfg->advertise
+			  : wildcard	 ? "this host's first network address"
+					 : numeric);
+	if (!loopback && !cfg->auth_secret && !cfg->auth_secret_file)
+		check_add(c, CHECK_NOTE, TE_OK, "engine.listen",
+			  "engine.listen: %s is not loopback and auth is not set: any host that "
+			  "reaches it may fetch the descriptor and send handshakes",
+			  cfg->listen);
+}
+
+/*
+ * The child of a transport check: the host services it hands the plugin are the core's, but
+ * for the control-plane address (check_listen's) and a log that keeps WARN-or-worse lines.
+ */
+static struct {
+	struct check *c;
+	struct te_plugin_host host;
+	GPtrArray *logged; /* char *: "<plugin>: <line>", during init */
+} chk;
+
+static void check_host_log(struct te_plugin_host_ctx *ctx, enum te_plugin_log_level level,
+			   const char *fmt, ...) G_GNUC_PRINTF(3, 4);
+static void check_host_log(struct te_plugin_host_ctx *ctx, enum te_plugin_log_level level,
+			   const char *fmt, ...)
+{
+	struct transport *tp = (struct transport *)ctx;
+	char line[900];
+	va_list ap;
+
+	if (level > TE_PLUGIN_LOG_WARN)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	/* As the core's log does: an init failure quotes the last such line. */
+	g_strlcpy(tp->last_log, line, sizeof(tp->last_log));
+	if (chk.logged)
+		g_ptr_array_add(chk.logged, g_strdup_printf("%s: %s", tp->plugin->name, line));
+}
+
+static const char *check_host_control_address(struct te_plugin_host_ctx *ctx, uint32_t which)
+{
+	(void)ctx;
+	if (which == TE_PLUGIN_ADDR_BOUND)
+		return chk.c->ctl_bound ? chk.c->ctl_bound : "";
+	return chk.c->ctl_advertised ? chk.c->ctl_advertised : "";
+}
+
+static void child_check(char level, enum te_status st, const char *key, const char *fmt, ...)
+	G_GNUC_PRINTF(4, 5);
+static void child_check(char level, enum te_status st, const char *key, const char *fmt, ...)
+{
+	g_autoptr(GByteArray) rec = g_byte_array_new();
+	g_autofree char *text = NULL;
+	int32_t st32 = st;
+	va_list ap;
+
+	va_start(ap, fmt);
+	text = g_strdup_vprintf(fmt, ap);
+	va_end(ap);
+	g_byte_array_append(rec, (const guint8 *)&level, 1);
+	g_byte_array_append(rec, (const guint8 *)&st32, sizeof(st32));
+	g_byte_array_append(rec, (const guint8 *)key, (guint)strlen(key) + 1);
+	g_byte_array_append(rec, (const guint8 *)text, (guint)strlen(text));
+	rec_send(child.fd, REC_CHECK, rec->data, rec->len);
+}
+
+/* A problem about @key in the child: located as check_problem does. */
+static void child_problem(char level, enum te_status st, const char *key, const char *why)
+{
+	g_autofree char *at = check_at(chk.c, key);
+
+	child_check(level, st, key, "%s: %s", at, why);
+}
+
+/*
+ * A line the plugin logged during init, located at the option it names ("option 'bind' ...")
+ * when the file sets that option, else at the transport.
+ */
+static void child_logged(size_t index, const char *line)
+{
+	const struct config_transport *ct = &chk.c->cfg->transports[index];
+	g_autofree char *tkey = g_strdup_printf("transports[%zu]", index);
+	const char *o = strstr(line, "option '");
+
+	if (o) {
+		const char *name = o + strlen("option '");
+		const char *end = strchr(name, '\'');
+
+		for (size_t j = 0; end && j < ct->n_options; j++) {
+			const struct config_option *opt = &ct->options[j];
+
+			if (strlen(opt->key) == (size_t)(end - name) &&
+			    strncmp(opt->key, name, (size_t)(end - name)) == 0 && opt->value_line) {
+				child_check(CHECK_WARNING, TE_OK, tkey,
+					    "%s:%u:%u: %s.options.%s: %s", chk.c->file,
+					    opt->value_line, opt->value_col, tkey, opt->key, line);
+				return;
+			}
+		}
+	}
+	child_problem(CHECK_WARNING, TE_OK, tkey, line);
+}
+
+/* In the child: load, check and initialise transports[@index] as engine start would. */
+static void check_transport_child(size_t index, const char *search_path)
+{
+	struct config *cfg = chk.c->cfg;
+	const struct config_transport *ct = &cfg->transports[index];
+	g_autofree char *tkey = g_strdup_printf("transports[%zu]", index);
+	g_autofree char *err = NULL;
+	g_autofree char *located = NULL;
+	g_autofree char *why = NULL;
+	struct plugin *p = NULL;
+	struct transport *t = NULL;
+	const char *detail;
+	char result = 'E';
+	bool located_ok;
+	enum te_status st;
+
+	rec_text(child.fd, REC_OP, "open");
+	st = plugin_open(ct->name, ct->path, search_path, &p, &err);
+	if (st != TE_OK) {
+		g_autofree char *key = g_strdup_printf("%s.%s", tkey, ct->path ? "path" : "name");
+
+		if (ct->required) {
+			why = g_strdup_printf("transport '%s' (required): %s", ct->name,
+					      err ? err : te_status_str(st));
+			child_problem(CHECK_ERROR, st, key, why);
+		} else {
+			child_check(
+				CHECK_NOTE, TE_OK, tkey,
+				"%s (%s): absent on this host (%s): an engine skips it, and its "
+				"options are not checked",
+				tkey, ct->name, err ? err : te_status_str(st));
+			result = 'S';
+		}
+		rec_send(child.fd, REC_RESULT, &result, 1);
+		return;
+	}
+	g_clear_pointer(&err, g_free);
+	st = plugin_apply_options(p, cfg, index, &err);
+	if (st != TE_OK) {
+		child_check(CHECK_ERROR, st, tkey, "%s", err ? err : te_status_str(st));
+		goto out;
+	}
+
+	child.orig = p->ops;
+	p->ops.init = wrap_init;
+	p->ops.fini = wrap_fini;
+	p->ops.query_caps = wrap_query_caps;
+	if (p->ops.query_devices)
+		p->ops.query_devices = wrap_query_devices;
+	chk.logged = g_ptr_array_new_with_free_func(g_free);
+	st = transport_start(NULL, p, &chk.host, ct, (unsigned)index, &t, &err);
+	rec_text(child.fd, REC_OP, "check");
+	if (st == TE_OK) {
+		for (guint k = 0; k < chk.logged->len; k++)
+			child_logged(index, chk.logged->pdata[k]);
+		g_ptr_array_set_size(chk.logged, 0);
+		child_check(CHECK_OK, TE_OK, tkey,
+			    "%s (%s%s): %s %s loaded from %s, options valid, initialised with "
+			    "them (%" PRIu32 " device%s)",
+			    tkey, ct->name, ct->required ? ", required" : "", p->name,
+			    p->desc->version ? p->desc->version : "", p->path, t->n_devices,
+			    t->n_devices == 1 ? "" : "s");
+		result = 'L';
+		transport_stop(t);
+		goto out;
+	}
+	/*
+	 * "option '<key>': <why>" from init (said through set_error, else logged): an option
+	 * the plugin checked itself, a configuration error whether required or not.
+	 */
+	located_ok = config_option_error(cfg, index, p->name, transport_op_error(), &located);
+	for (guint k = chk.logged->len; !located_ok && k > 0; k--)
+		located_ok = config_option_error(cfg, index, p->name, chk.logged->pdata[k - 1],
+						 &located);
+	if (located_ok) {
+		child_check(CHECK_ERROR, TE_ERR_CONFIG, tkey, "%s", located);
+		goto out;
+	}
+	detail = err ? err : te_status_str(st);
+	if (child.init_status == TE_ERR_CONFIG)
+		st = TE_ERR_CONFIG;
+	if (strstr(detail, g_strerror(EADDRINUSE))) {
+		/* A port it needs is busy: most likely an engine of this file is running. */
+		child_check(
+			CHECK_NOTE, TE_OK, tkey,
+			"%s (%s): init failed here: %s: a port it needs is in use (an engine of "
+			"this file running already?)",
+			tkey, ct->name, detail);
+		result = 'L';
+		goto out;
+	}
+	if (st == TE_ERR_CONFIG || ct->required) {
+		for (guint k = 0; k < chk.logged->len; k++)
+			child_logged(index, chk.logged->pdata[k]);
+		why = g_strdup_printf("transport '%s'%s: %s", ct->name,
+				      ct->required ? " (required)" : "", detail);
+		child_problem(CHECK_ERROR, st, tkey, why);
+		goto out;
+	}
+	/* Optional, and this host lacks what it needs: the engine logs it and goes on. */
+	child_check(CHECK_NOTE, TE_OK, tkey,
+		    "%s (%s): cannot initialise on this host: %s: an engine skips it", tkey,
+		    ct->name, detail);
+	result = 'S';
+out:
+	rec_send(child.fd, REC_RESULT, &result, 1);
+	rec_text(child.fd, REC_OP, "close");
+	plugin_close(p);
+}
+
+/* Seconds a plugin's open, init and fini may take in the check before it counts as hung. */
+#define CHECK_CHILD_TIMEOUT_S 60
+
+/* Check transports[@index] in a child process; 'L' loaded, 'S' skipped, 'E' error. */
+static char check_transport(struct check *c, size_t index, const char *search_path)
+{
+	g_autoptr(GByteArray) got = g_byte_array_new();
+	g_autofree char *tkey = g_strdup_printf("transports[%zu]", index);
+	g_autofree char *op = NULL;
+	uint8_t chunk[4096];
+	int fds[2], status = 0;
+	char result = 0;
+	size_t off = 0;
+	pid_t pid;
+
+	fflush(stdout);
+	fflush(stderr);
+	if (pipe(fds) != 0) {
+		check_add(c, CHECK_ERROR, TE_ERR_SYSTEM, tkey, "te-info: pipe: %s",
+			  g_strerror(errno));
+		return 'E';
+	}
+	pid = fork();
+	if (pid < 0) {
+		check_add(c, CHECK_ERROR, TE_ERR_SYSTEM, tkey, "te-info: fork: %s",
+			  g_strerror(errno));
+		close(fds[0]);
+		close(fds[1]);
+		return 'E';
+	}
+	if (pid == 0) {
+		static const int crash_signals[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT };
+
+		for (size_t i = 0; i < G_N_ELEMENTS(crash_signals); i++)
+			signal(crash_signals[i], SIG_DFL);
+		close(fds[0]);
+		child.fd = fds[1];
+		chk.c = c;
+		chk.host = host_services;
+		chk.host.log = check_host_log;
+		chk.host.control_address = check_host_control_address;
+		alarm(CHECK_CHILD_TIMEOUT_S);
+		check_transport_child(index, search_path);
+		_exit(0);
+	}
+	close(fds[1]);
+	for (;;) {
+		ssize_t r = read(fds[0], chunk, sizeof(chunk));
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		g_byte_array_append(got, chunk, (guint)r);
+	}
+	close(fds[0]);
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+
+	while (got->len - off >= 1 + sizeof(uint32_t)) {
+		uint8_t tag = got->data[off];
+		const uint8_t *data;
+		uint32_t n;
+
+		memcpy(&n, got->data + off + 1, sizeof(n));
+		off += 1 + sizeof(n);
+		if (n > got->len - off)
+			break;
+		data = got->data + off;
+		off += n;
+		if (tag == REC_OP) {
+			g_free(op);
+			op = g_strndup((const char *)data, n);
+		} else if (tag == REC_RESULT && n == 1) {
+			result = (char)data[0];
+		} else if (tag == REC_CHECK && n > 1 + sizeof(int32_t)) {
+			const char *key = (const char *)data + 1 + sizeof(int32_t);
+			const char *nul = memchr(key, '\0', n - 1 - sizeof(int32_t));
+			g_autofree char *text = NULL;
+			int32_t st;
+
+			if (!nul)
+				continue;
+			memcpy(&st, data + 1, sizeof(st));
+			text = g_strndup(nul + 1, (gsize)((const char *)data + n - nul - 1));
+			check_add_line(c, (char)data[0], (enum te_status)st, key, text);
+		}
+	}
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && result)
+		return result;
+	/* It died: an engine loading it would die too (or hang, for SIGALRM). */
+	{
+		const struct config_transport *ct = &c->cfg->transports[index];
+		g_autofree char *why = NULL;
+		int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+
+		if (sig == SIGALRM)
+			why = g_strdup_printf("did not return from %s within %d s",
+					      op ? op : "open", CHECK_CHILD_TIMEOUT_S);
+		else if (sig && signal_name(sig))
+			why = g_strdup_printf("crashed with %s in %s", signal_name(sig),
+					      op ? op : "open");
+		else if (sig)
+			why = g_strdup_printf("crashed with signal %d in %s", sig,
+					      op ? op : "open");
+		else
+			why = g_strdup_printf("exited with status %d in %s",
+					      WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+					      op ? op : "open");
+		check_problem(c, CHECK_ERROR, TE_ERR_PLUGIN_INIT, tkey,
+			      "transport '%s': the plugin %s (an engine loading it would too)",
+			      ct->name, why);
+	}
+	return 'E';
+}
+
+static const char *const metadata_names[] = { "p2p", "etcd", "redis", "http" };
+
+/* Longest wait of the metadata check per request, in ms (less when metadata.timeout_ms is). */
+#define CHECK_METADATA_TIMEOUT_MS 2000
+
+/*
+ * The store answers: open the backend as an engine does, then look up a key nobody
+ * publishes (NOT_FOUND means reachable). Nothing is written.
+ */
+static void check_metadata(struct check *c)
+{
+	struct config *cfg = c->cfg;
+	const char *type = metadata_names[cfg->metadata_type];
+	g_autofree char *err = NULL;
+	g_autofree char *name = NULL;
+	g_autofree char *eps = NULL;
+	g_autoptr(GBytes) json = NULL;
+	struct metadata *md = NULL;
+	struct engine *e;
+	uint32_t saved = cfg->metadata_timeout_ms;
+	uint32_t timeout = MIN(saved, (uint32_t)CHECK_METADATA_TIMEOUT_MS);
+	enum te_status st;
+	const char *key;
+
+	if (cfg->metadata_type == CONFIG_METADATA_P2P) {
+		check_add(c, CHECK_OK, TE_OK, "metadata.type",
+			  "metadata: p2p: no server to reach (peers fetch descriptors from "
+			  "engine.listen)");
+		return;
+	}
+	{
+		g_autoptr(GString) s = g_string_new(NULL);
+
+		for (size_t i = 0; i < cfg->n_metadata_endpoints; i++)
+			g_string_append_printf(s, "%s%s", i ? ", " : "",
+					       cfg->metadata_endpoints[i]);
+		eps = g_string_free(g_steal_pointer(&s), FALSE);
+	}
+	/* metadata_open reads only the configuration and the log sink of its engine. */
+	e = g_new0(struct engine, 1);
+	e->cfg = cfg;
+	e->log.level = -1; /* quiet: the check says what went wrong */
+	cfg->metadata_timeout_ms = timeout;
+	st = metadata_open(e, &md, &err);
+	if (st == TE_OK) {
+		name = g_strdup_printf("te-info-check-%ld", (long)getpid());
+		g_clear_pointer(&err, g_free);
+		st = metadata_get(md, name, timeout, &json, &err);
+	}
+	metadata_close(md);
+	cfg->metadata_timeout_ms = saved;
+	g_free(e);
+	if (st == TE_OK || st == TE_ERR_METADATA_NOT_FOUND) {
+		check_add(c, CHECK_OK, TE_OK, "metadata.endpoints",
+			  "metadata: %s at %s answers (a lookup of an absent key, within %" PRIu32
+			  " ms)",
+			  type, eps, timeout);
+		return;
+	}
+	key = "metadata.endpoints";
+	if (err && g_str_has_prefix(err, "metadata.password_file: "))
+		key = "metadata.password_file";
+	else if (st == TE_ERR_CONFIG)
+		key = "metadata.type";
+	else if (st == TE_ERR_AUTH)
+		key = cfg->metadata_username ? "metadata.username" : "metadata.endpoints";
+	check_problem(c, CHECK_ERROR, st, key, "%s", strip_key(err ? err : te_status_str(st), key));
+}
+
+static int check_config(const char *path, bool json, const char *search_path)
+{
+	struct check c = { .file = path, .json = json, .status = TE_OK };
+	g_autofree char *text = NULL;
+	g_autofree char *err = NULL;
+	g_autoptr(GString) skipped = g_string_new(NULL);
+	enum te_status st;
+	size_t len = 0;
+	unsigned loaded = 0;
+	int rc;
+
+	c.lines = g_ptr_array_new_with_free_func(check_line_free);
+	st = config_load_file(path, &c.cfg, &err);
+	if (st != TE_OK) {
+		check_add(&c, CHECK_ERROR, st, "(root)", "%s", err ? err : te_status_str(st));
+		goto done;
+	}
+	/* Positions of the keys the configuration keeps none for (engine.listen, auth...). */
+	if (g_file_get_contents(path, &text, &len, NULL))
+		c.have_doc = yaml_doc_load(text, len, &c.doc);
+	check_add(&c, CHECK_OK, TE_OK, "(root)", "config: %s parses (%zu transport%s, metadata %s)",
+		  path, c.cfg->n_transports, c.cfg->n_transports == 1 ? "" : "s",
+		  metadata_names[c.cfg->metadata_type]);
+
+	check_secret(&c);
+	if (c.errors)
+		goto done;
+	check_listen(&c);
+	if (c.errors)
+		goto done;
+	for (size_t i = 0; i < c.cfg->n_transports && !c.errors; i++) {
+		char r = check_transport(&c, i, search_path);
+
+		if (r == 'L')
+			loaded++;
+		else if (r == 'S')
+			g_string_append_printf(skipped, "%s%s", skipped->len ? ", " : "",
+					       c.cfg->transports[i].name);
+	}
+	if (c.errors)
+		goto done;
+	if (!loaded) {
+		check_problem(&c, CHECK_ERROR, TE_ERR_NO_TRANSPORT, "transports",
+			      "no transport can be loaded on this host (%s skipped), and an engine "
+			      "without one refuses to start",
+			      skipped->len ? skipped->str : "none listed");
+		goto done;
+	}
+	check_metadata(&c);
+
+done:
+	rc = c.errors || c.warnings ? 1 : 0;
+	if (json) {
+		g_autoptr(JsonBuilder) b = json_builder_new();
+
+		json_builder_begin_object(b);
+		json_string(b, "file", path);
+		json_builder_set_member_name(b, "ok");
+		json_builder_add_boolean_value(b, rc == 0);
+		json_string(b, "status", te_status_str(c.status));
+		json_int(b, "code", c.status);
+		if (c.first_error)
+			json_string(b, "error", c.first_error);
+		json_int(b, "warnings", c.warnings);
+		json_builder_set_member_name(b, "checks");
+		json_builder_begin_array(b);
+		for (guint i = 0; i < c.lines->len; i++) {
+			const struct check_line *l = c.lines->pdata[i];
+
+			json_builder_begin_object(b);
+			json_string(b, "level", check_level_word(l->level));
+			json_string(b, "key", l->key);
+			json_string(b, "message", l->text);
+			json_builder_end_object(b);
+		}
+		json_builder_end_array(b);
+		json_builder_end_object(b);
+		print_json_root(b);
+	}
+	if (c.have_doc)
+		yaml_document_delete(&c.doc);
+	g_ptr_array_unref(c.lines);
+	g_free(c.first_error);
+	g_free(c.ctl_bound);
+	g_free(c.ctl_advertised);
+	config_free(c.cfg);
+	return rc;
+}
+
 /* --- --config ---------------------------------------------------------------------------- */
 
 /*
@@ -1201,9 +2198,19 @@ static int show_config(const char *path, bool json, const char *search_path)
 		json_string(b, "file", path);
 		json_string(b, "status", te_status_str(st));
 		json_int(b, "code", st);
-		if (st == TE_OK)
-			json_string(b, "effective", yaml ? yaml : "");
-		else
+		if (st == TE_OK) {
+			yaml_document_t doc;
+
+			/* The effective configuration's tree, read back from its YAML. */
+			json_builder_set_member_name(b, "effective");
+			if (yaml && yaml_doc_load(yaml, strlen(yaml), &doc)) {
+				yaml_to_json(b, &doc, yaml_document_get_root_node(&doc), 0);
+				yaml_document_delete(&doc);
+			} else {
+				json_builder_begin_object(b);
+				json_builder_end_object(b);
+			}
+		} else
 			json_string(b, "error", err ? err : te_status_str(st));
 		if (notes->len)
 			json_strings(b, "notes", notes);
@@ -1229,6 +2236,7 @@ int main(int argc, char **argv)
 {
 	gboolean json = FALSE, version = FALSE;
 	g_autofree char *config_file = NULL;
+	g_autofree char *check_file = NULL;
 	g_autofree char *plugin_path = NULL;
 	g_autofree char *search_path = NULL;
 	g_autoptr(GError) error = NULL;
@@ -1241,6 +2249,11 @@ int main(int argc, char **argv)
 		{ "config", 'c', 0, G_OPTION_ARG_FILENAME, &config_file,
 		  "Print the effective configuration of FILE (or its error, exit 1); transport "
 		  "options are checked against the plugins' declarations",
+		  "FILE" },
+		{ "check", 'k', 0, G_OPTION_ARG_FILENAME, &check_file,
+		  "Check that an engine can start from FILE on this host: plugins found, their "
+		  "options valid and their init passing, secret file, listen address, metadata "
+		  "store reachable; one line per check on stderr, exit 1 at the first problem",
 		  "FILE" },
 		{ "plugin-path", 'p', 0, G_OPTION_ARG_STRING, &plugin_path,
 		  "Search these ':'-separated directories instead of $TE_PLUGIN_PATH and "
@@ -1258,7 +2271,10 @@ int main(int argc, char **argv)
 		"to load or initialise are listed with the reason.\n"
 		"PLUGIN: a plugin name (resolved along the search path) or a module file.\n"
 		"Without PLUGIN: every *.so in the search path.\n"
-		"Each module is probed in a child process; exit status 1 when one crashed.");
+		"Each module is probed in a child process. Exit status 1 when one crashed, or when\n"
+		"a PLUGIN named on the command line is not found or does not load.\n"
+		"--check FILE: ok/note/warning/error lines (error and warning lines read\n"
+		"<file>:<line>:<col>: <key>: <reason>); exit 1 on any warning or error.");
 	g_option_context_add_main_entries(octx, entries, NULL);
 	if (!g_option_context_parse(octx, &argc, &argv, &error)) {
 		fprintf(stderr, "te-info: %s (try --help)\n", error->message);
@@ -1269,9 +2285,19 @@ int main(int argc, char **argv)
 		       TE_PLUGIN_ABI_MAJOR, TE_PLUGIN_ABI_MINOR, TE_PLUGINDIR);
 		return 0;
 	}
+	if (config_file && check_file) {
+		fprintf(stderr, "te-info: --config and --check are exclusive (try --help)\n");
+		return 2;
+	}
+	if ((config_file || check_file) && argc > 1) {
+		fprintf(stderr, "te-info: unexpected argument '%s' (try --help)\n", argv[1]);
+		return 2;
+	}
 	search_path = plugin_path ? g_strdup(plugin_path) : plugin_search_path();
 	if (config_file)
 		return show_config(config_file, json, search_path);
+	if (check_file)
+		return check_config(check_file, json, search_path);
 
 	probes = g_ptr_array_new_with_free_func(probe_free);
 	seen = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, NULL);
@@ -1289,11 +2315,15 @@ int main(int argc, char **argv)
 	else
 		print_text(search_path, probes);
 	/*
-	 * Failing plugins are reported, not fatal: the listing itself succeeded. A module that
-	 * crashed te-info's probe would crash the engine too: that fails the listing.
+	 * In a scan, failing plugins are reported, not fatal: the listing itself succeeded. A
+	 * module that crashed te-info's probe would crash the engine too: that fails the listing.
+	 * A plugin named on the command line that is not found or does not load fails it too.
 	 */
-	for (guint i = 0; i < probes->len; i++)
-		if (((const struct probe *)probes->pdata[i])->crashed)
+	for (guint i = 0; i < probes->len; i++) {
+		const struct probe *p = probes->pdata[i];
+
+		if (p->crashed || (argc > 1 && p->load != TE_OK))
 			return 1;
+	}
 	return 0;
 }

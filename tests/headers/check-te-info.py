@@ -7,6 +7,7 @@
 # Usage: check-te-info.py TE_INFO TEST_PLUGIN_DIR [TINFO_DIR]
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,26 @@ r = run("loopback", env=env)
 check("plugin by name through TE_PLUGIN_PATH", r.returncode == 0 and "loopback" in r.stdout,
       r.stdout + r.stderr)
 
+# A plugin named on the command line that is not found or does not load: exit 1, with why.
+r = run("--plugin-path", plugin_dir, "no_such_plugin")
+check("unknown plugin name: exit 1, the reason listed",
+      r.returncode == 1 and "no_such_plugin.so: plugin not found" in r.stdout,
+      r.stdout + r.stderr)
+r = run("--json", "--plugin-path", plugin_dir, "no_such_plugin", "loopback")
+try:
+    ps = json.loads(r.stdout)["plugins"]
+except (ValueError, KeyError):
+    ps = []
+check("--json unknown plugin name: exit 1, JSON with the reason and the other plugin",
+      r.returncode == 1 and len(ps) == 2 and ps[0].get("code", 0) < 0
+      and "not found" in ps[0].get("error", "") and ps[1].get("code") == 0, r.stdout + r.stderr)
+r = run(os.path.join(plugin_dir, "not_a_plugin.so"))
+check("a named module file that does not load: exit 1", r.returncode == 1
+      and "error:" in r.stdout, r.stdout + r.stderr)
+r = run(os.path.join(plugin_dir, "init_fail.so"))
+check("a named module that loads but fails init: listed, exit 0",
+      r.returncode == 0 and "init:" in r.stdout, r.stdout + r.stderr)
+
 # --config: effective YAML, or the error with file:line:column and exit 1.
 with tempfile.TemporaryDirectory() as d:
     good = os.path.join(d, "good.yaml")
@@ -90,6 +111,32 @@ with tempfile.TemporaryDirectory() as d:
     except ValueError:
         ok = False
     check("--json --config error is JSON", ok, r.stdout + r.stderr)
+
+    # --json --config: the effective configuration as a JSON object, typed, secret redacted.
+    secret = os.path.join(d, "secret.yaml")
+    with open(secret, "w") as f:
+        f.write("engine:\n  name: info-test\nauth:\n  secret: \"0123456789abcdef-xyz\"\n"
+                "transfer:\n  fallback: yes\n")
+    r = run("--json", "--config", secret)
+    try:
+        eff = json.loads(r.stdout).get("effective")
+    except ValueError:
+        eff = None
+    check("--json --config: 'effective' is an object, not YAML text",
+          r.returncode == 0 and isinstance(eff, dict)
+          and eff.get("engine", {}).get("name") == "info-test"
+          and eff.get("engine", {}).get("advertise", 0) is None, r.stdout + r.stderr)
+    eff = eff if isinstance(eff, dict) else {}
+    check("--json --config: numbers and booleans typed, sizes and words as strings",
+          eff.get("transfer", {}).get("retries") == 3
+          and eff.get("transfer", {}).get("fallback") is True
+          and eff.get("metadata", {}).get("endpoints") == []
+          and eff.get("control", {}).get("max_frame") == "16M"
+          and eff.get("log", {}).get("level") == "warn"
+          and eff.get("transports", [{}])[0].get("required") is True, eff)
+    check("--json --config: the secret stays redacted",
+          eff.get("auth", {}).get("secret") == "<redacted secret>"
+          and "0123456789abcdef-xyz" not in r.stdout, r.stdout)
 
 r = run("--no-such-option")
 check("unknown option: exit 2", r.returncode == 2, r.stderr)
@@ -133,8 +180,8 @@ check("--json: declared options with type, default, range, choices, help",
 check("--json: no declarations", ps.get("loopback", {}).get("options_declared") is False
       and ps.get("loopback", {}).get("options") == [], ps.get("loopback"))
 r = run(os.path.join(plugin_dir, "bad_decl.so"))
-check("broken declarations: the module is refused naming the option",
-      r.returncode == 0 and "option 'workers': default \"0\" is invalid: value 0 out of range "
+check("broken declarations: the module is refused naming the option (exit 1: named)",
+      r.returncode == 1 and "option 'workers': default \"0\" is invalid: value 0 out of range "
       "1..64" in r.stdout, r.stdout + r.stderr)
 
 # --config checks declared options with the engine's error text; defaults show as effective.
@@ -171,6 +218,172 @@ with tempfile.TemporaryDirectory() as d:
           r.returncode == 0 and '"verbose": "true"' in r.stdout and '"workers": "1"' in r.stdout
           and '"x": "1"' in r.stdout and "not_installed_here" in r.stderr
           and "options not checked" in r.stderr, r.stdout + r.stderr)
+
+
+# --check FILE: what would stop or cripple an engine from FILE on this host. One line per check
+# on stderr (ok/note/warning/error), exit 1 at the first error, and on any warning.
+def free_port():
+    """A loopback TCP port nobody listens on (closed again at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unassigned_test_net():
+    """A TEST-NET address (RFC 5737) this host does not have: binding it fails. None if all."""
+    for addr in ("192.0.2.1", "198.51.100.1", "203.0.113.1"):
+        with socket.socket() as s:
+            try:
+                s.bind((addr, 0))
+            except OSError:
+                return addr
+    return None
+
+
+def levels(stderr):
+    return [l.split(":", 1)[0] for l in stderr.splitlines()
+            if l.startswith(("ok:", "note:", "warning:", "error:"))]
+
+
+tcp_dir = os.path.join(os.path.dirname(os.path.abspath(te_info)), "..", "plugins", "tcp")
+with tempfile.TemporaryDirectory() as d:
+    def cfg(name, text):
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def check_run(path, *extra, plugins=plugin_dir):
+        return run("--plugin-path", plugins, "--check", path, *extra)
+
+    good = cfg("good.yaml", "engine:\n  listen: \"127.0.0.1:0\"\ntransports:\n"
+               "  - name: loopback\n    required: true\n  - name: declared\n"
+               "    options: {workers: 4}\n  - name: not_installed_here\n")
+    r = check_run(good)
+    lv = levels(r.stderr)
+    check("--check good file: exit 0, one ok line per check, the absent optional plugin a note",
+          r.returncode == 0 and lv.count("ok") >= 6 and "error" not in lv and "warning" not in lv
+          and any(l.startswith("note: transports[2] (not_installed_here): absent on this host")
+                  for l in r.stderr.splitlines())
+          and not r.stdout, r.stdout + r.stderr)
+    r = check_run(good, "--json")
+    try:
+        j = json.loads(r.stdout)
+    except ValueError:
+        j = {}
+    check("--check --json good file: ok, every check listed",
+          r.returncode == 0 and j.get("ok") is True and j.get("code") == 0
+          and {c.get("level") for c in j.get("checks", [])} == {"ok", "note"}
+          and any(c.get("key") == "engine.listen" for c in j.get("checks", []))
+          and any(c.get("key") == "metadata.type" for c in j.get("checks", [])), r.stdout)
+
+    def check_error(name, text, want, plugins=plugin_dir, code=None):
+        """FILE with TEXT fails the check: exit 1, its last line the error WANT (% path)."""
+        path = cfg(name, text)
+        r = check_run(path, plugins=plugins)
+        last = r.stderr.strip().splitlines()[-1:] or [""]
+        check("--check %s: exit 1, '%s'" % (name, want % "FILE"),
+              r.returncode == 1 and last[0].startswith("error: " + want % path),
+              r.stdout + r.stderr)
+        r = check_run(path, "--json", plugins=plugins)
+        try:
+            j = json.loads(r.stdout)
+        except ValueError:
+            j = {}
+        check("--check --json %s: the same error" % name,
+              r.returncode == 1 and j.get("ok") is False
+              and j.get("error", "").startswith(want % path)
+              and j.get("checks", [{}])[-1].get("level") == "error"
+              and (code is None or j.get("code") == code), r.stdout + r.stderr)
+        return r
+
+    check_error("syntax.yaml", "engine:\n  name: x\n  no_such_key: 1\n",
+                "%s:3:3: engine.no_such_key: unknown key")
+    check_error("bad-option.yaml", "transports:\n  - name: declared\n    required: true\n"
+                "    options:\n      workers: 65\n",
+                "%s:5:16: transports[0].options.workers: value 65 out of range 1..64")
+    check_error("misspelled.yaml", "transports:\n  - name: loopbak\n    required: true\n",
+                "%s:2:11: transports[0].name: transport 'loopbak' (required): loopbak.so: "
+                "plugin not found")
+    check_error("optional-bad-option.yaml", "transports:\n  - name: loopback\n"
+                "  - name: declared\n    required: false\n    options: {lable: x}\n",
+                '%s:5:15: transports[1].options.lable: unknown option of plugin declared '
+                '(did you mean "label"?)')
+    # An option the plugin checks in its init (loopback declares none): an error even optional.
+    check_error("optional-init-option.yaml", "transports:\n  - name: declared\n"
+                "  - name: loopback\n    required: false\n    options:\n"
+                "      progress: sometimes\n",
+                "%s:6:17: transports[1].options.progress: expected auto or manual, got "
+                "'sometimes'")
+    missing = os.path.join(d, "no-such-secret")
+    check_error("missing-secret.yaml", "auth:\n  secret_file: %s\n" % missing,
+                "%%s:2:16: auth.secret_file: cannot open %s: No such file or directory"
+                % missing)
+    loose = cfg("loose-secret", "0123456789abcdef0123\n")
+    os.chmod(loose, 0o644)
+    check_error("loose-secret.yaml", "auth:\n  secret_file: %s\n" % loose,
+                "%%s:2:16: auth.secret_file: %s is readable by group or others (mode 0644)"
+                % loose)
+    addr = unassigned_test_net()
+    if addr:
+        # Bind only: no packet is sent to a TEST-NET address.
+        check_error("unbindable.yaml", "engine:\n  listen: \"%s:0\"\n" % addr,
+                    "%%s:2:11: engine.listen: cannot bind '%s' on this host" % addr)
+    else:
+        check("--check unbindable listen # SKIP every TEST-NET address is local here", True)
+    closed = free_port()
+    r = check_run(cfg("etcd-down2.yaml", "metadata:\n  type: etcd\n  endpoints: "
+                      "http://127.0.0.1:%d\ntransports:\n  - name: loopback\n" % closed))
+    built = "not available in this build" not in r.stderr
+    check("--check unreachable etcd: says which endpoint, or that etcd is not built",
+          r.returncode == 1 and ("127.0.0.1:%d" % closed in r.stderr or not built), r.stderr)
+    check_error("etcd-down.yaml", "metadata:\n  type: etcd\n  endpoints: http://127.0.0.1:%d\n"
+                "transports:\n  - name: loopback\n" % closed,
+                "%s:3:14: metadata.endpoints: etcd metadata: " if built
+                else "%s:2:9: metadata.type: ")
+    check_error("no-transport.yaml", "transports:\n  - name: not_installed_here\n"
+                "  - name: init_fail\n",
+                "%s:2:3: transports: no transport can be loaded on this host "
+                "(not_installed_here, init_fail skipped)")
+
+    # A configured control port in use (an engine of this file running): a note, exit 0.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        r = check_run(cfg("port-in-use.yaml", "engine:\n  listen: \"127.0.0.1:%d\"\n"
+                          "transports:\n  - name: loopback\n" % port))
+    check("--check control port in use: a note, exit 0",
+          r.returncode == 0 and any(l.startswith("note: engine.listen: port %d is in use" % port)
+                                    for l in r.stderr.splitlines()), r.stderr)
+
+    # tcp: a loopback data listener behind a network control plane (bind only, no traffic).
+    if os.path.exists(os.path.join(tcp_dir, "tcp.so")):
+        path = cfg("loopback-bind.yaml", "engine:\n  listen: \"0.0.0.0:0\"\ntransports:\n"
+                   "  - name: tcp\n    required: true\n    options:\n      bind: 127.0.0.1\n")
+        r = check_run(path, plugins=tcp_dir)
+        check("--check tcp bind on loopback, listen on a network address: a warning, exit 1",
+              r.returncode == 1 and any(
+                  l.startswith("warning: %s:7:13: transports[0].options.bind: tcp: option "
+                               "'bind' is 127.0.0.1, a loopback address" % path)
+                  for l in r.stderr.splitlines()) and "error:" not in r.stderr, r.stderr)
+        r = check_run(path, "--json", plugins=tcp_dir)
+        try:
+            j = json.loads(r.stdout)
+        except ValueError:
+            j = {}
+        check("--check --json: the warning counted, ok false",
+              r.returncode == 1 and j.get("ok") is False and j.get("warnings") == 1
+              and j.get("code") == 0, r.stdout)
+        r = check_run(cfg("tcp-auto.yaml", "engine:\n  listen: \"0.0.0.0:0\"\ntransports:\n"
+                          "  - name: tcp\n    required: true\n"), plugins=tcp_dir)
+        check("--check tcp bind auto behind a wildcard listen: no warning, exit 0",
+              r.returncode == 0 and "warning:" not in r.stderr, r.stderr)
+    else:
+        check("--check tcp loopback bind # SKIP no tcp plugin at %s" % tcp_dir, True)
+
+    r = run("--check", good, "--config", good)
+    check("--check with --config: usage error, exit 2", r.returncode == 2, r.stderr)
 
 
 def block(text, stem):
@@ -236,6 +449,17 @@ if tinfo_dir:
           "devices:  1" in block(text, "tinfo_good"), block(text, "tinfo_good"))
     r = run(mod("tinfo_crash_init"))
     check("one crashing module given by path: exit 1", r.returncode == 1, r.stdout + r.stderr)
+
+    # --check: a transport whose plugin crashes in init is an error, te-info survives it.
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "crash.yaml")
+        with open(path, "w") as f:
+            f.write("transports:\n  - name: tinfo_good\n  - name: tinfo_crash_init\n")
+        r = run("--plugin-path", tinfo_dir, "--check", path)
+        check("--check: a plugin crashing in init is an error naming the signal",
+              r.returncode == 1 and r.stderr.strip().splitlines()[-1:] ==
+              ["error: %s:3:5: transports[1]: transport 'tinfo_crash_init': the plugin crashed "
+               "with SIGSEGV in init (an engine loading it would too)" % path], r.stderr)
 
     # --json carries the same findings.
     r = run("--json", "--plugin-path", tinfo_dir)
