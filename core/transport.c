@@ -377,8 +377,11 @@ err_free:
 	g_mutex_clear(&tp->backlog_lock);
 	g_mutex_clear(&tp->stage_lock);
 	g_free(tp);
-	/* The plugin's own status is in the message; the caller learns "init failed". */
-	return st == TE_ERR_PLUGIN_INVALID ? st : TE_ERR_PLUGIN_INIT;
+	/*
+	 * The plugin's own status is in the message; the caller learns "init failed", or that
+	 * the configuration is wrong (TE_ERR_CONFIG from init: fatal even for an optional one).
+	 */
+	return st == TE_ERR_PLUGIN_INVALID || st == TE_ERR_CONFIG ? st : TE_ERR_PLUGIN_INIT;
 }
 
 GBytes *transport_blob(struct transport *t)
