@@ -1,31 +1,59 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# compare-tcp.sh: te-bench --loopback over tcp against iperf3 on loopback, in one run, with ratios.
+# compare-tcp.sh: te-bench over tcp against tcp-raw-loop and iperf3 on loopback, interleaved, one table.
 #
-# Usage: bench/compare-tcp.sh [-C BUILD]
-#   For each block size (4K, 64K, 1M) and direction, one iperf3 measurement on 127.0.0.1
-#   (-l block size, -P threads streams; write = client sends, read = -R, server sends) and
-#   one `te-bench --loopback --op read|write` with the same block size and threads; then a
-#   table with GB/s of both and the ratio te/iperf3, and the 4 KiB batch-128 request rate.
-#   Env: BUILD (build), SIZES ("4K 64K 1M"), THREADS (1), DURATION (3 s per measurement),
-#   BATCH (128), TE_PLUGIN_PATH (searched after the tcp plugin's build directory).
+# Usage: bench/compare-tcp.sh [-C BUILD] [--sizes 4K,64K,1M,8M,64M] [--working-sets 8M,256M]
+#            [--threads 1,2,4] [--ops read,write] [--rounds 5] [--duration 5] [--quick]
+#            [--no-iperf3] [--no-latency] [--te-config FILE | --te-lanes N|threads] [--md FILE]
+#   Cells: op x block size x working set x threads. A cell's working set is spread over its
+#   threads as te-bench lays it out: batch = working set / (threads x block) (at least 1, at
+#   most 65536), depth 1, so each batch in flight has its own areas; the table shows the
+#   working set actually used (a block larger than its share makes it bigger; cells that end
+#   up identical are run once). Both warm up with te-bench's 8 untimed batches (fewer, at
+#   least 1, where that would exceed 256M).
+#   Per cell and round: `te-bench --loopback` (tcp plugin), `tcp-raw-loop --loopback` (same
+#   op, block, batch, depth, threads/connections and buffer size) and iperf3 on 127.0.0.1
+#   (-l block, at most 1M, -P threads; write = client sends, read = -R; a fresh one-off server
+#   on a free port per measurement, stopped by PID; one measurement per op, block and threads,
+#   shared by the working sets). Rounds are interleaved (every cell once per round; the
+#   order of te, raw, iperf3 rotates by round), so load from elsewhere lands on all alike.
+#   Then a latency row: one 4K READ at a time (te-bench --batch 1 --depth 1 against
+#   tcp-raw-loop --pingpong), p50/p99/p99.9.
+#   Table (Markdown, stdout and --md FILE): GB/s as median (min-max) over rounds; te/raw and
+#   te/iperf3 as the median (min-max) of the per-round ratios; CPU-s/GB of initiator + target
+#   (te-bench's --loopback child; tcp-raw-loop's forked server) from utime+stime in
+#   /proc/<pid>/stat, sampled at the first and last progress line of a run (steady state,
+#   setup excluded: needs --duration >= 4); shorter runs count the whole processes from
+#   their rusage, setup included, marked '*'. Load average before and after.
+#   te runs with its default configuration (tcp: 2 lanes, 2 workers, 1M slices), whatever the
+#   thread count; tcp-raw-loop opens one connection per thread. --te-config FILE passes a
+#   configuration to te-bench; --te-lanes N (or `threads`: as many as the cell's threads)
+#   writes one with that many tcp lanes.
+#   --quick: 4K and 1M, working set 8M, threads 1 and 2, read and write, 1 s per run (about a
+#   minute with --rounds 1). The default matrix (60 cells, 5 rounds of 5 s) takes hours: cut
+#   it down with the flags above.
+#   Env (old interface): BUILD, SIZES, THREADS, DURATION (space- or comma-separated);
+#   BATCH is ignored (the batch follows from the working set). TE_PLUGIN_PATH is searched
+#   after the tcp plugin's build directory. Exit 1 when a run failed.
 set -euo pipefail
 
 build=${BUILD:-build}
+args=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-C)
+		[ $# -ge 2 ] || {
+			echo "compare-tcp.sh: -C needs a build directory" >&2
+			exit 2
+		}
 		build=$2
 		shift
 		;;
 	-h | --help)
-		sed -n '3,10p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '3,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
-	*)
-		echo "compare-tcp.sh: unknown argument '$1' (try --help)" >&2
-		exit 2
-		;;
+	*) args+=("$1") ;;
 	esac
 	shift
 done
@@ -35,139 +63,483 @@ case "$build" in
 /*) ;;
 *) build=$top/$build ;;
 esac
-bench=$build/tools/te-bench
-sizes=${SIZES:-4K 64K 1M}
-threads=${THREADS:-1}
-duration=${DURATION:-3}
-batch=${BATCH:-128}
 
 die() {
 	echo "compare-tcp.sh: $*" >&2
 	exit 1
 }
 
-[ -x "$bench" ] || die "$bench is not built (run: ninja -C $build)"
+[ -x "$build/tools/te-bench" ] || die "$build/tools/te-bench is not built (run: ninja -C $build)"
 tcp_so=$(find "$build/plugins" -name tcp.so -print -quit 2>/dev/null || true)
 [ -n "$tcp_so" ] || die "the tcp plugin is not built (no tcp.so under $build/plugins); it is what this script measures"
-command -v iperf3 >/dev/null || die "iperf3 is not installed (scripts/install-deps.sh installs it)"
-command -v python3 >/dev/null || die "python3 is needed to read the JSON results"
+[ -x "$build/bench/tcp-raw-loop" ] || die "$build/bench/tcp-raw-loop is not built (run: ninja -C $build)"
+command -v python3 >/dev/null || die "python3 is needed to run the measurements and read their JSON"
+[ -n "${BATCH:-}" ] && echo "compare-tcp.sh: BATCH is ignored: the batch follows from the working set" >&2
 tcp_dir=$(dirname "$tcp_so")
 export TE_PLUGIN_PATH="$tcp_dir${TE_PLUGIN_PATH:+:$TE_PLUGIN_PATH}"
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-compare-tcp.XXXXXX")
-server_pid=""
-cleanup() {
-	# Only the iperf3 server this script started, by its pid.
-	if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-		kill "$server_pid" 2>/dev/null || true
-		wait "$server_pid" 2>/dev/null || true
-	fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+prog=$(
+	cat <<'PY'
+import argparse, json, os, re, resource, socket, statistics, subprocess, sys, threading, time
 
-free_port() {
-	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+build, top = sys.argv[1], sys.argv[2]
+TE = os.path.join(build, "tools", "te-bench")
+RAW = os.path.join(build, "bench", "tcp-raw-loop")
+IPERF3_MAX_LEN = 1 << 20
+MAX_BATCH = 65536
+CLK = os.sysconf("SC_CLK_TCK")
 
-bytes_of() {
-	python3 -c '
-import sys
-s = sys.argv[1]
-m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-print(int(s[:-1]) * m[s[-1].upper()] if s[-1].upper() in m else int(s))' "$1"
-}
 
-# iperf3_run SIZE read|write OUT: one measurement against a fresh one-off server; sets
-# $gbps to the GB/s (10^9 bytes/s) received. Not run in a subshell: cleanup must see the pid.
-iperf3_run() {
-	local len port
-	local rev=()
-	len=$(bytes_of "$1")
-	port=$(free_port)
-	[ "$2" = read ] && rev=(-R)
-	iperf3 -s -1 -B 127.0.0.1 -p "$port" >"$tmp/iperf3-server.log" 2>&1 &
-	server_pid=$!
-	for _ in $(seq 100); do
-		ss -ltn "sport = :$port" 2>/dev/null | grep -q LISTEN && break
-		kill -0 "$server_pid" 2>/dev/null || die "iperf3 server did not start: $(cat "$tmp/iperf3-server.log")"
-		sleep 0.05
-	done
-	iperf3 -c 127.0.0.1 -p "$port" -t "$duration" -l "$len" -P "$threads" "${rev[@]}" -J \
-		>"$3" 2>"$tmp/iperf3-client.err" || die "iperf3 client failed: $(cat "$tmp/iperf3-client.err" "$3" | tail -5)"
-	wait "$server_pid" 2>/dev/null || true
-	server_pid=""
-	gbps=$(python3 - "$3" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-if "error" in d:
-    sys.exit("iperf3: " + d["error"])
-print(d["end"]["sum_received"]["bits_per_second"] / 8 / 1e9)
+def size_of(s):
+    s = s.strip()
+    m = re.fullmatch(r"(\d+)([KMG]?)(?:i?B)?", s, re.I)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: '{s}' (e.g. 4K, 1M)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def size_str(v):
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if v and v % (1 << shift) == 0:
+            return f"{v >> shift}{unit}"
+    return str(v)
+
+
+def split(s):
+    return [x for x in re.split(r"[,\s]+", s.strip()) if x]
+
+
+def env_or(name, default):
+    v = os.environ.get(name)
+    return ",".join(split(v)) if v and v.strip() else default
+
+
+ap = argparse.ArgumentParser(prog="compare-tcp.sh", add_help=False)
+ap.add_argument("--sizes", default=None)
+ap.add_argument("--working-sets", default=None)
+ap.add_argument("--threads", default=None)
+ap.add_argument("--ops", default=None)
+ap.add_argument("--rounds", type=int, default=None)
+ap.add_argument("--duration", type=float, default=None)
+ap.add_argument("--quick", action="store_true")
+ap.add_argument("--no-iperf3", action="store_true")
+ap.add_argument("--no-latency", action="store_true")
+ap.add_argument("--md", default=None)
+ap.add_argument("--te-config", default=None)
+ap.add_argument("--te-lanes", default=None)
+try:
+    a = ap.parse_args(sys.argv[3:])
+except SystemExit:
+    sys.exit(2)
+
+
+def usage(msg):
+    print(f"compare-tcp.sh: {msg} (try --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+if a.quick:
+    dflt = dict(sizes="4K,1M", ws="8M", threads="1,2", ops="read,write", duration=1.0)
+else:
+    dflt = dict(sizes=env_or("SIZES", "4K,64K,1M,8M,64M"), ws="8M,256M",
+                threads=env_or("THREADS", "1,2,4"), ops="read,write",
+                duration=float(os.environ.get("DURATION") or 5))
+try:
+    sizes = [size_of(x) for x in split(a.sizes or dflt["sizes"])]
+    wss = [size_of(x) for x in split(a.working_sets or dflt["ws"])]
+    threads = [int(x) for x in split(a.threads or dflt["threads"])]
+except (argparse.ArgumentTypeError, ValueError) as e:
+    usage(str(e))
+ops = split(a.ops or dflt["ops"])
+rounds = a.rounds if a.rounds is not None else 5
+duration = a.duration if a.duration is not None else dflt["duration"]
+if not sizes or any(s < 1 or s > (1 << 30) for s in sizes):
+    usage("--sizes: 1 byte to 1G each")
+if not wss or any(w < 1 or w > (64 << 30) for w in wss):
+    usage("--working-sets: 1 byte to 64G each")
+if not threads or any(t < 1 or t > 64 for t in threads):
+    usage("--threads: 1 to 64 each")
+if not ops or any(o not in ("read", "write") for o in ops):
+    usage("--ops: read and/or write")
+if not 1 <= rounds <= 100:
+    usage("--rounds: 1 to 100")
+if not 0.1 <= duration <= 3600:
+    usage("--duration: 0.1 to 3600 seconds")
+if a.te_config and a.te_lanes:
+    usage("--te-config and --te-lanes exclude each other")
+if a.te_config and not os.path.isfile(a.te_config):
+    usage(f"--te-config: no file '{a.te_config}'")
+if a.te_lanes and a.te_lanes != "threads" and not (a.te_lanes.isdigit() and 1 <= int(a.te_lanes) <= 64):
+    usage("--te-lanes: 1 to 64, or 'threads'")
+iperf3 = None if a.no_iperf3 else next(
+    (os.path.join(d, "iperf3") for d in os.environ.get("PATH", "").split(":")
+     if os.access(os.path.join(d, "iperf3"), os.X_OK)), None)
+notes = []
+if not a.no_iperf3 and not iperf3:
+    notes.append("iperf3 is not installed: its column is empty (scripts/install-deps.sh bench installs it).")
+
+# --- cells ---------------------------------------------------------------------------------
+cells, seen = [], set()
+for op in ops:
+    for size in sizes:
+        for ws in wss:
+            for thr in threads:
+                batch = max(1, min(MAX_BATCH, ws // (thr * size)))
+                eff = batch * thr * size
+                key = (op, size, eff, thr)
+                if key in seen:
+                    continue
+                seen.add(key)
+                cells.append(dict(op=op, size=size, ws=eff, ws_asked=ws, thr=thr, batch=batch,
+                                  te=[], raw=[], ratio_raw=[], ratio_ip=[], cpu_te=[],
+                                  cpu_raw=[], star_te=False, star_raw=False, fail=[]))
+ipkeys = sorted({(c["op"], c["size"], c["thr"]) for c in cells}, key=lambda k: (ops.index(k[0]), k[1], k[2]))
+ipres = {k: [] for k in ipkeys}
+
+# --- measuring -----------------------------------------------------------------------------
+def proc_cpu(pid):
+    """utime + stime of a whole process (all threads), seconds; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rindex(")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / CLK
+
+
+def children(pid):
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+PROGRESS = re.compile(r"^(te-bench|tcp-raw-loop): .* GB/s\s*$")
+failed_any = False
+
+
+def run_json(cmd, what):
+    """Run an initiator that forks its target; its JSON row plus CPU-s/GB of both."""
+    global failed_any
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    samples, other, kids = [], [], []
+
+    def reader():
+        for line in p.stderr:
+            if PROGRESS.match(line):
+                if not kids:
+                    kids.extend(children(p.pid))
+                t = time.monotonic()
+                cpu = [proc_cpu(p.pid)] + [proc_cpu(k) for k in kids]
+                # Both processes in every sample, or the differences mean nothing.
+                if kids and None not in cpu:
+                    samples.append((t, sum(cpu)))
+            else:
+                other.append(line.rstrip("\n"))
+
+    outs = []
+    # Not communicate(): it would read stderr too, taking progress lines from reader().
+    th = threading.Thread(target=reader, daemon=True)
+    tho = threading.Thread(target=lambda: outs.append(p.stdout.read()), daemon=True)
+    th.start()
+    tho.start()
+    try:
+        p.wait(timeout=duration * 4 + 600)
+    except subprocess.TimeoutExpired:
+        # Only what this script started: the initiator and the target it forked, by PID.
+        for k in children(p.pid):
+            try:
+                os.kill(k, 9)
+            except OSError:
+                pass
+        p.kill()
+        p.wait()
+    th.join(5)
+    tho.join(5)
+    out = "".join(outs)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    row = None
+    for line in out.splitlines()[::-1]:
+        try:
+            row = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if p.returncode != 0 or not row or row.get("failed") or not row.get("gbps"):
+        failed_any = True
+        msg = "; ".join(other[-4:])
+        print(f"  {what} failed (rc {p.returncode}): {msg}", file=sys.stderr)
+        return None, None, False
+    if len(samples) >= 2 and samples[-1][0] > samples[0][0]:
+        dt = samples[-1][0] - samples[0][0]
+        cpu = samples[-1][1] - samples[0][1]
+        return row, cpu / (row["gbps"] * dt), False
+    # Short run: the whole processes (the initiator reaps its target), setup included.
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    gb = row["bytes"] / 1e9
+    return row, (cpu / gb if gb > 0 else None), True
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def listening(port):
+    want = f"0100007F:{port:04X}"
+    try:
+        with open("/proc/net/tcp") as f:
+            return any(l.split()[1] == want and l.split()[3] == "0A" for l in f.readlines()[1:])
+    except OSError:
+        return False
+
+
+def run_iperf3(op, size, thr):
+    global failed_any
+    port = free_port()
+    srv = subprocess.Popen([iperf3, "-s", "-1", "-B", "127.0.0.1", "-p", str(port)],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(200):
+            if listening(port) or srv.poll() is not None:
+                break
+            time.sleep(0.025)
+        cmd = [iperf3, "-c", "127.0.0.1", "-p", str(port), "-t", str(max(1, round(duration))),
+               "-l", str(min(size, IPERF3_MAX_LEN)), "-P", str(thr), "-J"]
+        if op == "read":
+            cmd.append("-R")
+        c = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=duration * 4 + 120)
+        d = json.loads(c.stdout) if c.stdout.strip() else {}
+        if c.returncode != 0 or "error" in d:
+            raise RuntimeError(d.get("error") or c.stderr.strip()[-200:])
+        return d["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
+    except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+        failed_any = True
+        print(f"  iperf3 {op} {size_str(size)} -P {thr} failed: {e}", file=sys.stderr)
+        return None
+    finally:
+        # The one-off server exits after its test; stop it by PID if it did not.
+        try:
+            srv.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            srv.terminate()
+            try:
+                srv.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                srv.kill()
+                srv.wait()
+
+
+def common(c):
+    # Both halves of the target hold every thread's share of the working set.
+    buf = 2 * c["ws"] + (2 << 20)
+    # te-bench's warm-up (8 batches), at most 256M of it: the 256M working sets warm up once.
+    warm = max(1, min(8, (256 << 20) // c["ws"]))
+    return ["--op", c["op"], "--block-size", str(c["size"]), "--batch", str(c["batch"]),
+            "--warmup", str(warm),
+            "--duration", f"{duration:g}", "--buffer-size", str(buf), "--json"]
+
+
+tmpdir = None
+
+
+def te_config(thr):
+    """The --config te-bench gets for @thr threads, or None for its default."""
+    global tmpdir
+    if a.te_config:
+        return os.path.abspath(a.te_config)
+    if not a.te_lanes:
+        return None
+    lanes = thr if a.te_lanes == "threads" else int(a.te_lanes)
+    if tmpdir is None:
+        import tempfile
+        tmpdir = tempfile.TemporaryDirectory(prefix="te-compare-tcp.")
+    path = os.path.join(tmpdir.name, f"lanes-{lanes}.yaml")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write('engine:\n  listen: "127.0.0.1:0"\nmetadata:\n  type: p2p\n'
+                    f"transports:\n  - name: tcp\n    required: true\n"
+                    f"    options: {{lanes: {lanes}}}\n")
+    return path
+
+
+def te_cmd(c):
+    cfg = te_config(c["thr"])
+    return [TE, "--loopback", "--threads", str(c["thr"])] + (["--config", cfg] if cfg else []) + common(c)
+
+
+def raw_cmd(c):
+    return [RAW, "--loopback", "--connections", str(c["thr"])] + common(c)
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+lat = dict(te=[], raw=[])
+load0 = loadavg()
+t_begin = time.time()
+print(f"compare-tcp: {len(cells)} cells, {rounds} round(s), {duration:g} s per run; "
+      f"load average {load0}", file=sys.stderr)
+for r in range(rounds):
+    ip_round = {}
+    tools = ["te", "raw", "iperf3"]
+    tools = tools[r % 3:] + tools[:r % 3]
+    for i, c in enumerate(cells):
+        name = f"{c['op']} {size_str(c['size'])} ws {size_str(c['ws'])} thr {c['thr']}"
+        got = {}
+        for tool in tools:
+            if tool == "te":
+                row, cpu, star = run_json(te_cmd(c), f"te-bench {name}")
+                got["te"] = row["gbps"] if row else None
+                if row:
+                    c["te"].append(row["gbps"])
+                    if cpu is not None:
+                        c["cpu_te"].append(cpu)
+                    c["star_te"] |= star
+                else:
+                    c["fail"].append("te")
+            elif tool == "raw":
+                row, cpu, star = run_json(raw_cmd(c), f"tcp-raw-loop {name}")
+                got["raw"] = row["gbps"] if row else None
+                if row:
+                    c["raw"].append(row["gbps"])
+                    if cpu is not None:
+                        c["cpu_raw"].append(cpu)
+                    c["star_raw"] |= star
+                else:
+                    c["fail"].append("raw")
+            elif iperf3:
+                # One measurement per op, block and threads and round, shared by the cells.
+                k = (c["op"], c["size"], c["thr"])
+                if k not in ip_round:
+                    ip_round[k] = run_iperf3(*k)
+                    if ip_round[k]:
+                        ipres[k].append(ip_round[k])
+                got["iperf3"] = ip_round[k]
+        if got.get("te") and got.get("raw"):
+            c["ratio_raw"].append(got["te"] / got["raw"])
+        if got.get("te") and got.get("iperf3"):
+            c["ratio_ip"].append(got["te"] / got["iperf3"])
+        fmt = lambda v: f"{v:.3f}" if v else "-"
+        print(f"round {r + 1}/{rounds} cell {i + 1}/{len(cells)} {name} batch {c['batch']}: "
+              f"te {fmt(got.get('te'))} raw {fmt(got.get('raw'))} iperf3 "
+              f"{fmt(got.get('iperf3'))} GB/s", file=sys.stderr)
+    if not a.no_latency:
+        for tool in tools:
+            if tool == "te":
+                cfg = te_config(1)
+                row, _, _ = run_json([TE, "--loopback"] + (["--config", cfg] if cfg else []) +
+                                     ["--op", "read", "--block-size", "4K",
+                                      "--batch", "1", "--depth", "1", "--threads", "1",
+                                      "--duration", f"{duration:g}", "--json"], "te-bench latency")
+            elif tool == "raw":
+                row, _, _ = run_json([RAW, "--loopback", "--pingpong", "--duration",
+                                      f"{duration:g}", "--json"], "tcp-raw-loop --pingpong")
+            else:
+                continue
+            if row:
+                lat[tool].append((row["lat_us_p50"], row["lat_us_p99"], row["lat_us_p999"]))
+        print(f"round {r + 1}/{rounds}: latency done", file=sys.stderr)
+load1 = loadavg()
+
+# --- table ---------------------------------------------------------------------------------
+def med(v, digits=3):
+    if not v:
+        return "-"
+    m = statistics.median(v)
+    if len(v) == 1:
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ({min(v):.{digits}f}-{max(v):.{digits}f})"
+
+
+def rev():
+    try:
+        return subprocess.run(["git", "-C", top, "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+lines = []
+lines.append(f"te-bench --loopback (tcp) vs tcp-raw-loop --loopback vs iperf3 on 127.0.0.1; "
+             f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs, "
+             f"{os.uname().release}, te {rev()} "
+             f"({'config ' + a.te_config if a.te_config else 'tcp lanes: ' + a.te_lanes if a.te_lanes else 'default config: 2 tcp lanes'}); "
+             f"{rounds} round(s) of {duration:g} s per run; "
+             f"load average {load0} before, {load1} after "
+             f"({(time.time() - t_begin) / 60:.1f} min).")
+lines.append("")
+lines.append("GB/s = 10^9 bytes/s, median (min-max) over rounds; ratios: median (min-max) of "
+             "the per-round ratios; CPU-s/GB: initiator + target.")
+lines.append("")
+lines.append("| op | block | ws | thr | batch | te GB/s | raw GB/s | iperf3 GB/s | te/raw | "
+             "te/iperf3 | te CPU-s/GB | raw CPU-s/GB |")
+lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+ip_capped = False
+for c in cells:
+    ip = ipres.get((c["op"], c["size"], c["thr"]), [])
+    ipcell = med(ip) if iperf3 else "-"
+    if iperf3 and c["size"] > IPERF3_MAX_LEN:
+        ipcell += " ¹"
+        ip_capped = True
+    fail = f" (failed: {', '.join(sorted(set(c['fail'])))})" if c["fail"] else ""
+    lines.append(f"| {c['op']} | {size_str(c['size'])} | {size_str(c['ws'])} | {c['thr']} | "
+                 f"{c['batch']} | {med(c['te'])}{fail} | {med(c['raw'])} | {ipcell} | "
+                 f"{med(c['ratio_raw'], 2)} | {med(c['ratio_ip'], 2)} | "
+                 f"{med(c['cpu_te'], 2)}{'*' if c['star_te'] else ''} | "
+                 f"{med(c['cpu_raw'], 2)}{'*' if c['star_raw'] else ''} |")
+lines.append("")
+if not a.no_latency:
+    lines.append("One 4K READ at a time (te-bench --batch 1 --depth 1; tcp-raw-loop --pingpong), "
+                 "us, median (min-max) over rounds:")
+    lines.append("")
+    lines.append("| | p50 | p99 | p99.9 |")
+    lines.append("|---|---:|---:|---:|")
+    for tool, label in (("te", "te"), ("raw", "raw")):
+        v = lat[tool]
+        lines.append(f"| {label} | {med([x[0] for x in v], 1)} | {med([x[1] for x in v], 1)} | "
+                     f"{med([x[2] for x in v], 1)} |")
+    if lat["te"] and lat["raw"]:
+        r50 = statistics.median([x[0] for x in lat["te"]]) / statistics.median([x[0] for x in lat["raw"]])
+        lines.append(f"| te/raw | {r50:.2f} | | |")
+    lines.append("")
+if ip_capped:
+    lines.append("¹ iperf3 takes at most 1M per write (-l): blocks above that run with -l 1M.")
+if any(c["star_te"] or c["star_raw"] for c in cells):
+    lines.append("\\* in at least one round, fewer than two progress lines (runs shorter than 4 s): "
+                 "CPU of the whole processes, setup included.")
+if any(c["ws"] != c["ws_asked"] for c in cells):
+    lines.append("ws: the working set used; a block larger than its share of the asked working "
+                 "set makes it bigger.")
+for n in notes:
+    lines.append(n)
+text = "\n".join(lines).rstrip() + "\n"
+sys.stdout.write(text)
+if a.md:
+    with open(a.md, "w") as f:
+        f.write(text)
+sys.exit(1 if failed_any else 0)
 PY
-	) || die "cannot read iperf3's result $3"
-}
-
-# te_row SIZE read|write BATCH OUT: runs te-bench --loopback, leaves its JSON row in OUT.
-te_row() {
-	"$bench" --loopback --op "$2" --block-size "$1" --batch "$3" --threads "$threads" \
-		--duration "$duration" --json --quiet >"$4" ||
-		die "te-bench --loopback --op $2 --block-size $1 failed (rc $?)"
-}
-
-json_key() {
-	python3 -c 'import json, sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])[sys.argv[2]])' "$1" "$2"
-}
-
-# iperf3 cycles one cache-hot buffer of -l bytes; te-bench moves batch x block bytes per
-# side. Cap te's batch so its working set stays within 8 MiB (cache-sized, like
-# iperf3's buffer plus socket buffers): 4K and 64K keep the batch, 1M runs batch 8.
-batch_for() { # SIZE -> batch
-	local bytes
-	bytes=$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$1")
-	local cap=$(((8 << 20) / bytes))
-	[ "$cap" -lt 1 ] && cap=1
-	if [ "$batch" -lt "$cap" ]; then echo "$batch"; else echo "$cap"; fi
-}
-
-echo "te-bench --loopback (tcp: $tcp_so) vs iperf3 on 127.0.0.1: ${duration} s each, $threads thread(s)/stream(s), batch $batch (capped at 8 MiB per batch)"
-rows=()
-for s in $sizes; do
-	for op in read write; do
-		iperf3_run "$s" "$op" "$tmp/iperf3-$s-$op.json"
-		ig=$gbps
-		te_row "$s" "$op" "$(batch_for "$s")" "$tmp/te-$s-$op.json"
-		tg=$(json_key "$tmp/te-$s-$op.json" gbps)
-		tp=$(json_key "$tmp/te-$s-$op.json" transport)
-		rows+=("$s $op $ig $tg $tp")
-		echo "  measured $s $op" >&2
-	done
-done
-
-# The request rate at 4 KiB, batch 128: what small KV-cache blocks see.
-if [ "$batch" = 128 ] && [ -e "$tmp/te-4K-read.json" ]; then
-	te_ops=$(json_key "$tmp/te-4K-read.json" ops_per_s)
-else
-	te_row 4K read 128 "$tmp/te-4k-ops.json"
-	te_ops=$(json_key "$tmp/te-4k-ops.json" ops_per_s)
-fi
-if [ -e "$tmp/iperf3-4K-read.json" ]; then
-	ig4=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"] / 8 / 1e9)' "$tmp/iperf3-4K-read.json")
-else
-	iperf3_run 4K read "$tmp/iperf3-4k-ops.json"
-	ig4=$gbps
-fi
-
-python3 - "$te_ops" "$ig4" "${rows[@]}" <<'PY'
-import sys
-te_ops, ig4 = float(sys.argv[1]), float(sys.argv[2])
-print(f"{'block':>6} {'op':<5} {'iperf3 GB/s':>12} {'te GB/s':>10} {'te/iperf3':>10}  transport")
-for row in sys.argv[3:]:
-    size, op, ig, tg, tp = row.split()
-    ig, tg = float(ig), float(tg)
-    ratio = f"{tg / ig:10.2f}" if ig > 0 else f"{'-':>10}"
-    print(f"{size:>6} {op:<5} {ig:12.3f} {tg:10.3f} {ratio}  {tp}")
-ig4_ops = ig4 * 1e9 / 4096
-ratio = f"{te_ops / ig4_ops:.2f}" if ig4_ops > 0 else "-"
-print(f"4K batch 128 read: te {te_ops:,.0f} ops/s; iperf3 {ig4_ops:,.0f} 4 KiB messages/s; ratio {ratio}")
-PY
+)
+exec python3 -c "$prog" "$build" "$top" ${args[@]+"${args[@]}"}

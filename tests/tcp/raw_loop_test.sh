@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# raw_loop_test.sh: bench/tcp-raw-loop end to end, and bench/compare-tcp.sh's quick table.
+#
+# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare
+#   loop:    usage errors exit 2; `--loopback --verify --json` for read and write, 4K and 1M,
+#            (JSON keys: te-bench's, checked against a te-bench row when te-bench and tcp.so exist)
+#            1 and 2 connections, exits 0 with verified rows whose counts add up; the text row;
+#            --pingpong (batch 1, depth 1, 4K, ordered percentiles); --server / --client with a
+#            buffer too small for the layout (exit 2) and one that fits (verified).
+#   compare: `compare-tcp.sh --quick --rounds 1` exits 0 with every expected row of the table
+#            (te and raw figures in each; iperf3 too when it is installed) and the latency rows.
+# Never asserts on speed. Needs python3, and TE_SOURCE_ROOT / TE_BUILD_ROOT (meson sets them).
+set -uo pipefail
+
+raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare}
+part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-raw-loop-test.XXXXXX")
+server_pid=""
+cleanup() {
+	# Only the server this test started, by its PID.
+	if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
+		kill "$server_pid" 2>/dev/null
+		wait "$server_pid" 2>/dev/null
+	fi
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+fail() {
+	echo "FAIL: $*"
+	exit 1
+}
+
+command -v python3 >/dev/null || {
+	echo "SKIP: python3 is needed to parse the JSON rows"
+	exit 77
+}
+
+# run NAME ARGS...: tcp-raw-loop with a hard time limit; output in $tmp/NAME.{out,err}, $rc.
+run() {
+	local name=$1
+	shift
+	echo "+ tcp-raw-loop $*"
+	timeout 120 "$raw" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
+	rc=$?
+	sed 's/^/  stdout: /' "$tmp/$name.out"
+	sed 's/^/  stderr: /' "$tmp/$name.err"
+}
+
+# check_json FILE CHECK LABEL: queue a check, run by check_all: FILE is one JSON row with
+# te-bench's keys (and ours) that passes the python expression CHECK over row r.
+checks=()
+check_json() {
+	cp "$1" "$tmp/row.${#checks[@]}"
+	checks+=("$tmp/row.${#checks[@]}" "$2" "$3")
+}
+
+# One python run for all rows (its start is slow on a loaded machine).
+check_all() {
+	python3 - "$te_row" "${checks[@]}" <<'PY'
+import json, sys
+keys = ["mode", "segment", "opened", "op", "block_size", "batch", "batch_requested", "threads",
+        "depth", "warmup", "transport", "device", "bytes", "requests", "batches", "samples",
+        "seconds", "gbps", "ops_per_s", "lat_us_avg", "lat_us_p50", "lat_us_p99", "lat_us_p999",
+        "lat_us_max", "verify", "verified", "failed", "interrupted", "version", "connections",
+        "working_set", "pingpong", "cpu_s_initiator"]
+bad = 0
+args = sys.argv[2:]
+# te-bench's own row, when there is one: every key it has, ours has too.
+if sys.argv[1]:
+    te = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+    extra = sorted(set(te) - set(keys))
+    print(f"{'ok' if not extra else 'FAIL'}: te-bench's JSON keys{': not mirrored: ' + str(extra) if extra else ''}")
+    bad += bool(extra)
+for i in range(0, len(args), 3):
+    path, check, label = args[i:i + 3]
+    lines = [l for l in open(path).read().splitlines() if l.strip()]
+    why = None
+    if len(lines) != 1:
+        why = f"want one JSON row, got {len(lines)} lines"
+    else:
+        r = json.loads(lines[0])
+        missing = [k for k in keys if k not in r]
+        if missing:
+            why = f"missing keys: {missing}"
+        elif r["transport"] != "raw-tcp" or r["failed"] or r["interrupted"]:
+            why = "failed, interrupted or not raw-tcp"
+        elif r["requests"] != r["batches"] * r["batch"] or r["samples"] != r["batches"] or \
+                r["bytes"] != r["requests"] * r["block_size"]:
+            why = "counts do not add up"
+        elif r["batches"] < 1 or not r["seconds"] > 0 or not r["gbps"] > 0:
+            why = "nothing moved"
+        elif not (0 < r["lat_us_p50"] <= r["lat_us_p99"] <= r["lat_us_p999"] <= r["lat_us_max"]):
+            why = "percentiles out of order"
+        elif not eval(check):
+            why = f"check failed: {check}"
+    print(f"{'ok' if not why else 'FAIL'}: {label}{': ' + why if why else ''}")
+    if why:
+        bad += 1
+        print(f"  row: {lines}")
+sys.exit(1 if bad else 0)
+PY
+}
+
+loop_part() {
+	local op size conns batch
+
+	for bad in "--loopback --depth 2 --verify" "--loopback --batch 0" "--loopback --op mix" \
+		"--loopback --warmup -1" "--loopback --working-set 1K --block-size 4K" \
+		"--loopback --block-size 2G" "--loopback --pingpong --batch 4" "" \
+		"--loopback --client 127.0.0.1:1" "--client nohost" "--loopback --connections 300"; do
+		# shellcheck disable=SC2086 # word splitting intended
+		run usage $bad
+		[ "$rc" = 2 ] || fail "'$bad' exited $rc, want 2"
+		grep -q "try --help" "$tmp/usage.err" || fail "'$bad' did not explain itself"
+	done
+
+	for op in read write; do
+		for size in 4K 1M; do
+			for conns in 1 2; do
+				batch=128
+				[ "$size" = 1M ] && batch=8
+				run v --loopback --verify --json --quiet --duration 0.3 --op "$op" \
+					--block-size "$size" --batch "$batch" --connections "$conns"
+				[ "$rc" = 0 ] || fail "$op $size x$conns exited $rc"
+				check_json "$tmp/v.out" "r['verify'] and r['verified'] and r['op'] == '$op' \
+and r['threads'] == $conns == r['connections'] and r['batch'] == $batch and r['depth'] == 1 \
+and r['block_size'] == (4096 if '$size' == '4K' else 1 << 20) \
+and r['working_set'] == r['batch'] * r['block_size'] and r['mode'] == 'loopback'" \
+					"$op $size x$conns"
+			done
+		done
+	done
+
+	# Pipelined, without --verify: depth 4, and a working set of its own.
+	run d --loopback --json --quiet --duration 0.3 --op write --block-size 64K --batch 16 \
+		--depth 4 --working-set 2M
+	[ "$rc" = 0 ] || fail "depth 4 exited $rc"
+	check_json "$tmp/d.out" "r['depth'] == 4 and r['working_set'] == 2 << 20 and \
+not r['verify'] and not r['verified']" "depth 4"
+
+	# The text row: te-bench's header and a verified row.
+	run text --loopback --verify --quiet --duration 0.2 --block-size 4K
+	[ "$rc" = 0 ] || fail "text row exited $rc"
+	head -1 "$tmp/text.out" | grep -Eq '^op +block +batch +thr +samples +GB/s +ops/s +avg_us +p50_us +p99_us +p999_us +transport +device +verified$' ||
+		fail "text header differs from te-bench's"
+	sed -n 2p "$tmp/text.out" | grep -Eq '^read +4K +128 +1 +[0-9]+ +[0-9.]+ +[0-9]+ .* raw-tcp +lo +yes$' ||
+		fail "text row: unexpected shape"
+
+	run pp --loopback --pingpong --json --quiet --duration 0.3
+	[ "$rc" = 0 ] || fail "--pingpong exited $rc"
+	check_json "$tmp/pp.out" "r['pingpong'] and r['batch'] == 1 and r['depth'] == 1 and \
+r['block_size'] == 4096 and r['op'] == 'read' and r['batches'] == r['requests']" \
+		"--pingpong"
+
+	# --server and --client: a 64K buffer cannot hold 128 x 64K per half; 16M can.
+	for buf in 64K 16M; do
+		coproc srv { exec "$raw" --server 0 --buffer-size "$buf"; }
+		# shellcheck disable=SC2154 # srv_PID is set by coproc
+		server_pid=$srv_PID
+		local line="" port=""
+		read -r -t 60 line <&"${srv[0]}" || fail "--server printed nothing"
+		port=${line#port: }
+		[[ $port =~ ^[0-9]+$ ]] || fail "--server printed '$line', want 'port: N'"
+		if [ "$buf" = 64K ]; then
+			run small --client "127.0.0.1:$port" --duration 0.2
+			[ "$rc" = 2 ] || fail "a working set larger than the server's buffer exited $rc, want 2"
+			grep -q "do not fit" "$tmp/small.err" || fail "no 'do not fit' message"
+		else
+			run client --client "127.0.0.1:$port" --verify --json --quiet --duration 0.3 \
+				--op write --block-size 16K
+			[ "$rc" = 0 ] || fail "--client exited $rc"
+			check_json "$tmp/client.out" "r['mode'] == 'client' and r['verified'] and \
+r['segment'] == '127.0.0.1:$port' and r.get('cpu_s_target', -1) >= 0" "--client"
+		fi
+		# EOF on its stdin ends the server.
+		eval "exec ${srv[1]}>&-"
+		wait "$server_pid"
+		rc=$?
+		server_pid=""
+		[ "$rc" = 0 ] || fail "--server exited $rc after EOF on stdin"
+	done
+	# te-bench's JSON row, for its keys (needs the tcp plugin).
+	te_row=""
+	if [ -x "${TE_BUILD_ROOT:-}/tools/te-bench" ] && [ -e "$TE_BUILD_ROOT/plugins/tcp/tcp.so" ]; then
+		echo "+ te-bench --loopback --json"
+		timeout 120 "$TE_BUILD_ROOT/tools/te-bench" --loopback --json --quiet --duration 0.2 \
+			--block-size 4K >"$tmp/te.out" 2>"$tmp/te.err" && te_row=$tmp/te.out
+		[ -n "$te_row" ] || sed 's/^/  te-bench: /' "$tmp/te.err"
+	fi
+	check_all || fail "rows: see above"
+	echo "PASS: tcp-raw-loop"
+}
+
+compare_part() {
+	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} table=$tmp/table.md
+
+	[ -e "$build/plugins/tcp/tcp.so" ] || {
+		echo "SKIP: the tcp plugin is not built"
+		exit 77
+	}
+	echo "+ compare-tcp.sh --ops mix"
+	"$src/bench/compare-tcp.sh" -C "$build" --ops mix >"$tmp/bad.out" 2>&1
+	rc=$?
+	[ "$rc" = 2 ] || fail "compare-tcp.sh --ops mix exited $rc, want 2"
+	echo "+ compare-tcp.sh --quick --rounds 1"
+	timeout 400 "$src/bench/compare-tcp.sh" -C "$build" --quick --rounds 1 --md "$table" \
+		>"$tmp/stdout.md" 2>"$tmp/err"
+	rc=$?
+	sed 's/^/  stderr: /' "$tmp/err"
+	cat "$tmp/stdout.md"
+	[ "$rc" = 0 ] || fail "compare-tcp.sh --quick exited $rc"
+	cmp -s "$table" "$tmp/stdout.md" || fail "--md FILE differs from stdout"
+	python3 - "$table" "$(command -v iperf3 || true)" <<'PY' || fail "table: see above"
+import re, sys
+text = open(sys.argv[1]).read()
+iperf3 = bool(sys.argv[2])
+rows = [l for l in text.splitlines() if l.startswith("| read") or l.startswith("| write")]
+want = {(op, size, thr) for op in ("read", "write") for size in ("4K", "1M") for thr in ("1", "2")}
+got = set()
+num = r"\d+\.\d+"
+for l in rows:
+    c = [x.strip() for x in l.strip("|").split("|")]
+    if len(c) != 12:
+        sys.exit(f"row with {len(c)} columns: {l}")
+    op, size, ws, thr, batch, te, raw, ip, r_raw, r_ip, cpu_te, cpu_raw = c
+    if ws != "8M" or int(batch) * int(thr) * {"4K": 4096, "1M": 1 << 20}[size] != 8 << 20:
+        sys.exit(f"working set or batch wrong: {l}")
+    for name, v in (("te", te), ("raw", raw), ("te/raw", r_raw)):
+        if not re.fullmatch(num, v):
+            sys.exit(f"{name} is not a figure: {l}")
+    for name, v in (("te CPU", cpu_te), ("raw CPU", cpu_raw)):
+        if not re.fullmatch(num + r"\*?", v):
+            sys.exit(f"{name} is not a figure: {l}")
+    if iperf3 and not (re.fullmatch(num, ip) and re.fullmatch(num, r_ip)):
+        sys.exit(f"iperf3 is installed but its cells are empty: {l}")
+    got.add((op, size, thr))
+if got != want or len(rows) != len(want):
+    sys.exit(f"rows {sorted(got)}, want {sorted(want)}")
+for who in ("te", "raw"):
+    if not re.search(rf"^\| {who} \| {num} \| {num} \| {num} \|$", text, re.M):
+        sys.exit(f"no latency row for {who}")
+if not re.search(r"load average [\d.]+ [\d.]+ [\d.]+ before, [\d.]+ [\d.]+ [\d.]+ after", text):
+    sys.exit("no load averages")
+print(f"table: {len(rows)} rows and the latency rows")
+PY
+	echo "PASS: compare-tcp.sh --quick"
+}
+
+case "$part" in
+loop) loop_part ;;
+compare) compare_part ;;
+*)
+	echo "raw_loop_test.sh: unknown part '$part'"
+	exit 2
+	;;
+esac
