@@ -67,8 +67,7 @@ const char *control_bound_address(const struct engine *e)
 	return e->rpc ? rpc_server_address(e->rpc) : "";
 }
 
-/* The first up, non-loopback IPv4 address of this host, or NULL. */
-static char *control_first_ipv4(void)
+char *control_first_ipv4(void)
 {
 	struct ifaddrs *ifs = NULL;
 	char *found = NULL;

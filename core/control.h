@@ -44,6 +44,9 @@ void control_stop(struct engine *e);
 const char *control_address(const struct engine *e);
 /* What the listener bound ("0.0.0.0:7000" for a wildcard), or "" without one. */
 const char *control_bound_address(const struct engine *e);
+/* The host's first up, non-loopback IPv4 address (g_free), or NULL: what a wildcard listener
+ * advertises when engine.advertise is not set. */
+char *control_first_ipv4(void);
 
 /* A batch armed with a notify became terminal with every task COMPLETED. */
 void control_queue_notify(struct engine *e, const char *addr, GBytes *msg);

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* plugin.c: locate plugin modules, dlopen them and validate their ABI descriptor. */
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -606,4 +608,75 @@ void plugin_close(struct plugin *plugin)
 	g_free(plugin->name);
 	g_free(plugin->path);
 	g_free(plugin);
+}
+
+char *plugin_file_stem(const char *path)
+{
+	char *base = g_path_get_basename(path);
+
+	if (g_str_has_suffix(base, ".so"))
+		base[strlen(base) - 3] = '\0';
+	return base;
+}
+
+char *plugin_extra_exports(const char *path, bool any_major)
+{
+	g_autoptr(GMappedFile) mf = g_mapped_file_new(path, FALSE, NULL);
+	g_autoptr(GString) names = NULL;
+	const char *buf;
+	size_t len;
+	ElfW(Ehdr) eh;
+
+	if (!mf)
+		return NULL;
+	buf = g_mapped_file_get_contents(mf);
+	len = g_mapped_file_get_length(mf);
+	if (len < sizeof(eh))
+		return NULL;
+	memcpy(&eh, buf, sizeof(eh));
+	if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+	    eh.e_ident[EI_CLASS] != (sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32) ||
+	    eh.e_shentsize != sizeof(ElfW(Shdr)) || eh.e_shoff > len ||
+	    eh.e_shnum > (len - eh.e_shoff) / sizeof(ElfW(Shdr)))
+		return NULL;
+
+	names = g_string_new(NULL);
+	for (unsigned i = 0; i < eh.e_shnum; i++) {
+		ElfW(Shdr) sh, strsh;
+
+		memcpy(&sh, buf + eh.e_shoff + i * sizeof(sh), sizeof(sh));
+		if (sh.sh_type != SHT_DYNSYM || sh.sh_link >= eh.e_shnum ||
+		    sh.sh_entsize != sizeof(ElfW(Sym)) || sh.sh_offset > len ||
+		    sh.sh_size > len - sh.sh_offset)
+			continue;
+		memcpy(&strsh, buf + eh.e_shoff + sh.sh_link * sizeof(strsh), sizeof(strsh));
+		if (strsh.sh_offset > len || strsh.sh_size > len - strsh.sh_offset)
+			continue;
+		/* Symbol 0 is the reserved null symbol. */
+		for (size_t k = 1; k < sh.sh_size / sizeof(ElfW(Sym)); k++) {
+			const char *strtab = buf + strsh.sh_offset;
+			unsigned bind, type;
+			const char *name;
+			ElfW(Sym) sym;
+
+			memcpy(&sym, buf + sh.sh_offset + k * sizeof(sym), sizeof(sym));
+			bind = ELF64_ST_BIND(sym.st_info); /* same encoding in ELF32 */
+			type = ELF64_ST_TYPE(sym.st_info);
+			if (sym.st_shndx == SHN_UNDEF || sym.st_shndx == SHN_ABS)
+				continue;
+			if (bind != STB_GLOBAL && bind != STB_WEAK && bind != STB_GNU_UNIQUE)
+				continue;
+			if (type != STT_FUNC && type != STT_OBJECT)
+				continue;
+			if (sym.st_name >= strsh.sh_size ||
+			    !memchr(strtab + sym.st_name, '\0', strsh.sh_size - sym.st_name))
+				continue;
+			name = strtab + sym.st_name;
+			if (any_major ? g_str_has_prefix(name, "te_plugin_entry_v")
+				      : strcmp(name, TE_PLUGIN_ENTRY_NAME) == 0)
+				continue;
+			g_string_append_printf(names, "%s%s", names->len ? " " : "", name);
+		}
+	}
+	return names->len ? g_string_free(g_steal_pointer(&names), FALSE) : NULL;
 }

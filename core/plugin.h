@@ -3,6 +3,8 @@
 #ifndef TE_CORE_PLUGIN_H
 #define TE_CORE_PLUGIN_H
 
+#include <stdbool.h>
+
 #include <te/te_plugin.h>
 
 #include "core/config.h"
@@ -77,5 +79,17 @@ typedef void (*plugin_scan_fn)(void *user, const char *path);
 void plugin_scan(const char *search_path, plugin_scan_fn fn, void *user);
 
 void plugin_close(struct plugin *plugin);
+
+/* The basename of module file @path without ".so" (g_free): what desc.name must equal. */
+char *plugin_file_stem(const char *path);
+
+/*
+ * The defined global function and object symbols of module @path's .dynsym other than its
+ * entry point (any major's with @any_major, else TE_PLUGIN_ENTRY_NAME), space-separated
+ * (g_free), or NULL when there are none or the file is not an ELF object of this machine's
+ * class. Every offset read from the file is checked against its size. For te-info and
+ * te-conformance.
+ */
+char *plugin_extra_exports(const char *path, bool any_major);
 
 #endif /* TE_CORE_PLUGIN_H */

@@ -1,11 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* te-info: list the transport plugins te can find (ABI, caps, devices) and check a config. */
 #include <arpa/inet.h>
-#include <elf.h>
 #include <errno.h>
-#include <ifaddrs.h>
 #include <inttypes.h>
-#include <link.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -247,83 +244,6 @@ static enum te_status wrap_query_devices(struct te_plugin_inst *inst,
 	return TE_OK;
 }
 
-/* Basename without ".so". Caller g_frees. */
-static char *module_stem(const char *path)
-{
-	char *base = g_path_get_basename(path);
-
-	if (g_str_has_suffix(base, ".so"))
-		base[strlen(base) - 3] = '\0';
-	return base;
-}
-
-/*
- * The defined global function and object symbols of @path's .dynsym other than the entry
- * point, space-separated, or NULL when there are none (or the file is not an ELF object of
- * this machine's class). The same rule as tests/headers/check-plugin-entry.sh, without nm.
- * Every offset comes from the file and is checked against its size.
- */
-static char *module_extra_exports(const char *path)
-{
-	g_autoptr(GMappedFile) mf = g_mapped_file_new(path, FALSE, NULL);
-	g_autoptr(GString) names = NULL;
-	const char *buf;
-	size_t len;
-	ElfW(Ehdr) eh;
-
-	if (!mf)
-		return NULL;
-	buf = g_mapped_file_get_contents(mf);
-	len = g_mapped_file_get_length(mf);
-	if (len < sizeof(eh))
-		return NULL;
-	memcpy(&eh, buf, sizeof(eh));
-	if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
-	    eh.e_ident[EI_CLASS] != (sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32) ||
-	    eh.e_shentsize != sizeof(ElfW(Shdr)) || eh.e_shoff > len ||
-	    eh.e_shnum > (len - eh.e_shoff) / sizeof(ElfW(Shdr)))
-		return NULL;
-
-	names = g_string_new(NULL);
-	for (unsigned i = 0; i < eh.e_shnum; i++) {
-		ElfW(Shdr) sh, strsh;
-
-		memcpy(&sh, buf + eh.e_shoff + i * sizeof(sh), sizeof(sh));
-		if (sh.sh_type != SHT_DYNSYM || sh.sh_link >= eh.e_shnum ||
-		    sh.sh_entsize != sizeof(ElfW(Sym)) || sh.sh_offset > len ||
-		    sh.sh_size > len - sh.sh_offset)
-			continue;
-		memcpy(&strsh, buf + eh.e_shoff + sh.sh_link * sizeof(strsh), sizeof(strsh));
-		if (strsh.sh_offset > len || strsh.sh_size > len - strsh.sh_offset)
-			continue;
-		/* Symbol 0 is the reserved null symbol. */
-		for (size_t k = 1; k < sh.sh_size / sizeof(ElfW(Sym)); k++) {
-			const char *strtab = buf + strsh.sh_offset;
-			unsigned bind, type;
-			const char *name;
-			ElfW(Sym) sym;
-
-			memcpy(&sym, buf + sh.sh_offset + k * sizeof(sym), sizeof(sym));
-			bind = ELF64_ST_BIND(sym.st_info); /* same encoding in ELF32 */
-			type = ELF64_ST_TYPE(sym.st_info);
-			if (sym.st_shndx == SHN_UNDEF || sym.st_shndx == SHN_ABS)
-				continue;
-			if (bind != STB_GLOBAL && bind != STB_WEAK && bind != STB_GNU_UNIQUE)
-				continue;
-			if (type != STT_FUNC && type != STT_OBJECT)
-				continue;
-			if (sym.st_name >= strsh.sh_size ||
-			    !memchr(strtab + sym.st_name, '\0', strsh.sh_size - sym.st_name))
-				continue;
-			name = strtab + sym.st_name;
-			if (g_str_has_prefix(name, "te_plugin_entry_v"))
-				continue;
-			g_string_append_printf(names, "%s%s", names->len ? " " : "", name);
-		}
-	}
-	return names->len ? g_string_free(g_steal_pointer(&names), FALSE) : NULL;
-}
-
 /* In the child: probe @path and send what it learns to @fd. */
 static void probe_child(int fd, const char *path)
 {
@@ -354,7 +274,7 @@ static void probe_child(int fd, const char *path)
 	rec_text(fd, REC_DESC, plugin->desc->description ? plugin->desc->description : "");
 
 	/* The engine finds a plugin by its file stem and knows it by its descriptor name. */
-	stem = module_stem(path);
+	stem = plugin_file_stem(path);
 	if (strcmp(stem, plugin->desc->name ? plugin->desc->name : "") != 0) {
 		g_autofree char *w = g_strdup_printf(
 			"descriptor name \"%s\" does not match the file stem \"%s\"",
@@ -362,7 +282,7 @@ static void probe_child(int fd, const char *path)
 
 		rec_text(fd, REC_WARNING, w);
 	}
-	extra = module_extra_exports(path);
+	extra = plugin_extra_exports(path, true);
 	if (extra) {
 		g_autofree char *w =
 			g_strdup_printf("exports symbols besides the entry point: %s", extra);
@@ -1506,28 +1426,6 @@ static bool sockaddr_is_loopback(const struct sockaddr *sa)
 	return false;
 }
 
-/* The host's first up, non-loopback IPv4 address (g_free), or NULL; as control.c finds it. */
-static char *first_ipv4(void)
-{
-	struct ifaddrs *ifs = NULL;
-	char *found = NULL;
-
-	if (getifaddrs(&ifs) != 0)
-		return NULL;
-	for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
-		char buf[INET_ADDRSTRLEN];
-
-		if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
-		    (i->ifa_flags & IFF_LOOPBACK))
-			continue;
-		if (inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr, buf,
-			      sizeof(buf)))
-			found = g_strdup(buf);
-	}
-	freeifaddrs(ifs);
-	return found;
-}
-
 /* "host:port", with brackets for an IPv6 host. */
 static char *join_hostport(const char *host, const char *port)
 {
@@ -1630,7 +1528,7 @@ static void check_listen(struct check *c)
 	if (cfg->advertise) {
 		c->ctl_advertised = join_hostport(cfg->advertise, port);
 	} else if (wildcard) {
-		g_autofree char *ip = first_ipv4();
+		g_autofree char *ip = control_first_ipv4();
 
 		c->ctl_advertised = join_hostport(ip ? ip : g_get_host_name(), port);
 	} else {

@@ -10,10 +10,8 @@
  * transport_start) is used where it decides, so its verdicts and messages are the engine's.
  */
 #include <dlfcn.h>
-#include <elf.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <link.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,79 +83,6 @@ static void child_result(enum report_kind kind, const char *name, const char *fm
 	g_string_append(rec, text);
 	rec_send(REC_RESULT, rec->str, rec->len);
 	g_string_free(rec, TRUE);
-}
-
-/* Basename without ".so". */
-static char *module_stem(const char *path)
-{
-	char *base = g_path_get_basename(path);
-
-	if (g_str_has_suffix(base, ".so"))
-		base[strlen(base) - 3] = '\0';
-	return base;
-}
-
-/*
- * The defined global function and object symbols of @path's .dynsym other than the entry
- * point, space-separated, or NULL when there are none. Every offset read from the file is
- * checked against its size (the rule of tests/headers/check-plugin-entry.sh, without nm).
- */
-static char *module_extra_exports(const char *path)
-{
-	g_autoptr(GMappedFile) mf = g_mapped_file_new(path, FALSE, NULL);
-	g_autoptr(GString) names = NULL;
-	const char *buf;
-	size_t len;
-	ElfW(Ehdr) eh;
-
-	if (!mf)
-		return NULL;
-	buf = g_mapped_file_get_contents(mf);
-	len = g_mapped_file_get_length(mf);
-	if (len < sizeof(eh))
-		return NULL;
-	memcpy(&eh, buf, sizeof(eh));
-	if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
-	    eh.e_ident[EI_CLASS] != (sizeof(void *) == 8 ? ELFCLASS64 : ELFCLASS32) ||
-	    eh.e_shentsize != sizeof(ElfW(Shdr)) || eh.e_shoff > len ||
-	    eh.e_shnum > (len - eh.e_shoff) / sizeof(ElfW(Shdr)))
-		return NULL;
-	names = g_string_new(NULL);
-	for (unsigned i = 0; i < eh.e_shnum; i++) {
-		ElfW(Shdr) sh, strsh;
-
-		memcpy(&sh, buf + eh.e_shoff + i * sizeof(sh), sizeof(sh));
-		if (sh.sh_type != SHT_DYNSYM || sh.sh_link >= eh.e_shnum ||
-		    sh.sh_entsize != sizeof(ElfW(Sym)) || sh.sh_offset > len ||
-		    sh.sh_size > len - sh.sh_offset)
-			continue;
-		memcpy(&strsh, buf + eh.e_shoff + sh.sh_link * sizeof(strsh), sizeof(strsh));
-		if (strsh.sh_offset > len || strsh.sh_size > len - strsh.sh_offset)
-			continue;
-		for (size_t k = 1; k < sh.sh_size / sizeof(ElfW(Sym)); k++) {
-			const char *strtab = buf + strsh.sh_offset;
-			unsigned bind, type;
-			ElfW(Sym) sym;
-
-			memcpy(&sym, buf + sh.sh_offset + k * sizeof(sym), sizeof(sym));
-			bind = ELF64_ST_BIND(sym.st_info); /* same encoding in ELF32 */
-			type = ELF64_ST_TYPE(sym.st_info);
-			if (sym.st_shndx == SHN_UNDEF || sym.st_shndx == SHN_ABS)
-				continue;
-			if (bind != STB_GLOBAL && bind != STB_WEAK && bind != STB_GNU_UNIQUE)
-				continue;
-			if (type != STT_FUNC && type != STT_OBJECT)
-				continue;
-			if (sym.st_name >= strsh.sh_size ||
-			    !memchr(strtab + sym.st_name, '\0', strsh.sh_size - sym.st_name))
-				continue;
-			if (strcmp(strtab + sym.st_name, TE_PLUGIN_ENTRY_NAME) == 0)
-				continue;
-			g_string_append_printf(names, "%s%s", names->len ? " " : "",
-					       strtab + sym.st_name);
-		}
-	}
-	return names->len ? g_string_free(g_steal_pointer(&names), FALSE) : NULL;
 }
 
 /* query_devices as the plugin answered it, before the core clamps and terminates anything. */
@@ -498,7 +423,7 @@ static void child_main(const struct conf *c)
 		     plugin->desc->abi_minor, plugin->n_options ? ", declared options" : "");
 
 	rec_text(REC_BEGIN, "abi-name");
-	stem = module_stem(c->plugin);
+	stem = plugin_file_stem(c->plugin);
 	if (strcmp(stem, plugin->name) != 0)
 		child_result(REPORT_FAIL, "abi-name",
 			     "descriptor name \"%s\" differs from the file stem \"%s\" (engines "
@@ -508,7 +433,7 @@ static void child_main(const struct conf *c)
 		child_result(REPORT_OK, "abi-name", "%s", "");
 
 	rec_text(REC_BEGIN, "abi-exports");
-	extra = module_extra_exports(c->plugin);
+	extra = plugin_extra_exports(c->plugin, false);
 	if (extra)
 		child_result(REPORT_FAIL, "abi-exports", "exports symbols besides %s: %s",
 			     TE_PLUGIN_ENTRY_NAME, extra);
