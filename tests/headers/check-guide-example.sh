@@ -31,6 +31,32 @@ export PKG_CONFIG_PATH="$(dirname "$pc")"
 export PKG_CONFIG_SYSROOT_DIR="$dest"
 bindir=$(dirname "$(find "$dest" -name te-info -type f | head -n 1)")
 
+# What the install carries besides the library: documentation, example configurations and
+# programs, the Python package; and te-bench finds the installed libte.so.0 by itself
+# (RUNPATH relative to the binary: no LD_LIBRARY_PATH in a private prefix).
+for f in doc/te/LICENSE doc/te/CHANGELOG.md doc/te/conf/default.yaml \
+	doc/te/examples/c/write_read.c doc/te/plugin-guide.md; do
+	if [ -z "$(find "$dest" -path "*/share/$f" | head -n 1)" ]; then
+		echo "meson install did not install share/$f"
+		exit 1
+	fi
+done
+if command -v python3 >/dev/null && [ -z "$(find "$dest" -path '*/te/_engine.py' | head -n 1)" ]; then
+	echo "meson install did not install the Python package te"
+	exit 1
+fi
+bench_version=$(env -u LD_LIBRARY_PATH "$bindir/te-bench" --version) || {
+	echo "the installed te-bench does not start without LD_LIBRARY_PATH"
+	exit 1
+}
+case "$bench_version" in
+"te-bench "*) echo "installed: $bench_version (libte found through its RUNPATH)" ;;
+*)
+	echo "te-bench --version said: $bench_version"
+	exit 1
+	;;
+esac
+
 # 2. The guide's code, built the way the guide says.
 awk '/<!-- plugin-guide-example: begin -->/ { on = 1; next }
      /<!-- plugin-guide-example: end -->/ { on = 0 }
