@@ -266,22 +266,28 @@ static void efa_destroy(struct efa_inst *ei)
 	for (uint32_t i = 0; ei->nics && i < ei->n_nics; i++) {
 		struct efa_nic *nic = &ei->nics[i];
 
-		if (nic->msg_mr)
-			fi_close(&nic->msg_mr->fid);
 		for (uint32_t k = 0; k < nic->n_av; k++)
 			free(nic->av_entries[k]);
 		free(nic->av_entries);
-		if (nic->av)
-			fi_close(&nic->av->fid);
-		if (nic->cq)
-			fi_close(&nic->cq->fid);
-		if (nic->domain)
-			fi_close(&nic->domain->fid);
-		if (nic->fabric)
-			fi_close(&nic->fabric->fid);
+		/*
+		 * An endpoint efa_quiesce left open (a READ response half received) keeps what it
+		 * is bound to, and its receive buffers.
+		 */
+		if (!nic->ep_kept) {
+			if (nic->msg_mr)
+				fi_close(&nic->msg_mr->fid);
+			if (nic->av)
+				fi_close(&nic->av->fid);
+			if (nic->cq)
+				fi_close(&nic->cq->fid);
+			if (nic->domain)
+				fi_close(&nic->domain->fid);
+			if (nic->fabric)
+				fi_close(&nic->fabric->fid);
+			free(nic->msg);
+		}
 		if (nic->info)
 			fi_freeinfo(nic->info);
-		free(nic->msg);
 		free(nic->bits);
 		free(nic->slots);
 		pthread_mutex_destroy(&nic->lock);

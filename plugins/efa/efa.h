@@ -60,11 +60,16 @@
  * Cancel. The core reports a canceled or timed-out slice only once the plugin hands it back, so
  * that a WRITE never lands after its task ended. fi_cancel takes back receives only, never a
  * posted RMA operation; cancel marks the slice and wakes the progress thread, which fences it
- * (efa_nic_fence): over connections (tcp;ofi_rxm, net, efa) it removes the peer's address from
- * the NIC's AV and inserts it again, which (with FI_AV_REMOVE_CLEANUP, set at init) closes the
- * connection and returns every operation queued on it as canceled; on shm a posted operation
- * already ran inside the post call (CMA), or waits for a peer whose process is gone, which the
- * plugin tells by the peer's pidfd. README.md says what may still land and when.
+ * (efa_nic_fence): over connections (tcp;ofi_rxm, net, efa) it removes the address the slice
+ * was posted to from the NIC's AV and inserts it again, which (with FI_AV_REMOVE_CLEANUP, set
+ * at init) closes that connection and returns every operation queued on it as canceled; on
+ * shm a posted operation already ran inside the post call (CMA), or waits for a peer whose
+ * process is gone, which the plugin tells by the peer's pidfd. With libfabric's tcp provider
+ * before 1.18 a connection is closed only when no READ response can be half received on it
+ * (read_close_unsafe): until then posts to it hold back and its READs complete. Over TCP the
+ * slices that failed on a closed connection are reported once the peer has closed its end
+ * too (orphan_wait), so that nothing of them lands after their task ended. README.md says
+ * what may still land and when.
  */
 
 #include <netinet/in.h>
@@ -110,9 +115,12 @@
 #define EFA_TICK_NS (100ull * 1000 * 1000)  /* sleep bound with nothing in flight */
 #define EFA_SAFETY_NS (10ull * 1000 * 1000) /* sleep bound with operations in flight */
 #define EFA_CALLER_NS (1000ull * 1000)	    /* progress 'caller': the thread stays away this long */
-#define EFA_FENCE_PEERS 16u		    /* peers one fence round closes connections to */
+#define EFA_FENCE_PEERS 16u		    /* connections one fence round closes (or watches) */
 #define EFA_DETAIL 256u
-#define EFA_PRIV_DETAIL 128u
+#define EFA_PRIV_DETAIL 120u
+#define EFA_FINI_READ_NS (200ull * 1000 * 1000)	 /* fini waits this long for a READ response */
+#define EFA_RNIC_NONE UINT32_MAX		 /* spriv.rnic: not posted (yet) */
+#define EFA_ORPHAN_MAX_NS (500ull * 1000 * 1000) /* longest wait for a closed connection's peer */
 
 #define EFA_BLOB_MAGIC 0x31424645u /* "EFB1": published endpoints */
 #define EFA_BLOB_HDR 8u
@@ -152,6 +160,13 @@ struct efa_spriv {
 	struct efa_peer *peer;
 	struct te_plugin_slice *next; /* deferred-failure list */
 	uint32_t slot;
+	/*
+	 * Under the NIC lock: the remote NIC the slice was posted to (its connection: the AV
+	 * entry peer->entries[nic * n_rnics + rnic]), EFA_RNIC_NONE until posted; and its place
+	 * in the order of that entry's posts (efa_av_entry.posts).
+	 */
+	uint32_t rnic;
+	uint32_t seq;
 	atomic_uint canceled; /* enum efa_cancel_state */
 	int32_t status;	      /* deferred failure */
 	char detail[EFA_PRIV_DETAIL];
@@ -170,9 +185,21 @@ struct efa_rxbuf {
 	uint8_t *buf; /* EFA_MSG_LEN bytes inside nic->msg */
 };
 
-/* One AV entry shared by every peer handle that names the same address on one NIC. */
+/*
+ * One AV entry shared by every peer handle that names the same address on one NIC: over
+ * connections, one connection. fi_addr, posts and draining are under the NIC lock (draining is
+ * also peeked without it); refs under ei->lock.
+ */
 struct efa_av_entry {
 	fi_addr_t fi_addr;
+	uint32_t posts; /* operations posted to it so far (wraps): their order on the connection */
+	/* a fence waits for READ responses to close the connection: new posts hold back */
+	atomic_bool draining;
+	/*
+	 * When a fence closed the connection, while the peer may still take in what it carried
+	 * (ei->orphan_wait; 0: no wait): the slices that failed on it are held (nic->held).
+	 */
+	_Atomic uint64_t closed_ns;
 	uint32_t refs;
 	size_t len;
 	uint8_t addr[EFA_MAX_ADDR];
@@ -231,6 +258,20 @@ struct efa_nic {
 	/* AV cache, under ei->lock. */
 	struct efa_av_entry **av_entries;
 	uint32_t n_av, cap_av;
+	/* The entries with draining or closed_ns set, under the lock (efa_nic_fence clears them). */
+	struct efa_av_entry *drain[EFA_FENCE_PEERS];
+	uint32_t n_drain;
+	/*
+	 * Slices that failed on a connection a fence closed, reported once its peer closed its
+	 * end (efa_release_held): under ei->defer_lock, linked by spriv.next; n_held peeked.
+	 */
+	struct te_plugin_slice *held;
+	atomic_uint n_held;
+	/*
+	 * fini left the endpoint open (efa_quiesce): closing it would have met a READ response
+	 * half received. Its AV, CQ, domain and buffers stay too: nothing polls them again.
+	 */
+	bool ep_kept;
 };
 
 struct efa_prog {
@@ -333,6 +374,25 @@ struct efa_inst {
 
 	char prov_name[EFA_MAX_PROV + 1]; /* what fi_getinfo reported */
 	bool shm;			  /* prov_name is shm: no connection to close */
+	/*
+	 * libfabric's tcp provider before 1.18 completes a READ twice when the connection that
+	 * receives its response closes halfway through it: the second completion has no
+	 * context, and rxm dereferences it (SIGSEGV in fi_av_remove or fi_close). Then a
+	 * connection is closed only where no READ response can be half received (efa_io.c).
+	 */
+	bool read_close_unsafe;
+	/*
+	 * Over TCP (tcp, net), a closed connection's bytes already in the sockets still reach the
+	 * peer: the slices that failed on it are reported once the peer has closed its end too
+	 * (efa_tcp_orphan), so that none of their bytes lands after their task ended.
+	 */
+	bool orphan_wait;
+	/*
+	 * rxm: fi_av_remove closes the address's connection even when rxm holds it closed and idle
+	 * (its connect was rejected: the peer still had the old one), and crashes on it; an
+	 * operation first makes rxm connect again (efa_av_remove_locked).
+	 */
+	bool rxm;
 	/* GPU kinds the provider moves itself (FI_HMEM with a usable CUDA/ROCr interface) */
 	uint32_t gpu_types;
 	bool same_host;
@@ -401,6 +461,20 @@ enum te_status efa_blob(struct efa_inst *ei, uint8_t *blob, size_t *len_out);
 int efa_nic_reg(struct efa_nic *nic, void *addr, size_t len, uint64_t access, uint32_t mem_type,
 		int32_t dev, struct fid_mr **mr_out, void **desc_out, uint64_t *key_out);
 void efa_rx_post(struct efa_nic *nic, struct efa_rxbuf *rx);
+/*
+ * fi_av_remove of @e from @nic's AV, whose lock the caller holds. rxm (1.17) closes the
+ * address's connection there even when it holds it closed and idle (after the peer rejected
+ * a connect because it still had the old connection), and crashes on it: an operation to the
+ * address first (a warm-up message, fi_inject) makes rxm connect again. 0, or a negative
+ * libfabric error (then the address stays in the AV).
+ */
+int efa_av_remove_locked(struct efa_nic *nic, struct efa_av_entry *e);
+/*
+ * Whether a TCP socket of this host to @e's address (an IP endpoint name) has its end closed
+ * and waits for the peer to close its own (FIN_WAIT1/2, by sock_diag): the peer may still
+ * read what it carried. 1, 0, or -1 when that cannot be told.
+ */
+int efa_tcp_orphan(const struct efa_av_entry *e);
 void efa_peer_free_locked(struct efa_inst *ei, struct efa_peer *peer);
 enum te_status efa_load_peer(struct te_plugin_inst *inst, const char *peer_name, const void *blob,
 			     size_t len, struct te_plugin_peer **peer_out);

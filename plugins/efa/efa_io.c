@@ -132,11 +132,82 @@ static void efa_slot_release(struct efa_nic *nic, uint32_t slot)
 				  memory_order_release);
 }
 
+/* The AV entry (over connections: the connection) @p was posted to; NULL before its post. */
+static struct efa_av_entry *efa_slice_entry(const struct efa_spriv *p)
+{
+	if (p->rnic == EFA_RNIC_NONE)
+		return NULL;
+	return p->peer->entries[p->nic->index * p->peer->n_rnics + p->rnic];
+}
+
 /* --- completion ------------------------------------------------------------------------ */
 
+/* Report a slice attempt whose slot is given back: its other references go, then the report. */
+static void efa_slice_report(struct efa_inst *ei, struct efa_spriv *p, enum te_status st,
+			     uint64_t bytes, const char *detail)
+{
+	struct te_plugin_slice *s = p->slice;
+	struct efa_nic *nic = p->nic;
+	struct efa_peer *peer = p->peer; /* the slice (and its priv) may be gone after slice_done */
+
+	atomic_fetch_sub_explicit(&peer->paths[nic->index].inflight, 1, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&p->mem->inflight, 1, memory_order_release);
+	ei->host->slice_done(ei->ctx, s, st, bytes, detail);
+	efa_peer_unref(ei, peer);
+}
+
+/* Ask @nic's progress thread to run the fence (efa_nic_fence). Any thread. */
+static void efa_fence_ask(struct efa_nic *nic)
+{
+	atomic_fetch_add(&nic->fence_req, 1);
+	efa_prog_wake(nic->prog);
+}
+
 /*
- * End one slice attempt: give back its slot and references, then report. @err is 0 or a
- * libfabric error; @prov is the provider's text for it (may be NULL).
+ * Report the slices held for @nic's closed connections (nic->held) whose peer has closed its
+ * end since (closed_ns cleared), or all of them (@all: fini). Returns how many. Any thread,
+ * no lock held.
+ */
+static uint32_t efa_release_held(struct efa_nic *nic, bool all)
+{
+	struct efa_inst *ei = nic->ei;
+	struct te_plugin_slice *s, *out = NULL, **pp;
+	uint32_t n = 0;
+
+	if (!atomic_load_explicit(&nic->n_held, memory_order_relaxed))
+		return 0;
+	pthread_mutex_lock(&ei->defer_lock);
+	for (pp = &nic->held; (s = *pp);) {
+		struct efa_spriv *p = efa_priv(s);
+
+		if (all || !atomic_load(&efa_slice_entry(p)->closed_ns)) {
+			*pp = p->next;
+			p->next = out;
+			out = s;
+			atomic_fetch_sub_explicit(&nic->n_held, 1, memory_order_relaxed);
+		} else {
+			pp = &p->next;
+		}
+	}
+	pthread_mutex_unlock(&ei->defer_lock);
+	while (out) {
+		struct efa_spriv *p = efa_priv(out);
+		enum te_status st = (enum te_status)p->status;
+
+		out = p->next;
+		/* fini hands back every slice it holds canceled (te_plugin.h). */
+		if (atomic_load_explicit(&ei->stopping, memory_order_relaxed))
+			st = TE_ERR_CANCELED;
+		efa_slice_report(ei, p, st, 0, p->detail);
+		n++;
+	}
+	return n;
+}
+
+/*
+ * End one slice attempt: give back its slot, then report. @err is 0 or a libfabric error;
+ * @prov is the provider's text for it (may be NULL). A failure on a connection a fence closed
+ * waits in nic->held while that connection's bytes may still land (closed_ns).
  */
 static void efa_slice_finish(struct efa_inst *ei, struct efa_spriv *p, int err, int prov_errno,
 			     const char *prov)
@@ -147,12 +218,16 @@ static void efa_slice_finish(struct efa_inst *ei, struct efa_spriv *p, int err, 
 	enum te_status st = TE_OK;
 	char detail[EFA_DETAIL];
 	uint64_t len = s->length;
+	struct efa_av_entry *e = efa_slice_entry(p);
+	/* fini hands back every slice it holds canceled: closing the endpoint failed it. */
+	bool fini = atomic_load_explicit(&ei->stopping, memory_order_relaxed);
 
 	if (err) {
 		bool canceled = atomic_load_explicit(&p->canceled, memory_order_relaxed);
 
 		st = efa_status_of(err);
-		if (canceled && (st == TE_ERR_CONN_RESET || efa_errnum(err) == FI_ECANCELED))
+		if (fini ||
+		    (canceled && (st == TE_ERR_CONN_RESET || efa_errnum(err) == FI_ECANCELED)))
 			st = TE_ERR_CANCELED;
 		snprintf(detail, sizeof(detail),
 			 EFA_NAME "[%s] %s: %s of %" PRIu64 " bytes %s %s at 0x%" PRIx64
@@ -161,17 +236,39 @@ static void efa_slice_finish(struct efa_inst *ei, struct efa_spriv *p, int err, 
 			 s->opcode == TE_PLUGIN_OP_READ ? "READ" : "WRITE", len,
 			 s->opcode == TE_PLUGIN_OP_READ ? "from" : "to", peer->name, s->remote,
 			 fi_strerror(efa_errnum(err)), efa_errnum(err), prov ? "; provider: " : "",
-			 prov ? prov : "", canceled ? " (canceled)" : "");
+			 prov ? prov : "",
+			 fini	    ? " (instance shut down)"
+			 : canceled ? " (canceled)"
+				    : "");
 		if (prov_errno && strlen(detail) + 24 < sizeof(detail))
 			snprintf(detail + strlen(detail), sizeof(detail) - strlen(detail),
 				 " [provider errno %d]", prov_errno);
 	}
 	efa_slot_release(nic, p->slot);
 	atomic_fetch_sub_explicit(&nic->inflight, 1, memory_order_relaxed);
-	atomic_fetch_sub_explicit(&peer->paths[nic->index].inflight, 1, memory_order_relaxed);
-	atomic_fetch_sub_explicit(&p->mem->inflight, 1, memory_order_release);
-	ei->host->slice_done(ei->ctx, s, st, st == TE_OK ? len : 0, st == TE_OK ? NULL : detail);
-	efa_peer_unref(ei, peer);
+	/*
+	 * A fence waits on this connection (its oldest operation out was a READ, or a canceled
+	 * slice of it was): look again now. The peer reference keeps @e alive until the unref.
+	 */
+	if (e && atomic_load_explicit(&e->draining, memory_order_relaxed))
+		efa_fence_ask(nic);
+	/*
+	 * Failed on a connection a fence closed, whose bytes already in the sockets may still
+	 * land at the peer: reported when the peer has closed its end (efa_nic_fence), so that
+	 * neither its task ends nor a retry leaves before they did. Its region and peer stay held.
+	 */
+	if (st != TE_OK && e && !fini && atomic_load(&e->closed_ns)) {
+		p->status = st;
+		snprintf(p->detail, sizeof(p->detail), "%s", detail);
+		pthread_mutex_lock(&ei->defer_lock);
+		p->next = nic->held;
+		nic->held = s;
+		atomic_fetch_add_explicit(&nic->n_held, 1, memory_order_relaxed);
+		pthread_mutex_unlock(&ei->defer_lock);
+		efa_fence_ask(nic); /* the fence may have looked at nic->held already */
+		return;
+	}
+	efa_slice_report(ei, p, st, st == TE_OK ? len : 0, st == TE_OK ? NULL : detail);
 }
 
 /* One CQ entry (or error entry) of @nic. */
@@ -328,6 +425,9 @@ static uint32_t efa_flush_deferred(struct efa_inst *ei)
 		struct efa_spriv *p = efa_priv(s);
 		struct te_plugin_slice *next = p->next;
 
+		/* fini hands back every slice it holds canceled (te_plugin.h), these too. */
+		if (atomic_load_explicit(&ei->stopping, memory_order_relaxed))
+			p->status = TE_ERR_CANCELED;
 		ei->host->slice_done(ei->ctx, s, (enum te_status)p->status, 0, p->detail);
 		s = next;
 		n++;
@@ -370,20 +470,21 @@ enum efa_fence {
 /*
  * Remove @e from @nic's AV and insert it again (the NIC lock held: posts read e->fi_addr under
  * it). With FI_AV_REMOVE_CLEANUP, rxm closes its connection to the address on removal and
- * returns every operation queued on it as canceled; the next post connects again.
+ * returns every operation queued on it as canceled; the next post connects again. Whether it
+ * was removed.
  */
-static void efa_av_refresh_locked(struct efa_nic *nic, struct efa_av_entry *e,
+static bool efa_av_refresh_locked(struct efa_nic *nic, struct efa_av_entry *e,
 				  const struct efa_peer *peer)
 {
 	fi_addr_t fa = FI_ADDR_NOTAVAIL;
-	int rc = fi_av_remove(nic->av, &e->fi_addr, 1, 0);
+	int rc = efa_av_remove_locked(nic, e);
 
 	if (rc) {
 		efa_log(nic->ei, TE_PLUGIN_LOG_WARN,
 			"%s: fi_av_remove of %s: %s; its canceled operations end when the provider "
 			"completes them",
 			nic->name, peer->name, fi_strerror(-rc));
-		return;
+		return false;
 	}
 	rc = fi_av_insert(nic->av, e->addr, 1, &fa, 0, NULL);
 	if (rc != 1 || fa == FI_ADDR_NOTAVAIL) {
@@ -393,23 +494,131 @@ static void efa_av_refresh_locked(struct efa_nic *nic, struct efa_av_entry *e,
 		fa = FI_ADDR_NOTAVAIL;
 	}
 	e->fi_addr = fa;
+	return true;
+}
+
+/*
+ * Whether closing @e's connection may meet a READ response half received, which libfabric's
+ * tcp provider before 1.18 (ei->read_close_unsafe) completes twice, the second time without a
+ * context: rxm dereferences that inside fi_av_remove or fi_close (ofiwg/libfabric#8660). The
+ * peer answers a connection's requests in the order they came (READ responses and the acks of
+ * delivery-complete WRITEs leave from one queue, one at a time), so a READ's response can have
+ * begun only once every earlier operation on the connection has had its answer: only when
+ * the oldest operation still waiting for an answer is a READ. @nic's CQ was read empty with
+ * nothing undelivered, and its lock is held or fini runs alone: what is in its window is what
+ * waits for an answer (or for its post).
+ */
+static bool efa_read_exposed(const struct efa_nic *nic, const struct efa_av_entry *e)
+{
+	bool acked = nic->ei->write_flags & FI_DELIVERY_COMPLETE;
+	bool any = false, read = false;
+	uint32_t oldest = 0;
+
+	for (uint32_t k = 0; k < nic->window; k++) {
+		/* acquire: pairs with submit's release of the slot (rnic set before it) */
+		struct te_plugin_slice *s =
+			atomic_load_explicit(&nic->slots[k], memory_order_acquire);
+		const struct efa_spriv *p;
+
+		if (!s)
+			continue;
+		p = efa_priv(s);
+		if (efa_slice_entry(p) != e)
+			continue;
+		/* A WRITE without delivery completion waits for no answer on the connection. */
+		if (s->opcode == TE_PLUGIN_OP_WRITE && !acked)
+			continue;
+		if (!any || (int32_t)(p->seq - oldest) < 0) {
+			any = true;
+			oldest = p->seq;
+			read = s->opcode == TE_PLUGIN_OP_READ;
+		}
+	}
+	return read;
+}
+
+/*
+ * The connections of @nic a fence keeps watching (nic->drain), from this pass's @want[i] (those
+ * with canceled slices) and whether it @closed[i] them: one whose close waits for READ
+ * responses holds back posts (draining); with ei->orphan_wait one closed holds the reports of
+ * the slices that failed on it (closed_ns, efa_slice_finish) until the peer has closed its end
+ * of the old connection too (efa_tcp_orphan), at most EFA_ORPHAN_MAX_NS. Every other one
+ * watched so far is let go. @nic's lock held. Whether one is still watched.
+ */
+static bool efa_drain_set_locked(struct efa_nic *nic, struct efa_av_entry *const *want,
+				 const bool *closed, uint32_t n)
+{
+	uint64_t now = efa_now_ns();
+	uint32_t kept = 0;
+	bool waits = false;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (closed[i] && nic->ei->orphan_wait)
+			atomic_store(&want[i]->closed_ns, now);
+	for (uint32_t d = 0; d < nic->n_drain; d++) {
+		struct efa_av_entry *e = nic->drain[d];
+		uint64_t c = atomic_load(&e->closed_ns);
+		bool hold = false, orphan = false;
+
+		for (uint32_t i = 0; i < n && !hold; i++)
+			hold = want[i] == e && !closed[i];
+		if (c) {
+			orphan = now - c < EFA_ORPHAN_MAX_NS && efa_tcp_orphan(e) == 1;
+			if (!orphan)
+				atomic_store(&e->closed_ns, 0);
+		}
+		atomic_store_explicit(&e->draining, hold, memory_order_relaxed);
+		if (hold || orphan) {
+			nic->drain[kept++] = e;
+			waits = true;
+		}
+	}
+	nic->n_drain = kept;
+	for (uint32_t i = 0; i < n; i++) {
+		struct efa_av_entry *e = want[i];
+		bool listed = false;
+
+		for (uint32_t d = 0; d < nic->n_drain && !listed; d++)
+			listed = nic->drain[d] == e;
+		if (listed || (closed[i] && !atomic_load(&e->closed_ns)))
+			continue;
+		if (nic->n_drain == EFA_FENCE_PEERS) {
+			atomic_store(&e->closed_ns, 0); /* untracked: nothing waits for it */
+			continue;
+		}
+		nic->drain[nic->n_drain++] = e;
+		waits = true;
+		if (closed[i])
+			continue;
+		atomic_store_explicit(&e->draining, true, memory_order_relaxed);
+		efa_log(nic->ei, TE_PLUGIN_LOG_DEBUG,
+			"%s: a connection with canceled operations closes once its READ responses "
+			"are in (libfabric < 1.18); posts to it hold back",
+			nic->name);
+	}
+	return waits;
 }
 
 /*
  * Take back the canceled slices of @nic, from the progress thread (it may wait for the NIC
  * lock, cancel may not). Over connections: close each one that carries a canceled slice
  * (efa_av_refresh_locked); what was queued on it comes back canceled through the CQ, and what
- * else ran on it is retried by the core. shm: a posted operation ran inside its post call
- * (CMA), so a canceled slice still held either waits for its peer (delivery completion, or no
- * CMA: nothing fences that) or was lost by the provider, which reports failed copies without
- * their context; it ends here once the peer's process is gone, whose memory cannot change.
+ * else ran on it is retried by the core. With ei->read_close_unsafe a connection whose READ
+ * response may be half received is not closed: posts to it hold back until its READs are
+ * answered (efa_read_exposed), which the slices' completions say (efa_slice_finish). shm: a
+ * posted operation ran inside its post call (CMA), so a canceled slice still held either waits
+ * for its peer (delivery completion, or no CMA: nothing fences that) or was lost by the
+ * provider, which reports failed copies without their context; it ends here once the peer's
+ * process is gone, whose memory cannot change.
  */
 static enum efa_fence efa_nic_fence(struct efa_nic *nic)
 {
 	struct efa_inst *ei = nic->ei;
 	struct efa_spriv *gone[EFA_CQ_BATCH];
-	struct efa_peer *peers[EFA_FENCE_PEERS];
-	uint32_t n_gone = 0, n_peers = 0;
+	struct efa_av_entry *conn[EFA_FENCE_PEERS];
+	const struct efa_peer *conn_peer[EFA_FENCE_PEERS];
+	bool closed[EFA_FENCE_PEERS];
+	uint32_t n_gone = 0, n_conn = 0, n_closed = 0, released;
 	uint_fast64_t again = atomic_load_explicit(&nic->fence_again_ns, memory_order_relaxed);
 	bool empty, more, waiting = false;
 
@@ -433,7 +642,8 @@ static enum efa_fence efa_nic_fence(struct efa_nic *nic)
 	atomic_store_explicit(&nic->fence_again_ns, 0, memory_order_relaxed);
 	for (uint32_t k = 0; k < nic->window; k++) {
 		struct te_plugin_slice *s =
-			atomic_load_explicit(&nic->slots[k], memory_order_relaxed);
+			atomic_load_explicit(&nic->slots[k], memory_order_acquire);
+		struct efa_av_entry *e;
 		struct efa_spriv *p;
 		uint32_t i;
 
@@ -453,23 +663,50 @@ static enum efa_fence efa_nic_fence(struct efa_nic *nic)
 			gone[n_gone++] = p;
 			continue;
 		}
-		for (i = 0; i < n_peers && peers[i] != p->peer; i++)
+		e = efa_slice_entry(p);
+		if (!e) {
+			waiting = true; /* not posted yet: its submit waits for this lock */
+			continue;
+		}
+		for (i = 0; i < n_conn && conn[i] != e; i++)
 			;
-		if (i == n_peers) {
-			if (n_peers == EFA_FENCE_PEERS) {
+		if (i == n_conn) {
+			if (n_conn == EFA_FENCE_PEERS) {
 				waiting = true;
 				continue;
 			}
-			peers[n_peers++] = p->peer;
+			conn_peer[n_conn] = p->peer;
+			conn[n_conn++] = e;
 		}
-		atomic_store(&p->canceled, EFA_CANCEL_FENCED);
 	}
-	for (uint32_t i = 0; i < n_peers; i++)
-		for (uint32_t j = 0; j < peers[i]->n_rnics; j++)
-			efa_av_refresh_locked(nic,
-					      peers[i]->entries[nic->index * peers[i]->n_rnics + j],
-					      peers[i]);
+	for (uint32_t i = 0; i < n_conn; i++) {
+		closed[i] = (!ei->read_close_unsafe || !efa_read_exposed(nic, conn[i])) &&
+			    efa_av_refresh_locked(nic, conn[i], conn_peer[i]);
+		if (closed[i])
+			n_closed++;
+		else
+			waiting = true;
+	}
+	if (efa_drain_set_locked(nic, conn, closed, n_conn))
+		waiting = true;
+	/* The canceled slices on the closed connections: their outcomes are on their way. */
+	for (uint32_t k = 0; n_closed && k < nic->window; k++) {
+		struct te_plugin_slice *s =
+			atomic_load_explicit(&nic->slots[k], memory_order_acquire);
+		struct efa_av_entry *e;
+		unsigned asked = EFA_CANCEL_ASKED;
+		uint32_t i;
+
+		if (!s || !(e = efa_slice_entry(efa_priv(s))))
+			continue;
+		for (i = 0; i < n_conn && (conn[i] != e || !closed[i]); i++)
+			;
+		if (i < n_conn)
+			atomic_compare_exchange_strong(&efa_priv(s)->canceled, &asked,
+						       EFA_CANCEL_FENCED);
+	}
 	efa_nic_unlock(nic);
+	released = efa_release_held(nic, false);
 	for (uint32_t i = 0; i < n_gone; i++) {
 		char why[96];
 
@@ -479,11 +716,13 @@ static enum efa_fence efa_nic_fence(struct efa_nic *nic)
 	if (waiting)
 		atomic_store_explicit(&nic->fence_again_ns, efa_now_ns() + EFA_SAFETY_NS,
 				      memory_order_relaxed);
-	if (n_peers)
+	if (n_closed)
 		efa_log(ei, TE_PLUGIN_LOG_DEBUG,
-			"%s: closed the connections to %u peer(s) to take back canceled operations",
-			nic->name, n_peers);
-	return n_gone || n_peers ? EFA_FENCE_DONE : waiting ? EFA_FENCE_BUSY : EFA_FENCE_IDLE;
+			"%s: closed %u connection(s) to take back canceled operations", nic->name,
+			n_closed);
+	return n_gone || n_closed || released ? EFA_FENCE_DONE
+	       : waiting		      ? EFA_FENCE_BUSY
+					      : EFA_FENCE_IDLE;
 }
 
 /* --- progress threads ------------------------------------------------------------------ */
@@ -757,6 +996,60 @@ enum te_status efa_progs_start(struct efa_inst *ei)
 	return TE_OK;
 }
 
+/* Whether closing @nic's endpoint may meet a READ response half received (efa_read_exposed). */
+static bool efa_nic_read_exposed(const struct efa_nic *nic)
+{
+	const struct efa_av_entry *seen[EFA_FENCE_PEERS];
+	uint32_t n_seen = 0;
+
+	for (uint32_t k = 0; k < nic->window; k++) {
+		struct te_plugin_slice *s =
+			atomic_load_explicit(&nic->slots[k], memory_order_acquire);
+		const struct efa_av_entry *e;
+		uint32_t i;
+
+		if (!s || s->opcode != TE_PLUGIN_OP_READ || !(e = efa_slice_entry(efa_priv(s))))
+			continue;
+		for (i = 0; i < n_seen && seen[i] != e; i++)
+			;
+		if (i < n_seen)
+			continue;
+		if (efa_read_exposed(nic, e))
+			return true;
+		if (n_seen < EFA_FENCE_PEERS)
+			seen[n_seen++] = e;
+	}
+	return false;
+}
+
+/*
+ * fini with ei->read_close_unsafe: closing the endpoint closes its connections, and one whose
+ * READ response is half received would crash libfabric (efa_read_exposed). Reap for up to
+ * EFA_FINI_READ_NS while that may be; past it (a stopped peer in the middle of a response)
+ * leave the endpoint open, with everything it uses: nothing polls it again, so nothing it
+ * still holds lands, and its slices are reported canceled. Returns the slices reported.
+ */
+static uint32_t efa_fini_drain(struct efa_nic *nic)
+{
+	uint64_t until = efa_now_ns() + EFA_FINI_READ_NS;
+	uint32_t reported = 0;
+
+	for (;;) {
+		reported += efa_nic_poll(nic, UINT32_MAX, NULL);
+		if (!efa_nic_read_exposed(nic))
+			return reported;
+		if (efa_now_ns() >= until)
+			break;
+		usleep(1000);
+	}
+	nic->ep_kept = true;
+	efa_log(nic->ei, TE_PLUGIN_LOG_WARN,
+		"%s: a READ response may be half received: libfabric %u.%u would crash closing "
+		"its connection (fixed in 1.18); the endpoint stays open until the process exits",
+		nic->name, FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
+	return reported;
+}
+
 /*
  * Stop the progress threads and end every operation, for fini (or a failing init): each slice
  * still held is reported exactly once. Returns how many were.
@@ -780,7 +1073,9 @@ uint32_t efa_quiesce(struct efa_inst *ei)
 	for (uint32_t i = 0; ei->nics && i < ei->n_nics; i++) {
 		struct efa_nic *nic = &ei->nics[i];
 
-		if (nic->ep) {
+		if (nic->ep && ei->read_close_unsafe)
+			reported += efa_fini_drain(nic);
+		if (nic->ep && !nic->ep_kept) {
 			/* Closing the endpoint ends every operation still posted on it. */
 			fi_close(&nic->ep->fid);
 			nic->ep = NULL;
@@ -788,6 +1083,7 @@ uint32_t efa_quiesce(struct efa_inst *ei)
 		}
 		if (nic->cq)
 			reported += efa_nic_poll(nic, UINT32_MAX, NULL);
+		reported += efa_release_held(nic, true);
 		for (uint32_t k = 0; nic->slots && k < nic->window; k++) {
 			struct te_plugin_slice *s =
 				atomic_load_explicit(&nic->slots[k], memory_order_relaxed);
@@ -864,15 +1160,21 @@ static enum te_status efa_check_slice(const struct te_plugin_slice *s, char *why
 	return TE_OK;
 }
 
-/* Post @s on @nic (slot and references taken). 0 or a negative libfabric error. */
-/* Post @s on @nic, whose lock the caller holds. */
+/* efa_post_locked: a fence holds back posts to that connection (back-pressure). */
+#define EFA_POST_HELD 1
+
+/*
+ * Post @s on @nic (slot and references taken), whose lock the caller holds. 0, EFA_POST_HELD
+ * or a negative libfabric error.
+ */
 static ssize_t efa_post_locked(struct efa_inst *ei, struct efa_nic *nic, struct te_plugin_slice *s)
 {
 	struct efa_spriv *p = efa_priv(s);
 	const struct efa_rkey *k = (const struct efa_rkey *)s->rkey;
 	const struct efa_peer *peer = p->peer;
 	uint32_t j = k->pref[nic->index % k->n_pref];
-	fi_addr_t fa = peer->entries[nic->index * peer->n_rnics + j]->fi_addr;
+	struct efa_av_entry *e = peer->entries[nic->index * peer->n_rnics + j];
+	fi_addr_t fa = e->fi_addr;
 	/* Without FI_MR_VIRT_ADDR at the target, remote addresses are offsets in the region. */
 	uint64_t raddr = k->offset ? s->remote - k->addr : s->remote;
 	void *desc = p->mem->desc[nic->index];
@@ -881,6 +1183,9 @@ static ssize_t efa_post_locked(struct efa_inst *ei, struct efa_nic *nic, struct 
 	/* A fence could not insert the address again (efa_nic_fence logged why). */
 	if (fa == FI_ADDR_NOTAVAIL)
 		return -FI_EADDRNOTAVAIL;
+	/* A fence waits for this connection's READ responses before it closes it. */
+	if (atomic_load_explicit(&e->draining, memory_order_relaxed))
+		return EFA_POST_HELD;
 	if (s->opcode == TE_PLUGIN_OP_READ) {
 		ret = fi_read(nic->ep, s->local, s->length, desc, fa, raddr, k->keys[j],
 			      &p->op.ctx);
@@ -899,6 +1204,10 @@ static ssize_t efa_post_locked(struct efa_inst *ei, struct efa_nic *nic, struct 
 
 		/* Delivery complete: a WRITE is done when the bytes are in the target's memory. */
 		ret = fi_writemsg(nic->ep, &msg, FI_COMPLETION | ei->write_flags);
+	}
+	if (ret == 0) {
+		p->rnic = j;
+		p->seq = e->posts++;
 	}
 	return ret;
 }
@@ -987,9 +1296,11 @@ enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		p->mem = (struct efa_mem *)s->local_mem;
 		p->peer = (struct efa_peer *)s->peer;
 		p->slot = (uint32_t)slot;
+		p->rnic = EFA_RNIC_NONE;
 		s->device = nic->index;
 		path = &p->peer->paths[nic->index];
-		atomic_store_explicit(&nic->slots[slot], s, memory_order_relaxed);
+		/* release: a fence that finds the slice in its slot sees it not posted yet */
+		atomic_store_explicit(&nic->slots[slot], s, memory_order_release);
 		atomic_fetch_add_explicit(&p->mem->inflight, 1, memory_order_relaxed);
 		atomic_fetch_add_explicit(&p->peer->refs, 1, memory_order_relaxed);
 		/* relaxed: counters read to choose between polling and sleeping, or for EAGAIN */
@@ -1026,6 +1337,11 @@ enum te_status efa_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		atomic_fetch_sub_explicit(&p->peer->refs, 1, memory_order_relaxed);
 		atomic_fetch_sub_explicit(&p->mem->inflight, 1, memory_order_relaxed);
 		efa_slot_release(nic, (uint32_t)slot);
+		if (rc == EFA_POST_HELD) {
+			/* The fence closes the connection once its READs are answered. */
+			kick |= 1ull << nic->prog->index;
+			break;
+		}
 		if (rc == -FI_EAGAIN && efa_path_unreachable(ei, path)) {
 			efa_defer_fail(ei, s, TE_ERR_PEER_UNREACHABLE,
 				       EFA_NAME "[%s] %s: no connection to %s in %" PRIu64

@@ -6,9 +6,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/tcp.h>
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_eq.h>
@@ -454,6 +460,17 @@ enum te_status efa_nics_open(struct efa_inst *ei)
 		 pick[0]->fabric_attr->prov_name ? pick[0]->fabric_attr->prov_name : ei->provider);
 	ei->max_msg = pick[0]->ep_attr->max_msg_size;
 	ei->shm = strcmp(ei->prov_name, "shm") == 0;
+	/*
+	 * How the cancel fence may close connections (efa.h: orphan_wait, read_close_unsafe, rxm):
+	 * over TCP (tcp, and net, the same code) their bytes still land after the close; before
+	 * libfabric 1.18 tcp completes a READ twice when the connection receiving its response
+	 * closes halfway through it (fixed by ofiwg/libfabric#8660); rxm's fi_av_remove crashes
+	 * on a connection it holds idle.
+	 */
+	ei->orphan_wait =
+		strncmp(ei->prov_name, "tcp", 3) == 0 || strncmp(ei->prov_name, "net", 3) == 0;
+	ei->read_close_unsafe = ei->orphan_wait && fi_version() < FI_VERSION(1, 18);
+	ei->rxm = strstr(ei->prov_name, "ofi_rxm") != NULL;
 	/* shm and other local-only providers reach peers on this host only. */
 	ei->same_host = strncmp(ei->prov_name, "shm", 3) == 0 ||
 			((pick[0]->domain_attr->caps & FI_LOCAL_COMM) &&
@@ -511,6 +528,105 @@ void efa_rx_post(struct efa_nic *nic, struct efa_rxbuf *rx)
 }
 
 /* --- AV cache and peers --------------------------------------------------------------- */
+
+int efa_av_remove_locked(struct efa_nic *nic, struct efa_av_entry *e)
+{
+	if (e->fi_addr == FI_ADDR_NOTAVAIL)
+		return 0; /* a fence could not insert it again: nothing to remove */
+	/*
+	 * The first fi_inject makes rxm connect again; the conn progress it then runs may meet
+	 * the peer's rejection of the earlier connect, idling the connection once more: the
+	 * second one connects.
+	 */
+	for (int i = 0; nic->ei->rxm && nic->ep && i < 2; i++) {
+		ssize_t rc = fi_inject(nic->ep, nic->msg, EFA_HELLO_LEN, e->fi_addr);
+
+		if (rc && rc != -FI_EAGAIN)
+			return (int)rc;
+	}
+	return fi_av_remove(nic->av, &e->fi_addr, 1, 0);
+}
+
+int efa_tcp_orphan(const struct efa_av_entry *e)
+{
+	struct {
+		struct nlmsghdr nlh;
+		struct inet_diag_req_v2 req;
+	} q;
+	struct sockaddr_in in4;
+	struct sockaddr_in6 in6;
+	uint32_t dst[4] = { 0 };
+	sa_family_t family = AF_UNSPEC;
+	uint16_t port;
+	int fd, found = 0;
+	union {
+		struct nlmsghdr h;
+		uint8_t b[16384];
+	} buf;
+
+	if (e->len >= sizeof(family))
+		memcpy(&family, e->addr, sizeof(family));
+	if (family == AF_INET && e->len >= sizeof(in4)) {
+		memcpy(&in4, e->addr, sizeof(in4));
+		port = in4.sin_port;
+		memcpy(dst, &in4.sin_addr, sizeof(in4.sin_addr));
+	} else if (family == AF_INET6 && e->len >= sizeof(in6)) {
+		memcpy(&in6, e->addr, sizeof(in6));
+		port = in6.sin6_port;
+		memcpy(dst, &in6.sin6_addr, sizeof(in6.sin6_addr));
+	} else {
+		return -1;
+	}
+	fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+	if (fd < 0)
+		return -1;
+	memset(&q, 0, sizeof(q));
+	q.nlh.nlmsg_len = sizeof(q);
+	q.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+	q.nlh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+	q.req.sdiag_family = (uint8_t)family;
+	q.req.sdiag_protocol = IPPROTO_TCP;
+	/* Our end closed, the peer's not yet: it may still read what was in flight. */
+	q.req.idiag_states = (1u << TCP_FIN_WAIT1) | (1u << TCP_FIN_WAIT2);
+	if (send(fd, &q, sizeof(q), 0) != (ssize_t)sizeof(q)) {
+		close(fd);
+		return -1;
+	}
+	for (;;) {
+		ssize_t n = recv(fd, &buf, sizeof(buf), 0);
+		const struct nlmsghdr *h = &buf.h;
+		size_t left = n > 0 ? (size_t)n : 0;
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			found = -1;
+			break;
+		}
+		/* NLMSG_OK and NLMSG_NEXT, without their signed length */
+		for (; left >= sizeof(*h) && h->nlmsg_len >= sizeof(*h) && h->nlmsg_len <= left;
+		     left -= EFA_MIN(left, NLMSG_ALIGN(h->nlmsg_len)),
+		     h = (const struct nlmsghdr *)(const void *)((const uint8_t *)h +
+								 NLMSG_ALIGN(h->nlmsg_len))) {
+			const struct inet_diag_msg *m = NLMSG_DATA(h);
+
+			if (h->nlmsg_type == NLMSG_DONE)
+				goto out;
+			if (h->nlmsg_type == NLMSG_ERROR) {
+				found = -1;
+				goto out;
+			}
+			if (h->nlmsg_len < NLMSG_LENGTH(sizeof(*m)))
+				continue;
+			if (m->id.idiag_dport == port &&
+			    memcmp(m->id.idiag_dst, dst, family == AF_INET ? 4 : 16) == 0)
+				found = 1; /* read on to the end of the dump */
+		}
+	}
+out:
+	close(fd);
+	return found;
+}
 
 /* fi_addr of @addr on @nic, inserting it on first use. Under ei->lock. */
 static enum te_status efa_av_get_locked(struct efa_nic *nic, const uint8_t *addr, size_t len,
@@ -570,7 +686,16 @@ static void efa_av_put_locked(struct efa_nic *nic, struct efa_av_entry *e)
 		}
 	}
 	efa_nic_lock(nic);
-	(void)fi_av_remove(nic->av, &e->fi_addr, 1, 0);
+	/* A fence may still hold back posts to it: forget it there. */
+	for (uint32_t d = 0; d < nic->n_drain; d++) {
+		if (nic->drain[d] == e) {
+			nic->drain[d] = nic->drain[--nic->n_drain];
+			break;
+		}
+	}
+	/* An endpoint fini left open keeps its connections: closing one is what it avoided. */
+	if (!nic->ep_kept)
+		(void)efa_av_remove_locked(nic, e);
 	efa_nic_unlock(nic);
 	free(e);
 }

@@ -1000,6 +1000,160 @@ static void late_write_round(struct te_engine *e, te_segment_id seg, struct node
 			      : "after WRITEs to a stopped target timed out");
 }
 
+/*
+ * cancel-race: te_batch_cancel right after te_batch_submit, many rounds of READs, WRITEs and
+ * both, of 4 KiB to 4 MiB (each cancel lands somewhere else in the operations' life). Pins:
+ * a fence that closed a connection receiving a READ response crashed libfabric < 1.18 (tcp
+ * completes that READ twice, rxm dereferences the second completion's missing context in
+ * fi_av_remove); a fence after a reconnect the peer rejected crashed rxm too (it closes an
+ * idle connection again); bytes of a canceled WRITE that land after its task ended. Every
+ * task ends COMPLETED (right bytes) or CANCELED (each byte old or new, nothing between the
+ * requests touched), including the bytes of earlier rounds' canceled WRITEs that could still
+ * be in the sockets; the path works afterwards.
+ */
+#define RACE_ROUNDS 60
+#define RACE_N 4
+
+static const uint64_t race_lens[RACE_N] = { 4096, (256u << 10) + 1, (1u << 20) + 3, 4u << 20 };
+
+/* Whether each byte of @got is pattern @a or pattern @b at node offset @off + k. */
+static void assert_either(const uint8_t *got, uint64_t off, uint64_t len, uint64_t a, uint64_t b,
+			  const char *what, unsigned round, uint32_t task)
+{
+	for (uint64_t k = 0; k < len; k++) {
+		uint8_t x = got[k];
+
+		if (x != sysnode_pattern(a, off + k) && x != sysnode_pattern(b, off + k))
+			g_error("round %u, %s of task %u: byte %" PRIu64 " of %" PRIu64
+				" is 0x%02x, neither seed %" PRIu64 " (0x%02x) nor seed %" PRIu64
+				" (0x%02x)",
+				round, what, task, k, len, x, a, sysnode_pattern(a, off + k), b,
+				sysnode_pattern(b, off + k));
+	}
+}
+
+static void test_cancel_race(void)
+{
+	struct node *n;
+	struct te_engine *e;
+	te_segment_id seg;
+	struct lbuf l;
+	uint64_t span = 0, woff, roff, rseed = 500;
+	unsigned count[TE_STATE_INVALID + 1] = { 0 };
+
+	if (!need_provider())
+		return;
+	for (unsigned i = 0; i < RACE_N; i++)
+		span += race_lens[i] + 7;
+	n = target_start(60000);
+	e = initiator_new(60000);
+	seg = efa_open(e, n);
+	/* Node offsets (from its mapping's base) of the WRITE and READ ranges, unaligned. */
+	woff = n->guard + 1;
+	roff = n->guard + (32u << 20) + 1;
+	g_assert_cmpuint(roff + span, <=, n->guard + n->size);
+	/* Local: the WRITE source, the READ destination, then where WRITE ranges are read back. */
+	lbuf_new(&l, e, 3 * (size_t)span);
+	node_fill(n, roff, span, rseed);
+	for (unsigned r = 0; r < RACE_ROUNDS; r++) {
+		uint64_t wold = 1000 + r, wnew = 2000 + r, rold = 3000 + r, x = 0;
+		struct te_request q[RACE_N];
+		struct te_task_info ti[RACE_N];
+		uint8_t *wsrc = l.p, *rdst = l.p + span, *back = l.p + 2 * span;
+		bool any_write = false;
+		te_batch_id b;
+		enum te_status st;
+
+		/* READs, WRITEs, then both: the crash needed a READ response being received. */
+		for (unsigned i = 0; i < RACE_N; i++) {
+			bool wr = r % 3 == 1 || (r % 3 == 2 && i % 2);
+
+			q[i] = (struct te_request){ wr ? TE_OP_WRITE : TE_OP_READ, seg,
+						    (wr ? wsrc : rdst) + x,
+						    n->base + (wr ? woff : roff) + x,
+						    race_lens[i] };
+			any_write |= wr;
+			x += race_lens[i] + 7;
+		}
+		if (any_write)
+			node_fill(n, woff, span, wold);
+		sysnode_fill(wsrc, woff, span, wnew);
+		sysnode_fill(rdst, roff, span, rold);
+		efa_step("round %u: te_batch_submit then te_batch_cancel", r);
+		assert_ok(te_batch_new(e, RACE_N, &b));
+		assert_ok(te_batch_submit(e, b, q, RACE_N));
+		assert_ok(te_batch_cancel(e, b));
+		efa_step("round %u: te_batch_wait after the cancel", r);
+		st = te_batch_wait(e, b, 60 * S_NS);
+		g_assert_cmpint(st, !=, TE_INPROGRESS);
+		for (uint32_t i = 0; i < RACE_N; i++) {
+			assert_ok(te_task_status(e, b, i, &ti[i]));
+			if (ti[i].state != TE_STATE_COMPLETED && ti[i].state != TE_STATE_CANCELED)
+				g_error("round %u: task %u (%s) ended %s (%s): %s; a canceled "
+					"batch's tasks end COMPLETED or CANCELED",
+					r, i, q[i].opcode == TE_OP_READ ? "READ" : "WRITE",
+					te_state_str(ti[i].state), te_status_str(ti[i].status),
+					ti[i].detail);
+			if (ti[i].state == TE_STATE_CANCELED &&
+			    strstr(ti[i].detail, "did not hand the slice back"))
+				g_error("round %u, task %u: the plugin kept the slice: %s", r, i,
+					ti[i].detail);
+			count[ti[i].state]++;
+		}
+		assert_ok(te_batch_free(e, b));
+		/* READs: the node's bytes when COMPLETED; old local or node bytes when CANCELED. */
+		x = 0;
+		for (uint32_t i = 0; i < RACE_N; i++) {
+			bool done = ti[i].state == TE_STATE_COMPLETED;
+
+			if (q[i].opcode == TE_OP_READ)
+				assert_either(rdst + x, roff + x, race_lens[i], rseed,
+					      done ? rseed : rold, "the READ bytes", r, i);
+			x += race_lens[i] + 7;
+		}
+		if (!any_write)
+			continue;
+		/* WRITEs: read the whole range back (gaps included): new when COMPLETED. */
+		{
+			struct te_request rb = { TE_OP_READ, seg, back, n->base + woff, span };
+
+			run_ok(e, &rb, 1);
+		}
+		x = 0;
+		for (uint32_t i = 0; i < RACE_N; i++) {
+			bool done = ti[i].state == TE_STATE_COMPLETED;
+
+			if (q[i].opcode == TE_OP_WRITE)
+				assert_either(back + x, woff + x, race_lens[i], wnew,
+					      done ? wnew : wold, "the target's bytes", r, i);
+			else
+				assert_either(back + x, woff + x, race_lens[i], wold, wold,
+					      "the target's bytes (no WRITE there)", r, i);
+			assert_either(back + x + race_lens[i], woff + x + race_lens[i], 7, wold,
+				      wold, "the gap after", r, i);
+			x += race_lens[i] + 7;
+		}
+	}
+	g_test_message("%u rounds: %u tasks completed, %u canceled", RACE_ROUNDS,
+		       count[TE_STATE_COMPLETED], count[TE_STATE_CANCELED]);
+	/* The path works after all those fences. */
+	{
+		struct te_request ok[2] = {
+			{ TE_OP_WRITE, seg, l.p, n->base + woff, 1u << 20 },
+			{ TE_OP_READ, seg, l.p + span, n->base + roff, 1u << 20 },
+		};
+
+		sysnode_fill(l.p, woff, 1u << 20, 77);
+		run_ok(e, ok, 2);
+		g_assert_cmpuint(node_checksum(n, woff, 1u << 20), ==, sysnode_fnv(l.p, 1u << 20));
+		assert_either(l.p + span, roff, 1u << 20, rseed, rseed, "the final READ", 0, 1);
+	}
+	lbuf_free(&l, e);
+	assert_ok(te_segment_close(e, seg));
+	efa_free(e);
+	node_free(n);
+}
+
 /* A WRITE reported TIMEOUT or CANCELED never modifies the target after it was reported. */
 static void test_no_late_write(void)
 {
@@ -1352,6 +1506,7 @@ int main(int argc, char **argv)
 	add_case("/efa/kill-mid-batch", test_kill_mid_batch);
 	add_case("/efa/freeze-mid-batch", test_freeze_mid_batch);
 	add_case("/efa/no-late-write", test_no_late_write);
+	add_case("/efa/cancel-race", test_cancel_race);
 	add_case("/efa/no-device", test_no_device);
 	add_case("/efa/options", test_options);
 	add_case("/efa/provider-mismatch", test_provider_mismatch);
