@@ -409,6 +409,7 @@ void segment_refresh_stale(struct engine *e)
 {
 	g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
 	g_autoptr(GPtrArray) keys = g_ptr_array_new_with_free_func(g_free);
+	g_autoptr(GPtrArray) idents = g_ptr_array_new_with_free_func(g_free);
 	uint64_t now = engine_now_ns();
 
 	if (!atomic_load_explicit(&e->refresh_pending, memory_order_acquire))
@@ -432,6 +433,11 @@ void segment_refresh_stale(struct engine *e)
 
 			atomic_fetch_sub(&e->refresh_pending, 1);
 			g_ptr_array_add(names, g_strdup(s->name));
+			/* The engine's own name: a p2p segment may be opened by an alias of its
+			 * address ("localhost:PORT" for an engine named "127.0.0.1:PORT"). */
+			g_ptr_array_add(
+				idents,
+				g_strdup(s->view && s->view->desc ? s->view->desc->name : s->name));
 			/*
 			 * Without a store, a segment opened by engine name (imported out of band)
 			 * is fetched again from the control-plane address its descriptor gave.
@@ -446,6 +452,7 @@ void segment_refresh_stale(struct engine *e)
 	for (guint i = 0; i < names->len; i++) {
 		const char *name = g_ptr_array_index(names, i);
 		const char *key = g_ptr_array_index(keys, i);
+		const char *ident = g_ptr_array_index(idents, i);
 		g_autofree char *err = NULL;
 		struct descriptor *d = NULL;
 		te_segment_id id;
@@ -470,7 +477,7 @@ void segment_refresh_stale(struct engine *e)
 			g_rw_lock_writer_unlock(&e->seg_lock);
 			continue;
 		}
-		if (strcmp(d->name, name) != 0) {
+		if (strcmp(d->name, name) != 0 && strcmp(d->name, ident) != 0) {
 			/* Another engine answers at that address now: not ours to import. */
 			ENGINE_LOG(e, TE_LOG_INFO,
 				   "segment %s: refresh from %s found segment '%s' there instead",

@@ -947,15 +947,9 @@ class TransferEngine:
         engine = self._engine(method)
         reqs = self._requests(op, target, buffers, peers, lengths, hint, method)
         msg = None if notify is None else _notify_bytes(notify)
-        try:
-            engine.transfer(reqs, notify=msg)
-        except te.RemoteAccessError:
-            # Rejected at submit against the cached descriptor: once more with the peer's
-            # current one (it may have registered the buffer since we opened it).
-            if not self._refresh(target):
-                raise
-            engine.transfer(self._requests(op, target, buffers, peers, lengths, hint, method),
-                            notify=msg)
+        # No retry here: te_batch_submit itself fetches the peer's descriptor again when a
+        # request falls outside the cached one, and a retry could run accepted requests twice.
+        engine.transfer(reqs, notify=msg)
         return OK
 
     @_api()
@@ -1015,19 +1009,12 @@ class TransferEngine:
                 lengths: Any, hint: Any) -> int:
         engine = self._engine(method)
         reqs = self._requests(op, target, buffers, peers, lengths, hint, method)
-        for attempt in (0, 1):
-            batch = engine.batch(len(reqs))
-            try:
-                batch.submit(reqs)
-                break
-            except te.RemoteAccessError:
-                batch.close()
-                if attempt or not self._refresh(target):  # as in _sync
-                    raise
-                reqs = self._requests(op, target, buffers, peers, lengths, hint, method)
-            except BaseException:
-                batch.close()
-                raise
+        batch = engine.batch(len(reqs))
+        try:
+            batch.submit(reqs)  # fetches a newer descriptor itself when needed (see _sync)
+        except BaseException:
+            batch.close()
+            raise
         with self._lock:
             self._async[batch.id] = _Async(batch, method)
         return batch.id
