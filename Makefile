@@ -24,7 +24,7 @@ SHELL := /bin/bash
 BUILT_PLUGIN_PATH = $$(find $(BUILD)/plugins -name '*.so' \
 	-printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
 
-.PHONY: all deps install-deps deps-build deps-test deps-bench setup build demo test bench \
+.PHONY: all deps install-deps deps-build deps-test deps-bench setup build demo test bench bench-full \
 	bench-core clean
 
 all: build
@@ -60,12 +60,21 @@ test: deps-test
 	@$(MAKE) --no-print-directory build || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
 	@scripts/run-tests.sh -C $(BUILD) $(SUITES)
 
-bench: deps-bench
+# bench: every bench/*.sh, the long ones cut down (compare-tcp --quick, a 2-minute soak,
+# mesh of 16 for 10 s; about 15 minutes in all). bench-full: each at its defaults (hours:
+# compare-tcp's full matrix alone takes several).
+BENCH_QUICK = compare-tcp.sh:--quick --rounds 3|soak.sh:--minutes 2|mesh.sh:--engines 16 --duration 10
+bench bench-full: deps-bench
 	@$(MAKE) --no-print-directory build
 	@shopt -s nullglob; n=0; rc=0; \
 	for s in bench/*.sh; do \
-		n=$$((n + 1)); echo "== $$s"; \
-		BUILD=$(BUILD) bash "$$s" || rc=1; \
+		n=$$((n + 1)); a=""; \
+		if [ "$@" = bench ]; then \
+			a=$$(printf '%s\n' "$(BENCH_QUICK)" | tr '|' '\n' | \
+			     sed -n "s|^$${s#bench/}:||p"); \
+		fi; \
+		echo "== $$s $$a"; \
+		BUILD=$(BUILD) bash "$$s" $$a || rc=1; \
 	done; \
 	[ $$n -gt 0 ] || echo "no bench/*.sh scripts yet"; \
 	exit $$rc
