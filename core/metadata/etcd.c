@@ -1159,7 +1159,7 @@ static enum te_status etcd_resync(struct etcd_watch *w, char **err_out)
 	GPtrArray *changed = g_ptr_array_new_with_free_func(g_free);
 	GPtrArray *gone = g_ptr_array_new_with_free_func(g_free);
 	int64_t rev = 0;
-	JsonArray *kvs;
+	JsonArray *kvs = NULL;
 	JsonNode *resp;
 	GHashTableIter it;
 	gpointer k, v;
