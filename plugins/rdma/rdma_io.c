@@ -103,18 +103,31 @@ void rdma_io_defer_fail(struct rdma_inst *ri, struct te_plugin_slice *s, enum te
 		rdma_kick(ri->poll_kick_fd);
 }
 
-/* Report deferred failures (never from submit: the core may not expect reentry there). */
-static uint32_t rdma_drain_defer(struct rdma_inst *ri, enum te_status override, const char *why)
+/*
+ * Report up to @max deferred failures (never from submit: the core may not expect reentry
+ * there); the rest stay queued, in order, for the next call.
+ */
+static uint32_t rdma_drain_defer(struct rdma_inst *ri, uint32_t max, enum te_status override,
+				 const char *why)
 {
-	struct te_plugin_slice *s;
+	struct te_plugin_slice *s, *last = NULL;
 	uint32_t n = 0;
 
-	if (!atomic_load_explicit(&ri->n_defer, memory_order_acquire))
+	if (!max || !atomic_load_explicit(&ri->n_defer, memory_order_acquire))
 		return 0;
 	pthread_mutex_lock(&ri->defer_lock);
 	s = ri->defer_head;
-	ri->defer_head = ri->defer_tail = NULL;
-	atomic_store(&ri->n_defer, 0);
+	for (struct te_plugin_slice *t = s; t && n < max; t = rdma_priv(t)->next) {
+		last = t;
+		n++;
+	}
+	if (last) {
+		ri->defer_head = rdma_priv(last)->next;
+		rdma_priv(last)->next = NULL;
+		if (!ri->defer_head)
+			ri->defer_tail = NULL;
+		atomic_fetch_sub(&ri->n_defer, n);
+	}
 	pthread_mutex_unlock(&ri->defer_lock);
 	while (s) {
 		struct rdma_spriv *p = rdma_priv(s);
@@ -123,7 +136,6 @@ static uint32_t rdma_drain_defer(struct rdma_inst *ri, enum te_status override, 
 		ri->host->slice_done(ri->ctx, s, override ? override : (enum te_status)p->status, 0,
 				     override ? why : p->detail);
 		s = next;
-		n++;
 	}
 	return n;
 }
@@ -803,11 +815,12 @@ static uint32_t rdma_reap_all(struct rdma_inst *ri, uint32_t budget)
 	return n;
 }
 
+/* MANUAL: at most @budget reports in all, completions first, then deferred failures. */
 uint32_t rdma_io_progress(struct rdma_inst *ri, uint32_t budget)
 {
-	uint32_t n = rdma_reap_all(ri, budget ? budget : RDMA_REAP_BATCH);
+	uint32_t n = rdma_reap_all(ri, budget);
 
-	return n + rdma_drain_defer(ri, TE_OK, NULL);
+	return n + rdma_drain_defer(ri, budget - n, TE_OK, NULL);
 }
 
 /* Arm every CQ, then wait in poll() for a completion event or a kick. */
@@ -822,7 +835,7 @@ static void rdma_poller_sleep(struct rdma_inst *ri)
 	atomic_store(&ri->poller_asleep, true);
 	/* Work queued, or a completion, between the last poll and arming: do not sleep. */
 	if (rdma_io_post_queued(ri) || rdma_reap_all(ri, RDMA_REAP_BATCH) ||
-	    rdma_drain_defer(ri, TE_OK, NULL) || atomic_load(&ri->stopping)) {
+	    rdma_drain_defer(ri, UINT32_MAX, TE_OK, NULL) || atomic_load(&ri->stopping)) {
 		atomic_store(&ri->poller_asleep, false);
 		return;
 	}
@@ -861,7 +874,7 @@ void *rdma_io_poller(void *arg)
 		uint64_t now;
 
 		if (rdma_io_post_queued(ri) + rdma_reap_all(ri, RDMA_REAP_BATCH) +
-		    rdma_drain_defer(ri, TE_OK, NULL)) {
+		    rdma_drain_defer(ri, UINT32_MAX, TE_OK, NULL)) {
 			worked = true;
 			idle = 0;
 			nap_ns = 0;
@@ -1046,5 +1059,5 @@ void rdma_io_drain(struct rdma_inst *ri, uint64_t wait_ns)
 		rdma_log(ri, TE_PLUGIN_LOG_ERROR,
 			 "%lld work request(s) never completed at shutdown; their slices are lost",
 			 (long long)atomic_load(&ri->inflight));
-	rdma_drain_defer(ri, TE_ERR_CANCELED, RDMA_NAME ": instance shut down");
+	rdma_drain_defer(ri, UINT32_MAX, TE_ERR_CANCELED, RDMA_NAME ": instance shut down");
 }

@@ -3,7 +3,7 @@
 # boot.sh: boot a kernel and initramfs under QEMU TCG; exit with the guest's /test.sh status.
 #
 # Usage: boot.sh KERNEL INITRD LOG [KERNEL_ARGS]
-#   Environment: SMP (2), MEM (2048 MiB), TIMEOUT (seconds, 540), TE_RXE_KVM=1 to use KVM
+#   Environment: SMP (2), MEM (2048 MiB), TIMEOUT (seconds, 720), TE_RXE_KVM=1 to use KVM
 #   when /dev/kvm works. Exit: the guest's /test.sh status; 124 on timeout; 125 when the
 #   guest never reported one.
 #   Notes: -cpu max minus ERMS/FSRM (with ERMS the guest kernel copies with `rep movsb`, which
@@ -21,7 +21,7 @@ log=${3:?log}
 kargs=${4:-}
 smp=${SMP:-2}
 mem=${MEM:-2048}
-limit=${TIMEOUT:-540}
+limit=${TIMEOUT:-720}
 accel="tcg,thread=multi,tb-size=256"
 cpu="max,-erms,-fsrm"
 if [ "${TE_RXE_KVM:-0}" = 1 ] && [ -w /dev/kvm ]; then

@@ -71,7 +71,10 @@ done
 libte=$(find "$build/core" -maxdepth 1 -name 'libte.so.*.*' -print -quit)
 # The plugins are dlopen()ed: ldd of the programs never lists them.
 elfs="$build/plugins/rdma/rdma.so $build/plugins/tcp/tcp.so $build/tests/rdma/rdma-guest"
-elfs="$elfs $build/tools/te-bench $libte ${TE_RXE_EXTRA_ELFS:-}"
+# te-conformance finds its shim next to its executable and starts its targets from
+# /proc/self/exe: both at their build paths.
+elfs="$elfs $build/tools/te-bench $build/tools/te-conformance $build/tools/te-conformance-shim.so"
+elfs="$elfs $libte ${TE_RXE_EXTRA_ELFS:-}"
 for f in $elfs; do
 	[ -e "$f" ] || {
 		echo "run-suite.sh: $f is not built (ninja -C $build)" >&2
