@@ -17,17 +17,27 @@ bool batch_is_terminal(struct batch *b)
 {
 	uint32_t n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
 
-	return atomic_load_explicit(&b->n_terminal, memory_order_acquire) >= n;
+	return BATCH_ENDED_N_TERMINAL(atomic_load_explicit(&b->n_ended, memory_order_acquire)) >= n;
 }
 
 static void batch_wake(struct batch *b)
 {
 	struct engine *e = b->engine;
+	int32_t waiters = atomic_load(&b->waiters);
 
-	if (atomic_load(&b->waiters) > 0) {
+	if (waiters > 0) {
+		/*
+		 * Lock and unlock before signalling: a waiter is then either before its check
+		 * of the terminal count (and sees it) or asleep on the condition. Signalling
+		 * after the unlock spares the woken waiter a second sleep on the mutex the
+		 * waker would still hold. One waiter (the usual case) needs no broadcast.
+		 */
 		g_mutex_lock(&b->wait_lock);
-		g_cond_broadcast(&b->wait_cond);
 		g_mutex_unlock(&b->wait_lock);
+		if (waiters == 1)
+			g_cond_signal(&b->wait_cond);
+		else
+			g_cond_broadcast(&b->wait_cond);
 	}
 	/* Waiters standing by while another polls (te_batch_wait): few, woken together. */
 	if (e)
@@ -73,7 +83,7 @@ void batch_maybe_notify(struct batch *b)
 		return;
 	if (!atomic_compare_exchange_strong(&b->notify_state, &armed, 2))
 		return;
-	if (atomic_load(&b->n_completed) == atomic_load(&b->n_tasks))
+	if (BATCH_ENDED_N_COMPLETED(atomic_load(&b->n_ended)) == atomic_load(&b->n_tasks))
 		control_queue_notify(b->engine, b->notify_addr, b->notify_msg);
 	else
 		ENGINE_LOG(b->engine, TE_LOG_DEBUG, "notify to %s not sent: batch did not complete",
@@ -85,6 +95,7 @@ void task_terminal(struct task *t)
 {
 	struct batch *b = t->batch;
 	uint32_t bad = atomic_load_explicit(&t->bad, memory_order_acquire);
+	uint64_t add = BATCH_ENDED_TERMINAL;
 	uint32_t term;
 
 	if (t->invalid || (bad & TASK_BAD_FAILED))
@@ -94,9 +105,9 @@ void task_terminal(struct task *t)
 	else if (bad & TASK_BAD_CANCELED)
 		atomic_fetch_add_explicit(&b->n_canceled, 1, memory_order_relaxed);
 	else
-		atomic_fetch_add_explicit(&b->n_completed, 1, memory_order_relaxed);
+		add |= BATCH_ENDED_COMPLETED; /* the common case: one atomic add per task */
 	/* seq_cst pairs with the waiter's increment of b->waiters (no lost wake-up). */
-	term = atomic_fetch_add(&b->n_terminal, 1) + 1;
+	term = BATCH_ENDED_N_TERMINAL(atomic_fetch_add(&b->n_ended, add) + add);
 	if (term >= atomic_load_explicit(&b->n_tasks, memory_order_acquire)) {
 		batch_maybe_notify(b);
 		batch_wake(b);
@@ -136,8 +147,14 @@ void slice_count_done(struct slice *s)
 {
 	struct task *t = s->task;
 
-	if (atomic_fetch_add_explicit(&t->done, 1, memory_order_acq_rel) + 1 == t->n_slices)
+	/* A task of one slice: the claim made this thread its only counter, no add needed. */
+	if (t->n_slices == 1) {
+		atomic_store_explicit(&t->done, 1, memory_order_release);
 		task_terminal(t);
+	} else if (atomic_fetch_add_explicit(&t->done, 1, memory_order_acq_rel) + 1 ==
+		   t->n_slices) {
+		task_terminal(t);
+	}
 }
 
 /* Finish @s with an error (if it is still live). */
@@ -178,17 +195,48 @@ void slice_abort_why(const struct slice *s, enum te_status status, char *buf, si
 static void batch_release_tasks(struct batch *b)
 {
 	uint32_t n = atomic_load(&b->n_tasks);
+	/* Runs of tasks on one region, segment and view: one atomic per run, not per task. */
+	struct mem_region *region = NULL;
+	struct segment *seg = NULL;
+	struct segview *view = NULL;
+	int32_t n_region = 0, n_seg = 0, n_view = 0;
 
 	if (atomic_exchange(&b->tasks_released, 1))
 		return;
-	for (uint32_t i = 0; i < n; i++) {
-		struct task *t = &b->tasks[i];
+	for (uint32_t i = 0; i <= n; i++) {
+		struct task *t = i < n ? &b->tasks[i] : NULL;
+		struct mem_region *tr = t ? t->region : NULL;
+		struct segment *ts = t ? t->seg : NULL;
+		struct segview *tv = t ? t->view : NULL;
 
-		if (t->region)
-			atomic_fetch_sub_explicit(&t->region->refs, 1, memory_order_release);
-		if (t->seg)
-			atomic_fetch_sub_explicit(&t->seg->busy, 1, memory_order_release);
-		segview_unref(t->view);
+		if (tr != region || !t) {
+			if (n_region)
+				atomic_fetch_sub_explicit(&region->refs, n_region,
+							  memory_order_release);
+			region = tr;
+			n_region = 0;
+		}
+		if (ts != seg || !t) {
+			if (n_seg)
+				atomic_fetch_sub_explicit(&seg->busy, n_seg, memory_order_release);
+			seg = ts;
+			n_seg = 0;
+		}
+		if (tv != view || !t) {
+			/* All but the last reference of the run: the view cannot end meanwhile. */
+			if (n_view > 1)
+				atomic_fetch_sub_explicit(&view->refs, n_view - 1,
+							  memory_order_release);
+			if (n_view)
+				segview_unref(view);
+			view = tv;
+			n_view = 0;
+		}
+		if (!t)
+			break;
+		n_region += tr != NULL;
+		n_seg += ts != NULL;
+		n_view += tv != NULL;
 		t->view = NULL;
 	}
 }
@@ -317,8 +365,7 @@ static struct batch *batch_from_cache(struct engine *e, uint32_t capacity)
 	b->chunks = NULL;
 	b->cache_next = NULL;
 	atomic_store(&b->n_tasks, 0);
-	atomic_store(&b->n_terminal, 0);
-	atomic_store(&b->n_completed, 0);
+	atomic_store(&b->n_ended, 0);
 	atomic_store(&b->n_failed, 0);
 	atomic_store(&b->n_timeout, 0);
 	atomic_store(&b->n_canceled, 0);
@@ -458,7 +505,7 @@ enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_in
 	memset(info_out, 0, sizeof(*info_out));
 	n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
 	info_out->tasks = n;
-	info_out->completed = atomic_load(&b->n_completed);
+	info_out->completed = BATCH_ENDED_N_COMPLETED(atomic_load(&b->n_ended));
 	info_out->failed = atomic_load(&b->n_failed);
 	info_out->timed_out = atomic_load(&b->n_timeout);
 	info_out->canceled = atomic_load(&b->n_canceled);
@@ -487,6 +534,9 @@ enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_in
 enum te_status batch_result(struct batch *b)
 {
 	uint32_t n = atomic_load(&b->n_tasks);
+
+	if (BATCH_ENDED_N_COMPLETED(atomic_load_explicit(&b->n_ended, memory_order_acquire)) == n)
+		return TE_OK;
 
 	for (uint32_t i = 0; i < n; i++) {
 		struct task *t = &b->tasks[i];
@@ -519,7 +569,8 @@ enum te_status batch_free(struct engine *e, te_batch_id id)
 		return log_error(TE_ERR_BUSY,
 				 "te_batch_free: batch has %u of %u tasks not terminal "
 				 "(wait or cancel first)",
-				 atomic_load(&b->n_tasks) - atomic_load(&b->n_terminal),
+				 atomic_load(&b->n_tasks) -
+					 BATCH_ENDED_N_TERMINAL(atomic_load(&b->n_ended)),
 				 atomic_load(&b->n_tasks));
 	}
 	e->slots[slot].batch = NULL;

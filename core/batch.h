@@ -103,8 +103,12 @@ struct batch {
 	struct slice_chunk *spare; /* kept from a previous life for reuse */
 	struct batch *cache_next;
 	_Atomic uint32_t n_tasks;
-	_Atomic uint32_t n_terminal;
-	_Atomic uint32_t n_completed, n_failed, n_timeout, n_canceled;
+	/*
+	 * Tasks terminal (low 32 bits) and, among them, COMPLETED (high 32 bits): one atomic
+	 * add per task that completes (BATCH_ENDED_*). n_tasks < 2^32, so the halves never carry.
+	 */
+	_Atomic uint64_t n_ended;
+	_Atomic uint32_t n_failed, n_timeout, n_canceled;
 	_Atomic uint64_t min_deadline_ns;
 	_Atomic uint32_t canceled;
 	_Atomic uint32_t tasks_released; /* regions/segments/views let go (once) */
@@ -119,6 +123,11 @@ struct batch {
 	GCond wait_cond;
 	_Atomic int32_t waiters;
 };
+
+#define BATCH_ENDED_TERMINAL 1ull
+#define BATCH_ENDED_COMPLETED (1ull << 32)
+#define BATCH_ENDED_N_TERMINAL(v) ((uint32_t)(v))
+#define BATCH_ENDED_N_COMPLETED(v) ((uint32_t)((v) >> 32))
 
 #define SLICE_AT(chunk, i) ((struct slice *)((chunk)->data + (size_t)(i) * (chunk)->stride))
 #define SLICE_OF(ps) ((struct slice *)(void *)(ps)) /* ps is the first member */

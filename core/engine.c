@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <json-glib/json-glib.h>
+
 #include "core/batch.h"
 #include "core/control.h"
 #include "core/engine.h"
@@ -108,7 +110,9 @@ static enum te_status engine_load_transports(struct engine *e)
 		max_priv = MAX(max_priv, tp->caps.slice_priv_size);
 		ENGINE_LOG(e, TE_LOG_INFO, "transport %s loaded from %s (%s progress, %u devices)",
 			   p->name, p->path,
-			   tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL ? "manual" : "auto",
+			   tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL ? "manual"
+			   : tp->hybrid					  ? "hybrid"
+									  : "auto",
 			   tp->n_devices);
 	}
 	/* An engine that cannot move a byte fails now, not at its first segment open. */
@@ -426,4 +430,98 @@ enum te_status te_batch_free(struct te_engine *engine, te_batch_id batch)
 {
 	ENGINE_OR_FAIL(engine, "te_batch_free");
 	return batch_free(e, batch);
+}
+
+/* Largest object one plugin's stats may report (a bound on what a buggy plugin asks for). */
+#define ENGINE_STATS_MAX (16u << 20)
+
+/* One transport's stats object, parsed (NULL when it reports nothing). */
+static enum te_status engine_transport_stats(struct transport *tp, JsonNode **node_out)
+{
+	const char *name = tp->plugin->name;
+	g_autoptr(JsonParser) parser = NULL;
+	g_autofree char *buf = NULL;
+	size_t len = 0, need = 0;
+	enum te_status st = TE_ERR_TOO_LARGE;
+	g_autoptr(GError) err = NULL;
+
+	*node_out = NULL;
+	if (!tp->inst || !tp->plugin->ops.stats)
+		return TE_OK;
+	/* The object may grow between the calls: try again a few times with what it needs. */
+	for (int tries = 0; tries < 4 && st == TE_ERR_TOO_LARGE; tries++) {
+		if (need > len) {
+			if (need > ENGINE_STATS_MAX)
+				return log_error(
+					TE_ERR_PLUGIN_INVALID,
+					"te_engine_stats: transport %s asks for %zu bytes of "
+					"stats (at most %u)",
+					name, need, ENGINE_STATS_MAX);
+			g_free(buf);
+			buf = g_malloc(need);
+			len = need;
+		}
+		need = 0;
+		if (tp->serialized)
+			g_mutex_lock(&tp->call_lock);
+		st = tp->plugin->ops.stats(tp->inst, buf, len, &need);
+		if (tp->serialized)
+			g_mutex_unlock(&tp->call_lock);
+		if (st == TE_ERR_TOO_LARGE && need <= len)
+			return log_error(TE_ERR_PLUGIN_INVALID,
+					 "te_engine_stats: transport %s: stats reported "
+					 "TE_ERR_TOO_LARGE but needs only %zu bytes of %zu",
+					 name, need, len);
+	}
+	if (st == TE_ERR_UNSUPPORTED)
+		return TE_OK;
+	if (st != TE_OK)
+		return log_error(st, "te_engine_stats: transport %s: stats failed: %s", name,
+				 te_status_str(st));
+	if (!buf || !memchr(buf, '\0', len))
+		return log_error(
+			TE_ERR_PLUGIN_INVALID,
+			"te_engine_stats: transport %s: stats are not NUL-terminated within "
+			"%zu bytes",
+			name, len);
+	parser = json_parser_new();
+	if (!json_parser_load_from_data(parser, buf, -1, &err) ||
+	    !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser)))
+		return log_error(TE_ERR_PLUGIN_INVALID,
+				 "te_engine_stats: transport %s: stats are not a JSON object%s%s",
+				 name, err ? ": " : "", err ? err->message : "");
+	*node_out = json_node_copy(json_parser_get_root(parser));
+	return TE_OK;
+}
+
+enum te_status te_engine_stats(struct te_engine *engine, char **json_out)
+{
+	ENGINE_OR_FAIL(engine, "te_engine_stats");
+	g_autoptr(JsonBuilder) b = NULL;
+	g_autoptr(JsonGenerator) gen = NULL;
+	g_autoptr(JsonNode) root = NULL;
+
+	if (!json_out)
+		return log_error(TE_ERR_INVALID_ARG, "te_engine_stats: json_out is NULL");
+	b = json_builder_new();
+	json_builder_begin_object(b);
+	for (unsigned t = 0; t < e->n_tps; t++) {
+		JsonNode *node;
+		enum te_status st = engine_transport_stats(e->tps[t], &node);
+
+		if (st != TE_OK)
+			return st;
+		if (!node)
+			continue;
+		json_builder_set_member_name(b, e->tps[t]->plugin->name);
+		json_builder_add_value(b, node); /* takes it */
+	}
+	json_builder_end_object(b);
+	root = json_builder_get_root(b);
+	gen = json_generator_new();
+	json_generator_set_root(gen, root);
+	*json_out = json_generator_to_data(gen, NULL);
+	if (!*json_out)
+		return log_error(TE_ERR_NOMEM, "te_engine_stats: encoding failed");
+	return TE_OK;
 }

@@ -16,8 +16,9 @@ bool progress_start(struct engine *e);
 void progress_stop(struct engine *e);
 
 /*
- * Drive every MANUAL transport and drain backlogs once; returns work done. The
- * worker (@from_worker) leaves manual progress to threads waiting in te_batch_wait.
+ * Drive every MANUAL transport (and, from a waiting thread, every hybrid one) and drain
+ * backlogs once; returns work done. The worker (@from_worker) leaves manual progress to
+ * threads waiting in te_batch_wait, and never polls hybrid transports (their threads do).
  */
 unsigned progress_once(struct engine *e, bool from_worker);
 

@@ -21,6 +21,50 @@
 #define STALL_MAX_NS (1000ull * 1000)
 
 
+/*
+ * Completions a plugin reports inside a progress() call the core made on this thread
+ * (slice_progress_begin/end around it): their in_flight decrements, and the batch references
+ * of the slices that succeeded (in runs of one batch), are settled when the call returns,
+ * with one atomic each instead of one per slice. Only counts wait: every outcome is accounted
+ * at once, and a batch outlives the run by that much.
+ */
+static _Thread_local struct {
+	struct transport *tp; /* whose progress() runs on this thread; NULL: none */
+	int64_t done;
+	struct batch *batch;
+	int64_t refs;
+} reap;
+
+static void reap_flush_batch(void)
+{
+	struct batch *b = reap.batch;
+	int64_t n = reap.refs;
+
+	if (!b)
+		return;
+	reap.batch = NULL;
+	reap.refs = 0;
+	/* All but the last reference: the batch cannot end meanwhile. */
+	if (n > 1)
+		atomic_fetch_sub_explicit(&b->refs, n - 1, memory_order_release);
+	batch_unref(b);
+}
+
+void slice_progress_begin(struct transport *tp)
+{
+	reap.tp = tp;
+	reap.done = 0;
+}
+
+void slice_progress_end(void)
+{
+	if (reap.done)
+		atomic_fetch_sub_explicit(&reap.tp->in_flight, reap.done, memory_order_relaxed);
+	reap.done = 0;
+	reap_flush_batch();
+	reap.tp = NULL;
+}
+
 /* --- posting to plugins ----------------------------------------------------- */
 
 static void backlog_push(struct transport *tp, struct te_plugin_slice **ps, uint32_t n,
@@ -80,21 +124,24 @@ static void stall_begin(struct transport *tp)
 static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_slice **ps,
 		     uint32_t *n_io)
 {
-	bool manual = tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL;
+	bool manual = tp->polled; /* MANUAL or hybrid: in_flight counted */
 	uint32_t acc = 0, n = 0;
 	enum te_status st;
 
 	/*
-	 * seq_cst store then load of term pairs with batch_free's scan of in_plugin:
-	 * a slice whose outcome is already settled (timed out, canceled) is never
-	 * handed to a plugin once its batch may have released its memory.
+	 * Store in_plugin, full fence, then load term and abort_status: pairs with batch_free's
+	 * scan of in_plugin and with abort_slices (retry.c: abort_status, then in_plugin), so
+	 * that a slice whose outcome is already settled (timed out, canceled) is never handed
+	 * to a plugin once its batch may have released its memory. One fence for the run
+	 * instead of a locked store per slice.
 	 */
+	for (uint32_t i = 0; i < *n_io; i++)
+		atomic_store_explicit(&SLICE_OF(ps[i])->in_plugin, 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_seq_cst);
 	for (uint32_t i = 0; i < *n_io; i++) {
 		struct slice *s = SLICE_OF(ps[i]);
 		int32_t abort;
 
-		atomic_store(&s->in_plugin, 1);
-		/* seq_cst: pairs with abort_slices (retry.c) (abort_status, then in_plugin). */
 		abort = atomic_load(&s->abort_status);
 		if (atomic_load(&s->term) || abort) {
 			atomic_store(&s->in_plugin, 0);
@@ -454,6 +501,46 @@ static void tasks_undo(struct batch *b, uint32_t base, size_t n)
 	}
 }
 
+/*
+ * References a submit takes per task (its local region, its segment, its view), counted in
+ * runs of consecutive tasks on the same ones and taken with one atomic add per run. Flushed
+ * before pass 1 lets go of the locks that keep them alive.
+ */
+struct ref_run {
+	struct mem_region *region;
+	struct segment *seg;
+	struct segview *view;
+	int32_t n_region, n_seg, n_view;
+};
+
+/* Relaxed, as the per-task adds were: the submit's locks order them against release. */
+static void ref_run_flush(struct ref_run *run)
+{
+	if (run->n_region)
+		atomic_fetch_add_explicit(&run->region->refs, run->n_region, memory_order_relaxed);
+	if (run->n_seg)
+		atomic_fetch_add_explicit(&run->seg->busy, run->n_seg, memory_order_relaxed);
+	if (run->n_view)
+		atomic_fetch_add_explicit(&run->view->refs, run->n_view, memory_order_relaxed);
+	memset(run, 0, sizeof(*run));
+}
+
+static inline void ref_run_add(struct ref_run *run, struct mem_region *region, struct segment *seg,
+			       struct segview *view)
+{
+	if ((run->n_region && region != run->region) || (run->n_seg && seg != run->seg) ||
+	    (run->n_view && view != run->view))
+		ref_run_flush(run);
+	run->region = region;
+	run->n_region++;
+	if (seg) {
+		run->seg = seg;
+		run->n_seg++;
+	}
+	run->view = view;
+	run->n_view++;
+}
+
 /* Internal: a request missed its segment's descriptor; nothing was appended (try again). */
 #define SUBMIT_REFRESH 1
 
@@ -473,11 +560,25 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 	struct segview *local_view = NULL, *last_view = NULL;
 	const struct descriptor_buffer *last_db = NULL;
 	struct mem_region *last_region = NULL;
+	/* Runs of requests alike (see ref_run): one atomic per run for the references taken. */
+	struct ref_run held = { 0 };
+	/* The last transport choice, and what it depended on (select_transport is pure in them). */
+	const struct mem_region *sel_region = NULL;
+	const struct segview *sel_view = NULL;
+	const struct descriptor_buffer *sel_db = NULL;
+	uint32_t sel_opcode = 0;
+	int sel_tpi = -1;
+	bool sel_staged = false;
+	/* Pass 2: the paused devices of the last transport (now does not change). */
+	struct transport *ex_tp = NULL;
+	uint64_t ex_mask = 0;
 	struct batch *b;
 	enum te_status st;
 	size_t i;
 
-	segment_refresh_stale(e);
+	/* Relaxed peek: segment_refresh_stale reads it again (acquire) before acting. */
+	if (atomic_load_explicit(&e->refresh_pending, memory_order_relaxed))
+		segment_refresh_stale(e);
 	st = batch_get(e, id, &b);
 	if (st != TE_OK)
 		return st;
@@ -637,8 +738,22 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 		last_region = region;
 		last_db = db;
 		last_view = v;
-		tpi = select_transport(e, v, (size_t)(db - v->desc->buffers), region, r->opcode,
-				       now, &t->staged, &sst, why, sizeof(why));
+		if (sel_tpi >= 0 && region == sel_region && v == sel_view && db == sel_db &&
+		    r->opcode == sel_opcode) {
+			tpi = sel_tpi;
+			t->staged = sel_staged;
+		} else {
+			tpi = select_transport(e, v, (size_t)(db - v->desc->buffers), region,
+					       r->opcode, now, &t->staged, &sst, why, sizeof(why));
+			if (tpi >= 0) {
+				sel_region = region;
+				sel_view = v;
+				sel_db = db;
+				sel_opcode = r->opcode;
+				sel_tpi = tpi;
+				sel_staged = t->staged;
+			}
+		}
 		if (tpi < 0) {
 			task_reject(t, sst, "request %zu: no transport for segment '%s': %s", i,
 				    v->desc->name, why);
@@ -649,13 +764,13 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 			log_choice(e, v, (size_t)(db - v->desc->buffers), region, r, tpi, t->staged,
 				   now, id, base + i);
 		t->region = region;
-		atomic_fetch_add_explicit(&region->refs, 1, memory_order_relaxed);
 		t->view = v;
-		segview_ref(v);
 		t->seg = seg;
-		if (seg)
-			atomic_fetch_add_explicit(&seg->busy, 1, memory_order_relaxed);
-		task_slice_size(e, (unsigned)tpi, r->length, &t->n_slices);
+		ref_run_add(&held, region, seg, v);
+		if (r->length <= e->slice_size[tpi])
+			t->n_slices = 1;
+		else
+			task_slice_size(e, (unsigned)tpi, r->length, &t->n_slices);
 		/* Remember which buffer: reuse last_device as scratch until posting. */
 		atomic_store_explicit(&t->last_device, (uint32_t)(db - v->desc->buffers),
 				      memory_order_relaxed);
@@ -667,6 +782,7 @@ rejected:
 			log_error(first_err, "te_batch_submit: %s", t->detail);
 		}
 	}
+	ref_run_flush(&held); /* before the locks go: what they guard must stay */
 	segment_read_unlock(e);
 	g_rw_lock_reader_unlock(&e->mem.lock);
 
@@ -720,8 +836,17 @@ rejected:
 		db = &t->view->desc->buffers[bi];
 		vt = &t->view->tps[tpi];
 		rkey = t->view->rkeys[bi * e->n_tps + tpi];
-		ss = task_slice_size(e, tpi, r->length, &ns);
-		excluded = transport_paused_devices(t->tp, now);
+		if (t->n_slices == 1) {
+			ss = r->length;
+			ns = 1;
+		} else {
+			ss = task_slice_size(e, tpi, r->length, &ns);
+		}
+		if (t->tp != ex_tp) {
+			ex_tp = t->tp;
+			ex_mask = transport_paused_devices(t->tp, now);
+		}
+		excluded = ex_mask;
 		for (uint32_t k = 0; k < ns; k++, si++) {
 			struct slice *s = SLICE_AT(chunk, si);
 			uint64_t len = MIN(ss, r->length - off);
@@ -825,8 +950,12 @@ void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status
 	 * passed or the batch is canceled). Nothing waits on the slice either way.
 	 */
 	atomic_store_explicit(&s->in_plugin, 0, memory_order_release);
-	if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL)
-		atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
+	if (tp->polled) {
+		if (reap.tp == tp)
+			reap.done++;
+		else
+			atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
+	}
 	/* Room in the plugin again: end a back-pressure stall (read-mostly, written rarely). */
 	if (G_UNLIKELY(atomic_load_explicit(&tp->stall_until_ns, memory_order_relaxed)))
 		atomic_store_explicit(&tp->stall_until_ns, 0, memory_order_relaxed);
@@ -874,10 +1003,22 @@ void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status
 		    atomic_load_explicit(&tp->dev_failures[d], memory_order_relaxed))
 			atomic_store_explicit(&tp->dev_failures[d], 0, memory_order_relaxed);
 		if (slice_claim(s)) {
-			atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
+			/* One slice: its claim makes this the task's only writer of bytes. */
+			if (t->n_slices == 1)
+				atomic_store_explicit(&t->bytes, bytes, memory_order_relaxed);
+			else
+				atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
 			slice_count_done(s);
 		}
-		batch_release_slice(s);
+		if (reap.tp == tp) {
+			if (reap.batch != b) {
+				reap_flush_batch();
+				reap.batch = b;
+			}
+			reap.refs++;
+		} else {
+			batch_release_slice(s);
+		}
 		return;
 	}
 	if (status == TE_OK) {

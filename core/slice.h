@@ -31,6 +31,13 @@ void slice_drop_backlog(struct transport *tp);
 /* Worker: the retry of @s is due (retry_take_due). */
 void slice_retry(struct engine *e, struct slice *s);
 
+/*
+ * Around a progress() call on this thread: completions it reports settle their in_flight
+ * decrements and batch references at slice_progress_end, in bulk.
+ */
+void slice_progress_begin(struct transport *tp);
+void slice_progress_end(void);
+
 /* Host service: a plugin finished one slice attempt. */
 void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,
 		uint64_t bytes, const char *detail);

@@ -89,6 +89,13 @@ enum te_status transport_wait(struct transport *tp, uint64_t timeout_ns)
 	return tp->plugin->ops.wait(tp->inst, timeout_ns);
 }
 
+void transport_drive(struct transport *tp, uint32_t driving)
+{
+	/* Optional and without a stub (since ABI 1.2): absent means nothing to tell. */
+	if (tp->plugin->ops.drive)
+		tp->plugin->ops.drive(tp->inst, driving);
+}
+
 enum te_status transport_handshake(struct transport *tp, const char *peer_name, const void *req,
 				   size_t len, void *resp, size_t cap, size_t *resp_len_out)
 {
@@ -348,6 +355,17 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 		st = TE_ERR_PLUGIN_INVALID;
 		goto err_fini;
 	}
+	tp->hybrid = tp->caps.progress == TE_PLUGIN_PROGRESS_AUTO &&
+		     (tp->caps.flags & TE_PLUGIN_CAP_HYBRID_PROGRESS) &&
+		     tp->caps.thread_level == TE_PLUGIN_THREAD_MULTI;
+	if (tp->hybrid && !plugin->desc->ops->progress) {
+		*err_out = g_strdup_printf("%s: required op 'progress' is missing (caps.flags has "
+					   "TE_PLUGIN_CAP_HYBRID_PROGRESS)",
+					   plugin->path);
+		st = TE_ERR_PLUGIN_INVALID;
+		goto err_fini;
+	}
+	tp->polled = tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL || tp->hybrid;
 	memset(devs, 0, sizeof(devs));
 	for (unsigned i = 0; i < TRANSPORT_MAX_DEVICES; i++)
 		devs[i].size = sizeof(devs[i]);

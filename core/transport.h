@@ -57,8 +57,15 @@ struct transport {
 	_Atomic bool stopped;
 	/* Last error/warning line the plugin logged (quoted in init failures). */
 	char last_log[256];
-	/* Slices handed to the plugin and not yet returned (for manual progress). */
+	/* Slices handed to the plugin and not yet returned (when polled, below). */
 	_Atomic int64_t in_flight;
+	/*
+	 * te_batch_wait polls it (progress, wait): MANUAL, or hybrid (AUTO with
+	 * TE_PLUGIN_CAP_HYBRID_PROGRESS and MULTI: the core's workers never poll it).
+	 * Both count in_flight. Set by transport_start.
+	 */
+	bool polled;
+	bool hybrid;
 	/* Bounce buffers for local memory it cannot reach itself (core/stage.c), made lazily. */
 	GMutex stage_lock;
 	struct stage_pool *stage;
@@ -139,6 +146,8 @@ TE_NODISCARD enum te_status transport_retry_prepare(struct transport *tp,
 						    struct te_plugin_slice *ps);
 /* Block in the plugin up to @timeout_ns; never for a serialized one (TE_ERR_UNSUPPORTED). */
 enum te_status transport_wait(struct transport *tp, uint64_t timeout_ns);
+/* Hybrid progress: a waiting thread starts (1) or stops (0) polling @tp (op drive, if any). */
+void transport_drive(struct transport *tp, uint32_t driving);
 TE_NODISCARD enum te_status transport_handshake(struct transport *tp, const char *peer_name,
 						const void *req, size_t len, void *resp, size_t cap,
 						size_t *resp_len_out);

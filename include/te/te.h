@@ -98,6 +98,18 @@ TE_API const char *te_engine_name(const struct te_engine *engine);
 /* Change the log threshold at run time. Thread-safe. */
 TE_API void te_engine_set_log_level(struct te_engine *engine, enum te_log_level level);
 
+/*
+ * te_engine_stats - what the transports count, as one JSON object keyed by transport name
+ * (NUL-terminated; caller frees with te_free). Each value is the object the transport's
+ * plugin reports (its keys are documented with the plugin; tcp: per peer, the lanes
+ * configured and used, slices and bytes per lane, reconnects); transports that report
+ * nothing are left out, so "{}" is a valid answer. Counters are cumulative since engine
+ * start. Statuses: TE_ERR_INVALID_ARG (NULL engine or json_out), TE_ERR_PLUGIN_INVALID (a
+ * plugin reported something that is not a JSON object; the detail names it), TE_ERR_NOMEM.
+ * Thread-safe.
+ */
+TE_API TE_NODISCARD enum te_status te_engine_stats(struct te_engine *engine, char **json_out);
+
 /* --- memory ------------------------------------------------------------------ */
 
 /* Access flags for te_mem_register. */

@@ -128,6 +128,20 @@ enum te_plugin_thread_level {
  * failed). Without it, devices are rails: a failed or quarantined one is avoided.
  */
 #define TE_PLUGIN_CAP_FIXED_DEVICES (1u << 2)
+/*
+ * Since ABI 1.2: hybrid progress, for a TE_PLUGIN_PROGRESS_AUTO, TE_PLUGIN_THREAD_MULTI plugin
+ * with the op progress (and optionally wait and drive). Its own threads complete slices as any
+ * AUTO plugin's do, and besides, an application thread waiting in te_batch_wait polls it
+ * through progress() while it has slices in flight, as the core does for MANUAL plugins (and
+ * sleeps in wait() between empty polls, under wait's rules), so that a completion reaches its
+ * batch on the waiting thread with no hand-off between threads (the way UCX and NIXL
+ * application threads progress their worker). drive() brackets those polls, so that the
+ * plugin's threads can keep away from the queues meanwhile and take over at once after.
+ * The core's worker threads never call progress() for such a plugin: when nobody waits, its
+ * threads do the work. Ignored for MANUAL and SERIALIZED plugins; a plugin without the op
+ * progress is refused.
+ */
+#define TE_PLUGIN_CAP_HYBRID_PROGRESS (1u << 3)
 
 /* Capabilities; filled by query_caps after the core zeroes it and sets size. */
 struct te_plugin_caps {
@@ -480,6 +494,9 @@ struct te_plugin_ops {
 	 * Must not block. Called while the plugin has slices in flight, from a thread
 	 * waiting in te_batch_wait or from the core's workers. A MULTI plugin may also
 	 * complete slices from a thread of its own (slice_done is thread-safe).
+	 * TE_PLUGIN_CAP_HYBRID_PROGRESS plugins (since ABI 1.2): the same, but only from the
+	 * application thread polling in te_batch_wait (see drive), concurrently with the
+	 * plugin's own threads.
 	 */
 	uint32_t (*progress)(struct te_plugin_inst *inst, uint32_t budget);
 	/*
@@ -529,7 +546,8 @@ struct te_plugin_ops {
 	 * @timeout_ns.
 	 * When it is called, exactly:
 	 * - never for a TE_PLUGIN_THREAD_SERIALIZED plugin (its call lock would be held while
-	 *   blocking, stalling every submitter), nor for a TE_PLUGIN_PROGRESS_AUTO one;
+	 *   blocking, stalling every submitter), nor for a TE_PLUGIN_PROGRESS_AUTO one without
+	 *   TE_PLUGIN_CAP_HYBRID_PROGRESS (a hybrid one is treated as MANUAL below);
 	 * - only from an application thread inside te_batch_wait, the engine's one polling
 	 *   waiter: never from the core's worker threads, and never by two threads at once
 	 *   for one instance;
@@ -543,6 +561,19 @@ struct te_plugin_ops {
 	 *   at most @timeout_ns.
 	 */
 	enum te_status (*wait)(struct te_plugin_inst *inst, uint64_t timeout_ns);
+	/*
+	 * Since ABI 1.2, TE_PLUGIN_CAP_HYBRID_PROGRESS plugins, optional: an application thread
+	 * in te_batch_wait starts (@driving 1) or stops (@driving 0) polling this instance
+	 * through progress() and wait(). Between the two, progress() comes back to back (or
+	 * after wait()) until the waited batch ends; the plugin's own threads may keep away from
+	 * the queues progress() polls (two pollers of one queue only take turns on its lock and
+	 * on the CPUs). After 0 they must take over whatever is still in flight without delay:
+	 * nobody may poll again soon. Calls alternate 1, 0, 1, 0 (one polling thread per engine
+	 * at a time), each 1 made while the plugin has slices in flight; every 1 gets its 0, at
+	 * the latest before fini. Must not block; returns nothing. Concurrently with any op but
+	 * init, query_caps, query_devices and fini.
+	 */
+	void (*drive)(struct te_plugin_inst *inst, uint32_t driving);
 
 	/* --- since ABI 1.2: memory kinds (caps.owned_mem_types; mem_alloc/mem_free also for
 	 * caps.alloc_mem_types) --- */
@@ -600,6 +631,21 @@ struct te_plugin_ops {
 	enum te_status (*load_peer_ex)(struct te_plugin_inst *inst,
 				       const struct te_plugin_peer_info *info, const void *blob,
 				       size_t len, struct te_plugin_peer **peer_out);
+
+	/* --- since ABI 1.2: statistics --- */
+	/*
+	 * stats: what the instance counts (e.g. per peer: lanes configured and used, slices and
+	 * bytes per lane, reconnects), as one JSON object, UTF-8 and NUL-terminated, written to
+	 * @buf (@len bytes; @buf may be NULL when @len is 0). *needed_out is always set to the
+	 * object's size including its NUL. TE_OK when it fit; TE_ERR_TOO_LARGE when it did not
+	 * (nothing usable in @buf: the core calls again with *needed_out bytes; the object may
+	 * have grown meanwhile). The keys are the plugin's own and documented with it; counters
+	 * are cumulative since init. Optional: the core calls it when set (te_engine_stats).
+	 * Thread-safe, concurrently with every op but init and fini; it must not wait for the
+	 * data path (read counters, not queues).
+	 */
+	enum te_status (*stats)(struct te_plugin_inst *inst, char *buf, size_t len,
+				size_t *needed_out);
 };
 
 /*

@@ -426,10 +426,11 @@ static enum te_status efa_query_caps(struct te_plugin_inst *inst, struct te_plug
 	max_slice = EFA_MIN(ei->max_msg ? ei->max_msg : EFA_MAX_SLICE, EFA_MAX_SLICE);
 	caps->mem_types = TE_PLUGIN_MEM_CPU | ei->gpu_types;
 	caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
-	caps->progress = ei->progress == EFA_PROGRESS_CALLER ? TE_PLUGIN_PROGRESS_MANUAL
-							     : TE_PLUGIN_PROGRESS_AUTO;
+	/* 'caller': hybrid, the waiting application thread polls while our threads stand by. */
+	caps->progress = TE_PLUGIN_PROGRESS_AUTO;
 	caps->thread_level = TE_PLUGIN_THREAD_MULTI;
-	caps->flags = ei->same_host ? TE_PLUGIN_CAP_SAME_HOST_ONLY : 0;
+	caps->flags = (ei->same_host ? TE_PLUGIN_CAP_SAME_HOST_ONLY : 0) |
+		      (ei->progress == EFA_PROGRESS_CALLER ? TE_PLUGIN_CAP_HYBRID_PROGRESS : 0);
 	caps->max_slice_size = max_slice;
 	caps->default_slice_size = EFA_MIN(ei->slice_size, max_slice);
 	caps->slice_priv_size = sizeof(struct efa_spriv);
@@ -719,6 +720,7 @@ static const struct te_plugin_ops efa_ops = {
 	.cancel = efa_cancel,
 	.retry_prepare = efa_retry_prepare,
 	.wait = efa_wait,
+	.drive = efa_drive,
 };
 
 static const struct te_plugin_desc efa_desc = {

@@ -45,12 +45,13 @@
  * thread sleeps on the CQ wait fd when the provider has one (after fi_trywait), otherwise for
  * poll_us; submit kicks a sleeping thread through an eventfd. Completions and CQ errors
  * (fi_cq_readerr, with fi_cq_strerror text in the detail) become host->slice_done calls.
- * With progress 'caller' (the default on providers over IP) the plugin is manual-progress
- * to the core: the thread waiting in te_batch_wait (else the core's worker) polls the CQs in
- * efa_progress, so a completion reaches its batch with no hand-off between threads, and the
- * progress threads stay away: parked while operations are in flight (the core polls them,
- * efa_prog_park), then for EFA_CALLER_NS after the core's last poll; they still serve the
- * passive side, where the core has nothing in flight and never calls progress.
+ * With progress 'caller' (the default on providers over IP) the plugin is hybrid-progress to
+ * the core (TE_PLUGIN_CAP_HYBRID_PROGRESS): the thread waiting in te_batch_wait polls the CQs
+ * in efa_progress, so a completion reaches its batch with no hand-off between threads, and
+ * the progress threads stay away: parked while that thread drives us (efa_drive) and
+ * operations are in flight (efa_prog_park), woken when it stops with some still in flight;
+ * they complete everything when nobody waits, and serve the passive side, where the core has
+ * nothing in flight and never calls progress.
  *
  * Lifetimes. A slice holds its local region (mem->inflight: dereg_mem answers TE_ERR_BUSY
  * meanwhile) and its peer handle (refcount) until its completion. fini closes the endpoints,
@@ -416,6 +417,8 @@ struct efa_inst {
 	atomic_bool stopping;
 	/* progress 'caller': when the core last called efa_progress or efa_wait (efa_now_ns) */
 	_Atomic uint64_t caller_ns;
+	/* progress 'caller': an application thread in te_batch_wait polls us (efa_drive) */
+	atomic_uint driven;
 	bool all_fd; /* every NIC's CQ has a wait fd (efa_wait can sleep) */
 };
 
@@ -513,5 +516,6 @@ enum te_status efa_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s
 enum te_status efa_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_slice *s);
 uint32_t efa_progress(struct te_plugin_inst *inst, uint32_t budget);
 enum te_status efa_wait(struct te_plugin_inst *inst, uint64_t timeout_ns);
+void efa_drive(struct te_plugin_inst *inst, uint32_t driving);
 
 #endif /* TE_PLUGINS_EFA_H */

@@ -818,19 +818,19 @@ static void efa_prog_nap(struct efa_prog *p, uint64_t ns)
 }
 
 /*
- * progress 'caller': while operations of ours are in flight the core polls them (the thread
- * in te_batch_wait, else its worker, at most ENGINE_DRIVE_NS after the waiter left), and
- * its polls serve the passive side too: sleep until efa_progress has reaped the last of
- * them (efa_progs_unpark) rather than wake up to check. Whether parked.
+ * progress 'caller' (hybrid): while an application thread in te_batch_wait polls us (between
+ * efa_drive 1 and 0) and operations of ours are in flight, its polls reap them and serve the
+ * passive side too: sleep until efa_progress has reaped the last of them (efa_progs_unpark)
+ * or the waiter stops (efa_drive 0) rather than wake up to check. Whether parked.
  */
 static bool efa_prog_park(struct efa_prog *p)
 {
 	bool park;
 
 	atomic_store_explicit(&p->parked, 1, memory_order_relaxed);
-	/* Pairs with the fence in efa_progs_unpark: one of the two sees the other. */
+	/* Pairs with the fences in efa_progs_unpark and efa_drive: one sees the other. */
 	atomic_thread_fence(memory_order_seq_cst);
-	park = efa_prog_busy_nics(p);
+	park = atomic_load_explicit(&p->ei->driven, memory_order_relaxed) && efa_prog_busy_nics(p);
 	if (park)
 		efa_prog_nap(p, EFA_SAFETY_NS);
 	atomic_store_explicit(&p->parked, 0, memory_order_relaxed);
@@ -892,7 +892,7 @@ static void *efa_prog_main(void *arg)
 			last_work = efa_now_ns();
 			continue;
 		}
-		if (efa_caller_driving(ei, now)) {
+		if (efa_caller_driving(ei, now) && !efa_prog_busy_nics(p)) {
 			/* Nothing of ours in flight: check back when the core may have stopped. */
 			efa_prog_nap(p, EFA_CALLER_NS -
 						(now - atomic_load_explicit(&ei->caller_ns,
@@ -1425,9 +1425,9 @@ enum te_status efa_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_s
 }
 
 /*
- * progress 'caller' (MANUAL to the core): the thread waiting in te_batch_wait, or the core's
- * worker, reaps completions here, so a completion reaches its batch without a hand-off
- * between threads. NICs whose lock a submit holds are skipped; the next call gets them.
+ * progress 'caller' (hybrid to the core): the thread waiting in te_batch_wait reaps
+ * completions here, so a completion reaches its batch without a hand-off between threads.
+ * NICs whose lock a submit holds are skipped; the next call gets them.
  */
 uint32_t efa_progress(struct te_plugin_inst *inst, uint32_t budget)
 {
@@ -1478,4 +1478,35 @@ enum te_status efa_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 	if (ppoll(pfd, ei->n_nics, &ts, NULL) < 0 && errno != EINTR)
 		return TE_ERR_UNSUPPORTED;
 	return TE_OK;
+}
+
+/*
+ * progress 'caller', hybrid (ABI 1.2): a thread in te_batch_wait starts (1) or stops (0)
+ * polling us. While it does, the progress threads park once operations of theirs are in
+ * flight (efa_prog_park). When it stops, a thread that is parked or asleep with operations
+ * still in flight is woken to take them over: nobody else polls them now.
+ */
+void efa_drive(struct te_plugin_inst *inst, uint32_t driving)
+{
+	struct efa_inst *ei = efa_inst_of(inst);
+
+	if (ei->progress != EFA_PROGRESS_CALLER)
+		return;
+	if (driving) {
+		atomic_store_explicit(&ei->caller_ns, efa_now_ns(), memory_order_relaxed);
+		atomic_store_explicit(&ei->driven, 1, memory_order_relaxed);
+		return;
+	}
+	atomic_store_explicit(&ei->driven, 0, memory_order_relaxed);
+	/* Pairs with the fence in efa_prog_park: it sees driven 0, or this sees parked. */
+	atomic_thread_fence(memory_order_seq_cst);
+	for (uint32_t t = 0; t < ei->n_progs; t++) {
+		struct efa_prog *p = &ei->progs[t];
+
+		if (!efa_prog_busy_nics(p))
+			continue;
+		if (atomic_exchange_explicit(&p->parked, 0, memory_order_relaxed) ||
+		    atomic_load_explicit(&p->sleeping, memory_order_relaxed))
+			efa_prog_wake(p);
+	}
 }

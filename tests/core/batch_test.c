@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* batch_test.c: the batch handle table, batch reuse, and engine teardown with slices held. */
+#include <string.h>
+
 #include <glib.h>
 
 #include "core/batch.h"
@@ -102,11 +104,154 @@ static void test_teardown_held(void)
 	g_assert_cmpuint(atomic_load(&fake.cancels), >, 0);
 }
 
+/* Hybrid progress: what the fake's progress and drive ops saw. */
+static struct {
+	_Atomic uint32_t progress_calls, drive_calls, drive_bad;
+	_Atomic uint32_t driving;
+	GThread *progress_thread, *drive_thread;
+} hy;
+
+static uint32_t hybrid_progress(struct te_plugin_inst *inst, uint32_t budget)
+{
+	uint32_t n;
+
+	(void)inst;
+	atomic_fetch_add(&hy.progress_calls, 1);
+	hy.progress_thread = g_thread_self();
+	/* Only between drive(1) and drive(0). */
+	if (!atomic_load(&hy.driving))
+		atomic_fetch_add(&hy.drive_bad, 1);
+	g_mutex_lock(&fake.lock);
+	n = MIN(fake.n_held, budget);
+	g_mutex_unlock(&fake.lock);
+	fake_complete_held(TE_OK);
+	return n;
+}
+
+static void hybrid_drive(struct te_plugin_inst *inst, uint32_t driving)
+{
+	(void)inst;
+	atomic_fetch_add(&hy.drive_calls, 1);
+	hy.drive_thread = g_thread_self();
+	/* Calls alternate 1, 0, 1, 0. */
+	if (atomic_exchange(&hy.driving, driving) == driving)
+		atomic_fetch_add(&hy.drive_bad, 1);
+}
+
+/*
+ * A hybrid transport (AUTO with TE_PLUGIN_CAP_HYBRID_PROGRESS): the core's workers never poll
+ * it; te_batch_wait polls it through progress() between drive(1) and drive(0), on the
+ * waiting thread, and the completions it reaps end the batch.
+ */
+static void test_wait_hybrid(void)
+{
+	struct te_engine *te = itest_engine1("A", "loopback", NULL, NULL);
+	struct engine *e = fake_engine(te);
+	struct transport *tp = e->tps[0];
+	static char buf[1 << 16];
+	struct te_request r[2] = {
+		{ TE_OP_WRITE, TE_SEGMENT_LOCAL, buf, (uintptr_t)(buf + sizeof(buf) / 2), 4096 },
+		{ TE_OP_READ, TE_SEGMENT_LOCAL, buf + 4096, (uintptr_t)(buf + sizeof(buf) / 2),
+		  4096 },
+	};
+	struct te_batch_info info;
+	te_batch_id id;
+
+	memset(&hy, 0, sizeof(hy));
+	fake_reset();
+	fake.hold = true;
+	fake_take_over(tp);
+	/* What transport_start makes of such caps (a MULTI plugin with the progress op). */
+	tp->hybrid = true;
+	tp->polled = true;
+	tp->plugin->ops.progress = hybrid_progress;
+	tp->plugin->ops.drive = hybrid_drive;
+	g_assert_cmpint(te_mem_register(te, buf, sizeof(buf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
+	for (int round = 0; round < 3; round++) {
+		g_assert_cmpint(te_batch_new(te, 2, &id), ==, TE_OK);
+		g_assert_cmpint(te_batch_submit(te, id, r, 2), ==, TE_OK);
+		g_assert_cmpint(atomic_load(&tp->in_flight), ==, 2);
+		/* Nobody waits: the worker leaves the slices to the plugin's own threads. */
+		g_usleep(20000);
+		g_assert_cmpuint(atomic_load(&hy.progress_calls), ==, 0);
+		g_assert_cmpint(te_batch_status(te, id, &info), ==, TE_OK);
+		g_assert_cmpint(info.state, ==, TE_STATE_PENDING);
+		/* The waiter polls them itself, bracketed by drive(1) and drive(0). */
+		g_assert_cmpint(te_batch_wait(te, id, 5000000000ll), ==, TE_OK);
+		g_assert_cmpuint(atomic_load(&hy.progress_calls), >, 0);
+		g_assert_true(hy.progress_thread == g_thread_self());
+		g_assert_true(hy.drive_thread == g_thread_self());
+		g_assert_cmpuint(atomic_load(&hy.drive_calls), ==, 2 * (round + 1));
+		g_assert_cmpuint(atomic_load(&hy.driving), ==, 0);
+		g_assert_cmpuint(atomic_load(&hy.drive_bad), ==, 0);
+		g_assert_cmpint(atomic_load(&tp->in_flight), ==, 0);
+		g_assert_cmpint(te_batch_status(te, id, &info), ==, TE_OK);
+		g_assert_cmpint(info.state, ==, TE_STATE_COMPLETED);
+		g_assert_cmpuint(info.completed, ==, 2);
+		g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
+		atomic_store(&hy.progress_calls, 0);
+	}
+	te_engine_free(te);
+}
+
+/* A plugin thread completes the batch while te_batch_wait watches for it, then sleeps. */
+static gpointer complete_later(gpointer data)
+{
+	g_usleep(GPOINTER_TO_UINT(data));
+	fake_complete_held(TE_OK);
+	return NULL;
+}
+
+static void test_wait_auto(void)
+{
+	struct te_engine *te = itest_engine1("A", "loopback", NULL, NULL);
+	struct engine *e = fake_engine(te);
+	static char buf[1 << 16];
+	struct te_request r = { TE_OP_WRITE, TE_SEGMENT_LOCAL, buf,
+				(uintptr_t)(buf + sizeof(buf) / 2), 4096 };
+	/* Within the watch before sleeping, after it, and with nothing done by the deadline. */
+	static const unsigned delays_us[] = { 0, 5, 20000 };
+
+	fake_reset();
+	fake.hold = true;
+	fake_take_over(e->tps[0]);
+	g_assert_cmpint(te_mem_register(te, buf, sizeof(buf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
+	for (size_t i = 0; i < G_N_ELEMENTS(delays_us); i++) {
+		struct te_batch_info info;
+		te_batch_id id;
+		GThread *t;
+
+		g_assert_cmpint(te_batch_new(te, 1, &id), ==, TE_OK);
+		g_assert_cmpint(te_batch_submit(te, id, &r, 1), ==, TE_OK);
+		t = g_thread_new("complete", complete_later, GUINT_TO_POINTER(delays_us[i]));
+		g_assert_cmpint(te_batch_wait(te, id, 10000000000ll), ==, TE_OK);
+		g_thread_join(t);
+		g_assert_cmpint(te_batch_status(te, id, &info), ==, TE_OK);
+		g_assert_cmpint(info.state, ==, TE_STATE_COMPLETED);
+		g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
+	}
+	/* Nothing completes: the wait ends at its deadline, TE_INPROGRESS, the batch intact. */
+	{
+		te_batch_id id;
+
+		g_assert_cmpint(te_batch_new(te, 1, &id), ==, TE_OK);
+		g_assert_cmpint(te_batch_submit(te, id, &r, 1), ==, TE_OK);
+		g_assert_cmpint(te_batch_wait(te, id, 1000000), ==, TE_INPROGRESS);
+		g_assert_cmpint(te_batch_free(te, id), ==, TE_ERR_BUSY);
+		fake_complete_held(TE_OK);
+		g_assert_cmpint(te_batch_wait(te, id, 0), ==, TE_OK);
+		g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
+	}
+	te_engine_free(te);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/batch/handles", test_handles);
 	g_test_add_func("/batch/cache", test_cache);
 	g_test_add_func("/batch/teardown-held", test_teardown_held);
+	g_test_add_func("/batch/wait-hybrid", test_wait_hybrid);
+	g_test_add_func("/batch/wait-auto", test_wait_auto);
 	return g_test_run();
 }

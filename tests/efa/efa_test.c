@@ -376,9 +376,9 @@ static void log_collect(void *user, enum te_log_level level, const char *msg)
 }
 
 /*
- * Every progress mode moves bytes, also when the application never calls te_batch_wait:
- * with 'caller' the core's worker then polls the CQ (the plugin is manual-progress to it),
- * with 'adaptive' and 'busy' the plugin's own thread does.
+ * Every progress mode moves bytes, also when the application never calls te_batch_wait: the
+ * plugin's own thread then polls the CQ ('caller' is hybrid: only a thread in te_batch_wait
+ * polls besides it, never the core's worker), as with 'adaptive' and 'busy'.
  */
 static void test_progress_modes(void)
 {
@@ -394,7 +394,7 @@ static void test_progress_modes(void)
 		g_autofree char *opts = g_strdup_printf("progress: %s", modes[m]);
 		g_autofree char *yaml = efa_yaml(provider, 60000, opts);
 		g_autofree char *plugin_says = g_strdup_printf(", progress %s,", modes[m]);
-		const char *core_says = m == 0 ? "(manual progress" : "(auto progress";
+		const char *core_says = m == 0 ? "(hybrid progress" : "(auto progress";
 		struct log_capture logs = { .text = g_string_new(NULL) };
 		struct te_engine_opts eo = { .size = sizeof(eo),
 					     .config_yaml = yaml,
@@ -413,7 +413,7 @@ static void test_progress_modes(void)
 
 		g_mutex_init(&logs.lock);
 		assert_ok(te_engine_new(&eo, &e));
-		/* The mode is in force: the plugin names it, the core drives 'caller' itself. */
+		/* The mode is in force: the plugin names it, the core polls 'caller' (hybrid). */
 		g_mutex_lock(&logs.lock);
 		if (!strstr(logs.text->str, plugin_says) || !strstr(logs.text->str, core_says))
 			g_error("%s: the engine log lacks \"%s\" or \"%s\":\n%s", opts, plugin_says,

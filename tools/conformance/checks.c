@@ -1497,7 +1497,8 @@ static void check_contract(void)
 				    "never exercised: no attempt was told to avoid a "
 				    "device (one device, or no retry)");
 		else if (i == CONF_RULE_PROGRESS &&
-			 run.c->caps.progress != TE_PLUGIN_PROGRESS_MANUAL)
+			 run.c->caps.progress != TE_PLUGIN_PROGRESS_MANUAL &&
+			 !(run.c->caps.flags & TE_PLUGIN_CAP_HYBRID_PROGRESS))
 			report_skip(rules[i].name, "an AUTO plugin: the core never calls progress");
 		else
 			report_ok(rules[i].name, "(%s: %" PRIu64 " completions checked)",

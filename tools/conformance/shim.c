@@ -45,7 +45,7 @@ _Static_assert(sizeof(struct te_plugin_host) ==
 		       offsetof(struct te_plugin_host, control_address) + sizeof(void *),
 	       "te-conformance shim: a host service was added to te_plugin.h; wrap it in shim.c");
 _Static_assert(sizeof(struct te_plugin_ops) ==
-		       offsetof(struct te_plugin_ops, load_peer_ex) + sizeof(void *),
+		       offsetof(struct te_plugin_ops, stats) + sizeof(void *),
 	       "te-conformance shim: an op was added to te_plugin.h; wrap it in shim.c");
 
 enum owned_state {
@@ -856,6 +856,17 @@ static enum te_status w_mem_free(struct te_plugin_inst *inst, void *ptr)
 	return REAL_OPS->mem_free(SI(inst)->real, ptr);
 }
 
+static enum te_status w_stats(struct te_plugin_inst *inst, char *buf, size_t len,
+			      size_t *needed_out)
+{
+	return REAL_OPS->stats(SI(inst)->real, buf, len, needed_out);
+}
+
+static void w_drive(struct te_plugin_inst *inst, uint32_t driving)
+{
+	REAL_OPS->drive(SI(inst)->real, driving);
+}
+
 /* Every wrapper; the table the core gets keeps those whose op the real plugin has. */
 static const struct te_plugin_ops all_wrappers = {
 	.size = sizeof(struct te_plugin_ops),
@@ -876,12 +887,14 @@ static const struct te_plugin_ops all_wrappers = {
 	.retry_prepare = w_retry_prepare,
 	.handshake = w_handshake,
 	.wait = w_wait,
+	.drive = w_drive,
 	.mem_query = w_mem_query,
 	.mem_copy = w_mem_copy,
 	.mem_dmabuf = w_mem_dmabuf,
 	.mem_alloc = w_mem_alloc,
 	.mem_free = w_mem_free,
 	.load_peer_ex = w_load_peer_ex,
+	.stats = w_stats,
 };
 
 /* --- the API te-conformance calls -------------------------------------------------------- */
