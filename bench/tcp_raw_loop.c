@@ -1333,6 +1333,8 @@ static void rl_print(const struct rl_opts *o, const struct rl_run *c, const stru
 		       o->verify ? "true" : "false", r->verified ? "true" : "false",
 		       r->failed ? "true" : "false", r->interrupted ? "true" : "false");
 		rl_json_str("version", RL_TE_VERSION, true);
+		/* te-bench's lanes keys: one connection per thread, each carries requests. */
+		printf("\"lanes\":%" PRIu32 ",\"lanes_used\":%" PRIu32 ",", o->conns, o->conns);
 		printf("\"connections\":%" PRIu32 ",\"working_set\":%" PRIu64
 		       ",\"pingpong\":%s,\"cpu_s_initiator\":%.6f",
 		       o->conns, c->ws, o->pingpong ? "true" : "false", r->cpu_init_s);

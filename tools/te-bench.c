@@ -111,6 +111,7 @@
 /* Written into areas a READ is about to fill, so a READ that moves nothing fails verify. */
 #define BENCH_POISON 0xa5
 #define BENCH_NAME_MAX 64
+#define BENCH_MAX_LANES 64 /* lanes per peer te-bench reports (tcp's own limit) */
 
 static const uint64_t bench_sweep_sizes[] = {
 	4 * BENCH_KIB, 16 * BENCH_KIB, 64 * BENCH_KIB, 256 * BENCH_KIB,
@@ -623,6 +624,14 @@ struct bench_row {
 	double lat_avg_us, lat_p50_us, lat_p99_us, lat_p999_us, lat_max_us;
 	char transport[BENCH_NAME_MAX];
 	char device[BENCH_NAME_MAX];
+	/*
+	 * Lanes of the transport towards the target (te_engine_stats), when it reports them:
+	 * configured, and those that carried slices during the run (warm-up included), with
+	 * each lane's slices.
+	 */
+	bool lanes_known;
+	uint32_t lanes, lanes_used;
+	uint64_t lane_slices[BENCH_MAX_LANES];
 	bool verify;
 	bool verified;
 	bool failed;
@@ -731,6 +740,16 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 		bench_json_dbl(b, "lat_us_p99", r->lat_p99_us);
 		bench_json_dbl(b, "lat_us_p999", r->lat_p999_us);
 		bench_json_dbl(b, "lat_us_max", r->lat_max_us);
+		json_builder_set_member_name(b, "lanes");
+		if (r->lanes_known)
+			json_builder_add_int_value(b, r->lanes);
+		else
+			json_builder_add_null_value(b);
+		json_builder_set_member_name(b, "lanes_used");
+		if (r->lanes_known)
+			json_builder_add_int_value(b, r->lanes_used);
+		else
+			json_builder_add_null_value(b);
 		bench_json_bool(b, "verify", r->verify);
 		bench_json_bool(b, "verified", r->verified);
 		bench_json_bool(b, "failed", r->failed);
@@ -751,6 +770,107 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 		   r->threads, r->samples, gbps, ops, r->lat_avg_us, r->lat_p50_us, r->lat_p99_us,
 		   r->lat_p999_us, r->transport[0] ? r->transport : "-",
 		   r->device[0] ? r->device : "-", verdict);
+}
+
+/*
+ * Slices per lane index of transport @tp in a te_engine_stats object, summed over its peers
+ * (te-bench talks to one): the transport's "peers" array, each with a "lanes" array of
+ * objects with "slices" (tcp's shape). Returns the lane count, 0 when @tp reports no lanes.
+ */
+static uint32_t bench_lanes_parse(const char *json, const char *tp, uint64_t *slices)
+{
+	g_autoptr(JsonParser) parser = json_parser_new();
+	JsonObject *root, *t;
+	JsonArray *peers;
+	uint32_t n = 0;
+
+	memset(slices, 0, BENCH_MAX_LANES * sizeof(*slices));
+	if (!json || !tp || !*tp || !json_parser_load_from_data(parser, json, -1, NULL) ||
+	    !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser)))
+		return 0;
+	root = json_node_get_object(json_parser_get_root(parser));
+	if (!json_object_has_member(root, tp) ||
+	    !JSON_NODE_HOLDS_OBJECT(json_object_get_member(root, tp)))
+		return 0;
+	t = json_object_get_object_member(root, tp);
+	if (!json_object_has_member(t, "peers") ||
+	    !JSON_NODE_HOLDS_ARRAY(json_object_get_member(t, "peers")))
+		return 0;
+	peers = json_object_get_array_member(t, "peers");
+	for (guint i = 0; i < json_array_get_length(peers); i++) {
+		JsonNode *pn = json_array_get_element(peers, i);
+		JsonObject *po;
+		JsonArray *lanes;
+
+		if (!JSON_NODE_HOLDS_OBJECT(pn))
+			continue;
+		po = json_node_get_object(pn);
+		if (!json_object_has_member(po, "lanes") ||
+		    !JSON_NODE_HOLDS_ARRAY(json_object_get_member(po, "lanes")))
+			continue;
+		lanes = json_object_get_array_member(po, "lanes");
+		for (guint k = 0; k < json_array_get_length(lanes) && k < BENCH_MAX_LANES; k++) {
+			JsonNode *ln = json_array_get_element(lanes, k);
+			JsonObject *lo;
+
+			if (!JSON_NODE_HOLDS_OBJECT(ln))
+				continue;
+			lo = json_node_get_object(ln);
+			if (json_object_has_member(lo, "slices"))
+				slices[k] += (uint64_t)json_object_get_int_member(lo, "slices");
+			n = MAX(n, (uint32_t)k + 1);
+		}
+	}
+	return n;
+}
+
+/* The engine's stats now (NULL when it cannot tell: the lanes line is left out). */
+static char *bench_stats(struct te_engine *e)
+{
+	char *json = NULL;
+
+	if (te_engine_stats(e, &json) != TE_OK)
+		return NULL;
+	return json;
+}
+
+/* Lanes of @r's transport used between the stats @before and @after. */
+static void bench_lanes_collect(struct bench_row *r, const char *before, const char *after)
+{
+	uint64_t b[BENCH_MAX_LANES], a[BENCH_MAX_LANES];
+	uint32_t nb = bench_lanes_parse(before, r->transport, b);
+	uint32_t na = bench_lanes_parse(after, r->transport, a);
+
+	if (!na || nb > na)
+		return;
+	r->lanes_known = true;
+	r->lanes = na;
+	for (uint32_t k = 0; k < na; k++) {
+		r->lane_slices[k] = a[k] >= b[k] ? a[k] - b[k] : 0;
+		r->lanes_used += r->lane_slices[k] > 0;
+	}
+}
+
+/* "lanes: 2 of 2 used (slices per lane 50.1%/49.9%)", on stderr (the table stays rows only). */
+static void bench_lanes_print(const struct bench_opts *o, const struct bench_row *r)
+{
+	g_autoptr(GString) line = NULL;
+	uint64_t total = 0;
+
+	if (o->quiet || !r->lanes_known)
+		return;
+	for (uint32_t k = 0; k < r->lanes; k++)
+		total += r->lane_slices[k];
+	line = g_string_new(NULL);
+	g_string_printf(line, "lanes: %" PRIu32 " of %" PRIu32 " used", r->lanes_used, r->lanes);
+	if (total) {
+		g_string_append(line, " (slices per lane ");
+		for (uint32_t k = 0; k < r->lanes; k++)
+			g_string_append_printf(line, "%s%.1f%%", k ? "/" : "",
+					       100.0 * (double)r->lane_slices[k] / (double)total);
+		g_string_append(line, ")");
+	}
+	fprintf(stderr, "te-bench: %s\n", line->str);
 }
 
 /* A "\r"-rewritten line on a terminal, one line per second elsewhere. */
@@ -1394,6 +1514,9 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	uint32_t started = 0;
 	char sz[32];
 
+	g_autofree char *stats_before = bench_stats(c->e);
+	g_autofree char *stats_after = NULL;
+
 	bench_gate_init(&c->gate, c->threads);
 	c->salt_base = (uint64_t)g_random_int() << 32 | g_random_int();
 	atomic_store(&c->stop, false);
@@ -1442,6 +1565,9 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	r->warmup = o->warmup;
 	r->verify = o->verify;
 	bench_row_collect(r, ws, started);
+	stats_after = bench_stats(c->e);
+	if (stats_before && stats_after)
+		bench_lanes_collect(r, stats_before, stats_after);
 	r->failed |= started != c->threads;
 	r->interrupted = bench_signalled != 0;
 	r->verified = o->verify && !r->failed && !r->interrupted && r->batches > 0;
@@ -1609,6 +1735,7 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 		if (!bench_run(&c, &r))
 			rc = r.interrupted && !r.failed ? BENCH_EXIT_SIGNAL : BENCH_EXIT_FAIL;
 		bench_print_row(o, &r);
+		bench_lanes_print(o, &r);
 	}
 	if (bench_signalled && rc == BENCH_EXIT_OK)
 		rc = BENCH_EXIT_SIGNAL;

@@ -677,7 +677,9 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		pthread_mutex_init(&l->rx_lock, NULL);
 		l->slots = calloc(ti->max_inflight, sizeof(*l->slots));
 		l->free_ids = malloc(ti->max_inflight * sizeof(*l->free_ids));
-		l->rx.buf = malloc(TCP_RBUF);
+		l->rx.buf = malloc(TCP_RBUF_BIG);
+		l->rx.cap = TCP_RBUF_BIG;
+		l->rx.gulp = TCP_GULP;
 		/* Lowest ids on top: a lightly used lane keeps touching the same slots. */
 		for (uint32_t k = 0; l->free_ids && k < ti->max_inflight; k++)
 			l->free_ids[k] = ti->max_inflight - 1 - k;
@@ -813,6 +815,106 @@ static void tcp_release_remote_key(struct te_plugin_inst *inst, struct te_plugin
 	free(k);
 }
 
+/* Appends to a buffer that may be too small, counting what the whole text needs. */
+struct tcp_out {
+	char *buf;
+	size_t len, used;
+};
+
+static void tcp_out(struct tcp_out *o, const char *fmt, ...) TE_PLUGIN_PRINTF(2, 3);
+
+static void tcp_out(struct tcp_out *o, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(o->used < o->len ? o->buf + o->used : NULL,
+		      o->used < o->len ? o->len - o->used : 0, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		o->used += (size_t)n;
+}
+
+/*
+ * @s as a JSON string: quotes, backslashes and control bytes escaped, and bytes above 0x7e
+ * too (as code points U+0080..U+00FF), so that any name gives valid JSON.
+ */
+static void tcp_out_str(struct tcp_out *o, const char *s)
+{
+	tcp_out(o, "\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '"' || c == '\\')
+			tcp_out(o, "\\%c", c);
+		else if (c < 0x20 || c > 0x7e)
+			tcp_out(o, "\\u%04x", c);
+		else
+			tcp_out(o, "%c", c);
+	}
+	tcp_out(o, "\"");
+}
+
+/*
+ * {"lanes_per_peer": N, "peers": [{"name", "address", "lanes": [{"slices", "bytes",
+ * "connects", "up"}...], "lanes_used", "slices", "bytes", "reconnects"}...]}: per peer
+ * loaded now, the slices and payload bytes queued on each lane since the peer was loaded
+ * (retries count again), connections opened (reconnects: all but each lane's first). A
+ * lane is used when it carried at least one slice.
+ */
+static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t len,
+				size_t *needed_out)
+{
+	struct tcp_inst *ti = tcp_inst_of(inst);
+	struct tcp_out o = { .buf = buf, .len = buf ? len : 0 };
+	const char *sep = "";
+
+	if (!needed_out)
+		return TE_ERR_INVALID_ARG;
+	tcp_out(&o, "{\"lanes_per_peer\":%" PRIu32 ",\"peers\":[", ti->lanes);
+	pthread_mutex_lock(&ti->lock);
+	for (struct tcp_peer *peer = ti->peers; peer; peer = peer->next) {
+		uint64_t slices = 0, bytes = 0, reconnects = 0;
+		uint32_t used = 0;
+
+		tcp_out(&o, "%s{\"name\":", sep);
+		tcp_out_str(&o, peer->name);
+		tcp_out(&o, ",\"address\":");
+		tcp_out_str(&o, peer->addr_text);
+		tcp_out(&o, ",\"lanes\":[");
+		for (uint32_t i = 0; i < peer->n_lanes; i++) {
+			struct tcp_lane *l = &peer->lanes[i];
+			/* relaxed: counters, each read once */
+			uint64_t n = atomic_load_explicit(&l->st_slices, memory_order_relaxed);
+			uint64_t b = atomic_load_explicit(&l->st_bytes, memory_order_relaxed);
+			uint64_t c = atomic_load_explicit(&l->st_connects, memory_order_relaxed);
+			bool up;
+
+			pthread_mutex_lock(&l->lock);
+			up = l->state == TCP_LANE_UP;
+			pthread_mutex_unlock(&l->lock);
+			tcp_out(&o,
+				"%s{\"slices\":%" PRIu64 ",\"bytes\":%" PRIu64
+				",\"connects\":%" PRIu64 ",\"up\":%s}",
+				i ? "," : "", n, b, c, up ? "true" : "false");
+			slices += n;
+			bytes += b;
+			reconnects += c > 1 ? c - 1 : 0;
+			used += n > 0;
+		}
+		tcp_out(&o,
+			"],\"lanes_used\":%" PRIu32 ",\"slices\":%" PRIu64 ",\"bytes\":%" PRIu64
+			",\"reconnects\":%" PRIu64 "}",
+			used, slices, bytes, reconnects);
+		sep = ",";
+	}
+	pthread_mutex_unlock(&ti->lock);
+	tcp_out(&o, "]}");
+	*needed_out = o.used + 1;
+	return o.used < o.len ? TE_OK : TE_ERR_TOO_LARGE;
+}
+
 static const struct te_plugin_ops tcp_ops = {
 	.size = sizeof(struct te_plugin_ops),
 	.init = tcp_init,
@@ -829,6 +931,7 @@ static const struct te_plugin_ops tcp_ops = {
 	.submit = tcp_submit,
 	.cancel = tcp_cancel,
 	.retry_prepare = tcp_retry_prepare,
+	.stats = tcp_stats,
 };
 
 static const struct te_plugin_desc tcp_desc = {

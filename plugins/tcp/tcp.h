@@ -118,7 +118,17 @@
 #define TCP_KEY_LEN 24u
 
 #define TCP_RBUF 8192u /* header buffer per connection; >= TCP_HDR_LEN + TCP_DETAIL_WIRE */
-#define TCP_CTL 256u   /* handshake bytes queued per connection (>= 2 frames, or 1 + detail) */
+/*
+ * Receive buffer of a lane and of a READY server connection: small payloads (frames of at
+ * most TCP_GULP payload bytes) are read through it in bulk, many frames per readv, and copied out
+ * (measured: see README.md, "How the defaults were chosen"). Larger payloads go straight to
+ * their destination.
+ */
+#define TCP_RBUF_BIG (64u << 10)
+#ifndef TCP_GULP
+#define TCP_GULP (16u << 10)
+#endif
+#define TCP_CTL 256u /* handshake bytes queued per connection (>= 2 frames, or 1 + detail) */
 #define TCP_SCRATCH (256u << 10) /* per worker: where discarded payloads go */
 #define TCP_LANE_IOV 512u	 /* iovecs per client sendmsg (<= UIO_MAXIOV) */
 #define TCP_SRV_IOV 1024u	 /* iovecs per server sendmsg (UIO_MAXIOV) */
@@ -177,18 +187,31 @@ struct tcp_rkey {
 
 /*
  * Receive state of one connection. Headers (and error details) collect in buf; a payload
- * goes to dst directly, and only bytes that arrived in the same read as preceding
- * header-only frames (bulk mode) are copied out of buf.
+ * goes to dst directly, except small ones (gulp) and bytes that arrived in the same read as
+ * preceding frames (bulk mode): those are copied out of buf.
  */
 struct tcp_rx {
-	uint8_t *buf; /* TCP_RBUF bytes */
+	uint8_t *buf;  /* cap bytes */
+	uint32_t cap;  /* TCP_RBUF, or TCP_RBUF_BIG once bulk receiving pays */
+	uint32_t gulp; /* payloads of at most this many bytes go through buf; 0: none */
 	uint32_t pos, end;
 	bool bulk;    /* the last frame carried no payload: read ahead */
 	bool payload; /* a payload is being received */
+	bool small;   /* ... of at most gulp bytes: read through buf (tcp_rx_through) */
 	uint8_t *dst; /* where it goes; NULL: discarded */
 	uint64_t left;
 	uint64_t room; /* > 0: at most this many bytes reach dst per read (a staging buffer) */
 };
+
+/*
+ * The payload in progress is small: read through buf (in bulk, then copied out), not into
+ * dst. Decided per frame, so the tail of a large payload never drags the next frames
+ * through the buffer.
+ */
+static inline bool tcp_rx_through(const struct tcp_rx *rx)
+{
+	return rx->payload && rx->small && !rx->room;
+}
 
 /* Per-slice plugin state, in slice->priv. */
 #define TCP_PRIV_DETAIL 176
@@ -306,10 +329,25 @@ struct tcp_lane {
 	struct tcp_lane *todo_next;
 	struct tcp_lane *wprev, *wnext;
 
+	/*
+	 * Statistics (tcp_stats): slices and payload bytes queued on this lane, connections
+	 * opened. Written under lock (one writer at a time, so a relaxed load and store, no
+	 * read-modify-write), read by tcp_stats without it (relaxed: counters).
+	 */
+	_Atomic uint64_t st_slices, st_bytes;
+	_Atomic uint64_t st_connects;
+
 	/* Cold: used once per connection. */
 	uint8_t nonce_c[TCP_NONCE];
 	uint8_t ctl[TCP_CTL];
 };
+
+/* Add @n to a statistics counter; its writers are serialized by a lock. */
+static inline void tcp_stat_add(_Atomic uint64_t *c, uint64_t n)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+			      memory_order_relaxed);
+}
 
 struct tcp_peer {
 	struct tcp_inst *ti;
@@ -533,6 +571,8 @@ void tcp_transcript(uint8_t out[TCP_TRANSCRIPT], bool server, uint64_t instance,
 		    uint64_t epoch, uint32_t lane, const uint8_t *nonce_c, const uint8_t *nonce_s);
 void tcp_sock_abort(int fd);
 void tcp_sock_tune(const struct tcp_inst *ti, int fd);
+/* Whether a non-blocking connect on @fd has completed: no pending error and a peer. */
+bool tcp_sock_connected(int fd);
 ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need);
 void tcp_rx_prefix(struct tcp_rx *rx);
 

@@ -375,6 +375,18 @@ static enum tcp_srv tcp_conn_ready(struct tcp_inst *ti, struct tcp_conn *c, uint
 		snprintf(why, why_len, "no memory for its response ring");
 		return TCP_SRV_CLOSE;
 	}
+	/* Ready to serve: a buffer that takes many small WRITEs per read (what it holds stays). */
+	if (c->rx.cap < TCP_RBUF_BIG) {
+		uint8_t *big = realloc(c->rx.buf, TCP_RBUF_BIG);
+
+		if (!big) {
+			snprintf(why, why_len, "no memory for its receive buffer");
+			return TCP_SRV_CLOSE;
+		}
+		c->rx.buf = big;
+		c->rx.cap = TCP_RBUF_BIG;
+		c->rx.gulp = TCP_GULP;
+	}
 	if (!tcp_fence(ti, c, &newest)) {
 		char text[TCP_DETAIL_WIRE];
 
@@ -601,7 +613,9 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 		rx->dst = !ok ? NULL : staged ? c->rx_stage : (uint8_t *)(uintptr_t)h.addr;
 		rx->room = ok && staged ? TCP_STAGE : 0;
 		rx->left = h.length;
-		rx->bulk = false;
+		/* After a small payload, the next requests are probably small too. */
+		rx->small = h.length <= rx->gulp;
+		rx->bulk = rx->small;
 		tcp_conn_prefix(ti, c);
 		if (rx->left)
 			return TCP_SRV_PAYLOAD;
@@ -898,13 +912,16 @@ bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 			r = tcp_rx_read(c->fd, &c->rx, w->scratch, need);
 			if (r > 0)
 				tcp_conn_staged_read(ti, c, before);
-		} else if (c->rx.payload && c->rx.dst) {
+		} else if (c->rx.payload && c->rx.dst && !tcp_rx_through(&c->rx)) {
 			pthread_rwlock_rdlock(&ti->reg_lock);
 			tcp_conn_recheck_locked(ti, c);
 			r = tcp_rx_read(c->fd, &c->rx, w->scratch, need);
 			pthread_rwlock_unlock(&ti->reg_lock);
 		} else {
 			r = tcp_rx_read(c->fd, &c->rx, w->scratch, need);
+			/* A small payload read through the buffer: copied out under the lock. */
+			if (r > 0 && c->rx.payload)
+				tcp_conn_prefix(ti, c);
 		}
 		if (r == -EAGAIN || r == -EWOULDBLOCK)
 			break;
@@ -1011,6 +1028,8 @@ void tcp_accept(struct tcp_inst *ti, struct tcp_worker *w0)
 		c = calloc(1, sizeof(*c));
 		if (c)
 			c->rx.buf = malloc(TCP_RBUF);
+		if (c)
+			c->rx.cap = TCP_RBUF;
 		if (!c || !c->rx.buf) {
 			tcp_log(ti, TE_PLUGIN_LOG_WARN, "no memory for a connection");
 			if (c)

@@ -113,6 +113,17 @@ void tcp_sock_abort(int fd)
 	close(fd);
 }
 
+bool tcp_sock_connected(int fd)
+{
+	struct sockaddr_storage sa;
+	socklen_t salen = sizeof(sa), len = sizeof(int);
+	int err = 0;
+
+	if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err)
+		return false;
+	return getpeername(fd, (struct sockaddr *)&sa, &salen) == 0;
+}
+
 void tcp_sock_tune(const struct tcp_inst *ti, int fd)
 {
 	int one = 1, sz = (int)ti->sockbuf;
@@ -129,12 +140,14 @@ void tcp_sock_tune(const struct tcp_inst *ti, int fd)
 
 /*
  * One readv on @fd. With a payload in progress: into its destination (or @scratch when it
- * is discarded) and at most one header beyond it into the buffer. Otherwise into the
- * buffer: exactly @need bytes, or all the room when the stream is in bulk mode. Returns the
- * byte count, 0 at end of stream, -errno on error.
+ * is discarded) and at most one header beyond it into the buffer; a small payload
+ * (tcp_rx_through) goes into the buffer in bulk instead, and the caller copies it out. Otherwise
+ * into the buffer: exactly @need bytes, or all the room when the stream is in bulk mode.
+ * Returns the byte count, 0 at end of stream, -errno on error.
  */
 ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need)
 {
+	bool through = tcp_rx_through(rx);
 	struct iovec iov[2];
 	uint64_t take = 0;
 	int n = 0;
@@ -142,12 +155,13 @@ ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need)
 
 	if (rx->pos == rx->end) {
 		rx->pos = rx->end = 0;
-	} else if (TCP_RBUF - rx->end < TCP_HDR_LEN + TCP_DETAIL_WIRE) {
+	} else if (rx->cap - rx->end < TCP_HDR_LEN + TCP_DETAIL_WIRE ||
+		   (rx->bulk && rx->pos >= rx->cap / 2)) {
 		memmove(rx->buf, rx->buf + rx->pos, rx->end - rx->pos);
 		rx->end -= rx->pos;
 		rx->pos = 0;
 	}
-	if (rx->payload) {
+	if (rx->payload && !through) {
 		take = rx->left;
 		if (!rx->dst && take > TCP_SCRATCH)
 			take = TCP_SCRATCH;
@@ -158,17 +172,17 @@ ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need)
 		if (take == rx->left)
 			iov[n++] = (struct iovec){ rx->buf + rx->end, TCP_HDR_LEN };
 	} else {
-		size_t room = TCP_RBUF - rx->end;
+		size_t room = rx->cap - rx->end;
 
-		iov[n++] =
-			(struct iovec){ rx->buf + rx->end, rx->bulk ? room : TCP_MIN(need, room) };
+		iov[n++] = (struct iovec){ rx->buf + rx->end,
+					   rx->bulk || through ? room : TCP_MIN(need, room) };
 	}
 	do
 		r = readv(fd, iov, n);
 	while (r < 0 && errno == EINTR);
 	if (r < 0)
 		return -errno;
-	if (rx->payload) {
+	if (rx->payload && !through) {
 		uint64_t got = TCP_MIN((uint64_t)r, take);
 
 		if (rx->dst)

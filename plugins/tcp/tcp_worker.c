@@ -150,18 +150,26 @@ static void tcp_worker_todo(struct tcp_inst *ti, struct tcp_worker *w)
  */
 static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 {
-	struct tcp_lane *hit[64];
+	struct tcp_lane *hit[64], *up[64];
 	struct tcp_rlist expired = { 0 };
 	uint64_t now = tcp_now_ns();
-	uint32_t n = 0;
+	uint32_t n = 0, n_up = 0;
 
 	pthread_mutex_lock(&w->lock);
-	for (struct tcp_lane *l = w->lanes; l && n < 64; l = l->wnext) {
+	for (struct tcp_lane *l = w->lanes; l && n < 64 && n_up < 64; l = l->wnext) {
 		bool bad = false;
 
 		pthread_mutex_lock(&l->lock);
 		if (l->state == TCP_LANE_CONNECTING &&
-		    now - l->connect_start_ns > ti->connect_timeout_ms * 1000000ull) {
+		    now - l->connect_start_ns > ti->connect_timeout_ms * 1000000ull &&
+		    tcp_sock_connected(l->fd)) {
+			/*
+			 * The kernel connected it; this worker has not seen the event yet (a
+			 * starved thread, or more events than one epoll_wait returns): up now.
+			 */
+			up[n_up++] = l;
+		} else if (l->state == TCP_LANE_CONNECTING &&
+			   now - l->connect_start_ns > ti->connect_timeout_ms * 1000000ull) {
 			tcp_lane_fail_locked(
 				l, TE_ERR_PEER_UNREACHABLE,
 				TCP_NAME ": connect to %s (%s) timed out after %" PRIu64 " ms",
@@ -204,6 +212,8 @@ static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 	tcp_rlist_report(ti, &expired);
 	for (uint32_t i = 0; i < n; i++)
 		tcp_lane_break(ti, hit[i], TE_ERR_CONN_RESET, TCP_NAME ": connection broken");
+	for (uint32_t i = 0; i < n_up; i++)
+		tcp_lane_event(ti, w, up[i], EPOLLOUT);
 	tcp_conns_tick(ti, w, now);
 }
 
@@ -234,11 +244,8 @@ void *tcp_worker_main(void *arg)
 
 		tcp_worker_todo(ti, w);
 		now = tcp_now_ns();
-		if (now >= next_tick) {
-			tcp_worker_tick(ti, w);
-			next_tick = now + TCP_TICK_MS * 1000000ull;
-		}
-		timeout = w->n_again ? 0 : (int)((next_tick - now) / 1000000) + 1;
+		timeout =
+			w->n_again || now >= next_tick ? 0 : (int)((next_tick - now) / 1000000) + 1;
 		n = epoll_wait(w->epfd, evs, TCP_EVENTS, timeout);
 		if (n < 0) {
 			if (errno != EINTR) {
@@ -271,6 +278,16 @@ void *tcp_worker_main(void *arg)
 			}
 		}
 		tcp_run_again(ti, w);
+		/*
+		 * Time limits after the events: a worker that was not scheduled for a while
+		 * first handles what arrived meanwhile (a connect that completed, a HELLO),
+		 * then judges what is really late.
+		 */
+		now = tcp_now_ns();
+		if (now >= next_tick) {
+			tcp_worker_tick(ti, w);
+			next_tick = now + TCP_TICK_MS * 1000000ull;
+		}
 	}
 	return NULL;
 }

@@ -63,7 +63,7 @@ import json, sys
 keys = ["mode", "segment", "opened", "op", "block_size", "batch", "batch_requested", "threads",
         "depth", "warmup", "transport", "device", "bytes", "requests", "batches", "samples",
         "seconds", "gbps", "ops_per_s", "lat_us_avg", "lat_us_p50", "lat_us_p99", "lat_us_p999",
-        "lat_us_max", "verify", "verified", "failed", "interrupted", "version", "connections",
+        "lat_us_max", "lanes", "lanes_used", "verify", "verified", "failed", "interrupted", "version", "connections",
         "working_set", "pingpong", "cpu_s_initiator"]
 bad = 0
 args = sys.argv[2:]

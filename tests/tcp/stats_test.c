@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* stats_test.c: te_engine_stats and the tcp transport's stats: lanes configured and used. */
+#include "itest.h"
+
+#include <json-glib/json-glib.h>
+
+#define KiB 1024u
+#define MiB (1024u * 1024u)
+
+/* The engine's stats, parsed; the root is an object (asserted). */
+static JsonParser *stats_of(struct te_engine *e)
+{
+	g_autoptr(GError) err = NULL;
+	JsonParser *parser = json_parser_new();
+	char *json = NULL;
+
+	assert_ok(te_engine_stats(e, &json));
+	g_assert_nonnull(json);
+	if (!json_parser_load_from_data(parser, json, -1, &err))
+		g_error("te_engine_stats gave no JSON (%s): %s", err->message, json);
+	g_assert_true(JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser)));
+	te_free(json);
+	return parser;
+}
+
+/* The "tcp" member of @parser's root. */
+static JsonObject *tcp_of(JsonParser *parser)
+{
+	JsonObject *root = json_node_get_object(json_parser_get_root(parser));
+
+	g_assert_true(json_object_has_member(root, "tcp"));
+	return json_object_get_object_member(root, "tcp");
+}
+
+/* The one peer tcp reports (the pair's other engine). */
+static JsonObject *only_peer(JsonObject *tcp, const char *name)
+{
+	JsonArray *peers = json_object_get_array_member(tcp, "peers");
+	JsonObject *peer;
+
+	g_assert_cmpuint(json_array_get_length(peers), ==, 1);
+	peer = json_array_get_object_element(peers, 0);
+	g_assert_cmpstr(json_object_get_string_member(peer, "name"), ==, name);
+	assert_contains(json_object_get_string_member(peer, "address"), "127.0.0.1:");
+	return peer;
+}
+
+static int64_t lane_int(JsonObject *peer, guint lane, const char *key)
+{
+	JsonArray *lanes = json_object_get_array_member(peer, "lanes");
+
+	return json_object_get_int_member(json_array_get_object_element(lanes, lane), key);
+}
+
+/* @n requests of @len bytes each, @op, on disjoint ranges of @la and of @rb from @roff. */
+static void run_requests(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
+			 size_t roff, enum te_opcode op, uint32_t n, size_t len)
+{
+	g_autofree struct te_request *r = g_new0(struct te_request, n);
+	te_batch_id bid;
+
+	for (uint32_t i = 0; i < n; i++)
+		r[i] = (struct te_request){ op, p->seg, la->data + (size_t)i * len,
+					    itest_raddr(rb, roff + (size_t)i * len), len };
+	assert_ok(te_batch_new(p->a, n, &bid));
+	assert_ok(te_batch_submit(p->a, bid, r, n));
+	assert_ok(itest_wait(p->a, bid));
+	assert_ok(te_batch_free(p->a, bid));
+}
+
+/*
+ * Two lanes: before any transfer none is used; a batch of 64 x 64 KiB (one slice each) uses
+ * both, and the per-lane counts add up to the batch; one 8 MiB request in 1 MiB slices is
+ * striped over both too. The serving engine has no peer of its own.
+ */
+static void test_two_lanes(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	g_autoptr(JsonParser) s0 = NULL, s1 = NULL, s2 = NULL, sb = NULL;
+	JsonObject *t, *peer;
+	int64_t l0, l1, b0, b1;
+
+	itest_pair_new(&p, "tcp", "lanes: 2, slice_size: 1M", "timeout_ms: 60000");
+	itest_buf_new(&la, 8 * MiB, 4096, 0x1111);
+	itest_buf_new(&rb, 12 * MiB, 4096, 0x2222);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+
+	s0 = stats_of(p.a);
+	t = tcp_of(s0);
+	g_assert_cmpint(json_object_get_int_member(t, "lanes_per_peer"), ==, 2);
+	peer = only_peer(t, "B");
+	g_assert_cmpuint(json_array_get_length(json_object_get_array_member(peer, "lanes")), ==, 2);
+	g_assert_cmpint(json_object_get_int_member(peer, "lanes_used"), ==, 0);
+	g_assert_cmpint(json_object_get_int_member(peer, "slices"), ==, 0);
+	g_assert_cmpint(json_object_get_int_member(peer, "bytes"), ==, 0);
+	g_assert_cmpint(json_object_get_int_member(peer, "reconnects"), ==, 0);
+
+	run_requests(&p, &la, &rb, 0, TE_OP_WRITE, 64, 64 * KiB);
+	g_assert_true(itest_range_is(&rb, 0, 4 * MiB, &la, 0));
+	s1 = stats_of(p.a);
+	peer = only_peer(tcp_of(s1), "B");
+	l0 = lane_int(peer, 0, "slices");
+	l1 = lane_int(peer, 1, "slices");
+	b0 = lane_int(peer, 0, "bytes");
+	b1 = lane_int(peer, 1, "bytes");
+	g_assert_cmpint(json_object_get_int_member(peer, "lanes_used"), ==, 2);
+	g_assert_cmpint(l0, >, 0);
+	g_assert_cmpint(l1, >, 0);
+	g_assert_cmpint(l0 + l1, ==, 64);
+	g_assert_cmpint(json_object_get_int_member(peer, "slices"), ==, 64);
+	g_assert_cmpint(b0, ==, l0 * 64 * KiB);
+	g_assert_cmpint(b1, ==, l1 * 64 * KiB);
+	g_assert_cmpint(json_object_get_int_member(peer, "bytes"), ==, 4 * MiB);
+	/* One connection per lane, opened on first use; nothing broke. */
+	g_assert_cmpint(lane_int(peer, 0, "connects"), ==, 1);
+	g_assert_cmpint(lane_int(peer, 1, "connects"), ==, 1);
+	g_assert_cmpint(json_object_get_int_member(peer, "reconnects"), ==, 0);
+
+	/* One large request: its 8 slices go over both lanes (cumulative counters). */
+	run_requests(&p, &la, &rb, 4 * MiB, TE_OP_READ, 1, 8 * MiB);
+	g_assert_true(itest_range_is(&la, 0, 8 * MiB, &rb, 4 * MiB));
+	s2 = stats_of(p.a);
+	peer = only_peer(tcp_of(s2), "B");
+	g_assert_cmpint(lane_int(peer, 0, "slices"), >, l0);
+	g_assert_cmpint(lane_int(peer, 1, "slices"), >, l1);
+	g_assert_cmpint(lane_int(peer, 0, "slices") + lane_int(peer, 1, "slices"), ==, 64 + 8);
+	g_assert_cmpint(json_object_get_int_member(peer, "bytes"), ==, 12 * MiB);
+
+	/* The serving side opened no lane of its own. */
+	sb = stats_of(p.b);
+	t = tcp_of(sb);
+	g_assert_cmpint(json_object_get_int_member(t, "lanes_per_peer"), ==, 2);
+	g_assert_cmpuint(json_array_get_length(json_object_get_array_member(t, "peers")), ==, 0);
+
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* The configured lane count is what a peer gets; one lane carries everything. */
+static void test_lane_counts(void)
+{
+	static const struct {
+		const char *options;
+		guint lanes;
+	} cases[] = { { "lanes: 1", 1 }, { "lanes: 3", 3 } };
+
+	for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+		struct itest_pair p;
+		struct itest_buf la, rb;
+		g_autoptr(JsonParser) s = NULL;
+		JsonObject *t, *peer;
+		int64_t sum = 0;
+
+		itest_pair_new(&p, "tcp", cases[c].options, "timeout_ms: 60000");
+		itest_buf_new(&la, MiB, 4096, 0x3333);
+		itest_buf_new(&rb, MiB, 4096, 0x4444);
+		itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+		itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+		itest_pair_connect(&p);
+		run_requests(&p, &la, &rb, 0, TE_OP_READ, 30, 4 * KiB);
+		g_assert_true(itest_range_is(&la, 0, 30 * 4 * KiB, &rb, 0));
+
+		s = stats_of(p.a);
+		t = tcp_of(s);
+		g_assert_cmpint(json_object_get_int_member(t, "lanes_per_peer"), ==,
+				cases[c].lanes);
+		peer = only_peer(t, "B");
+		g_assert_cmpuint(json_array_get_length(json_object_get_array_member(peer, "lanes")),
+				 ==, cases[c].lanes);
+		g_assert_cmpint(json_object_get_int_member(peer, "lanes_used"), ==, cases[c].lanes);
+		for (guint k = 0; k < cases[c].lanes; k++)
+			sum += lane_int(peer, k, "slices");
+		g_assert_cmpint(sum, ==, 30);
+		itest_pair_free(&p);
+		itest_buf_free(&la);
+		itest_buf_free(&rb);
+	}
+}
+
+/* Bad arguments get a clear error; a transport without stats is left out. */
+static void test_bad_input(void)
+{
+	struct te_engine *e = itest_engine1("L", "loopback", NULL, NULL);
+	char *json = (char *)"untouched";
+
+	assert_status(te_engine_stats(NULL, &json), TE_ERR_INVALID_ARG);
+	assert_contains(te_last_error(), "te_engine_stats: engine is NULL");
+	g_assert_cmpstr(json, ==, "untouched");
+	assert_status(te_engine_stats(e, NULL), TE_ERR_INVALID_ARG);
+	assert_contains(te_last_error(), "te_engine_stats: json_out is NULL");
+
+	/* The loopback test transport reports nothing: an empty object. */
+	assert_ok(te_engine_stats(e, &json));
+	g_assert_cmpstr(json, ==, "{}");
+	te_free(json);
+	te_engine_free(e);
+}
+
+int main(int argc, char **argv)
+{
+	g_test_init(&argc, &argv, NULL);
+	g_test_add_func("/tcp/stats/two-lanes", test_two_lanes);
+	g_test_add_func("/tcp/stats/lane-counts", test_lane_counts);
+	g_test_add_func("/tcp/stats/bad-input", test_bad_input);
+	return g_test_run();
+}
