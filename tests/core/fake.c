@@ -56,6 +56,7 @@ static enum te_status fake_query_caps(struct te_plugin_inst *inst, struct te_plu
 	caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
 	caps->progress = TE_PLUGIN_PROGRESS_AUTO;
 	caps->thread_level = fi->level;
+	caps->flags = fake.caps_flags;
 	return TE_OK;
 }
 
@@ -238,6 +239,7 @@ void fake_reset(void)
 	fake.fail_first = TE_OK;
 	fake.hold = false;
 	fake.cancel_hands_back = true;
+	fake.caps_flags = 0;
 	atomic_store(&fake.submit_calls, 0);
 	atomic_store(&fake.submitted, 0);
 	atomic_store(&fake.refused_calls, 0);
@@ -256,24 +258,40 @@ void fake_take_over(struct transport *tp)
 	tp->plugin->ops.retry_prepare = fake_retry_prepare;
 }
 
-struct transport *fake_transport_new(enum te_plugin_thread_level level, uint32_t n_devices)
+enum te_status fake_transport_try(enum te_plugin_thread_level level, uint32_t n_devices,
+				  struct transport **tp_out, char **err_out)
 {
 	struct plugin *p = g_new0(struct plugin, 1);
-	g_autofree char *err = NULL;
 	struct transport *tp = NULL;
 	enum te_status st;
 
 	p->name = g_strdup("fake");
 	p->path = g_strdup("<tests/core/fake.c>");
 	p->desc = &fake_desc;
-	st = plugin_validate(&fake_desc, p->path, &p->ops, &err);
+	st = plugin_validate(&fake_desc, p->path, &p->ops, err_out);
 	g_assert_cmpint(st, ==, TE_OK);
 	next_level = level;
 	next_devices = n_devices;
-	st = transport_start(NULL, p, &host_services, NULL, 0, &tp, &err);
-	if (st != TE_OK)
-		g_error("transport_start: %s", err);
+	st = transport_start(NULL, p, &host_services, NULL, 0, &tp, err_out);
+	if (st != TE_OK) {
+		g_free(p->name);
+		g_free(p->path);
+		g_free(p);
+		*tp_out = NULL;
+		return st;
+	}
 	fake.tp = tp;
+	*tp_out = tp;
+	return TE_OK;
+}
+
+struct transport *fake_transport_new(enum te_plugin_thread_level level, uint32_t n_devices)
+{
+	g_autofree char *err = NULL;
+	struct transport *tp = NULL;
+
+	if (fake_transport_try(level, n_devices, &tp, &err) != TE_OK)
+		g_error("transport_start: %s", err);
 	return tp;
 }
 

@@ -25,6 +25,7 @@ struct fake {
 	enum te_status fail_first; /* first attempt of each slice ends with this (TE_OK: no) */
 	bool hold;		   /* keep slices (complete with fake_complete_held) */
 	bool cancel_hands_back;	   /* cancel reports the slice TE_ERR_CANCELED at once */
+	uint32_t caps_flags;	   /* query_caps sets caps.flags to this */
 	/* Observations. */
 	_Atomic uint32_t submit_calls, submitted, cancels, retry_prepares, overlaps;
 	_Atomic uint32_t refused_calls; /* submit calls that accepted nothing */
@@ -47,6 +48,9 @@ void fake_take_over(struct transport *tp);
 
 /* A stand-alone transport on the fake plugin (no engine); fake_transport_free it. */
 struct transport *fake_transport_new(enum te_plugin_thread_level level, uint32_t n_devices);
+/* The same, but returns transport_start's status and error (*tp_out NULL unless TE_OK). */
+enum te_status fake_transport_try(enum te_plugin_thread_level level, uint32_t n_devices,
+				  struct transport **tp_out, char **err_out);
 /* transport_stop, and free the plugin record fake_transport_new made (no dlopen handle). */
 void fake_transport_free(struct transport *tp);
 

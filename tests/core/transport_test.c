@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* transport_test.c: the op wrappers (serialization, set_error capture) and device quarantine. */
+#include <string.h>
+
 #include <glib.h>
 
 #include "core/engine.h"
@@ -38,6 +40,33 @@ static void run_callers(struct transport *tp)
 		t[i] = g_thread_new("caller", call_ops, &c);
 	for (unsigned i = 0; i < G_N_ELEMENTS(t); i++)
 		g_thread_join(t[i]);
+}
+
+/*
+ * TE_PLUGIN_CAP_HYBRID_PROGRESS without the op progress: refused at start, with the plugin
+ * file and the op named. The same flag on a SERIALIZED plugin is ignored (not hybrid).
+ */
+static void test_hybrid_needs_progress(void)
+{
+	g_autofree char *err = NULL;
+	struct transport *tp = NULL;
+
+	fake_reset();
+	fake.caps_flags = TE_PLUGIN_CAP_HYBRID_PROGRESS;
+	g_assert_cmpint(fake_transport_try(TE_PLUGIN_THREAD_MULTI, 1, &tp, &err), ==,
+			TE_ERR_PLUGIN_INVALID);
+	g_assert_null(tp);
+	g_assert_nonnull(err);
+	g_assert_nonnull(strstr(err, "<tests/core/fake.c>: required op 'progress' is missing"));
+	g_assert_nonnull(strstr(err, "TE_PLUGIN_CAP_HYBRID_PROGRESS"));
+	g_clear_pointer(&err, g_free);
+
+	g_assert_cmpint(fake_transport_try(TE_PLUGIN_THREAD_SERIALIZED, 1, &tp, &err), ==, TE_OK);
+	g_assert_nonnull(tp);
+	g_assert_false(tp->hybrid);
+	g_assert_false(tp->polled);
+	fake_transport_free(tp);
+	fake.caps_flags = 0;
 }
 
 /* A SERIALIZED plugin never sees two data-path calls at once, reg_mem included. */
@@ -119,6 +148,7 @@ static void test_paused_devices(void)
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
+	g_test_add_func("/transport/hybrid-needs-progress", test_hybrid_needs_progress);
 	g_test_add_func("/transport/serialized", test_serialized);
 	g_test_add_func("/transport/multi", test_multi);
 	g_test_add_func("/transport/set-error", test_set_error);
