@@ -823,6 +823,25 @@ static void efa_prog_nap(struct efa_prog *p, uint64_t ns)
  * passive side too: sleep until efa_progress has reaped the last of them (efa_progs_unpark)
  * or the waiter stops (efa_drive 0) rather than wake up to check. Whether parked.
  */
+/*
+ * Whether a fence of @p's NICs is asked for or still watches a connection (canceled slices
+ * wait for it). The waiting thread's polls take the NIC lock the fence needs (trylock): a
+ * thread parked for EFA_SAFETY_NS at a time would rarely get it, and the core would give
+ * up on those slices after its 2 s.
+ */
+static bool efa_prog_fence_pending(const struct efa_prog *p)
+{
+	for (uint32_t i = 0; i < p->n_nics; i++) {
+		struct efa_nic *nic = p->nics[i];
+
+		if (atomic_load(&nic->fence_req) ||
+		    atomic_load_explicit(&nic->fence_again_ns, memory_order_relaxed) ||
+		    atomic_load_explicit(&nic->n_held, memory_order_relaxed))
+			return true;
+	}
+	return false;
+}
+
 static bool efa_prog_park(struct efa_prog *p)
 {
 	bool park;
@@ -830,7 +849,8 @@ static bool efa_prog_park(struct efa_prog *p)
 	atomic_store_explicit(&p->parked, 1, memory_order_relaxed);
 	/* Pairs with the fences in efa_progs_unpark and efa_drive: one sees the other. */
 	atomic_thread_fence(memory_order_seq_cst);
-	park = atomic_load_explicit(&p->ei->driven, memory_order_relaxed) && efa_prog_busy_nics(p);
+	park = atomic_load_explicit(&p->ei->driven, memory_order_relaxed) &&
+	       efa_prog_busy_nics(p) && !efa_prog_fence_pending(p);
 	if (park)
 		efa_prog_nap(p, EFA_SAFETY_NS);
 	atomic_store_explicit(&p->parked, 0, memory_order_relaxed);
