@@ -23,6 +23,9 @@ static const struct te_plugin_option tcp_options[] = {
 	TE_PLUGIN_OPTION_INT("workers", "2", 1, TCP_MAX_WORKERS, "epoll threads"),
 	TE_PLUGIN_OPTION_INT("max_inflight", "256", 1, TCP_MAX_INFLIGHT,
 			     "requests in flight per lane; beyond it, back-pressure"),
+	TE_PLUGIN_OPTION_SIZE("stripe_min", "1M", 0, TCP_MAX_FRAME,
+			      "slices of at least this size go round-robin over the lanes; smaller "
+			      "ones stay on the submitting thread's own lane (0: all round-robin)"),
 	TE_PLUGIN_OPTION_SIZE("slice_size", "1M", 4096, TCP_MAX_FRAME,
 			      "slice size advertised to the core (transfer.slice_size overrides)"),
 	TE_PLUGIN_OPTION_INT("connect_timeout_ms", "3000", 1, 600000,
@@ -137,6 +140,7 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	ti->n_workers = (uint32_t)tcp_opt(ti, "workers");
 	ti->max_inflight = (uint32_t)tcp_opt(ti, "max_inflight");
 	ti->slice_size = tcp_opt_size(ti, "slice_size");
+	ti->stripe_min = tcp_opt_size(ti, "stripe_min");
 	ti->connect_timeout_ms = tcp_opt(ti, "connect_timeout_ms");
 	ti->sockbuf = tcp_opt_size(ti, "sockbuf");
 	ti->max_conns = tcp_opt(ti, "max_conns");

@@ -12,9 +12,10 @@
  * non-blocking connect. A lane owns a send queue and a table of `max_inflight` slots; a slot's
  * index and a 16-bit generation form the request id. Per-slice state lives in slice->priv
  * (queue link, encoded request header, result detail), so the data path never allocates.
- * submit() spreads slices round-robin over the lanes and, when nobody is sending on a lane,
- * sends right away from the calling thread with one sendmsg() gathering many headers and
- * payloads straight from the source buffers. What does not fit is sent by the lane's worker
+ * submit() puts slices of at least stripe_min bytes round-robin over the lanes (one large
+ * transfer is striped) and smaller ones on the submitting thread's own lane; when nobody is
+ * sending on a lane, it sends right away from the calling thread with one sendmsg() gathering
+ * many headers and payloads straight from the source buffers. What does not fit is sent by the lane's worker
  * when the socket becomes writable. Responses are read by the lane's worker: headers in bulk,
  * READ payloads straight into the destination.
  *
@@ -483,6 +484,7 @@ struct tcp_inst {
 	uint32_t n_workers;
 	uint32_t max_inflight;
 	uint64_t slice_size;
+	uint64_t stripe_min; /* slices this large are striped over the lanes */
 	uint64_t connect_timeout_ms;
 	uint64_t sockbuf; /* SO_SNDBUF/SO_RCVBUF; 0: kernel autotuning */
 	uint64_t max_conns, max_conns_per_host, max_unauth;

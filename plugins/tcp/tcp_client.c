@@ -1083,11 +1083,22 @@ static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk)
  */
 #define TCP_INLINE_BYTES (1u << 20)
 
+/* This thread's number (from 0, in order of first submit): picks its own lane of a peer. */
+static uint32_t tcp_thread_no(void)
+{
+	static atomic_uint next;
+	static _Thread_local uint32_t no;
+
+	if (!no)
+		no = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) + 1;
+	return no - 1;
+}
+
 enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **slices, uint32_t n,
 			  uint32_t *accepted_out)
 {
 	struct tcp_inst *ti = tcp_inst_of(inst);
-	struct tcp_lane *touched[TCP_TOUCHED];
+	struct tcp_lane *touched[TCP_TOUCHED], *held = NULL;
 	uint64_t bytes[TCP_TOUCHED];
 	uint32_t n_touched = 0, i;
 	enum te_status ret = TE_OK;
@@ -1122,22 +1133,39 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 				 peer->name, peer->addr_text);
 		}
 		if (bad != TE_OK) {
+			/* No lane lock while taking a worker's (the tick takes them the other way). */
+			if (held)
+				pthread_mutex_unlock(&held->lock);
+			held = NULL;
 			tcp_defer_fail(peer->lanes[0].w, s, bad, why);
 			continue;
 		}
-		/* Round-robin stripes the slices of a large request over the lanes. */
-		start = atomic_fetch_add_explicit(&peer->rr, 1, memory_order_relaxed);
+		/*
+		 * Slices of at least stripe_min bytes go round-robin over the lanes, so one
+		 * large transfer is not capped by one connection. Smaller ones stay on this
+		 * thread's own lane (spilling over when it is full): per thread, one
+		 * connection and one serving worker, as a raw loop has (measured: README.md).
+		 */
+		if (s->length >= ti->stripe_min)
+			start = atomic_fetch_add_explicit(&peer->rr, 1, memory_order_relaxed);
+		else
+			start = tcp_thread_no();
 		for (uint32_t k = 0; k < peer->n_lanes && !l; k++) {
 			struct tcp_lane *c = &peer->lanes[(start + k) % peer->n_lanes];
 
-			pthread_mutex_lock(&c->lock);
+			/* Consecutive slices for one lane take its lock once. */
+			if (c != held) {
+				if (held)
+					pthread_mutex_unlock(&held->lock);
+				pthread_mutex_lock(&c->lock);
+				held = c;
+			}
 			if (c->n_free) {
 				if (c->state == TCP_LANE_DOWN)
 					tcp_lane_connect_locked(ti, c);
 				tcp_lane_enqueue_locked(c, s);
 				l = c;
 			}
-			pthread_mutex_unlock(&c->lock);
 		}
 		if (!l)
 			break; /* every lane is full: back-pressure */
@@ -1145,6 +1173,8 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			;
 		if (t == n_touched) {
 			if (n_touched == TCP_TOUCHED) {
+				pthread_mutex_unlock(&held->lock);
+				held = NULL;
 				for (t = 0; t < n_touched; t++)
 					tcp_lane_push(ti, touched[t], bytes[t] > TCP_INLINE_BYTES);
 				n_touched = 0;
@@ -1156,6 +1186,8 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		if (s->opcode == TE_PLUGIN_OP_WRITE)
 			bytes[t] += s->length;
 	}
+	if (held)
+		pthread_mutex_unlock(&held->lock);
 	/*
 	 * Bulk lanes go to their workers, except the last one touched: this thread sends that
 	 * one itself while the workers stream the others.
