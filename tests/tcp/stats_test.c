@@ -69,9 +69,9 @@ static void run_requests(struct itest_pair *p, struct itest_buf *la, struct ites
 }
 
 /*
- * Two lanes: before any transfer none is used; a batch of 64 x 64 KiB (one slice each) uses
- * both, and the per-lane counts add up to the batch; one 8 MiB request in 1 MiB slices is
- * striped over both too. The serving engine has no peer of its own.
+ * Two lanes: before any transfer none is used; a batch of 64 x 64 KiB (one slice each, under
+ * stripe_min) from one thread uses that thread's lane only; one 8 MiB request in 1 MiB slices
+ * is striped over both, half each. The serving engine has no peer of its own.
  */
 static void test_two_lanes(void)
 {
@@ -190,6 +190,64 @@ static void test_lane_counts(void)
 	}
 }
 
+struct lane_job {
+	struct itest_pair *p;
+	struct itest_buf *la, *rb;
+	size_t off;
+	uint32_t n;
+};
+
+static gpointer lane_job_run(gpointer data)
+{
+	struct lane_job *j = data;
+
+	run_requests(j->p, j->la, j->rb, j->off, TE_OP_READ, j->n, 4 * KiB);
+	return NULL;
+}
+
+/*
+ * Small slices of two submitting threads go to two lanes, each thread's to its own: one
+ * lane carries all 20 of one thread, the other all 40 of the other (dealt round-robin they
+ * would be 30 and 30).
+ */
+static void test_thread_lanes(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct lane_job jobs[2];
+	GThread *t[2];
+	g_autoptr(JsonParser) s = NULL;
+	JsonObject *peer;
+	int64_t l0;
+
+	itest_pair_new(&p, "tcp", "lanes: 2", "timeout_ms: 60000");
+	itest_buf_new(&la, MiB, 4096, 0x5555);
+	itest_buf_new(&rb, MiB, 4096, 0x6666);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (int i = 0; i < 2; i++) {
+		jobs[i] = (struct lane_job){ &p, &la, &rb, (size_t)i * 256 * KiB, 20u * (i + 1) };
+		t[i] = g_thread_new("lane-job", lane_job_run, &jobs[i]);
+		/* One after the other: each thread's slices must stay on its lane either way. */
+		g_thread_join(t[i]);
+	}
+	/* Both read into the start of la; the second thread's bytes are there now. */
+	g_assert_true(itest_range_is(&la, 0, 40 * 4 * KiB, &rb, 256 * KiB));
+
+	s = stats_of(p.a);
+	peer = only_peer(tcp_of(s), "B");
+	g_assert_cmpint(json_object_get_int_member(peer, "lanes_used"), ==, 2);
+	l0 = lane_int(peer, 0, "slices");
+	g_assert_true(l0 == 20 || l0 == 40);
+	g_assert_cmpint(lane_int(peer, 1, "slices"), ==, 60 - l0);
+	g_assert_cmpint(lane_int(peer, 0, "bytes"), ==, l0 * 4 * KiB);
+	g_assert_cmpint(lane_int(peer, 1, "bytes"), ==, (60 - l0) * 4 * KiB);
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 /* Bad arguments get a clear error; a transport without stats is left out. */
 static void test_bad_input(void)
 {
@@ -214,6 +272,7 @@ int main(int argc, char **argv)
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/tcp/stats/two-lanes", test_two_lanes);
 	g_test_add_func("/tcp/stats/lane-counts", test_lane_counts);
+	g_test_add_func("/tcp/stats/thread-lanes", test_thread_lanes);
 	g_test_add_func("/tcp/stats/bad-input", test_bad_input);
 	return g_test_run();
 }
