@@ -90,28 +90,10 @@ void batch_maybe_notify(struct batch *b)
 			   b->notify_addr);
 }
 
-/* A task reached its terminal state: account it in the batch. */
-void task_terminal(struct task *t)
+void batch_ended(struct batch *b)
 {
-	struct batch *b = t->batch;
-	uint32_t bad = atomic_load_explicit(&t->bad, memory_order_acquire);
-	uint64_t add = BATCH_ENDED_TERMINAL;
-	uint32_t term;
-
-	if (t->invalid || (bad & TASK_BAD_FAILED))
-		atomic_fetch_add_explicit(&b->n_failed, 1, memory_order_relaxed);
-	else if (bad & TASK_BAD_TIMEOUT)
-		atomic_fetch_add_explicit(&b->n_timeout, 1, memory_order_relaxed);
-	else if (bad & TASK_BAD_CANCELED)
-		atomic_fetch_add_explicit(&b->n_canceled, 1, memory_order_relaxed);
-	else
-		add |= BATCH_ENDED_COMPLETED; /* the common case: one atomic add per task */
-	/* seq_cst pairs with the waiter's increment of b->waiters (no lost wake-up). */
-	term = BATCH_ENDED_N_TERMINAL(atomic_fetch_add(&b->n_ended, add) + add);
-	if (term >= atomic_load_explicit(&b->n_tasks, memory_order_acquire)) {
-		batch_maybe_notify(b);
-		batch_wake(b);
-	}
+	batch_maybe_notify(b);
+	batch_wake(b);
 }
 
 /* Record a failure's status and detail once per task (first failure wins). */
@@ -132,29 +114,6 @@ static uint32_t bad_bit(enum te_status status)
 	if (status == TE_ERR_TIMEOUT)
 		return TASK_BAD_TIMEOUT;
 	return TASK_BAD_FAILED;
-}
-
-/* Claim the terminal outcome of @s; false if someone else already did. */
-bool slice_claim(struct slice *s)
-{
-	uint32_t expect = 0;
-
-	return atomic_compare_exchange_strong_explicit(&s->term, &expect, 1, memory_order_acq_rel,
-						       memory_order_acquire);
-}
-
-void slice_count_done(struct slice *s)
-{
-	struct task *t = s->task;
-
-	/* A task of one slice: the claim made this thread its only counter, no add needed. */
-	if (t->n_slices == 1) {
-		atomic_store_explicit(&t->done, 1, memory_order_release);
-		task_terminal(t);
-	} else if (atomic_fetch_add_explicit(&t->done, 1, memory_order_acq_rel) + 1 ==
-		   t->n_slices) {
-		task_terminal(t);
-	}
 }
 
 /* Finish @s with an error (if it is still live). */
@@ -187,6 +146,24 @@ void slice_abort_why(const struct slice *s, enum te_status status, char *buf, si
 
 /* --- public operations ------------------------------------------------------ */
 
+/* Drop what a run of @n tasks holds on @region, @seg and @view (each: NULL holds nothing). */
+static void batch_release_run(struct mem_region *region, struct segment *seg, struct segview *view,
+			      int32_t n)
+{
+	if (!n)
+		return;
+	if (region)
+		atomic_fetch_sub_explicit(&region->refs, n, memory_order_release);
+	if (seg)
+		atomic_fetch_sub_explicit(&seg->busy, n, memory_order_release);
+	if (view) {
+		/* All but the last reference of the run: the view cannot end meanwhile. */
+		if (n > 1)
+			atomic_fetch_sub_explicit(&view->refs, n - 1, memory_order_release);
+		segview_unref(view);
+	}
+}
+
 /*
  * Release what the tasks pin (local regions, segments, views): once per batch,
  * either at te_batch_free when no plugin holds a slice any more, or at the last
@@ -195,50 +172,31 @@ void slice_abort_why(const struct slice *s, enum te_status status, char *buf, si
 static void batch_release_tasks(struct batch *b)
 {
 	uint32_t n = atomic_load(&b->n_tasks);
-	/* Runs of tasks on one region, segment and view: one atomic per run, not per task. */
+	/*
+	 * Runs of tasks on one region, segment and view: one atomic per run, not per task.
+	 * NULL members (a rejected task, the local segment) hold nothing.
+	 */
 	struct mem_region *region = NULL;
 	struct segment *seg = NULL;
 	struct segview *view = NULL;
-	int32_t n_region = 0, n_seg = 0, n_view = 0;
+	int32_t run = 0;
 
 	if (atomic_exchange(&b->tasks_released, 1))
 		return;
-	for (uint32_t i = 0; i <= n; i++) {
-		struct task *t = i < n ? &b->tasks[i] : NULL;
-		struct mem_region *tr = t ? t->region : NULL;
-		struct segment *ts = t ? t->seg : NULL;
-		struct segview *tv = t ? t->view : NULL;
+	for (uint32_t i = 0; i < n; i++) {
+		struct task *t = &b->tasks[i];
 
-		if (tr != region || !t) {
-			if (n_region)
-				atomic_fetch_sub_explicit(&region->refs, n_region,
-							  memory_order_release);
-			region = tr;
-			n_region = 0;
+		if (G_UNLIKELY(t->region != region || t->seg != seg || t->view != view)) {
+			batch_release_run(region, seg, view, run);
+			region = t->region;
+			seg = t->seg;
+			view = t->view;
+			run = 0;
 		}
-		if (ts != seg || !t) {
-			if (n_seg)
-				atomic_fetch_sub_explicit(&seg->busy, n_seg, memory_order_release);
-			seg = ts;
-			n_seg = 0;
-		}
-		if (tv != view || !t) {
-			/* All but the last reference of the run: the view cannot end meanwhile. */
-			if (n_view > 1)
-				atomic_fetch_sub_explicit(&view->refs, n_view - 1,
-							  memory_order_release);
-			if (n_view)
-				segview_unref(view);
-			view = tv;
-			n_view = 0;
-		}
-		if (!t)
-			break;
-		n_region += tr != NULL;
-		n_seg += ts != NULL;
-		n_view += tv != NULL;
+		run++;
 		t->view = NULL;
 	}
+	batch_release_run(region, seg, view, run);
 }
 
 static bool batch_plugin_holds_slices(struct batch *b)
@@ -316,8 +274,10 @@ static void batch_destroy(struct batch *b)
 	uint32_t n = atomic_load(&b->n_tasks);
 
 	batch_release_tasks(b);
-	for (uint32_t i = 0; i < n; i++)
-		g_free(b->tasks[i].detail);
+	/* A COMPLETED task has no detail (one is set only with a failure or a rejection). */
+	if (BATCH_ENDED_N_COMPLETED(atomic_load_explicit(&b->n_ended, memory_order_acquire)) != n)
+		for (uint32_t i = 0; i < n; i++)
+			g_free(b->tasks[i].detail);
 	if (batch_recycle(b))
 		return;
 	g_free(b->spare);

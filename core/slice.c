@@ -28,22 +28,37 @@
  * with one atomic each instead of one per slice. Only counts wait: every outcome is accounted
  * at once, and a batch outlives the run by that much.
  */
-static _Thread_local struct {
+struct reap {
 	struct transport *tp; /* whose progress() runs on this thread; NULL: none */
 	int64_t done;
 	struct batch *batch;
 	int64_t refs;
-} reap;
+};
 
-static void reap_flush_batch(void)
+static _Thread_local struct reap reap;
+
+/*
+ * Code in a shared library reaches a thread-local through __tls_get_addr, and the compiler
+ * would call it again at each use rather than keep the address: hide where it came from
+ * (the empty asm), so that one call per function serves them all.
+ */
+static inline struct reap *reap_get(void)
 {
-	struct batch *b = reap.batch;
-	int64_t n = reap.refs;
+	struct reap *rp = &reap;
+
+	__asm__("" : "+r"(rp));
+	return rp;
+}
+
+static void reap_flush_batch(struct reap *rp)
+{
+	struct batch *b = rp->batch;
+	int64_t n = rp->refs;
 
 	if (!b)
 		return;
-	reap.batch = NULL;
-	reap.refs = 0;
+	rp->batch = NULL;
+	rp->refs = 0;
 	/* All but the last reference: the batch cannot end meanwhile. */
 	if (n > 1)
 		atomic_fetch_sub_explicit(&b->refs, n - 1, memory_order_release);
@@ -52,17 +67,21 @@ static void reap_flush_batch(void)
 
 void slice_progress_begin(struct transport *tp)
 {
-	reap.tp = tp;
-	reap.done = 0;
+	struct reap *rp = reap_get();
+
+	rp->tp = tp;
+	rp->done = 0;
 }
 
 void slice_progress_end(void)
 {
-	if (reap.done)
-		atomic_fetch_sub_explicit(&reap.tp->in_flight, reap.done, memory_order_relaxed);
-	reap.done = 0;
-	reap_flush_batch();
-	reap.tp = NULL;
+	struct reap *rp = reap_get();
+
+	if (rp->done)
+		atomic_fetch_sub_explicit(&rp->tp->in_flight, rp->done, memory_order_relaxed);
+	rp->done = 0;
+	reap_flush_batch(rp);
+	rp->tp = NULL;
 }
 
 /* --- posting to plugins ----------------------------------------------------- */
@@ -125,6 +144,7 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 		     uint32_t *n_io)
 {
 	bool manual = tp->polled; /* MANUAL or hybrid: in_flight counted */
+	bool staged = false;
 	uint32_t acc = 0, n = 0;
 	enum te_status st;
 
@@ -154,6 +174,7 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 			batch_release_slice(s);
 			continue;
 		}
+		staged |= s->staged;
 		ps[n++] = ps[i];
 	}
 	*n_io = n;
@@ -163,7 +184,7 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 	 * Staged slices get their bounce buffers now (a WRITE's bytes are copied in); the first
 	 * that finds the pool empty stops this post: it and those after it are back-pressure.
 	 */
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; staged && i < n; i++) {
 		struct slice *s = SLICE_OF(ps[i]);
 		char why[TE_DETAIL_MAX];
 		int32_t ab;
@@ -218,13 +239,11 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 			   tp->plugin->name, acc, n);
 		acc = n;
 	}
-	if (acc) {
-		for (uint32_t i = 0; i < acc; i++) {
-			struct task *t = SLICE_OF(ps[i])->task;
+	for (uint32_t i = 0; i < acc; i++) {
+		struct task *t = SLICE_OF(ps[i])->task;
 
-			if (!atomic_load_explicit(&t->posted, memory_order_relaxed))
-				atomic_store_explicit(&t->posted, 1, memory_order_relaxed);
-		}
+		if (!atomic_load_explicit(&t->posted, memory_order_relaxed))
+			atomic_store_explicit(&t->posted, 1, memory_order_relaxed);
 	}
 	for (uint32_t i = acc; i < n; i++) {
 		atomic_store_explicit(&SLICE_OF(ps[i])->in_plugin, 0, memory_order_relaxed);
@@ -248,31 +267,40 @@ static uint32_t post(struct engine *e, struct transport *tp, struct te_plugin_sl
 	return acc;
 }
 
+/* Post @k (<= POST_CHUNK) slices of one transport; @ps is scratch (post() compacts it). */
+static void post_run(struct engine *e, struct transport *tp, struct te_plugin_slice **ps,
+		     uint32_t k)
+{
+	uint32_t acc;
+
+	/* Keep order behind an existing backlog: the worker drains it first. */
+	if (atomic_load_explicit(&tp->backlog_len, memory_order_acquire)) {
+		backlog_push(tp, ps, k, false);
+		wake_kick(e);
+		return;
+	}
+	acc = post(e, tp, ps, &k);
+	if (acc < k) {
+		backlog_push(tp, ps + acc, k - acc, false);
+		wake_kick(e);
+	} else if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
+		   !wake_user_driving(e, engine_now_ns())) {
+		wake_kick(e);
+	}
+}
+
 void slice_post(struct engine *e, struct transport *tp, struct slice **slices, uint32_t n)
 {
 	struct te_plugin_slice *ps[POST_CHUNK];
 
 	while (n) {
-		uint32_t k = MIN(n, (uint32_t)POST_CHUNK), acc, total = k;
+		uint32_t k = MIN(n, (uint32_t)POST_CHUNK);
 
 		for (uint32_t i = 0; i < k; i++)
 			ps[i] = &slices[i]->ps;
-		/* Keep order behind an existing backlog: the worker drains it first. */
-		if (atomic_load_explicit(&tp->backlog_len, memory_order_acquire)) {
-			backlog_push(tp, ps, k, false);
-			wake_kick(e);
-		} else {
-			acc = post(e, tp, ps, &k);
-			if (acc < k) {
-				backlog_push(tp, ps + acc, k - acc, false);
-				wake_kick(e);
-			} else if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL &&
-				   !wake_user_driving(e, engine_now_ns())) {
-				wake_kick(e);
-			}
-		}
-		slices += total;
-		n -= total;
+		post_run(e, tp, ps, k);
+		slices += k;
+		n -= k;
 	}
 }
 
@@ -508,38 +536,37 @@ static void tasks_undo(struct batch *b, uint32_t base, size_t n)
  */
 struct ref_run {
 	struct mem_region *region;
-	struct segment *seg;
+	struct segment *seg; /* NULL: the local segment (no busy count) */
 	struct segview *view;
-	int32_t n_region, n_seg, n_view;
+	int32_t n; /* tasks in the run, each on all three */
 };
 
 /* Relaxed, as the per-task adds were: the submit's locks order them against release. */
 static void ref_run_flush(struct ref_run *run)
 {
-	if (run->n_region)
-		atomic_fetch_add_explicit(&run->region->refs, run->n_region, memory_order_relaxed);
-	if (run->n_seg)
-		atomic_fetch_add_explicit(&run->seg->busy, run->n_seg, memory_order_relaxed);
-	if (run->n_view)
-		atomic_fetch_add_explicit(&run->view->refs, run->n_view, memory_order_relaxed);
-	memset(run, 0, sizeof(*run));
+	if (run->n) {
+		atomic_fetch_add_explicit(&run->region->refs, run->n, memory_order_relaxed);
+		if (run->seg)
+			atomic_fetch_add_explicit(&run->seg->busy, run->n, memory_order_relaxed);
+		atomic_fetch_add_explicit(&run->view->refs, run->n, memory_order_relaxed);
+	}
+	run->n = 0;
 }
 
 static inline void ref_run_add(struct ref_run *run, struct mem_region *region, struct segment *seg,
 			       struct segview *view)
 {
-	if ((run->n_region && region != run->region) || (run->n_seg && seg != run->seg) ||
-	    (run->n_view && view != run->view))
+	if (G_UNLIKELY(region != run->region || seg != run->seg || view != run->view)) {
 		ref_run_flush(run);
-	run->region = region;
-	run->n_region++;
-	if (seg) {
+		run->region = region;
 		run->seg = seg;
-		run->n_seg++;
+		run->view = view;
 	}
-	run->view = view;
-	run->n_view++;
+	run->n++;
 }
+
+/* Pass 1 to pass 2 (in task.last_device): same target as the task accepted before it. */
+#define TASK_SAME_TARGET (UINT32_MAX - 1)
 
 /* Internal: a request missed its segment's descriptor; nothing was appended (try again). */
 #define SUBMIT_REFRESH 1
@@ -555,23 +582,35 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 {
 	enum te_status first_err = TE_OK;
 	struct slice_chunk *chunk = NULL;
-	uint32_t base, si = 0;
+	uint32_t base, si = 0, n_rejected = 0;
 	uint64_t total_slices = 0, now, deadline;
 	struct segview *local_view = NULL, *last_view = NULL;
 	const struct descriptor_buffer *last_db = NULL;
 	struct mem_region *last_region = NULL;
+	struct segment *last_seg = NULL;
+	te_segment_id last_seg_id = 0;
 	/* Runs of requests alike (see ref_run): one atomic per run for the references taken. */
 	struct ref_run held = { 0 };
 	/* The last transport choice, and what it depended on (select_transport is pure in them). */
-	const struct mem_region *sel_region = NULL;
-	const struct segview *sel_view = NULL;
+	struct mem_region *sel_region = NULL;
+	struct segment *sel_seg = NULL;
+	te_segment_id sel_segment = 0;
+	struct segview *sel_view = NULL;
 	const struct descriptor_buffer *sel_db = NULL;
-	uint32_t sel_opcode = 0;
+	uint32_t sel_opcode = UINT32_MAX; /* no request's (validated before): none chosen yet */
 	int sel_tpi = -1;
 	bool sel_staged = false;
 	/* Pass 2: the paused devices of the last transport (now does not change). */
 	struct transport *ex_tp = NULL;
 	uint64_t ex_mask = 0;
+	/* Pass 2: what slices of the current target share. */
+	struct transport *cur_tp = NULL;
+	struct te_plugin_rkey *rkey = NULL;
+	struct te_plugin_peer *peer = NULL;
+	struct te_plugin_mem *local_mem = NULL;
+	uint64_t remote_base = 0;
+	uint32_t cur_tpi = 0, priv_size = 0, opcode = 0;
+	bool staged = false;
 	struct batch *b;
 	enum te_status st;
 	size_t i;
@@ -616,25 +655,23 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 		struct segment *seg = NULL;
 		char why[TE_DETAIL_MAX - 64];
 		enum te_status sst;
+		uint32_t bi, ns;
 		int tpi;
 
-		/* Every field set here: recycled task arrays are not zeroed. */
+		/*
+		 * Every field set here or, for region, view, seg, tp, n_slices, staged and
+		 * last_device, where the task is accepted or rejected: recycled task arrays are
+		 * not zeroed.
+		 */
 		t->batch = b;
-		t->region = NULL;
-		t->view = NULL;
-		t->seg = NULL;
-		t->tp = NULL;
-		t->n_slices = 0;
 		t->opcode = r->opcode;
 		t->length = r->length;
 		t->detail = NULL;
 		t->invalid = false;
-		t->staged = false;
 		atomic_init(&t->done, 0);
 		atomic_init(&t->bad, 0);
 		atomic_init(&t->posted, 0);
 		atomic_init(&t->retries, 0);
-		atomic_init(&t->last_device, 0);
 		atomic_init(&t->bytes, 0);
 		atomic_init(&t->status, 0);
 		atomic_init(&t->claimed, 0);
@@ -659,105 +696,138 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 				    r->length);
 			goto rejected;
 		}
-		/* Consecutive requests usually hit the same region: try it first. */
-		if (last_region && (uintptr_t)r->local >= last_region->addr &&
-		    (uintptr_t)r->local + r->length - last_region->addr <= last_region->length) {
-			region = last_region;
-			sst = TE_OK;
-		} else {
-			sst = mem_lookup(e->mem.regions, (uintptr_t)r->local, r->length, &region);
-		}
-		if (sst != TE_OK) {
-			task_reject(
-				t, sst,
-				sst == TE_ERR_NOT_REGISTERED
-					? "request %zu: local address %p is not in a registered "
-					  "region (+%" PRIu64 " bytes)"
-					: "request %zu: local range [%p, +%" PRIu64
-					  ") runs past the end of its registered region",
-				i, r->local, r->length);
-			goto rejected;
-		}
-		if (r->segment == TE_SEGMENT_LOCAL) {
-			if (!local_view) {
-				g_autofree char *err = NULL;
-
-				sst = segment_local_view(e, &local_view, &err);
-				if (sst != TE_OK) {
-					task_reject(t, sst, "request %zu: local segment: %s", i,
-						    err);
-					goto rejected;
-				}
-			}
-			v = local_view;
-		} else {
-			seg = segment_get_locked(e, r->segment);
-			if (!seg) {
-				task_reject(t, TE_ERR_UNKNOWN_SEGMENT,
-					    "request %zu: segment id %u is not open", i,
-					    r->segment);
-				goto rejected;
-			}
-			if (seg->departed) {
-				task_reject(t, TE_ERR_PEER_UNREACHABLE,
-					    "request %zu: segment '%s' is gone: %s", i, seg->name,
-					    seg->departed);
-				goto rejected;
-			}
-			v = seg->view;
-		}
-		if (last_db && v == last_view && r->remote >= last_db->addr &&
-		    r->remote + r->length - last_db->addr <= last_db->length)
-			db = last_db;
-		else
-			db = descriptor_find_buffer(v->desc, r->remote, r->length);
-		if (!db) {
-			/*
-			 * The peer may have registered it since its descriptor was fetched (or
-			 * restarted elsewhere): the next submit fetches a fresh one.
-			 */
-			if (seg) {
-				segment_mark_stale(e, seg);
-				*missed = true;
-			}
-			task_reject(t, TE_ERR_REMOTE_ACCESS,
-				    "request %zu: remote range [0x%" PRIx64 ", +%" PRIu64
-				    ") is outside the registered buffers of segment '%s'",
-				    i, r->remote, r->length, v->desc->name);
-			goto rejected;
-		}
-		if (!(db->access &
-		      (r->opcode == TE_OP_READ ? TE_MEM_REMOTE_READ : TE_MEM_REMOTE_WRITE))) {
-			task_reject(t, TE_ERR_REMOTE_ACCESS,
-				    "request %zu: remote buffer [0x%" PRIx64 ", +%" PRIu64
-				    ") of segment '%s' is not registered for remote %s",
-				    i, db->addr, db->length, v->desc->name,
-				    r->opcode == TE_OP_READ ? "read" : "write");
-			goto rejected;
-		}
-		last_region = region;
-		last_db = db;
-		last_view = v;
-		if (sel_tpi >= 0 && region == sel_region && v == sel_view && db == sel_db &&
-		    r->opcode == sel_opcode) {
+		/*
+		 * The opcode, segment, local region and remote buffer of the request accepted
+		 * last: its checks, transport and references hold for this one (only the ranges
+		 * differ, checked here).
+		 */
+		if (r->opcode == sel_opcode && r->segment == sel_segment &&
+		    (uintptr_t)r->local >= sel_region->addr &&
+		    (uintptr_t)r->local + r->length - sel_region->addr <= sel_region->length &&
+		    r->remote >= sel_db->addr &&
+		    r->remote + r->length - sel_db->addr <= sel_db->length) {
+			region = sel_region;
+			seg = sel_seg;
+			v = sel_view;
+			db = sel_db;
 			tpi = sel_tpi;
 			t->staged = sel_staged;
+			held.n++; /* its run is sel_*'s, the last one added */
+			bi = TASK_SAME_TARGET;
 		} else {
-			tpi = select_transport(e, v, (size_t)(db - v->desc->buffers), region,
-					       r->opcode, now, &t->staged, &sst, why, sizeof(why));
-			if (tpi >= 0) {
-				sel_region = region;
-				sel_view = v;
-				sel_db = db;
-				sel_opcode = r->opcode;
-				sel_tpi = tpi;
-				sel_staged = t->staged;
+			/* Consecutive requests usually hit the same region: try it first. */
+			if (last_region && (uintptr_t)r->local >= last_region->addr &&
+			    (uintptr_t)r->local + r->length - last_region->addr <=
+				    last_region->length) {
+				region = last_region;
+				sst = TE_OK;
+			} else {
+				sst = mem_lookup(e->mem.regions, (uintptr_t)r->local, r->length,
+						 &region);
 			}
-		}
-		if (tpi < 0) {
-			task_reject(t, sst, "request %zu: no transport for segment '%s': %s", i,
-				    v->desc->name, why);
-			goto rejected;
+			if (sst != TE_OK) {
+				task_reject(
+					t, sst,
+					sst == TE_ERR_NOT_REGISTERED
+						? "request %zu: local address %p is not in a registered "
+						  "region (+%" PRIu64 " bytes)"
+						: "request %zu: local range [%p, +%" PRIu64
+						  ") runs past the end of its registered region",
+					i, r->local, r->length);
+				goto rejected;
+			}
+			if (r->segment == TE_SEGMENT_LOCAL) {
+				if (!local_view) {
+					g_autofree char *err = NULL;
+
+					sst = segment_local_view(e, &local_view, &err);
+					if (sst != TE_OK) {
+						task_reject(t, sst,
+							    "request %zu: local segment: %s", i,
+							    err);
+						goto rejected;
+					}
+				}
+				v = local_view;
+			} else if (last_seg && r->segment == last_seg_id) {
+				seg = last_seg;
+				v = seg->view;
+			} else {
+				seg = segment_get_locked(e, r->segment);
+				if (!seg) {
+					task_reject(t, TE_ERR_UNKNOWN_SEGMENT,
+						    "request %zu: segment id %u is not open", i,
+						    r->segment);
+					goto rejected;
+				}
+				if (seg->departed) {
+					task_reject(t, TE_ERR_PEER_UNREACHABLE,
+						    "request %zu: segment '%s' is gone: %s", i,
+						    seg->name, seg->departed);
+					goto rejected;
+				}
+				v = seg->view;
+				/* Under the read lock neither departed nor view changes: checked once. */
+				last_seg = seg;
+				last_seg_id = r->segment;
+			}
+			if (last_db && v == last_view && r->remote >= last_db->addr &&
+			    r->remote + r->length - last_db->addr <= last_db->length)
+				db = last_db;
+			else
+				db = descriptor_find_buffer(v->desc, r->remote, r->length);
+			if (!db) {
+				/*
+				 * The peer may have registered it since its descriptor was fetched (or
+				 * restarted elsewhere): the next submit fetches a fresh one.
+				 */
+				if (seg) {
+					segment_mark_stale(e, seg);
+					*missed = true;
+				}
+				task_reject(t, TE_ERR_REMOTE_ACCESS,
+					    "request %zu: remote range [0x%" PRIx64 ", +%" PRIu64
+					    ") is outside the registered buffers of segment '%s'",
+					    i, r->remote, r->length, v->desc->name);
+				goto rejected;
+			}
+			if (!(db->access & (r->opcode == TE_OP_READ ? TE_MEM_REMOTE_READ
+								    : TE_MEM_REMOTE_WRITE))) {
+				task_reject(t, TE_ERR_REMOTE_ACCESS,
+					    "request %zu: remote buffer [0x%" PRIx64 ", +%" PRIu64
+					    ") of segment '%s' is not registered for remote %s",
+					    i, db->addr, db->length, v->desc->name,
+					    r->opcode == TE_OP_READ ? "read" : "write");
+				goto rejected;
+			}
+			last_region = region;
+			last_db = db;
+			last_view = v;
+			if (sel_tpi >= 0 && region == sel_region && v == sel_view && db == sel_db &&
+			    r->opcode == sel_opcode) {
+				tpi = sel_tpi;
+				t->staged = sel_staged;
+			} else {
+				tpi = select_transport(e, v, (size_t)(db - v->desc->buffers),
+						       region, r->opcode, now, &t->staged, &sst,
+						       why, sizeof(why));
+			}
+			if (tpi < 0) {
+				task_reject(t, sst,
+					    "request %zu: no transport for segment '%s': %s", i,
+					    v->desc->name, why);
+				goto rejected;
+			}
+			sel_region = region;
+			sel_seg = seg;
+			sel_segment = r->segment;
+			sel_view = v;
+			sel_db = db;
+			sel_opcode = r->opcode;
+			sel_tpi = tpi;
+			sel_staged = t->staged;
+			ref_run_add(&held, region, seg, v);
+			bi = (uint32_t)(db - v->desc->buffers);
 		}
 		t->tp = e->tps[tpi];
 		if (log_enabled(&e->log, TE_LOG_DEBUG))
@@ -766,17 +836,24 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 		t->region = region;
 		t->view = v;
 		t->seg = seg;
-		ref_run_add(&held, region, seg, v);
 		if (r->length <= e->slice_size[tpi])
-			t->n_slices = 1;
+			ns = 1;
 		else
-			task_slice_size(e, (unsigned)tpi, r->length, &t->n_slices);
+			task_slice_size(e, (unsigned)tpi, r->length, &ns);
+		t->n_slices = ns;
 		/* Remember which buffer: reuse last_device as scratch until posting. */
-		atomic_store_explicit(&t->last_device, (uint32_t)(db - v->desc->buffers),
-				      memory_order_relaxed);
-		total_slices += t->n_slices;
+		atomic_store_explicit(&t->last_device, bi, memory_order_relaxed);
+		total_slices += ns;
 		continue;
 rejected:
+		t->region = NULL;
+		t->view = NULL;
+		t->seg = NULL;
+		t->tp = NULL;
+		t->n_slices = 0;
+		t->staged = false;
+		atomic_store_explicit(&t->last_device, 0, memory_order_relaxed);
+		n_rejected++;
 		if (first_err == TE_OK) {
 			first_err = atomic_load(&t->status);
 			log_error(first_err, "te_batch_submit: %s", t->detail);
@@ -818,60 +895,63 @@ rejected:
 		b->chunks = chunk;
 	}
 
-	/* Pass 2: build slices. */
+	/* Pass 2: build slices (the values of the task before while bi is TASK_SAME_TARGET). */
 	for (i = 0; i < n; i++) {
 		struct task *t = &b->tasks[base + i];
 		const struct te_request *r = &reqs[i];
-		const struct descriptor_buffer *db;
-		struct segview_tp *vt;
-		struct te_plugin_rkey *rkey;
-		uint64_t ss, off = 0, excluded;
-		uint32_t ns, bi, tpi;
+		uint64_t ss, off = 0, length = r->length;
+		uint32_t ns, bi;
 
 		if (t->invalid)
 			continue;
-		tpi = t->tp->index;
 		bi = atomic_load_explicit(&t->last_device, memory_order_relaxed);
 		atomic_store_explicit(&t->last_device, UINT32_MAX, memory_order_relaxed);
-		db = &t->view->desc->buffers[bi];
-		vt = &t->view->tps[tpi];
-		rkey = t->view->rkeys[bi * e->n_tps + tpi];
+		/* The same target as the task accepted before it: what follows is as computed. */
+		if (bi != TASK_SAME_TARGET) {
+			cur_tp = t->tp;
+			cur_tpi = cur_tp->index;
+			staged = t->staged;
+			remote_base = t->view->desc->buffers[bi].addr;
+			peer = t->view->tps[cur_tpi].peer;
+			rkey = t->view->rkeys[bi * e->n_tps + cur_tpi];
+			local_mem = staged ? NULL : t->region->handles[cur_tpi];
+			priv_size = cur_tp->caps.slice_priv_size;
+			opcode = r->opcode == TE_OP_READ ? TE_PLUGIN_OP_READ : TE_PLUGIN_OP_WRITE;
+			if (cur_tp != ex_tp) {
+				ex_tp = cur_tp;
+				ex_mask = transport_paused_devices(cur_tp, now);
+			}
+		}
 		if (t->n_slices == 1) {
-			ss = r->length;
+			ss = length;
 			ns = 1;
 		} else {
-			ss = task_slice_size(e, tpi, r->length, &ns);
+			ss = task_slice_size(e, cur_tpi, length, &ns);
 		}
-		if (t->tp != ex_tp) {
-			ex_tp = t->tp;
-			ex_mask = transport_paused_devices(t->tp, now);
-		}
-		excluded = ex_mask;
 		for (uint32_t k = 0; k < ns; k++, si++) {
 			struct slice *s = SLICE_AT(chunk, si);
-			uint64_t len = MIN(ss, r->length - off);
+			uint64_t len = MIN(ss, length - off);
 
 			s->ps.size = sizeof(s->ps);
-			s->ps.opcode =
-				r->opcode == TE_OP_READ ? TE_PLUGIN_OP_READ : TE_PLUGIN_OP_WRITE;
+			s->ps.opcode = opcode;
 			s->ps.local = (char *)r->local + off;
 			s->ps.remote = r->remote + off;
 			s->ps.length = len;
-			s->ps.local_mem = t->staged ? NULL : t->region->handles[tpi];
-			s->staged = t->staged;
+			s->ps.local_mem = local_mem;
+			s->staged = staged;
 			s->bounce = UINT32_MAX;
 			s->stage_local = s->ps.local;
-			s->ps.peer = vt->peer;
+			s->ps.peer = peer;
 			s->ps.rkey = rkey;
-			s->ps.remote_base = db->addr;
+			s->ps.remote_base = remote_base;
 			s->ps.deadline_ns = deadline;
-			s->ps.excluded_devices = excluded;
+			s->ps.excluded_devices = ex_mask;
 			s->ps.attempt = 0;
 			s->ps.device = 0;
-			s->ps.priv = t->tp->caps.slice_priv_size ? (char *)s + sizeof(*s) : NULL;
-			batch_slice_clear_priv(s, t->tp->caps.slice_priv_size);
+			s->ps.priv = priv_size ? (char *)s + sizeof(*s) : NULL;
+			batch_slice_clear_priv(s, priv_size);
 			s->task = t;
-			s->tp = t->tp;
+			s->tp = cur_tp;
 			s->next = NULL;
 			s->retry_at_ns = 0;
 			atomic_init(&s->term, 0);
@@ -879,7 +959,7 @@ rejected:
 			atomic_init(&s->abort_status, 0);
 			atomic_init(&s->abort_ns, 0);
 			atomic_init(&s->cancel_sent, 0);
-			s->seg_tp = tpi;
+			s->seg_tp = cur_tpi;
 			off += len;
 		}
 	}
@@ -889,21 +969,22 @@ rejected:
 	atomic_min_u64(&b->min_deadline_ns, deadline);
 	retry_note_deadline(e, deadline);
 	atomic_store_explicit(&b->n_tasks, base + (uint32_t)n, memory_order_release);
-	for (i = 0; i < n; i++)
+	for (i = 0; n_rejected && i < n; i++)
 		if (b->tasks[base + i].invalid)
 			task_terminal(&b->tasks[base + i]);
 
 	/* Pass 3: hand runs of slices with the same transport to their plugin. */
 	for (uint32_t start = 0; start < si;) {
-		struct transport *tp = SLICE_AT(chunk, start)->tp;
-		struct slice *run[POST_CHUNK];
-		uint32_t k = 0;
+		struct slice *s = SLICE_AT(chunk, start);
+		struct transport *tp = s->tp;
+		struct te_plugin_slice *run[POST_CHUNK];
+		uint32_t k = 0, max = MIN(si - start, (uint32_t)POST_CHUNK);
 
-		while (start + k < si && k < POST_CHUNK && SLICE_AT(chunk, start + k)->tp == tp) {
-			run[k] = SLICE_AT(chunk, start + k);
-			k++;
-		}
-		slice_post(e, tp, run, k);
+		do {
+			run[k++] = &s->ps;
+			s = (struct slice *)(void *)((char *)s + chunk->stride);
+		} while (k < max && s->tp == tp);
+		post_run(e, tp, run, k);
 		start += k;
 	}
 	segview_unref(local_view);
@@ -933,32 +1014,51 @@ enum te_status slice_submit(struct engine *e, te_batch_id id, const struct te_re
 	return st;
 }
 
-void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,
-		uint64_t bytes, const char *detail)
+/* A slice attempt moved all its bytes and the core did not give up on it: it succeeded. */
+static inline void slice_done_ok(struct transport *tp, struct slice *s, uint64_t bytes,
+				 struct reap *rp)
 {
-	struct slice *s = SLICE_OF(ps);
+	struct task *t = s->task;
+	struct batch *b = t->batch;
+	uint32_t d = s->ps.device;
+
+	if (d < TRANSPORT_MAX_DEVICES &&
+	    atomic_load_explicit(&tp->dev_failures[d], memory_order_relaxed))
+		atomic_store_explicit(&tp->dev_failures[d], 0, memory_order_relaxed);
+	if (slice_claim(s)) {
+		/* One slice: its claim makes this the task's only writer of bytes. */
+		if (t->n_slices == 1)
+			atomic_store_explicit(&t->bytes, bytes, memory_order_relaxed);
+		else
+			atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
+		slice_count_done(s);
+	}
+	if (rp->tp == tp) {
+		if (rp->batch != b) {
+			reap_flush_batch(rp);
+			rp->batch = b;
+		}
+		rp->refs++;
+	} else {
+		batch_release_slice(s);
+	}
+}
+
+/*
+ * slice_done past its common part: a staged slice, a failure, a short transfer or an abort.
+ * Out of line: its detail buffers stay off the stack of the success path.
+ */
+static G_GNUC_NO_INLINE void slice_done_slow(struct transport *tp, struct slice *s,
+					     enum te_status status, uint64_t bytes,
+					     const char *detail)
+{
+	struct te_plugin_slice *ps = &s->ps;
 	struct task *t = s->task;
 	struct batch *b = t->batch;
 	struct engine *e = b->engine;
 	char stage_why[TE_DETAIL_MAX];
 	int32_t abort;
 
-	/*
-	 * release only: if batch_abort_slices reads in_plugin before this store and this
-	 * thread reads abort_status before its store, the slice ends with the plugin's own
-	 * outcome (a report and a give-up at the same moment; never a retry: the deadline
-	 * passed or the batch is canceled). Nothing waits on the slice either way.
-	 */
-	atomic_store_explicit(&s->in_plugin, 0, memory_order_release);
-	if (tp->polled) {
-		if (reap.tp == tp)
-			reap.done++;
-		else
-			atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
-	}
-	/* Room in the plugin again: end a back-pressure stall (read-mostly, written rarely). */
-	if (G_UNLIKELY(atomic_load_explicit(&tp->stall_until_ns, memory_order_relaxed)))
-		atomic_store_explicit(&tp->stall_until_ns, 0, memory_order_relaxed);
 	if (s->bounce != UINT32_MAX) {
 		/* A staged READ's bytes go from the bounce buffer to its memory; then it is free. */
 		enum te_status before = status;
@@ -997,28 +1097,7 @@ void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status
 	}
 
 	if (status == TE_OK && bytes == ps->length) {
-		uint32_t d = ps->device;
-
-		if (d < TRANSPORT_MAX_DEVICES &&
-		    atomic_load_explicit(&tp->dev_failures[d], memory_order_relaxed))
-			atomic_store_explicit(&tp->dev_failures[d], 0, memory_order_relaxed);
-		if (slice_claim(s)) {
-			/* One slice: its claim makes this the task's only writer of bytes. */
-			if (t->n_slices == 1)
-				atomic_store_explicit(&t->bytes, bytes, memory_order_relaxed);
-			else
-				atomic_fetch_add_explicit(&t->bytes, bytes, memory_order_relaxed);
-			slice_count_done(s);
-		}
-		if (reap.tp == tp) {
-			if (reap.batch != b) {
-				reap_flush_batch();
-				reap.batch = b;
-			}
-			reap.refs++;
-		} else {
-			batch_release_slice(s);
-		}
+		slice_done_ok(tp, s, bytes, reap_get());
 		return;
 	}
 	if (status == TE_OK) {
@@ -1052,6 +1131,40 @@ void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status
 		slice_fail(s, status, why);
 	}
 	batch_release_slice(s);
+}
+
+void slice_done(struct transport *tp, struct te_plugin_slice *ps, enum te_status status,
+		uint64_t bytes, const char *detail)
+{
+	struct slice *s = SLICE_OF(ps);
+	struct reap *rp = reap_get();
+
+	/*
+	 * release only: if batch_abort_slices reads in_plugin before this store and this
+	 * thread reads abort_status before its store, the slice ends with the plugin's own
+	 * outcome (a report and a give-up at the same moment; never a retry: the deadline
+	 * passed or the batch is canceled). Nothing waits on the slice either way.
+	 */
+	atomic_store_explicit(&s->in_plugin, 0, memory_order_release);
+	if (tp->polled) {
+		if (rp->tp == tp)
+			rp->done++;
+		else
+			atomic_fetch_sub_explicit(&tp->in_flight, 1, memory_order_relaxed);
+	}
+	/* Room in the plugin again: end a back-pressure stall (read-mostly, written rarely). */
+	if (G_UNLIKELY(atomic_load_explicit(&tp->stall_until_ns, memory_order_relaxed)))
+		atomic_store_explicit(&tp->stall_until_ns, 0, memory_order_relaxed);
+	/* The common case (not staged, complete, not given up on) here; the rest out of line. */
+	if (G_LIKELY(s->bounce == UINT32_MAX && status == TE_OK && bytes == ps->length &&
+		     !atomic_load_explicit(&s->abort_status, memory_order_acquire))) {
+		if (ps->device < TRANSPORT_MAX_DEVICES)
+			atomic_store_explicit(&s->task->last_device, ps->device,
+					      memory_order_relaxed);
+		slice_done_ok(tp, s, bytes, rp);
+		return;
+	}
+	slice_done_slow(tp, s, status, bytes, detail);
 }
 
 void slice_retry(struct engine *e, struct slice *s)
