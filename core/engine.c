@@ -136,6 +136,12 @@ static enum te_status engine_load_transports(struct engine *e)
 		if (tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL)
 			e->has_manual = true;
 	}
+	/* Every waiter may poll (up to max_pollers) when every hybrid transport serves its own. */
+	e->per_thread = !e->has_manual;
+	for (unsigned i = 0; i < e->n_tps; i++)
+		if (e->tps[i]->hybrid && !e->tps[i]->per_thread)
+			e->per_thread = false;
+	e->max_pollers = MAX(1u, g_get_num_processors() / 2u);
 	return TE_OK;
 }
 

@@ -125,6 +125,13 @@ struct engine {
 	/* te_batch_wait: one waiter polls manual transports (progress.c), the others stand by
 	 * (batch.c: batch_wait_any) */
 	_Atomic bool polling;
+	/*
+	 * Hybrid transports that serve each waiter's own work (per_thread): waiters polling now,
+	 * at most max_pollers (half the CPUs: the rest is for the plugins' threads and peers).
+	 */
+	_Atomic uint32_t pollers;
+	uint32_t max_pollers;
+	bool per_thread;
 	_Atomic uint64_t manual_work_ns; /* when the poller last saw a completion */
 	_Atomic uint32_t standby;
 	GMutex standby_lock;

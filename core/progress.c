@@ -327,17 +327,36 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 	uint64_t end = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
 	struct batch *b;
 	enum te_status st;
-	bool spun = false, polls;
+	bool spun = false, polls, per_thread;
 
 	st = batch_get(e, id, &b);
 	if (st != TE_OK)
 		return st;
 	/* Whether this thread may poll transports: MANUAL ones, or hybrid ones. */
 	polls = e->has_manual || progress_has_hybrid(e);
+	per_thread = polls && e->per_thread;
 	if (e->has_manual)
 		atomic_fetch_add(&e->drivers, 1);
 	while (!batch_is_terminal(b)) {
 		uint64_t now;
+
+		/* Hybrid transports that serve each waiter's own work: poll alongside the others. */
+		if (per_thread && !spun) {
+			/*
+			 * Polling burns a CPU while it waits: at most max_pollers at once. The
+			 * others wait as for AUTO transports (the plugins' threads serve them).
+			 */
+			if (atomic_fetch_add(&e->pollers, 1) < e->max_pollers) {
+				uint64_t told = batch_wait_drive(e);
+
+				batch_wait_poll(e, b, start, end);
+				batch_wait_undrive(e, told);
+			}
+			atomic_fetch_sub(&e->pollers, 1);
+			if (batch_is_terminal(b))
+				break;
+			polls = false; /* quiet: the plugins' threads took over (sleep below) */
+		}
 
 		/*
 		 * Drive manual-progress transports from the waiting thread, one waiter at a

@@ -366,6 +366,7 @@ enum te_status transport_start(struct engine *engine, struct plugin *plugin,
 		goto err_fini;
 	}
 	tp->polled = tp->caps.progress == TE_PLUGIN_PROGRESS_MANUAL || tp->hybrid;
+	tp->per_thread = tp->hybrid && (tp->caps.flags & TE_PLUGIN_CAP_HYBRID_PER_THREAD);
 	memset(devs, 0, sizeof(devs));
 	for (unsigned i = 0; i < TRANSPORT_MAX_DEVICES; i++)
 		devs[i].size = sizeof(devs[i]);

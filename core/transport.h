@@ -66,6 +66,7 @@ struct transport {
 	 */
 	bool polled;
 	bool hybrid;
+	bool per_thread; /* hybrid with TE_PLUGIN_CAP_HYBRID_PER_THREAD: waiters poll at once */
 	/* Bounce buffers for local memory it cannot reach itself (core/stage.c), made lazily. */
 	GMutex stage_lock;
 	struct stage_pool *stage;

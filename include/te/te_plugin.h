@@ -142,6 +142,17 @@ enum te_plugin_thread_level {
  * progress is refused.
  */
 #define TE_PLUGIN_CAP_HYBRID_PROGRESS (1u << 3)
+/*
+ * Since ABI 1.2, with TE_PLUGIN_CAP_HYBRID_PROGRESS: progress(), wait() and drive() serve the
+ * calling thread's own work (e.g. the connection its submits use), so several threads waiting
+ * in te_batch_wait poll at once (up to half the CPUs' worth; the others wait for the plugin's
+ * threads, as for an AUTO plugin), each bracketing its polls with drive(1) and drive(0).
+ * Concurrent callers, and drive() calls of several threads interleaved (each thread's own
+ * alternate 1, 0), must be fine. The core uses it only while every hybrid transport of the
+ * engine has the flag and none is MANUAL; otherwise one waiter polls at a time, the others
+ * standing by, as for any hybrid plugin.
+ */
+#define TE_PLUGIN_CAP_HYBRID_PER_THREAD (1u << 4)
 
 /* Capabilities; filled by query_caps after the core zeroes it and sets size. */
 struct te_plugin_caps {
@@ -550,7 +561,7 @@ struct te_plugin_ops {
 	 *   TE_PLUGIN_CAP_HYBRID_PROGRESS (a hybrid one is treated as MANUAL below);
 	 * - only from an application thread inside te_batch_wait, the engine's one polling
 	 *   waiter: never from the core's worker threads, and never by two threads at once
-	 *   for one instance;
+	 *   for one instance (except TE_PLUGIN_CAP_HYBRID_PER_THREAD plugins: every waiter);
 	 * - only while this plugin is the engine's only manual-progress transport with slices
 	 *   in flight, after several empty progress() polls and 20 us or more since the last
 	 *   completion;
@@ -569,8 +580,9 @@ struct te_plugin_ops {
 	 * the queues progress() polls (two pollers of one queue only take turns on its lock and
 	 * on the CPUs). After 0 they must take over whatever is still in flight without delay:
 	 * nobody may poll again soon. Calls alternate 1, 0, 1, 0 (one polling thread per engine
-	 * at a time), each 1 made while the plugin has slices in flight; every 1 gets its 0, at
-	 * the latest before fini. Must not block; returns nothing. Concurrently with any op but
+	 * at a time; with TE_PLUGIN_CAP_HYBRID_PER_THREAD, per calling thread, several threads'
+	 * calls interleaved), each 1 made while the plugin has slices in flight; every 1 gets its
+	 * 0, at the latest before fini. Must not block; returns nothing. Concurrently with any op but
 	 * init, query_caps, query_devices and fini.
 	 */
 	void (*drive)(struct te_plugin_inst *inst, uint32_t driving);

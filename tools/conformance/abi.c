@@ -147,7 +147,8 @@ static void check_caps(const struct te_plugin_caps *c)
 	if (c->thread_level > TE_PLUGIN_THREAD_MULTI)
 		BAD("thread_level %u is neither SERIALIZED nor MULTI", c->thread_level);
 	if (c->flags & ~(TE_PLUGIN_CAP_SAME_HOST_ONLY | TE_PLUGIN_CAP_SAME_PROCESS_ONLY |
-			 TE_PLUGIN_CAP_FIXED_DEVICES | TE_PLUGIN_CAP_HYBRID_PROGRESS))
+			 TE_PLUGIN_CAP_FIXED_DEVICES | TE_PLUGIN_CAP_HYBRID_PROGRESS |
+			 TE_PLUGIN_CAP_HYBRID_PER_THREAD))
 		BAD("flags 0x%x has unknown bits", c->flags);
 	if (c->slice_priv_size > TE_PLUGIN_SLICE_PRIV_MAX)
 		BAD("slice_priv_size %u is over TE_PLUGIN_SLICE_PRIV_MAX (%u)", c->slice_priv_size,
