@@ -11,6 +11,8 @@
  * Declared options (te_plugin.h, ABI 1.2): the core checks types and ranges before init and
  * hands every one in normal form with its default; README.md says more about each.
  */
+static const char *const tcp_progress_modes[] = { "caller", "threads", NULL };
+
 static const struct te_plugin_option tcp_options[] = {
 	TE_PLUGIN_OPTION_STRING("bind", "auto",
 				"address the data listener binds: IPv4/IPv6 literal or host name; "
@@ -21,6 +23,9 @@ static const struct te_plugin_option tcp_options[] = {
 				"when bind is a wildcard)"),
 	TE_PLUGIN_OPTION_INT("lanes", "2", 1, TCP_MAX_LANES, "TCP connections per peer"),
 	TE_PLUGIN_OPTION_INT("workers", "2", 1, TCP_MAX_WORKERS, "epoll threads"),
+	TE_PLUGIN_OPTION_CHOICE("progress", "caller", tcp_progress_modes,
+				"who reads answers while a thread waits in te_batch_wait: caller "
+				"(that thread), or threads (the epoll threads only)"),
 	TE_PLUGIN_OPTION_INT("max_inflight", "256", 1, TCP_MAX_INFLIGHT,
 			     "requests in flight per lane; beyond it, back-pressure"),
 	TE_PLUGIN_OPTION_SIZE("stripe_min", "1M", 0, TCP_MAX_FRAME,
@@ -138,6 +143,8 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	port = tcp_opt(ti, "port");
 	ti->lanes = (uint32_t)tcp_opt(ti, "lanes");
 	ti->n_workers = (uint32_t)tcp_opt(ti, "workers");
+	ti->hybrid =
+		te_plugin_opt_choice(ti->host, ti->ctx, "progress", tcp_progress_modes, 0) == 0;
 	ti->max_inflight = (uint32_t)tcp_opt(ti, "max_inflight");
 	ti->slice_size = tcp_opt_size(ti, "slice_size");
 	ti->stripe_min = tcp_opt_size(ti, "stripe_min");
@@ -478,7 +485,8 @@ static enum te_status tcp_query_caps(struct te_plugin_inst *inst, struct te_plug
 	caps->ops = TE_PLUGIN_CAN_READ | TE_PLUGIN_CAN_WRITE;
 	caps->progress = TE_PLUGIN_PROGRESS_AUTO;
 	caps->thread_level = TE_PLUGIN_THREAD_MULTI;
-	caps->flags = 0;
+	caps->flags =
+		ti->hybrid ? TE_PLUGIN_CAP_HYBRID_PROGRESS | TE_PLUGIN_CAP_HYBRID_PER_THREAD : 0;
 	caps->max_slice_size = TCP_MAX_FRAME;
 	caps->default_slice_size = ti->slice_size;
 	caps->slice_priv_size = sizeof(struct tcp_spriv);
@@ -876,7 +884,8 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 
 	if (!needed_out)
 		return TE_ERR_INVALID_ARG;
-	tcp_out(&o, "{\"lanes_per_peer\":%" PRIu32 ",\"peers\":[", ti->lanes);
+	tcp_out(&o, "{\"lanes_per_peer\":%" PRIu32 ",\"progress\":\"%s\",\"peers\":[", ti->lanes,
+		ti->hybrid ? "caller" : "threads");
 	pthread_mutex_lock(&ti->lock);
 	for (struct tcp_peer *peer = ti->peers; peer; peer = peer->next) {
 		uint64_t slices = 0, bytes = 0, reconnects = 0;
@@ -893,6 +902,7 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 			uint64_t n = atomic_load_explicit(&l->st_slices, memory_order_relaxed);
 			uint64_t b = atomic_load_explicit(&l->st_bytes, memory_order_relaxed);
 			uint64_t c = atomic_load_explicit(&l->st_connects, memory_order_relaxed);
+			uint64_t d = atomic_load_explicit(&l->st_driven, memory_order_relaxed);
 			bool up;
 
 			pthread_mutex_lock(&l->lock);
@@ -900,8 +910,8 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 			pthread_mutex_unlock(&l->lock);
 			tcp_out(&o,
 				"%s{\"slices\":%" PRIu64 ",\"bytes\":%" PRIu64
-				",\"connects\":%" PRIu64 ",\"up\":%s}",
-				i ? "," : "", n, b, c, up ? "true" : "false");
+				",\"connects\":%" PRIu64 ",\"driven\":%" PRIu64 ",\"up\":%s}",
+				i ? "," : "", n, b, c, d, up ? "true" : "false");
 			slices += n;
 			bytes += b;
 			reconnects += c > 1 ? c - 1 : 0;
@@ -935,6 +945,9 @@ static const struct te_plugin_ops tcp_ops = {
 	.submit = tcp_submit,
 	.cancel = tcp_cancel,
 	.retry_prepare = tcp_retry_prepare,
+	.progress = tcp_progress,
+	.wait = tcp_wait,
+	.drive = tcp_drive,
 	.stats = tcp_stats,
 };
 

@@ -15,9 +15,12 @@
  * submit() puts slices of at least stripe_min bytes round-robin over the lanes (one large
  * transfer is striped) and smaller ones on the submitting thread's own lane; when nobody is
  * sending on a lane, it sends right away from the calling thread with one sendmsg() gathering
- * many headers and payloads straight from the source buffers. What does not fit is sent by the lane's worker
- * when the socket becomes writable. Responses are read by the lane's worker: headers in bulk,
- * READ payloads straight into the destination.
+ * many headers and payloads straight from the source buffers. What does not fit is sent by
+ * the lane's worker when the socket becomes writable. Responses are read by the lane's
+ * worker, or (progress 'caller') by the application thread waiting in te_batch_wait while it
+ * waits: headers in bulk, READ payloads straight into the destination. One thread at a time
+ * owns a lane's receive side (rx_busy); while a waiter drives, the lanes it polls are quiet
+ * (no EPOLLIN), so their worker sleeps instead of racing it for every answer.
  *
  * Serving side. Accepted connections are spread over the workers. Every request is checked
  * against the registered regions (one region, matching remote access) before memory is
@@ -48,6 +51,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -130,12 +134,14 @@
 #define TCP_GULP (16u << 10)
 #endif
 #define TCP_CTL 256u /* handshake bytes queued per connection (>= 2 frames, or 1 + detail) */
-#define TCP_SCRATCH (256u << 10) /* per worker: where discarded payloads go */
-#define TCP_LANE_IOV 512u	 /* iovecs per client sendmsg (<= UIO_MAXIOV) */
-#define TCP_SRV_IOV 1024u	 /* iovecs per server sendmsg (UIO_MAXIOV) */
-#define TCP_SRV_RING 256u	 /* responses queued per server connection */
-#define TCP_RX_BUDGET (4u << 20) /* bytes read per wake-up before other sockets get a turn */
-#define TCP_STAGE (1u << 20)	 /* staging buffer per connection and direction (GPU memory) */
+#define TCP_SCRATCH (256u << 10)  /* per worker: where discarded payloads go */
+#define TCP_LANE_IOV 512u	  /* iovecs per client sendmsg (<= UIO_MAXIOV) */
+#define TCP_SRV_IOV 1024u	  /* iovecs per server sendmsg (UIO_MAXIOV) */
+#define TCP_SRV_RING 256u	  /* responses queued per server connection */
+#define TCP_RX_BUDGET (4u << 20)  /* bytes read per wake-up before other sockets get a turn */
+#define TCP_DRV_BUDGET (1u << 20) /* bytes a driver reads per lane and progress() call */
+#define TCP_DRV_LANES 64u	  /* lanes one progress() or wait() call looks at */
+#define TCP_STAGE (1u << 20)	  /* staging buffer per connection and direction (GPU memory) */
 #define TCP_STAGED_TYPES (TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP)
 #define TCP_TICK_MS 100	   /* housekeeping period: connect timeouts, stalls */
 #define TCP_STALL_TICKS 3u /* ticks without progress that break a lane with cancels */
@@ -316,10 +322,28 @@ struct tcp_lane {
 	pthread_mutex_t rx_lock;
 	atomic_bool rx_redirect;
 
-	/* Worker only. */
+	/*
+	 * Receive side ownership (progress 'caller', under lock): the thread in the receive
+	 * loop (tcp_lane_rx_run), either the lane's worker or the application thread driving
+	 * progress (rx_driver). Another thread that wants to read meanwhile sets rx_missed and
+	 * leaves it to the owner, which runs the loop again before it lets go.
+	 */
+	bool rx_busy;
+	bool rx_driver; /* the owner is the driver: tcp_lane_break waits for it (kick) */
+	bool rx_missed;
+	bool rx_want;	    /* tcp_lane_service should read (the driver stopped at its budget) */
+	bool rx_quiet;	    /* EPOLLIN off: a driver polls this lane (tcp_drive) */
+	uint32_t n_drivers; /* threads between tcp_drive 1 and 0 on it; > 0 pins the lane */
+	bool out_armed;	    /* EPOLLOUT is in the socket's epoll events */
+	/* Slots in use, orphans included: which lanes a driver polls (relaxed: a hint). */
+	_Atomic uint32_t used;
+
+	/* Owner of the receive side only (rx_busy). */
 	struct tcp_rx rx;
 	uint32_t rx_slot;
 	bool rx_flush; /* the handshake advanced: send what waited for it */
+
+	/* Worker only. */
 	uint64_t seen_progress;
 	uint32_t stall_ticks;
 	/* relaxed: a progress counter compared across housekeeping ticks only */
@@ -337,6 +361,7 @@ struct tcp_lane {
 	 */
 	_Atomic uint64_t st_slices, st_bytes;
 	_Atomic uint64_t st_connects;
+	_Atomic uint64_t st_driven; /* slices whose answer a waiting thread read (tcp_progress) */
 
 	/* Cold: used once per connection. */
 	uint8_t nonce_c[TCP_NONCE];
@@ -348,6 +373,14 @@ static inline void tcp_stat_add(_Atomic uint64_t *c, uint64_t n)
 {
 	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
 			      memory_order_relaxed);
+}
+
+/* Count @d slots into or out of use on @l. Under lock (one writer at a time). */
+static inline void tcp_used_add(struct tcp_lane *l, int d)
+{
+	atomic_store_explicit(
+		&l->used, (uint32_t)((int)atomic_load_explicit(&l->used, memory_order_relaxed) + d),
+		memory_order_relaxed);
 }
 
 struct tcp_peer {
@@ -520,6 +553,12 @@ struct tcp_inst {
 
 	struct tcp_worker *workers;
 	atomic_bool stopping;
+
+	/*
+	 * progress 'caller' (hybrid, TE_PLUGIN_CAP_HYBRID_PROGRESS and _PER_THREAD): each
+	 * thread waiting in te_batch_wait reads the answers on its own lanes (tcp_progress).
+	 */
+	bool hybrid;
 };
 
 /* The host prefixes every line with the plugin name. */
@@ -558,6 +597,7 @@ static inline uint64_t tcp_now_ns(void)
 /* A list of slices to report, linked through tcp_spriv.next; reported without locks held. */
 struct tcp_rlist {
 	struct te_plugin_slice *head, *tail;
+	uint32_t n;
 };
 
 /* --- internal interfaces ---------------------------------------------------------- */
@@ -575,7 +615,7 @@ void tcp_sock_abort(int fd);
 void tcp_sock_tune(const struct tcp_inst *ti, int fd);
 /* Whether a non-blocking connect on @fd has completed: no pending error and a peer. */
 bool tcp_sock_connected(int fd);
-ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need);
+ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_len, size_t need);
 void tcp_rx_prefix(struct tcp_rx *rx);
 
 /* tcp_server.c */
@@ -601,7 +641,7 @@ void *tcp_worker_main(void *arg);
 void tcp_report_priv(struct tcp_inst *ti, struct te_plugin_slice *s);
 void tcp_lane_fail_locked(struct tcp_lane *l, enum te_status st, const char *fmt, ...)
 	TE_PLUGIN_PRINTF(3, 4);
-void tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r);
+uint32_t tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r);
 void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tcp_rlist *out);
 void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, const char *detail);
 void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l);
@@ -613,5 +653,8 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			  uint32_t *accepted_out);
 enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s);
 enum te_status tcp_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_slice *s);
+uint32_t tcp_progress(struct te_plugin_inst *inst, uint32_t budget);
+enum te_status tcp_wait(struct te_plugin_inst *inst, uint64_t timeout_ns);
+void tcp_drive(struct te_plugin_inst *inst, uint32_t driving);
 
 #endif /* TE_PLUGINS_TCP_H */

@@ -26,6 +26,7 @@ static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 	slot->slice = NULL;
 	slot->flags = 0;
 	l->free_ids[l->n_free++] = id;
+	tcp_used_add(l, -1);
 }
 
 /*
@@ -93,6 +94,7 @@ void tcp_lane_fail_locked(struct tcp_lane *l, enum te_status st, const char *fmt
 
 static void tcp_rlist_add(struct tcp_rlist *r, struct te_plugin_slice *s)
 {
+	r->n++;
 	tcp_priv(s)->next = NULL;
 	if (r->tail)
 		tcp_priv(r->tail)->next = s;
@@ -101,18 +103,22 @@ static void tcp_rlist_add(struct tcp_rlist *r, struct te_plugin_slice *s)
 	r->tail = s;
 }
 
-void tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r)
+uint32_t tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r)
 {
 	struct te_plugin_slice *s = r->head;
+	uint32_t n = 0;
 
 	r->head = r->tail = NULL;
+	r->n = 0;
 	while (s) {
 		/* Read first: once reported, the core may hand the slice out again at once. */
 		struct te_plugin_slice *next = tcp_priv(s)->next;
 
 		tcp_report_priv(ti, s);
 		s = next;
+		n++;
 	}
+	return n;
 }
 
 static void tcp_fence_add_locked(struct tcp_lane *l, struct te_plugin_slice *s)
@@ -201,7 +207,8 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 		l->err_status = st;
 		snprintf(l->err_detail, sizeof(l->err_detail), "%s", detail);
 	}
-	if (l->sending) {
+	if (l->sending || l->rx_driver) {
+		/* The sender, or the driver reading it, kicks us again when it leaves. */
 		l->state = TCP_LANE_BROKEN;
 		pthread_mutex_unlock(&l->lock);
 		return;
@@ -259,6 +266,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	l->rx.left = 0;
 	l->rx.dst = NULL;
 	l->rx.bulk = false;
+	l->rx_missed = l->rx_want = l->rx_quiet = false;
 	l->stall_ticks = 0;
 	if (l->n_fence && now - l->fence_connect_ns >= TCP_TICK_MS * 1000000ull) {
 		l->fence_connect_ns = now;
@@ -362,6 +370,28 @@ static uint32_t tcp_deadline_field(const struct tcp_lane *l, const struct te_plu
 }
 
 /*
+ * What @l's worker hears of: everything (@on) or, while a driver reads and sends for it
+ * (quiet), only hang-ups and errors. EPOLLIN always when on; EPOLLOUT only when output waits
+ * (armed again by the sender that finds the socket full): re-armed, an edge-triggered socket
+ * reports what is ready at once, and room to write nearly always is. Under lock, lane UP.
+ */
+static void tcp_lane_listen_locked(struct tcp_lane *l, bool on)
+{
+	bool out = on && tcp_lane_has_output_locked(l);
+	struct epoll_event ev = { .events = (on ? EPOLLIN : 0u) | (out ? EPOLLOUT : 0u) |
+					    EPOLLRDHUP | EPOLLET,
+				  .data.ptr = &l->ep };
+
+	if (epoll_ctl(l->w->epfd, EPOLL_CTL_MOD, l->fd, &ev) == 0) {
+		l->rx_quiet = !on;
+		l->out_armed = out;
+	} else if (on) {
+		tcp_lane_fail_locked(l, TE_ERR_SYSTEM, TCP_NAME ": epoll_ctl for %s: %s",
+				     l->peer->name, strerror(errno));
+	}
+}
+
+/*
  * Send what is queued on @l until the queue is empty or the socket is full. Any thread; one
  * sender at a time (l->sending), others leave their requests to it. The socket stays open
  * while l->sending is set because only the worker closes it, and only when nobody sends.
@@ -434,6 +464,12 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 			/* Writable again meanwhile? Then the edge is gone: try once more. */
 			if (l->out_kick)
 				continue;
+			/*
+			 * The worker must hear when there is room (a quiet lane's driver
+			 * sends itself). Armed now, EPOLLOUT reports room that came meanwhile.
+			 */
+			if (!l->out_armed && !l->rx_quiet)
+				tcp_lane_listen_locked(l, true);
 			break;
 		}
 		if (err == EPIPE || err == ECONNRESET)
@@ -508,6 +544,8 @@ void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l)
 	if (epoll_ctl(l->w->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
 		tcp_lane_fail_locked(l, TE_ERR_SYSTEM, TCP_NAME ": epoll_ctl for %s: %s",
 				     peer->name, strerror(errno));
+	else
+		l->out_armed = true;
 }
 
 /*
@@ -544,6 +582,7 @@ enum tcp_parse {
 	TCP_PARSE_PAYLOAD, /* a payload is being received */
 	TCP_PARSE_FAIL,	   /* the lane must break: *st and why say how */
 	TCP_PARSE_NEXT,	   /* a frame was handled: go on */
+	TCP_PARSE_LIMIT,   /* @limit slices completed: the rest waits in the buffer */
 };
 
 /*
@@ -664,7 +703,7 @@ static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l
  */
 static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, size_t *need,
 				     enum te_status *st, char *why, size_t why_len,
-				     struct tcp_rlist *done)
+				     struct tcp_rlist *done, uint32_t limit)
 {
 	struct tcp_rx *rx = &l->rx;
 	struct tcp_peer *peer = l->peer;
@@ -690,6 +729,10 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 		struct tcp_slot *slot;
 		uint32_t id;
 
+		if (done->n >= limit) {
+			ret = TCP_PARSE_LIMIT;
+			goto out;
+		}
 		if (avail < TCP_HDR_LEN) {
 			*need = TCP_HDR_LEN - avail;
 			ret = TCP_PARSE_MORE;
@@ -796,53 +839,58 @@ out:
 	return ret;
 }
 
-/* Read and handle responses on @l until its socket is drained. Worker only. */
-void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l)
-{
-	uint64_t budget = TCP_RX_BUDGET;
-	enum te_status st = TE_ERR_CONN_RESET;
-	char why[TCP_PRIV_DETAIL];
-	struct tcp_peer *peer = l->peer;
-	int fd;
+enum tcp_rx_end {
+	TCP_RXE_DRAINED, /* the socket has nothing more for now */
+	TCP_RXE_BUDGET,	 /* the budget was read: more may be waiting */
+	TCP_RXE_FAILED,	 /* the lane must break: *st and why say how */
+};
 
-	pthread_mutex_lock(&l->lock);
-	fd = l->state == TCP_LANE_UP ? l->fd : -1;
-	pthread_mutex_unlock(&l->lock);
-	/* Only this thread closes the socket, so fd stays valid for the whole loop. */
-	if (fd < 0)
-		return;
+/*
+ * Read and handle responses on @l (socket @fd) until its socket is drained or @budget bytes
+ * were read, or *@n_done reached @limit slices reported. By the owner of its receive side
+ * (rx_busy) only; payloads of canceled READs are discarded into @scratch (TCP_SCRATCH bytes).
+ */
+static enum tcp_rx_end tcp_lane_rx_run(struct tcp_inst *ti, struct tcp_lane *l, int fd,
+				       uint8_t *scratch, size_t scratch_len, uint64_t budget,
+				       uint32_t limit, uint32_t *n_done, enum te_status *st,
+				       char *why, size_t why_len)
+{
+	struct tcp_peer *peer = l->peer;
+
 	for (;;) {
 		struct tcp_rlist done = { 0 };
 		size_t need = TCP_HDR_LEN;
 		enum tcp_parse pr;
 		ssize_t r;
 
-		pr = tcp_lane_parse(ti, l, &need, &st, why, sizeof(why), &done);
-		tcp_rlist_report(ti, &done);
+		if (*n_done >= limit)
+			return TCP_RXE_BUDGET;
+		pr = tcp_lane_parse(ti, l, &need, st, why, why_len, &done, limit - *n_done);
+		*n_done += tcp_rlist_report(ti, &done);
 		if (pr == TCP_PARSE_FAIL)
-			goto fail;
+			return TCP_RXE_FAILED;
+		if (pr == TCP_PARSE_LIMIT)
+			return TCP_RXE_BUDGET;
 		if (l->rx_flush) {
 			/* The handshake advanced: its AUTH, or requests that waited for it. */
 			l->rx_flush = false;
 			tcp_lane_flush(ti, l);
 		}
-		if (budget == 0) {
-			tcp_again_add(w, &l->ep);
-			return;
-		}
+		if (budget == 0)
+			return TCP_RXE_BUDGET;
 		if (l->rx.payload && l->rx.dst && !tcp_rx_through(&l->rx)) {
 			pthread_mutex_lock(&l->rx_lock);
 			if (atomic_load_explicit(&l->rx_redirect, memory_order_relaxed))
 				l->rx.dst = NULL;
-			r = tcp_rx_read(fd, &l->rx, w->scratch, need);
+			r = tcp_rx_read(fd, &l->rx, scratch, scratch_len, need);
 			pthread_mutex_unlock(&l->rx_lock);
 		} else {
-			r = tcp_rx_read(fd, &l->rx, w->scratch, need);
+			r = tcp_rx_read(fd, &l->rx, scratch, scratch_len, need);
 		}
 		if (r == -EAGAIN || r == -EWOULDBLOCK)
-			return;
+			return TCP_RXE_DRAINED;
 		if (r <= 0) {
-			st = TE_ERR_CONN_RESET;
+			*st = TE_ERR_CONN_RESET;
 			if (r == 0 || r == -ECONNRESET) {
 				/* The server's side ended: it applies nothing more from it. */
 				pthread_mutex_lock(&l->lock);
@@ -850,21 +898,45 @@ void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l)
 				pthread_mutex_unlock(&l->lock);
 			}
 			if (r == 0)
-				snprintf(why, sizeof(why),
+				snprintf(why, why_len,
 					 TCP_NAME
 					 ": connection to %s (%s) lane %u closed by the peer",
 					 peer->name, peer->addr_text, l->index);
 			else
-				snprintf(why, sizeof(why),
+				snprintf(why, why_len,
 					 TCP_NAME ": receive from %s (%s) lane %u failed: %s",
 					 peer->name, peer->addr_text, l->index, strerror((int)-r));
-			goto fail;
+			return TCP_RXE_FAILED;
 		}
 		atomic_fetch_add_explicit(&l->progress, (uint64_t)r, memory_order_relaxed);
 		budget -= TCP_MIN(budget, (uint64_t)r);
 	}
+}
 
-fail:
+/*
+ * Let go of @l's receive side after tcp_lane_rx_run ended with @end (under lock): marks the
+ * lane broken when it failed. Returns whether the owner must run again instead (someone
+ * wanted to read meanwhile and the socket may have more since it was drained).
+ */
+static bool tcp_lane_rx_release_locked(struct tcp_lane *l, enum tcp_rx_end end, enum te_status st,
+				       const char *why)
+{
+	bool again = end == TCP_RXE_DRAINED && l->rx_missed && l->state == TCP_LANE_UP;
+
+	l->rx_missed = false;
+	if (end == TCP_RXE_FAILED)
+		tcp_lane_fail_locked(l, st, "%s", why);
+	if (!again)
+		l->rx_busy = l->rx_driver = false;
+	return again;
+}
+
+/* After a failed receive: a peer that restarted is announced to the core, once. */
+static void tcp_lane_rx_failed(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st,
+			       const char *why)
+{
+	struct tcp_peer *peer = l->peer;
+
 	if (st == TE_ERR_PEER_RESTARTED &&
 	    (atomic_store_explicit(&peer->restarted_until_ns,
 				   tcp_now_ns() + TCP_RESTART_HOLD_MS * 1000000ull,
@@ -875,7 +947,43 @@ fail:
 			ti->host->peer_event(ti->ctx, (struct te_plugin_peer *)peer,
 					     TE_PLUGIN_EVENT_DOWN, why);
 	}
-	tcp_lane_break(ti, l, st, why);
+}
+
+/*
+ * Read and handle responses on @l until its socket is drained, from its worker; unless a
+ * driver owns the receive side now: then it runs again for us before it lets go.
+ */
+void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l)
+{
+	enum te_status st = TE_ERR_CONN_RESET;
+	char why[TCP_PRIV_DETAIL];
+	enum tcp_rx_end end;
+	uint32_t n = 0;
+	bool again;
+	int fd;
+
+	pthread_mutex_lock(&l->lock);
+	if (l->state != TCP_LANE_UP || l->rx_busy) {
+		l->rx_missed = l->rx_busy;
+		pthread_mutex_unlock(&l->lock);
+		return;
+	}
+	l->rx_busy = true;
+	fd = l->fd; /* only this thread closes the socket: valid for the whole loop */
+	pthread_mutex_unlock(&l->lock);
+	do {
+		end = tcp_lane_rx_run(ti, l, fd, w->scratch, TCP_SCRATCH, TCP_RX_BUDGET, UINT32_MAX,
+				      &n, &st, why, sizeof(why));
+		pthread_mutex_lock(&l->lock);
+		again = tcp_lane_rx_release_locked(l, end, st, why);
+		pthread_mutex_unlock(&l->lock);
+	} while (again);
+	if (end == TCP_RXE_BUDGET) {
+		tcp_again_add(w, &l->ep);
+	} else if (end == TCP_RXE_FAILED) {
+		tcp_lane_rx_failed(ti, l, st, why);
+		tcp_lane_break(ti, l, st, why);
+	}
 }
 
 void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l, uint32_t events)
@@ -969,25 +1077,34 @@ static void tcp_lane_release(struct tcp_inst *ti, struct tcp_lane *l)
 void tcp_lane_service(struct tcp_inst *ti, struct tcp_lane *l)
 {
 	enum tcp_lane_state state;
-	bool closing;
+	uint32_t drivers;
+	bool closing, rx;
 
 	pthread_mutex_lock(&l->lock);
 	closing = l->closing;
 	state = l->state;
+	rx = l->rx_want;
+	l->rx_want = false;
 	pthread_mutex_unlock(&l->lock);
 	if (!closing) {
-		if (state == TCP_LANE_UP)
+		if (state == TCP_LANE_UP) {
 			tcp_lane_flush(ti, l);
-		else if (state == TCP_LANE_BROKEN)
+			if (rx)
+				tcp_lane_rx(ti, l->w, l);
+		} else if (state == TCP_LANE_BROKEN)
 			tcp_lane_break(ti, l, TE_ERR_CONN_RESET, TCP_NAME ": connection broken");
 		return;
 	}
 	tcp_lane_break(ti, l, TE_ERR_CANCELED, TCP_NAME ": peer unloaded");
 	pthread_mutex_lock(&l->lock);
 	state = l->state;
+	drivers = l->n_drivers;
 	pthread_mutex_unlock(&l->lock);
-	/* Not down: a sender is still in its loop and kicks us again when it leaves. */
-	if (state == TCP_LANE_DOWN)
+	/*
+	 * Not down: a sender is still in its loop and kicks us again when it leaves; still
+	 * driven: the last driver's tcp_drive 0 kicks us again.
+	 */
+	if (state == TCP_LANE_DOWN && !drivers)
 		tcp_lane_release(ti, l);
 }
 
@@ -1030,6 +1147,7 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 	uint32_t id = l->free_ids[--l->n_free];
 	struct tcp_slot *slot = &l->slots[id];
 
+	tcp_used_add(l, 1);
 	slot->slice = s;
 	slot->gen++;
 	slot->flags = TCP_SLOT_USED;
@@ -1319,4 +1437,222 @@ enum te_status tcp_retry_prepare(struct te_plugin_inst *inst, struct te_plugin_s
 	/* One device; a retry takes whichever lane is free then (a broken one reconnects). */
 	s->device = 0;
 	return TE_OK;
+}
+
+/* --- hybrid progress: the waiting application thread reads answers ------------------- */
+
+/*
+ * progress 'caller', per thread (TE_PLUGIN_CAP_HYBRID_PER_THREAD): every thread waiting in
+ * te_batch_wait reads its own lane of each peer (the lane its small slices go to), while
+ * the other lanes stay with their workers; so several waiting threads poll at once, each
+ * its own connection. tcp_drive 1 makes those lanes quiet and counts the thread in
+ * n_drivers (which also keeps a closing lane from being freed); tcp_drive 0 undoes it.
+ */
+struct tcp_drv {
+	uint32_t n;
+	struct tcp_lane *lanes[TCP_DRV_LANES]; /* this thread counted in their n_drivers */
+};
+static _Thread_local struct tcp_drv tcp_drv;
+
+/* Discarded payload bytes of the driver (canceled READs: rare), on its stack. */
+#define TCP_DRV_SCRATCH (16u << 10)
+
+/*
+ * This thread's lanes with requests in flight whose receive side is free, claimed for it
+ * (rx_busy, rx_driver; their sockets stay open until released), at most TCP_DRV_LANES.
+ * Handshakes stay with the worker (they may report fenced WRITEs).
+ */
+static uint32_t tcp_drv_claim(struct tcp_inst *ti, struct tcp_lane **out, int *fds)
+{
+	uint32_t n = 0, me = tcp_thread_no();
+
+	pthread_mutex_lock(&ti->lock);
+	for (struct tcp_peer *peer = ti->peers; peer && n < TCP_DRV_LANES; peer = peer->next) {
+		struct tcp_lane *l = &peer->lanes[me % peer->n_lanes];
+
+		if (!atomic_load_explicit(&l->used, memory_order_relaxed))
+			continue;
+		pthread_mutex_lock(&l->lock);
+		if (l->state == TCP_LANE_UP && l->hs == TCP_HS_READY && !l->rx_busy &&
+		    !l->closing) {
+			l->rx_busy = l->rx_driver = true;
+			fds[n] = l->fd;
+			out[n++] = l;
+		}
+		pthread_mutex_unlock(&l->lock);
+	}
+	pthread_mutex_unlock(&ti->lock);
+	return n;
+}
+
+/*
+ * Read what @l (claimed by tcp_drv_claim, socket @fd) has, reporting at most @limit slices,
+ * then let it go. Returns how many it reported.
+ */
+static uint32_t tcp_drv_lane(struct tcp_inst *ti, struct tcp_lane *l, int fd, uint8_t *scratch,
+			     uint32_t limit)
+{
+	enum te_status st = TE_ERR_CONN_RESET;
+	char why[TCP_PRIV_DETAIL];
+	enum tcp_rx_end end;
+	uint32_t n = 0, counted = 0;
+	bool again, kick, out;
+
+	do {
+		end = tcp_lane_rx_run(ti, l, fd, scratch, TCP_DRV_SCRATCH, TCP_DRV_BUDGET, limit,
+				      &n, &st, why, sizeof(why));
+		pthread_mutex_lock(&l->lock);
+		tcp_stat_add(&l->st_driven, n - counted);
+		counted = n;
+		again = tcp_lane_rx_release_locked(l, end, st, why);
+		/*
+		 * Stopped at the budget: a quiet lane gets its events back (and one for what
+		 * waits) at tcp_drive 0; another lane's worker reads on.
+		 */
+		if (!again && end == TCP_RXE_BUDGET && !l->rx_quiet)
+			l->rx_want = true;
+		/* Broken meanwhile (its worker's tcp_lane_break waited for us), or by us. */
+		kick = !again && (l->state == TCP_LANE_BROKEN || l->rx_want);
+		/* A quiet lane's worker does not hear that a full socket has room again. */
+		out = !again && l->rx_quiet && !l->sending && tcp_lane_has_output_locked(l);
+		pthread_mutex_unlock(&l->lock);
+	} while (again);
+	if (end == TCP_RXE_FAILED)
+		tcp_lane_rx_failed(ti, l, st, why);
+	if (out)
+		tcp_lane_flush(ti, l);
+	if (kick)
+		tcp_kick_lane(l);
+	return n;
+}
+
+/*
+ * progress 'caller': the thread waiting in te_batch_wait reads the answers on its own lanes,
+ * so that a completion reaches its batch without a hand-off between threads. At most
+ * @budget slices reported, and at most TCP_DRV_BUDGET bytes read per lane and call.
+ */
+uint32_t tcp_progress(struct te_plugin_inst *inst, uint32_t budget)
+{
+	struct tcp_inst *ti = (struct tcp_inst *)inst;
+	struct tcp_lane *lanes[TCP_DRV_LANES];
+	uint8_t scratch[TCP_DRV_SCRATCH];
+	int fds[TCP_DRV_LANES];
+	uint32_t n, done = 0;
+
+	if (!ti->hybrid || !budget)
+		return 0;
+	n = tcp_drv_claim(ti, lanes, fds);
+	for (uint32_t i = 0; i < n; i++) {
+		if (done < budget) {
+			done += tcp_drv_lane(ti, lanes[i], fds[i], scratch, budget - done);
+			continue;
+		}
+		/* The budget is spent: let the others go unread (their worker may want them). */
+		pthread_mutex_lock(&lanes[i]->lock);
+		tcp_lane_rx_release_locked(lanes[i], TCP_RXE_BUDGET, TE_OK, "");
+		pthread_mutex_unlock(&lanes[i]->lock);
+	}
+	return done;
+}
+
+/*
+ * Sleep until one of this thread's lanes with requests in flight has bytes to read, at most
+ * @timeout_ns (between empty polls). A socket closed after its descriptor was taken only
+ * ends the sleep early (POLLNVAL) or leaves it to its timeout.
+ */
+enum te_status tcp_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
+{
+	struct tcp_inst *ti = (struct tcp_inst *)inst;
+	struct pollfd pfd[TCP_DRV_LANES];
+	struct timespec ts = { .tv_sec = (time_t)(timeout_ns / 1000000000ull),
+			       .tv_nsec = (long)(timeout_ns % 1000000000ull) };
+	uint32_t me = tcp_thread_no();
+	nfds_t n = 0;
+
+	pthread_mutex_lock(&ti->lock);
+	for (struct tcp_peer *peer = ti->peers; peer && n < TCP_DRV_LANES; peer = peer->next) {
+		struct tcp_lane *l = &peer->lanes[me % peer->n_lanes];
+
+		if (!atomic_load_explicit(&l->used, memory_order_relaxed))
+			continue;
+		pthread_mutex_lock(&l->lock);
+		if (l->state == TCP_LANE_UP && !l->rx_busy)
+			pfd[n++] = (struct pollfd){ .fd = l->fd, .events = POLLIN };
+		pthread_mutex_unlock(&l->lock);
+	}
+	pthread_mutex_unlock(&ti->lock);
+	if (!n)
+		return TE_ERR_UNSUPPORTED; /* nothing of ours to wait for: the core yields */
+	if (ppoll(pfd, n, &ts, NULL) < 0 && errno != EINTR)
+		return TE_ERR_UNSUPPORTED;
+	return TE_OK;
+}
+
+/*
+ * A thread in te_batch_wait starts (1) or stops (0) polling its lanes. While at least one
+ * thread drives a lane (n_drivers), the lane is quiet: its worker sleeps rather than wake up
+ * for every answer to race the driver for it, and the driver also sends what a full socket
+ * held back. When the last one stops, the worker takes over at once (the re-armed events
+ * report what waits). Lanes that get requests meanwhile stay loud: both read them.
+ */
+void tcp_drive(struct te_plugin_inst *inst, uint32_t driving)
+{
+	struct tcp_inst *ti = (struct tcp_inst *)inst;
+	struct tcp_drv *d = &tcp_drv;
+
+	if (!ti->hybrid)
+		return;
+	if (driving) {
+		uint32_t me = tcp_thread_no();
+
+		struct tcp_lane *broken[TCP_DRV_LANES];
+		uint32_t n_broken = 0;
+
+		pthread_mutex_lock(&ti->lock);
+		for (struct tcp_peer *peer = ti->peers; peer && d->n < TCP_DRV_LANES;
+		     peer = peer->next) {
+			struct tcp_lane *l = &peer->lanes[me % peer->n_lanes];
+
+			if (!atomic_load_explicit(&l->used, memory_order_relaxed))
+				continue;
+			pthread_mutex_lock(&l->lock);
+			if (!l->closing) {
+				l->n_drivers++;
+				d->lanes[d->n++] = l;
+				if (l->state == TCP_LANE_UP && l->hs == TCP_HS_READY &&
+				    !l->rx_quiet) {
+					tcp_lane_listen_locked(l, false);
+					if (l->state == TCP_LANE_BROKEN)
+						broken[n_broken++] = l;
+				}
+			}
+			pthread_mutex_unlock(&l->lock);
+		}
+		pthread_mutex_unlock(&ti->lock);
+		/* Pinned by n_drivers; kicked without the instance lock (the worker's is taken). */
+		for (uint32_t i = 0; i < n_broken; i++)
+			tcp_kick_lane(broken[i]);
+		return;
+	}
+	/* Our lanes are pinned by n_drivers: no instance lock needed to reach them. */
+	for (uint32_t i = 0; i < d->n;) {
+		struct tcp_lane *l = d->lanes[i];
+		bool kick = false;
+
+		if (l->peer->ti != ti) {
+			i++; /* another instance's (one thread drives one engine at a time) */
+			continue;
+		}
+		pthread_mutex_lock(&l->lock);
+		if (--l->n_drivers == 0) {
+			if (l->rx_quiet && l->state == TCP_LANE_UP)
+				tcp_lane_listen_locked(l, true);
+			/* Broken by that, or closing and waiting for us to be freed. */
+			kick = l->state == TCP_LANE_BROKEN || l->closing;
+		}
+		pthread_mutex_unlock(&l->lock);
+		d->lanes[i] = d->lanes[--d->n];
+		if (kick)
+			tcp_kick_lane(l);
+	}
 }

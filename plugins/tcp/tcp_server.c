@@ -909,16 +909,16 @@ bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 			/* Into this connection's staging buffer: checked when it is flushed. */
 			const uint8_t *before = c->rx.dst;
 
-			r = tcp_rx_read(c->fd, &c->rx, w->scratch, need);
+			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need);
 			if (r > 0)
 				tcp_conn_staged_read(ti, c, before);
 		} else if (c->rx.payload && c->rx.dst && !tcp_rx_through(&c->rx)) {
 			pthread_rwlock_rdlock(&ti->reg_lock);
 			tcp_conn_recheck_locked(ti, c);
-			r = tcp_rx_read(c->fd, &c->rx, w->scratch, need);
+			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need);
 			pthread_rwlock_unlock(&ti->reg_lock);
 		} else {
-			r = tcp_rx_read(c->fd, &c->rx, w->scratch, need);
+			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need);
 			/* A small payload read through the buffer: copied out under the lock. */
 			if (r > 0 && c->rx.payload)
 				tcp_conn_prefix(ti, c);

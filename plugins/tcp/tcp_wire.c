@@ -145,7 +145,7 @@ void tcp_sock_tune(const struct tcp_inst *ti, int fd)
  * into the buffer: exactly @need bytes, or all the room when the stream is in bulk mode.
  * Returns the byte count, 0 at end of stream, -errno on error.
  */
-ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need)
+ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_len, size_t need)
 {
 	bool through = tcp_rx_through(rx);
 	struct iovec iov[2];
@@ -163,8 +163,8 @@ ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t need)
 	}
 	if (rx->payload && !through) {
 		take = rx->left;
-		if (!rx->dst && take > TCP_SCRATCH)
-			take = TCP_SCRATCH;
+		if (!rx->dst && take > scratch_len)
+			take = scratch_len;
 		if (rx->dst && rx->room && take > rx->room)
 			take = rx->room;
 		iov[n++] = (struct iovec){ rx->dst ? rx->dst : scratch, take };

@@ -248,6 +248,57 @@ static void test_thread_lanes(void)
 	itest_buf_free(&rb);
 }
 
+/*
+ * progress 'caller' (the default): the thread waiting in te_batch_wait reads answers on its
+ * own lane itself (counted per lane as "driven"); 'threads': only the epoll threads do. 50
+ * one-request batches, one at a time: the waiter starts polling microseconds after its
+ * submit, long before the answer's round trip ends, so some answers are the waiter's (all,
+ * in practice); with 'threads' none is.
+ */
+static void test_progress_modes(void)
+{
+	static const char *const modes[] = { "caller", "threads" };
+
+	for (size_t m = 0; m < G_N_ELEMENTS(modes); m++) {
+		g_autofree char *opts = g_strdup_printf("lanes: 2, progress: %s", modes[m]);
+		struct itest_pair p;
+		struct itest_buf la, rb;
+		g_autoptr(JsonParser) s = NULL;
+		JsonObject *t, *peer;
+		int64_t driven = 0, slices = 0;
+
+		itest_pair_new(&p, "tcp", opts, "timeout_ms: 60000");
+		itest_buf_new(&la, MiB, 4096, 0x7777);
+		itest_buf_new(&rb, MiB, 4096, 0x8888);
+		itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+		itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+		itest_pair_connect(&p);
+		for (int i = 0; i < 50; i++)
+			run_requests(&p, &la, &rb, (size_t)i * 4 * KiB, TE_OP_READ, 1, 4 * KiB);
+		g_assert_true(itest_range_is(&la, 0, 4 * KiB, &rb, 49 * 4 * KiB));
+
+		s = stats_of(p.a);
+		t = tcp_of(s);
+		g_assert_cmpstr(json_object_get_string_member(t, "progress"), ==, modes[m]);
+		peer = only_peer(t, "B");
+		for (guint k = 0; k < 2; k++) {
+			driven += lane_int(peer, k, "driven");
+			slices += lane_int(peer, k, "slices");
+		}
+		g_assert_cmpint(slices, ==, 50);
+		g_assert_cmpint(driven, <=, 50);
+		if (m == 0)
+			g_assert_cmpint(driven, >, 0);
+		else
+			g_assert_cmpint(driven, ==, 0);
+		g_test_message("progress %s: %" PRId64 " of 50 answers read by the waiter",
+			       modes[m], driven);
+		itest_pair_free(&p);
+		itest_buf_free(&la);
+		itest_buf_free(&rb);
+	}
+}
+
 /* Bad arguments get a clear error; a transport without stats is left out. */
 static void test_bad_input(void)
 {
@@ -273,6 +324,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/stats/two-lanes", test_two_lanes);
 	g_test_add_func("/tcp/stats/lane-counts", test_lane_counts);
 	g_test_add_func("/tcp/stats/thread-lanes", test_thread_lanes);
+	g_test_add_func("/tcp/stats/progress-modes", test_progress_modes);
 	g_test_add_func("/tcp/stats/bad-input", test_bad_input);
 	return g_test_run();
 }
