@@ -89,11 +89,13 @@ static bool progress_has_hybrid(struct engine *e)
  * Nothing to reap: block in the manual (or hybrid) transport with slices in flight (ops.wait)
  * for at most @timeout_ns when it is the only one and can; else yield the CPU. A serialized
  * plugin is never blocked in: its call lock would stall every submitter meanwhile. Only
- * te_batch_wait's poller calls it.
+ * te_batch_wait's poller calls it. Returns false when a per-thread hybrid plugin has nothing
+ * this thread can poll (TE_ERR_NOT_FOUND): its threads do the rest, polling stops.
  */
-static void progress_manual_wait(struct engine *e, uint64_t timeout_ns)
+static bool progress_manual_wait(struct engine *e, uint64_t timeout_ns)
 {
 	struct transport *only = NULL;
+	enum te_status st;
 
 	for (unsigned i = 0; i < e->n_tps; i++) {
 		struct transport *tp = e->tps[i];
@@ -106,8 +108,12 @@ static void progress_manual_wait(struct engine *e, uint64_t timeout_ns)
 		}
 		only = tp;
 	}
-	if (!only || transport_wait(only, timeout_ns) == TE_ERR_UNSUPPORTED)
+	st = only ? transport_wait(only, timeout_ns) : TE_ERR_UNSUPPORTED;
+	if (st == TE_ERR_NOT_FOUND && only->per_thread)
+		return false;
+	if (st == TE_ERR_UNSUPPORTED)
 		g_thread_yield();
+	return true;
 }
 
 unsigned progress_once(struct engine *e, bool from_worker)
@@ -282,8 +288,9 @@ static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, u
 		 * waiter polling an empty queue (libfabric's tcp: one epoll_wait per poll) takes
 		 * the CPU and the socket locks from the peer that is sending.
 		 */
-		if (quiet >= BATCH_WAIT_BUSY_NS)
-			progress_manual_wait(e, MIN(BATCH_WAIT_BLOCK_NS, end - now));
+		if (quiet >= BATCH_WAIT_BUSY_NS &&
+		    !progress_manual_wait(e, MIN(BATCH_WAIT_BLOCK_NS, end - now)))
+			return;
 	}
 }
 

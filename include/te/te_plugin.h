@@ -554,7 +554,9 @@ struct te_plugin_ops {
 	 * passed, instead of the caller spinning. TE_OK: woken or timed out.
 	 * TE_ERR_UNSUPPORTED: cannot block now (the caller yields the CPU); any other status
 	 * is ignored. The caller polls again whatever the outcome. Never block longer than
-	 * @timeout_ns.
+	 * @timeout_ns. A TE_PLUGIN_CAP_HYBRID_PER_THREAD plugin may return TE_ERR_NOT_FOUND:
+	 * nothing in flight is this thread's to poll (its own threads do that work); the caller
+	 * then stops polling for this wait and sleeps until its batch ends.
 	 * When it is called, exactly:
 	 * - never for a TE_PLUGIN_THREAD_SERIALIZED plugin (its call lock would be held while
 	 *   blocking, stalling every submitter), nor for a TE_PLUGIN_PROGRESS_AUTO one without

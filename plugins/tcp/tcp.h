@@ -141,7 +141,13 @@
 #define TCP_RX_BUDGET (4u << 20)  /* bytes read per wake-up before other sockets get a turn */
 #define TCP_DRV_BUDGET (1u << 20) /* bytes a driver reads per lane and progress() call */
 #define TCP_DRV_LANES 64u	  /* lanes one progress() or wait() call looks at */
-#define TCP_STAGE (1u << 20)	  /* staging buffer per connection and direction (GPU memory) */
+/*
+ * A lane with a slice in flight this large is left to its worker: the bytes are the work, a
+ * polling waiter only takes a CPU from the copies (measured: 1 MiB READs 0.9x, 256 KiB equal,
+ * 64 KiB 1.4x of the workers alone; README.md).
+ */
+#define TCP_DRV_MAX_SLICE (512u << 10)
+#define TCP_STAGE (1u << 20) /* staging buffer per connection and direction (GPU memory) */
 #define TCP_STAGED_TYPES (TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP)
 #define TCP_TICK_MS 100	   /* housekeeping period: connect timeouts, stalls */
 #define TCP_STALL_TICKS 3u /* ticks without progress that break a lane with cancels */
@@ -334,6 +340,7 @@ struct tcp_lane {
 	bool rx_want;	    /* tcp_lane_service should read (the driver stopped at its budget) */
 	bool rx_quiet;	    /* EPOLLIN off: a driver polls this lane (tcp_drive) */
 	uint32_t n_drivers; /* threads between tcp_drive 1 and 0 on it; > 0 pins the lane */
+	uint32_t n_big;	    /* slots in use of at least TCP_DRV_MAX_SLICE: left to the worker */
 	bool out_armed;	    /* EPOLLOUT is in the socket's epoll events */
 	/* Slots in use, orphans included: which lanes a driver polls (relaxed: a hint). */
 	_Atomic uint32_t used;

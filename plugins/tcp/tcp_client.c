@@ -23,6 +23,8 @@ static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 		l->n_canceled--;
 	if (slot->flags & TCP_SLOT_ORPHAN)
 		l->n_orphan--;
+	if (slot->length >= TCP_DRV_MAX_SLICE)
+		l->n_big--;
 	slot->slice = NULL;
 	slot->flags = 0;
 	l->free_ids[l->n_free++] = id;
@@ -1148,6 +1150,8 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 	struct tcp_slot *slot = &l->slots[id];
 
 	tcp_used_add(l, 1);
+	if (s->length >= TCP_DRV_MAX_SLICE)
+		l->n_big++;
 	slot->slice = s;
 	slot->gen++;
 	slot->flags = TCP_SLOT_USED;
@@ -1474,7 +1478,7 @@ static uint32_t tcp_drv_claim(struct tcp_inst *ti, struct tcp_lane **out, int *f
 			continue;
 		pthread_mutex_lock(&l->lock);
 		if (l->state == TCP_LANE_UP && l->hs == TCP_HS_READY && !l->rx_busy &&
-		    !l->closing) {
+		    !l->closing && !l->n_big) {
 			l->rx_busy = l->rx_driver = true;
 			fds[n] = l->fd;
 			out[n++] = l;
@@ -1558,7 +1562,8 @@ uint32_t tcp_progress(struct te_plugin_inst *inst, uint32_t budget)
 /*
  * Sleep until one of this thread's lanes with requests in flight has bytes to read, at most
  * @timeout_ns (between empty polls). A socket closed after its descriptor was taken only
- * ends the sleep early (POLLNVAL) or leaves it to its timeout.
+ * ends the sleep early (POLLNVAL) or leaves it to its timeout. None (only large slices, left
+ * to the workers, or nothing of this thread's): TE_ERR_NOT_FOUND, the core stops polling.
  */
 enum te_status tcp_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 {
@@ -1576,13 +1581,13 @@ enum te_status tcp_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 		if (!atomic_load_explicit(&l->used, memory_order_relaxed))
 			continue;
 		pthread_mutex_lock(&l->lock);
-		if (l->state == TCP_LANE_UP && !l->rx_busy)
+		if (l->state == TCP_LANE_UP && !l->rx_busy && !l->n_big)
 			pfd[n++] = (struct pollfd){ .fd = l->fd, .events = POLLIN };
 		pthread_mutex_unlock(&l->lock);
 	}
 	pthread_mutex_unlock(&ti->lock);
 	if (!n)
-		return TE_ERR_UNSUPPORTED; /* nothing of ours to wait for: the core yields */
+		return TE_ERR_NOT_FOUND; /* nothing of this thread's: the core stops polling */
 	if (ppoll(pfd, n, &ts, NULL) < 0 && errno != EINTR)
 		return TE_ERR_UNSUPPORTED;
 	return TE_OK;
@@ -1620,7 +1625,7 @@ void tcp_drive(struct te_plugin_inst *inst, uint32_t driving)
 				l->n_drivers++;
 				d->lanes[d->n++] = l;
 				if (l->state == TCP_LANE_UP && l->hs == TCP_HS_READY &&
-				    !l->rx_quiet) {
+				    !l->rx_quiet && !l->n_big) {
 					tcp_lane_listen_locked(l, false);
 					if (l->state == TCP_LANE_BROKEN)
 						broken[n_broken++] = l;
