@@ -26,7 +26,7 @@ static const struct te_plugin_option tcp_options[] = {
 	TE_PLUGIN_OPTION_CHOICE("progress", "caller", tcp_progress_modes,
 				"who reads answers while a thread waits in te_batch_wait: caller "
 				"(that thread), or threads (the epoll threads only)"),
-	TE_PLUGIN_OPTION_INT("max_inflight", "256", 1, TCP_MAX_INFLIGHT,
+	TE_PLUGIN_OPTION_INT("max_inflight", "2048", 1, TCP_MAX_INFLIGHT,
 			     "requests in flight per lane; beyond it, back-pressure"),
 	TE_PLUGIN_OPTION_SIZE("stripe_min", "1M", 0, TCP_MAX_FRAME,
 			      "slices of at least this size go round-robin over the lanes; smaller "
