@@ -37,37 +37,9 @@
 #   after the tcp plugin's build directory. Exit 1 when a run failed.
 set -euo pipefail
 
-build=${BUILD:-build}
-args=()
-while [ $# -gt 0 ]; do
-	case "$1" in
-	-C)
-		[ $# -ge 2 ] || {
-			echo "compare-tcp.sh: -C needs a build directory" >&2
-			exit 2
-		}
-		build=$2
-		shift
-		;;
-	-h | --help)
-		sed -n '3,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*) args+=("$1") ;;
-	esac
-	shift
-done
-
-top=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in
-/*) ;;
-*) build=$top/$build ;;
-esac
-
-die() {
-	echo "compare-tcp.sh: $*" >&2
-	exit 1
-}
+me=compare-tcp.sh
+# shellcheck source=bench/common.bash
+. "$(dirname "$0")/common.bash"
 
 [ -x "$build/tools/te-bench" ] || die "$build/tools/te-bench is not built (run: ninja -C $build)"
 tcp_so=$(find "$build/plugins" -name tcp.so -print -quit 2>/dev/null || true)

@@ -41,37 +41,9 @@
 #   Needs python3; TE_PLUGIN_PATH is searched after BUILD's tcp plugin folder.
 set -euo pipefail
 
-build=${BUILD:-build}
-args=()
-while [ $# -gt 0 ]; do
-	case "$1" in
-	-C)
-		[ $# -ge 2 ] || {
-			echo "mesh.sh: -C needs a build directory" >&2
-			exit 2
-		}
-		build=$2
-		shift
-		;;
-	-h | --help)
-		sed -n '3,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*) args+=("$1") ;;
-	esac
-	shift
-done
-
-top=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in
-/*) ;;
-*) build=$top/$build ;;
-esac
-
-die() {
-	echo "mesh.sh: $*" >&2
-	exit 1
-}
+me=mesh.sh
+# shellcheck source=bench/common.bash
+. "$(dirname "$0")/common.bash"
 
 [ -x "$build/bench/te-mesh" ] || die "$build/bench/te-mesh is not built (run: ninja -C $build)"
 tcp_so=$(find "$build/plugins" -name tcp.so -print -quit 2>/dev/null || true)

@@ -1,0 +1,38 @@
+# SPDX-License-Identifier: Apache-2.0
+# common.bash: sourced by bench scripts (not named *.sh: `make bench` runs those): `-C BUILD`
+# and --help parsing, the build directory made absolute, die. Set `me` (the script's name for
+# messages) before sourcing; the usage text is the script's header comment from line 3 to
+# `set -euo pipefail`.
+# Leaves: build (absolute), top (the source tree), args (the arguments not consumed).
+
+build=${BUILD:-build}
+args=()
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-C)
+		[ $# -ge 2 ] || {
+			echo "$me: -C needs a build directory" >&2
+			exit 2
+		}
+		build=$2
+		shift
+		;;
+	-h | --help)
+		sed -n '3,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+		exit 0
+		;;
+	*) args+=("$1") ;;
+	esac
+	shift
+done
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+case "$build" in
+/*) ;;
+*) build=$top/$build ;;
+esac
+
+die() {
+	echo "$me: $*" >&2
+	exit 1
+}
