@@ -310,6 +310,39 @@ static void test_progress_modes(void)
 	}
 }
 
+/*
+ * The default max_inflight (2048) holds a batch of 2048 small slices from one thread on its
+ * own lane: every slice on one lane, none spilled to the other (with 256 slots, 1792 would
+ * spill).
+ */
+static void test_deep_batch(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	g_autoptr(JsonParser) s = NULL;
+	JsonObject *peer;
+	int64_t l0, l1;
+
+	itest_pair_new(&p, "tcp", "lanes: 2", "timeout_ms: 60000");
+	itest_buf_new(&la, 8 * MiB, 4096, 0x9999);
+	itest_buf_new(&rb, 8 * MiB, 4096, 0xaaaa);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	run_requests(&p, &la, &rb, 0, TE_OP_READ, 2048, 4 * KiB);
+	g_assert_true(itest_range_is(&la, 0, 8 * MiB, &rb, 0));
+
+	s = stats_of(p.a);
+	peer = only_peer(tcp_of(s), "B");
+	l0 = lane_int(peer, 0, "slices");
+	l1 = lane_int(peer, 1, "slices");
+	g_assert_true((l0 == 2048 && l1 == 0) || (l0 == 0 && l1 == 2048));
+	g_assert_cmpint(json_object_get_int_member(peer, "lanes_used"), ==, 1);
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 /* Bad arguments get a clear error; a transport without stats is left out. */
 static void test_bad_input(void)
 {
@@ -336,6 +369,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/stats/lane-counts", test_lane_counts);
 	g_test_add_func("/tcp/stats/thread-lanes", test_thread_lanes);
 	g_test_add_func("/tcp/stats/progress-modes", test_progress_modes);
+	g_test_add_func("/tcp/stats/deep-batch", test_deep_batch);
 	g_test_add_func("/tcp/stats/bad-input", test_bad_input);
 	return g_test_run();
 }
