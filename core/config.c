@@ -731,6 +731,7 @@ static const struct field transfer_fields[] = {
 	RANGED("quarantine_after", F_U32, CFG(quarantine_after), 1, 1000),
 	RANGED("cancel_grace_ms", F_U64, CFG(cancel_grace_ms), 0, 600000),
 	RANGED("worker_threads", F_U32, CFG(worker_threads), 1, 64),
+	RANGED("max_pollers", F_U32, CFG(max_pollers), 0, 1024),
 	RANGED("max_batches", F_U32, CFG(max_batches), 1, 1048576),
 	RANGED("max_batch_size", F_U32, CFG(max_batch_size), 1, 16777216),
 	LEAF("fallback", F_BOOL, CFG(fallback)),
@@ -1190,6 +1191,7 @@ static void config_set_defaults(struct config *cfg)
 	cfg->quarantine_after = 3;
 	cfg->cancel_grace_ms = 2000;
 	cfg->worker_threads = 1;
+	cfg->max_pollers = 0;
 	cfg->max_batches = 1024;
 	cfg->max_batch_size = 65536;
 	cfg->fallback = false;
@@ -1424,6 +1426,7 @@ char *config_to_yaml(const struct config *cfg)
 			       "  quarantine_after: %" PRIu32 "\n"
 			       "  cancel_grace_ms: %" PRIu64 "\n"
 			       "  worker_threads: %" PRIu32 "\n"
+			       "  max_pollers: %" PRIu32 "%s\n"
 			       "  max_batches: %" PRIu32 "\n"
 			       "  max_batch_size: %" PRIu32 "\n"
 			       "  fallback: %s\n",
@@ -1431,6 +1434,7 @@ char *config_to_yaml(const struct config *cfg)
 			       cfg->max_slices_per_task, cfg->retries, cfg->retry_backoff_us,
 			       cfg->retry_backoff_max_us, cfg->timeout_ms, cfg->quarantine_ms,
 			       cfg->quarantine_after, cfg->cancel_grace_ms, cfg->worker_threads,
+			       cfg->max_pollers, cfg->max_pollers ? "" : "  # auto: half the CPUs",
 			       cfg->max_batches, cfg->max_batch_size,
 			       cfg->fallback ? "true" : "false");
 

@@ -75,6 +75,8 @@ struct config {
 	uint64_t cancel_grace_ms;      /* a canceled slice's transport must hand it back by
 					* max(cancel, deadline) + this, default 2000 */
 	uint32_t worker_threads;       /* default 1 */
+	uint32_t max_pollers;	       /* waiters polling a per-thread hybrid transport at
+					* once; 0 (default): half the CPUs, at least 1 */
 	uint32_t max_batches;	       /* live batch slots, default 1024 */
 	uint32_t max_batch_size;       /* requests per batch, default 65536 */
 	bool fallback;		       /* may retry on a lower-priority transport */

@@ -141,7 +141,9 @@ static enum te_status engine_load_transports(struct engine *e)
 	for (unsigned i = 0; i < e->n_tps; i++)
 		if (e->tps[i]->hybrid && !e->tps[i]->per_thread)
 			e->per_thread = false;
-	e->max_pollers = MAX(1u, g_get_num_processors() / 2u);
+	/* transfer.max_pollers; 0: half the CPUs, the rest is for the plugins' threads and peers. */
+	e->max_pollers =
+		e->cfg->max_pollers ? e->cfg->max_pollers : MAX(1u, g_get_num_processors() / 2u);
 	return TE_OK;
 }
 

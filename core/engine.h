@@ -127,7 +127,8 @@ struct engine {
 	_Atomic bool polling;
 	/*
 	 * Hybrid transports that serve each waiter's own work (per_thread): waiters polling now,
-	 * at most max_pollers (half the CPUs: the rest is for the plugins' threads and peers).
+	 * at most max_pollers (transfer.max_pollers; by default half the CPUs: the rest is for
+	 * the plugins' threads and peers).
 	 */
 	_Atomic uint32_t pollers;
 	uint32_t max_pollers;

@@ -68,6 +68,7 @@ static void assert_defaults_except_transports(const struct config *c)
 	g_assert_cmpuint(c->quarantine_ms, ==, 1000);
 	g_assert_cmpuint(c->quarantine_after, ==, 3);
 	g_assert_cmpuint(c->worker_threads, ==, 1);
+	g_assert_cmpuint(c->max_pollers, ==, 0);
 	g_assert_cmpuint(c->max_batches, ==, 1024);
 	g_assert_cmpuint(c->max_batch_size, ==, 65536);
 	g_assert_false(c->fallback);
@@ -307,6 +308,7 @@ static void test_transfer_ranges(void)
 		{ "quarantine_ms", 0, 3600000, offsetof(struct config, quarantine_ms), true },
 		{ "quarantine_after", 1, 1000, offsetof(struct config, quarantine_after), false },
 		{ "worker_threads", 1, 64, offsetof(struct config, worker_threads), false },
+		{ "max_pollers", 0, 1024, offsetof(struct config, max_pollers), false },
 		{ "max_batches", 1, 1048576, offsetof(struct config, max_batches), false },
 		{ "max_batch_size", 1, 16777216, offsetof(struct config, max_batch_size), false },
 	};
@@ -397,6 +399,7 @@ static void test_transfer_all_keys(void)
 				    "  quarantine_ms: 0\n"
 				    "  quarantine_after: 7\n"
 				    "  worker_threads: 64\n"
+				    "  max_pollers: 3\n"
 				    "  max_batches: 8\n"
 				    "  max_batch_size: 16777216\n"
 				    "  fallback: true\n");
@@ -410,6 +413,7 @@ static void test_transfer_all_keys(void)
 	g_assert_cmpuint(c->quarantine_ms, ==, 0);
 	g_assert_cmpuint(c->quarantine_after, ==, 7);
 	g_assert_cmpuint(c->worker_threads, ==, 64);
+	g_assert_cmpuint(c->max_pollers, ==, 3);
 	g_assert_cmpuint(c->max_batches, ==, 8);
 	g_assert_cmpuint(c->max_batch_size, ==, 16777216);
 	g_assert_true(c->fallback);
@@ -422,6 +426,29 @@ static void test_transfer_all_keys(void)
 	g_assert_cmpuint(c->worker_threads, ==, 2);
 	g_assert_cmpuint(c->quarantine_ms, ==, 0);
 	config_free(c);
+}
+
+/* transfer.max_pollers: 0 is auto (printed as such), a negative or too large one an error. */
+static void test_max_pollers(void)
+{
+	struct config *c = parse_ok("transfer:\n  max_pollers: 0\n");
+	g_autofree char *y = config_to_yaml(c);
+
+	g_assert_cmpuint(c->max_pollers, ==, 0);
+	g_assert_nonnull(strstr(y, "\n  max_pollers: 0  # auto: half the CPUs\n"));
+	assert_round_trip(c);
+	config_free(c);
+	c = parse_ok("transfer:\n  max_pollers: 1024\n");
+	g_free(y);
+	y = config_to_yaml(c);
+	g_assert_nonnull(strstr(y, "\n  max_pollers: 1024\n"));
+	config_free(c);
+	expect_err("transfer:\n  max_pollers: -1\n",
+		   "t.yaml:2:16: transfer.max_pollers: value -1 out of range 0..1024");
+	expect_err("transfer:\n  max_pollers: 2000\n",
+		   "t.yaml:2:16: transfer.max_pollers: value 2000 out of range 0..1024");
+	expect_err("engine:\n  name: a\ntransfer:\n  retries: 2\n  max_pollers: 2000\n",
+		   "t.yaml:5:16: transfer.max_pollers: value 2000 out of range 0..1024");
 }
 
 static void test_backoff_pair(void)
@@ -838,12 +865,11 @@ static void test_unknown_keys(void)
 	expect_err("metadata:\n  kind: p2p\n",
 		   "t.yaml:2:3: metadata.kind: unknown key (expected one of: type, endpoints, "
 		   "namespace, ttl_s, username, password_file, ca_file, timeout_ms)");
-	expect_err(
-		"transfer:\n  retry: 1\n",
-		"t.yaml:2:3: transfer.retry: unknown key (expected one of: slice_size, "
-		"max_slices_per_task, retries, retry_backoff_us, retry_backoff_max_us, "
-		"timeout_ms, quarantine_ms, quarantine_after, cancel_grace_ms, worker_threads, max_batches, "
-		"max_batch_size, fallback)");
+	expect_err("transfer:\n  retry: 1\n",
+		   "t.yaml:2:3: transfer.retry: unknown key (expected one of: slice_size, "
+		   "max_slices_per_task, retries, retry_backoff_us, retry_backoff_max_us, "
+		   "timeout_ms, quarantine_ms, quarantine_after, cancel_grace_ms, worker_threads, "
+		   "max_pollers, max_batches, max_batch_size, fallback)");
 	/* Keys that are not identifiers are quoted in the path. */
 	expect_err(
 		"engine:\n  \"a.b\": x\n",
@@ -1080,6 +1106,7 @@ static const char full_yaml[] =
 	"  quarantine_ms: 5000\n"
 	"  quarantine_after: 2\n"
 	"  worker_threads: 4\n"
+	"  max_pollers: 2\n"
 	"  max_batches: 2048\n"
 	"  max_batch_size: 131072\n"
 	"  fallback: yes\n"
@@ -1186,6 +1213,7 @@ static void test_round_trip_full(void)
 	g_assert_cmpuint(again->quarantine_ms, ==, 5000);
 	g_assert_cmpuint(again->quarantine_after, ==, 2);
 	g_assert_cmpuint(again->worker_threads, ==, 4);
+	g_assert_cmpuint(again->max_pollers, ==, 2);
 	g_assert_cmpuint(again->max_batches, ==, 2048);
 	g_assert_cmpuint(again->max_batch_size, ==, 131072);
 	g_assert_true(again->fallback);
@@ -1408,6 +1436,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/config/keys/metadata", test_metadata);
 	g_test_add_func("/config/keys/transfer-ranges", test_transfer_ranges);
 	g_test_add_func("/config/keys/transfer-all", test_transfer_all_keys);
+	g_test_add_func("/config/keys/max-pollers", test_max_pollers);
 	g_test_add_func("/config/keys/backoff-pair", test_backoff_pair);
 	g_test_add_func("/config/keys/sizes", test_sizes);
 	g_test_add_func("/config/keys/bools", test_bools);
