@@ -145,8 +145,9 @@ enum te_plugin_thread_level {
 /*
  * Since ABI 1.2, with TE_PLUGIN_CAP_HYBRID_PROGRESS: progress(), wait() and drive() serve the
  * calling thread's own work (e.g. the connection its submits use), so several threads waiting
- * in te_batch_wait poll at once (up to half the CPUs' worth; the others wait for the plugin's
- * threads, as for an AUTO plugin), each bracketing its polls with drive(1) and drive(0).
+ * in te_batch_wait poll at once (up to transfer.max_pollers, by default half the CPUs' worth;
+ * the others wait for the plugin's threads, as for an AUTO plugin), each bracketing its polls
+ * with drive(1) and drive(0).
  * Concurrent callers, and drive() calls of several threads interleaved (each thread's own
  * alternate 1, 0), must be fine. The core uses it only while every hybrid transport of the
  * engine has the flag and none is MANUAL; otherwise one waiter polls at a time, the others
