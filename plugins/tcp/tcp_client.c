@@ -1205,14 +1205,68 @@ static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk)
  */
 #define TCP_INLINE_BYTES (1u << 20)
 
-/* This thread's number (from 0, in order of first submit): picks its own lane of a peer. */
+/*
+ * Thread numbers: each thread that submits takes the lowest number no live thread holds and
+ * gives it back when it exits, so the threads alive at a time (a pool whose threads come
+ * and go, say) have numbers 0..n-1 and spread evenly over the lanes. Past TCP_THREAD_NOS
+ * live threads, numbers are not given back.
+ */
+#define TCP_THREAD_NOS 4096u
+static pthread_mutex_t tcp_no_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t tcp_no_used[TCP_THREAD_NOS / 64]; /* under tcp_no_lock */
+static atomic_uint tcp_no_next = TCP_THREAD_NOS;  /* numbers past the bitmap */
+static pthread_once_t tcp_no_once = PTHREAD_ONCE_INIT;
+static pthread_key_t tcp_no_key;
+static bool tcp_no_keyed;
+
+/* Thread exit: give the number (stored + 1) back. */
+static void tcp_thread_no_free(void *p)
+{
+	uint32_t no = (uint32_t)(uintptr_t)p - 1;
+
+	if (no >= TCP_THREAD_NOS)
+		return;
+	pthread_mutex_lock(&tcp_no_lock);
+	tcp_no_used[no / 64] &= ~(1ull << (no % 64));
+	pthread_mutex_unlock(&tcp_no_lock);
+}
+
+static void tcp_thread_no_init(void)
+{
+	tcp_no_keyed = pthread_key_create(&tcp_no_key, tcp_thread_no_free) == 0;
+}
+
+/* The plugin is being unloaded: no thread exit may call into it any more. */
+__attribute__((destructor)) static void tcp_thread_no_fini(void)
+{
+	if (tcp_no_keyed)
+		pthread_key_delete(tcp_no_key);
+}
+
+/* This thread's number (see above): picks its own lane of a peer. */
 static uint32_t tcp_thread_no(void)
 {
-	static atomic_uint next;
-	static _Thread_local uint32_t no;
+	static _Thread_local uint32_t no; /* number + 1; 0: none yet */
 
-	if (!no)
-		no = atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) + 1;
+	if (!no) {
+		uint32_t n = TCP_THREAD_NOS;
+
+		pthread_once(&tcp_no_once, tcp_thread_no_init);
+		pthread_mutex_lock(&tcp_no_lock);
+		for (uint32_t w = 0; tcp_no_keyed && w < TCP_THREAD_NOS / 64; w++) {
+			if (tcp_no_used[w] == UINT64_MAX)
+				continue;
+			n = w * 64 + (uint32_t)__builtin_ctzll(~tcp_no_used[w]);
+			tcp_no_used[w] |= 1ull << (n % 64);
+			break;
+		}
+		pthread_mutex_unlock(&tcp_no_lock);
+		if (n == TCP_THREAD_NOS)
+			n = atomic_fetch_add_explicit(&tcp_no_next, 1, memory_order_relaxed);
+		no = n + 1;
+		if (n < TCP_THREAD_NOS && pthread_setspecific(tcp_no_key, (void *)(uintptr_t)no))
+			tcp_thread_no_free((void *)(uintptr_t)no); /* cannot hear of its exit */
+	}
 	return no - 1;
 }
 

@@ -53,6 +53,28 @@ static int64_t lane_int(JsonObject *peer, guint lane, const char *key)
 }
 
 /* @n requests of @len bytes each, @op, on disjoint ranges of @la and of @rb from @roff. */
+/*
+ * A pair A -> B over tcp with @options, A's local buffer @la and B's remote buffer @rb
+ * (guarded, filled from @fa and @fb) registered, and A's segment of B open.
+ */
+static void pair_up(struct itest_pair *p, const char *options, struct itest_buf *la, size_t la_len,
+		    uint32_t fa, struct itest_buf *rb, size_t rb_len, uint32_t fb)
+{
+	itest_pair_new(p, "tcp", options, "timeout_ms: 60000");
+	itest_buf_new(la, la_len, 4096, fa);
+	itest_buf_new(rb, rb_len, 4096, fb);
+	itest_buf_register(la, p->a, TE_MEM_LOCAL);
+	itest_buf_register(rb, p->b, TE_MEM_REMOTE);
+	itest_pair_connect(p);
+}
+
+static void pair_down(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb)
+{
+	itest_pair_free(p);
+	itest_buf_free(la);
+	itest_buf_free(rb);
+}
+
 static void run_requests(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
 			 size_t roff, enum te_opcode op, uint32_t n, size_t len)
 {
@@ -81,12 +103,7 @@ static void test_two_lanes(void)
 	JsonObject *t, *peer;
 	int64_t l0, l1, b0, b1;
 
-	itest_pair_new(&p, "tcp", "lanes: 2, slice_size: 1M", "timeout_ms: 60000");
-	itest_buf_new(&la, 8 * MiB, 4096, 0x1111);
-	itest_buf_new(&rb, 12 * MiB, 4096, 0x2222);
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
+	pair_up(&p, "lanes: 2, slice_size: 1M", &la, 8 * MiB, 0x1111, &rb, 12 * MiB, 0x2222);
 
 	s0 = stats_of(p.a);
 	t = tcp_of(s0);
@@ -138,9 +155,7 @@ static void test_two_lanes(void)
 	g_assert_cmpint(json_object_get_int_member(t, "lanes_per_peer"), ==, 2);
 	g_assert_cmpuint(json_array_get_length(json_object_get_array_member(t, "peers")), ==, 0);
 
-	itest_pair_free(&p);
-	itest_buf_free(&la);
-	itest_buf_free(&rb);
+	pair_down(&p, &la, &rb);
 }
 
 /*
@@ -164,12 +179,7 @@ static void test_lane_counts(void)
 		JsonObject *t, *peer;
 		int64_t sum = 0;
 
-		itest_pair_new(&p, "tcp", cases[c].options, "timeout_ms: 60000");
-		itest_buf_new(&la, MiB, 4096, 0x3333);
-		itest_buf_new(&rb, MiB, 4096, 0x4444);
-		itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-		itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-		itest_pair_connect(&p);
+		pair_up(&p, cases[c].options, &la, MiB, 0x3333, &rb, MiB, 0x4444);
 		run_requests(&p, &la, &rb, 0, TE_OP_READ, 30, 4 * KiB);
 		g_assert_true(itest_range_is(&la, 0, 30 * 4 * KiB, &rb, 0));
 
@@ -184,17 +194,23 @@ static void test_lane_counts(void)
 		for (guint k = 0; k < cases[c].lanes; k++)
 			sum += lane_int(peer, k, "slices");
 		g_assert_cmpint(sum, ==, 30);
-		itest_pair_free(&p);
-		itest_buf_free(&la);
-		itest_buf_free(&rb);
+		pair_down(&p, &la, &rb);
 	}
 }
+
+/* Threads that stay alive until all of them are done (NULL: a thread exits when done). */
+struct lane_meet {
+	GMutex lock;
+	GCond cond;
+	int done, total;
+};
 
 struct lane_job {
 	struct itest_pair *p;
 	struct itest_buf *la, *rb;
 	size_t off;
 	uint32_t n;
+	struct lane_meet *meet;
 };
 
 static gpointer lane_job_run(gpointer data)
@@ -202,36 +218,71 @@ static gpointer lane_job_run(gpointer data)
 	struct lane_job *j = data;
 
 	run_requests(j->p, j->la, j->rb, j->off, TE_OP_READ, j->n, 4 * KiB);
+	if (j->meet) {
+		g_mutex_lock(&j->meet->lock);
+		j->meet->done++;
+		g_cond_broadcast(&j->meet->cond);
+		while (j->meet->done < j->meet->total)
+			g_cond_wait(&j->meet->cond, &j->meet->lock);
+		g_mutex_unlock(&j->meet->lock);
+	}
 	return NULL;
 }
 
+/* Run @n jobs one after the other; with @meet, each stays alive until the last is done. */
+static void lane_jobs_run(struct lane_job *jobs, int n, struct lane_meet *meet)
+{
+	GThread *t[8];
+
+	g_assert_cmpint(n, <=, (int)G_N_ELEMENTS(t));
+	if (meet) {
+		g_mutex_init(&meet->lock);
+		g_cond_init(&meet->cond);
+		meet->done = 0;
+		meet->total = n;
+	}
+	for (int i = 0; i < n; i++) {
+		jobs[i].meet = meet;
+		t[i] = g_thread_new("lane-job", lane_job_run, &jobs[i]);
+		if (meet) {
+			/* Its batch is done before the next thread starts. */
+			g_mutex_lock(&meet->lock);
+			while (meet->done < i + 1)
+				g_cond_wait(&meet->cond, &meet->lock);
+			g_mutex_unlock(&meet->lock);
+		} else {
+			g_thread_join(t[i]);
+		}
+	}
+	for (int i = 0; meet && i < n; i++)
+		g_thread_join(t[i]);
+	if (meet) {
+		g_mutex_clear(&meet->lock);
+		g_cond_clear(&meet->cond);
+	}
+}
+
 /*
- * Small slices of two submitting threads go to two lanes, each thread's to its own: one
- * lane carries all 20 of one thread, the other all 40 of the other (dealt round-robin they
- * would be 30 and 30).
+ * Small slices of two submitting threads alive at the same time go to two lanes, each
+ * thread's to its own: one lane carries all 20 of one thread, the other all 40 of the other
+ * (dealt round-robin they would be 30 and 30).
  */
 static void test_thread_lanes(void)
 {
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct lane_job jobs[2];
-	GThread *t[2];
+	struct lane_meet meet;
 	g_autoptr(JsonParser) s = NULL;
 	JsonObject *peer;
 	int64_t l0;
 
-	itest_pair_new(&p, "tcp", "lanes: 2", "timeout_ms: 60000");
-	itest_buf_new(&la, MiB, 4096, 0x5555);
-	itest_buf_new(&rb, MiB, 4096, 0x6666);
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
-	for (int i = 0; i < 2; i++) {
-		jobs[i] = (struct lane_job){ &p, &la, &rb, (size_t)i * 256 * KiB, 20u * (i + 1) };
-		t[i] = g_thread_new("lane-job", lane_job_run, &jobs[i]);
-		/* One after the other: each thread's slices must stay on its lane either way. */
-		g_thread_join(t[i]);
-	}
+	pair_up(&p, "lanes: 2", &la, MiB, 0x5555, &rb, MiB, 0x6666);
+	for (int i = 0; i < 2; i++)
+		jobs[i] = (struct lane_job){ &p,  &la, &rb, (size_t)i * 256 * KiB, 20u * (i + 1),
+					     NULL };
+	/* One batch after the other, both threads alive: their slices stay on their lanes. */
+	lane_jobs_run(jobs, 2, &meet);
 	/* Both read into the start of la; the second thread's bytes are there now. */
 	g_assert_true(itest_range_is(&la, 0, 40 * 4 * KiB, &rb, 256 * KiB));
 
@@ -243,9 +294,39 @@ static void test_thread_lanes(void)
 	g_assert_cmpint(lane_int(peer, 1, "slices"), ==, 60 - l0);
 	g_assert_cmpint(lane_int(peer, 0, "bytes"), ==, l0 * 4 * KiB);
 	g_assert_cmpint(lane_int(peer, 1, "bytes"), ==, (60 - l0) * 4 * KiB);
-	itest_pair_free(&p);
-	itest_buf_free(&la);
-	itest_buf_free(&rb);
+	pair_down(&p, &la, &rb);
+}
+
+/*
+ * A thread that exits gives its lane back: three threads, each started after the previous
+ * one exited, all submit on the same lane (20 + 40 + 10 slices, the other lane none). A
+ * pool whose threads come and go keeps its live threads spread over the lanes; numbered
+ * in order of first submit, they would alternate (30 and 40).
+ */
+static void test_thread_reuse(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct lane_job jobs[3];
+	g_autoptr(JsonParser) s = NULL;
+	JsonObject *peer;
+	int64_t l0;
+
+	pair_up(&p, "lanes: 2", &la, MiB, 0x5656, &rb, MiB, 0x6565);
+	jobs[0] = (struct lane_job){ &p, &la, &rb, 0, 20, NULL };
+	jobs[1] = (struct lane_job){ &p, &la, &rb, 256 * KiB, 40, NULL };
+	jobs[2] = (struct lane_job){ &p, &la, &rb, 512 * KiB, 10, NULL };
+	lane_jobs_run(jobs, 3, NULL);
+	g_assert_true(itest_range_is(&la, 0, 10 * 4 * KiB, &rb, 512 * KiB));
+	g_assert_true(itest_range_is(&la, 10 * 4 * KiB, 30 * 4 * KiB, &rb, 256 * KiB + 40 * KiB));
+
+	s = stats_of(p.a);
+	peer = only_peer(tcp_of(s), "B");
+	g_assert_cmpint(json_object_get_int_member(peer, "lanes_used"), ==, 1);
+	l0 = lane_int(peer, 0, "slices");
+	g_assert_true(l0 == 70 || l0 == 0);
+	g_assert_cmpint(lane_int(peer, 1, "slices"), ==, 70 - l0);
+	pair_down(&p, &la, &rb);
 }
 
 /*
@@ -268,12 +349,7 @@ static void test_progress_modes(void)
 		JsonObject *t, *peer;
 		int64_t driven = 0, slices = 0;
 
-		itest_pair_new(&p, "tcp", opts, "timeout_ms: 60000");
-		itest_buf_new(&la, MiB, 4096, 0x7777);
-		itest_buf_new(&rb, MiB, 4096, 0x8888);
-		itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-		itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-		itest_pair_connect(&p);
+		pair_up(&p, opts, &la, MiB, 0x7777, &rb, MiB, 0x8888);
 		for (int i = 0; i < 50; i++)
 			run_requests(&p, &la, &rb, (size_t)i * 4 * KiB, TE_OP_READ, 1, 4 * KiB);
 		g_assert_true(itest_range_is(&la, 0, 4 * KiB, &rb, 49 * 4 * KiB));
@@ -304,9 +380,7 @@ static void test_progress_modes(void)
 		g_assert_cmpint(lane_int(peer, 0, "slices") + lane_int(peer, 1, "slices"), ==, 54);
 		g_assert_cmpint(lane_int(peer, 0, "driven") + lane_int(peer, 1, "driven"), ==,
 				driven);
-		itest_pair_free(&p);
-		itest_buf_free(&la);
-		itest_buf_free(&rb);
+		pair_down(&p, &la, &rb);
 	}
 }
 
@@ -323,12 +397,7 @@ static void test_deep_batch(void)
 	JsonObject *peer;
 	int64_t l0, l1;
 
-	itest_pair_new(&p, "tcp", "lanes: 2", "timeout_ms: 60000");
-	itest_buf_new(&la, 8 * MiB, 4096, 0x9999);
-	itest_buf_new(&rb, 8 * MiB, 4096, 0xaaaa);
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
+	pair_up(&p, "lanes: 2", &la, 8 * MiB, 0x9999, &rb, 8 * MiB, 0xaaaa);
 	run_requests(&p, &la, &rb, 0, TE_OP_READ, 2048, 4 * KiB);
 	g_assert_true(itest_range_is(&la, 0, 8 * MiB, &rb, 0));
 
@@ -338,9 +407,7 @@ static void test_deep_batch(void)
 	l1 = lane_int(peer, 1, "slices");
 	g_assert_true((l0 == 2048 && l1 == 0) || (l0 == 0 && l1 == 2048));
 	g_assert_cmpint(json_object_get_int_member(peer, "lanes_used"), ==, 1);
-	itest_pair_free(&p);
-	itest_buf_free(&la);
-	itest_buf_free(&rb);
+	pair_down(&p, &la, &rb);
 }
 
 /* Bad arguments get a clear error; a transport without stats is left out. */
@@ -368,6 +435,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/stats/two-lanes", test_two_lanes);
 	g_test_add_func("/tcp/stats/lane-counts", test_lane_counts);
 	g_test_add_func("/tcp/stats/thread-lanes", test_thread_lanes);
+	g_test_add_func("/tcp/stats/thread-reuse", test_thread_reuse);
 	g_test_add_func("/tcp/stats/progress-modes", test_progress_modes);
 	g_test_add_func("/tcp/stats/deep-batch", test_deep_batch);
 	g_test_add_func("/tcp/stats/bad-input", test_bad_input);
