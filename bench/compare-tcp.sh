@@ -24,7 +24,10 @@
 #   (te-bench's --loopback child; tcp-raw-loop's forked server) from utime+stime in
 #   /proc/<pid>/stat, sampled at the first and last progress line of a run (steady state,
 #   setup excluded: needs --duration >= 4); shorter runs count the whole processes from
-#   their rusage, setup included, marked '*'. Load average before and after.
+#   their rusage, setup included, marked '*'. Context switches per request of initiator +
+#   target likewise (/proc/<pid>/task/*/status; rusage): a raw loop that runs at two speeds
+#   on the same machine shows why in this column (its receiving thread sleeps or not).
+#   Load average before and after.
 #   te runs with its default configuration (tcp: 2 lanes, 2 workers, 1M slices), whatever the
 #   thread count; tcp-raw-loop opens one connection per thread. --te-config FILE passes a
 #   configuration to te-bench; --te-lanes N (or `threads`: as many as the cell's threads)
@@ -163,7 +166,7 @@ for op in ops:
                     continue
                 seen.add(key)
                 cells.append(dict(op=op, size=size, ws=eff, ws_asked=ws, thr=thr, batch=batch,
-                                  te=[], raw=[], ratio_raw=[], ratio_ip=[], cpu_te=[],
+                                  te=[], raw=[], ratio_raw=[], ratio_ip=[], cs_te=[], cs_raw=[], cpu_te=[],
                                   cpu_raw=[], star_te=False, star_raw=False, fail=[]))
 ipkeys = sorted({(c["op"], c["size"], c["thr"]) for c in cells}, key=lambda k: (ops.index(k[0]), k[1], k[2]))
 ipres = {k: [] for k in ipkeys}
@@ -178,6 +181,25 @@ def proc_cpu(pid):
         return None
     rest = data[data.rindex(")") + 2:].split()
     return (int(rest[11]) + int(rest[12])) / CLK
+
+
+def proc_switches(pid):
+    """Context switches (voluntary and not) of a whole process (all threads); None once gone."""
+    n = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/status") as f:
+                for line in f:
+                    key, _, val = line.partition(":")
+                    if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                        n += int(val)
+        except (OSError, ValueError):
+            pass  # a thread that exited meanwhile
+    return n
 
 
 def children(pid):
@@ -214,9 +236,10 @@ def run_json(cmd, what):
                     kids.extend(children(p.pid))
                 t = time.monotonic()
                 cpu = [proc_cpu(p.pid)] + [proc_cpu(k) for k in kids]
+                cs = [proc_switches(p.pid)] + [proc_switches(k) for k in kids]
                 # Both processes in every sample, or the differences mean nothing.
-                if kids and None not in cpu:
-                    samples.append((t, sum(cpu)))
+                if kids and None not in cpu and None not in cs:
+                    samples.append((t, sum(cpu), sum(cs)))
             else:
                 other.append(line.rstrip("\n"))
 
@@ -252,15 +275,18 @@ def run_json(cmd, what):
         failed_any = True
         msg = "; ".join(other[-4:])
         print(f"  {what} failed (rc {p.returncode}): {msg}", file=sys.stderr)
-        return None, None, False
-    if len(samples) >= 2 and samples[-1][0] > samples[0][0]:
+        return None, None, False, None
+    if len(samples) >= 2 and samples[-1][0] > samples[0][0] and row.get("ops_per_s"):
         dt = samples[-1][0] - samples[0][0]
         cpu = samples[-1][1] - samples[0][1]
-        return row, cpu / (row["gbps"] * dt), False
+        cs = samples[-1][2] - samples[0][2]
+        return row, cpu / (row["gbps"] * dt), False, cs / (row["ops_per_s"] * dt)
     # Short run: the whole processes (the initiator reaps its target), setup included.
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    cs = (ru1.ru_nvcsw - ru0.ru_nvcsw) + (ru1.ru_nivcsw - ru0.ru_nivcsw)
     gb = row["bytes"] / 1e9
-    return row, (cpu / gb if gb > 0 else None), True
+    reqs = row.get("requests") or 0
+    return row, (cpu / gb if gb > 0 else None), True, (cs / reqs if reqs > 0 else None)
 
 
 def free_port():
@@ -382,22 +408,26 @@ for r in range(rounds):
         got = {}
         for tool in tools:
             if tool == "te":
-                row, cpu, star = run_json(te_cmd(c), f"te-bench {name}")
+                row, cpu, star, cs = run_json(te_cmd(c), f"te-bench {name}")
                 got["te"] = row["gbps"] if row else None
                 if row:
                     c["te"].append(row["gbps"])
                     if cpu is not None:
                         c["cpu_te"].append(cpu)
+                    if cs is not None:
+                        c["cs_te"].append(cs)
                     c["star_te"] |= star
                 else:
                     c["fail"].append("te")
             elif tool == "raw":
-                row, cpu, star = run_json(raw_cmd(c), f"tcp-raw-loop {name}")
+                row, cpu, star, cs = run_json(raw_cmd(c), f"tcp-raw-loop {name}")
                 got["raw"] = row["gbps"] if row else None
                 if row:
                     c["raw"].append(row["gbps"])
                     if cpu is not None:
                         c["cpu_raw"].append(cpu)
+                    if cs is not None:
+                        c["cs_raw"].append(cs)
                     c["star_raw"] |= star
                 else:
                     c["fail"].append("raw")
@@ -421,12 +451,12 @@ for r in range(rounds):
         for tool in tools:
             if tool == "te":
                 cfg = te_config(1)
-                row, _, _ = run_json([TE, "--loopback"] + (["--config", cfg] if cfg else []) +
+                row, _, _, _ = run_json([TE, "--loopback"] + (["--config", cfg] if cfg else []) +
                                      ["--op", "read", "--block-size", "4K",
                                       "--batch", "1", "--depth", "1", "--threads", "1",
                                       "--duration", f"{duration:g}", "--json"], "te-bench latency")
             elif tool == "raw":
-                row, _, _ = run_json([RAW, "--loopback", "--pingpong", "--duration",
+                row, _, _, _ = run_json([RAW, "--loopback", "--pingpong", "--duration",
                                       f"{duration:g}", "--json"], "tcp-raw-loop --pingpong")
             else:
                 continue
@@ -463,11 +493,12 @@ lines.append(f"te-bench --loopback (tcp) vs tcp-raw-loop --loopback vs iperf3 on
              f"({(time.time() - t_begin) / 60:.1f} min).")
 lines.append("")
 lines.append("GB/s = 10^9 bytes/s, median (min-max) over rounds; ratios: median (min-max) of "
-             "the per-round ratios; CPU-s/GB: initiator + target.")
+             "the per-round ratios; CPU-s/GB: initiator + target; cs/req: context switches "
+             "per request, initiator + target (all threads).")
 lines.append("")
 lines.append("| op | block | ws | thr | batch | te GB/s | raw GB/s | iperf3 GB/s | te/raw | "
-             "te/iperf3 | te CPU-s/GB | raw CPU-s/GB |")
-lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+             "te/iperf3 | te CPU-s/GB | raw CPU-s/GB | te cs/req | raw cs/req |")
+lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 ip_capped = False
 for c in cells:
     ip = ipres.get((c["op"], c["size"], c["thr"]), [])
@@ -480,7 +511,9 @@ for c in cells:
                  f"{c['batch']} | {med(c['te'])}{fail} | {med(c['raw'])} | {ipcell} | "
                  f"{med(c['ratio_raw'], 2)} | {med(c['ratio_ip'], 2)} | "
                  f"{med(c['cpu_te'], 2)}{'*' if c['star_te'] else ''} | "
-                 f"{med(c['cpu_raw'], 2)}{'*' if c['star_raw'] else ''} |")
+                 f"{med(c['cpu_raw'], 2)}{'*' if c['star_raw'] else ''} | "
+                 f"{med(c['cs_te'], 2)}{'*' if c['star_te'] else ''} | "
+                 f"{med(c['cs_raw'], 2)}{'*' if c['star_raw'] else ''} |")
 lines.append("")
 if not a.no_latency:
     lines.append("One 4K READ at a time (te-bench --batch 1 --depth 1; tcp-raw-loop --pingpong), "
@@ -500,7 +533,7 @@ if ip_capped:
     lines.append("¹ iperf3 takes at most 1M per write (-l): blocks above that run with -l 1M.")
 if any(c["star_te"] or c["star_raw"] for c in cells):
     lines.append("\\* in at least one round, fewer than two progress lines (runs shorter than 4 s): "
-                 "CPU of the whole processes, setup included.")
+                 "CPU and context switches of the whole processes, setup included.")
 if any(c["ws"] != c["ws_asked"] for c in cells):
     lines.append("ws: the working set used; a block larger than its share of the asked working "
                  "set makes it bigger.")

@@ -222,15 +222,16 @@ got = set()
 num = r"\d+\.\d+"
 for l in rows:
     c = [x.strip() for x in l.strip("|").split("|")]
-    if len(c) != 12:
+    if len(c) != 14:
         sys.exit(f"row with {len(c)} columns: {l}")
-    op, size, ws, thr, batch, te, raw, ip, r_raw, r_ip, cpu_te, cpu_raw = c
+    op, size, ws, thr, batch, te, raw, ip, r_raw, r_ip, cpu_te, cpu_raw, cs_te, cs_raw = c
     if ws != "8M" or int(batch) * int(thr) * {"4K": 4096, "1M": 1 << 20}[size] != 8 << 20:
         sys.exit(f"working set or batch wrong: {l}")
     for name, v in (("te", te), ("raw", raw), ("te/raw", r_raw)):
         if not re.fullmatch(num, v):
             sys.exit(f"{name} is not a figure: {l}")
-    for name, v in (("te CPU", cpu_te), ("raw CPU", cpu_raw)):
+    for name, v in (("te CPU", cpu_te), ("raw CPU", cpu_raw), ("te cs/req", cs_te),
+                    ("raw cs/req", cs_raw)):
         if not re.fullmatch(num + r"\*?", v):
             sys.exit(f"{name} is not a figure: {l}")
     if iperf3 and not (re.fullmatch(num, ip) and re.fullmatch(num, r_ip)):
