@@ -183,38 +183,38 @@ def proc_cpu(pid):
     return (int(rest[11]) + int(rest[12])) / CLK
 
 
-def proc_switches(pid):
-    """Context switches (voluntary and not) of a whole process (all threads); None once gone."""
-    n = 0
+def task_files(pid, name):
+    """/proc/<pid>/task/*/<name> of every thread (those that exit meanwhile left out);
+    None once the process is gone."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
+    out = []
     for t in tasks:
         try:
-            with open(f"/proc/{pid}/task/{t}/status") as f:
-                for line in f:
-                    key, _, val = line.partition(":")
-                    if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
-                        n += int(val)
-        except (OSError, ValueError):
-            pass  # a thread that exited meanwhile
+            with open(f"/proc/{pid}/task/{t}/{name}") as f:
+                out.append(f.read())
+        except OSError:
+            pass
+    return out
+
+
+def proc_switches(pid):
+    """Context switches (voluntary and not) of a whole process (all threads); None once gone."""
+    texts = task_files(pid, "status")
+    if texts is None:
+        return None
+    n = 0
+    for line in "".join(texts).splitlines():
+        key, _, val = line.partition(":")
+        if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+            n += int(val)
     return n
 
 
 def children(pid):
-    out = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for t in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{t}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return out
+    return [int(x) for text in task_files(pid, "children") or [] for x in text.split()]
 
 
 PROGRESS = re.compile(r"^(te-bench|tcp-raw-loop): .* GB/s\s*$")

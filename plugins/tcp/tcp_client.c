@@ -1516,6 +1516,25 @@ static _Thread_local struct tcp_drv tcp_drv;
 #define TCP_DRV_SCRATCH (16u << 10)
 
 /*
+ * This thread's (@me) next lane with requests in flight, of *@peer or a later peer, with its
+ * lock held; *@peer moves past it. NULL: none left. Under ti->lock.
+ */
+static struct tcp_lane *tcp_home_lane_next(struct tcp_peer **peer, uint32_t me)
+{
+	for (struct tcp_peer *p = *peer; p; p = p->next) {
+		struct tcp_lane *l = &p->lanes[me % p->n_lanes];
+
+		if (!atomic_load_explicit(&l->used, memory_order_relaxed))
+			continue;
+		*peer = p->next;
+		pthread_mutex_lock(&l->lock);
+		return l;
+	}
+	*peer = NULL;
+	return NULL;
+}
+
+/*
  * This thread's lanes with requests in flight whose receive side is free, claimed for it
  * (rx_busy, rx_driver; their sockets stay open until released), at most TCP_DRV_LANES.
  * Handshakes stay with the worker (they may report fenced WRITEs).
@@ -1523,14 +1542,11 @@ static _Thread_local struct tcp_drv tcp_drv;
 static uint32_t tcp_drv_claim(struct tcp_inst *ti, struct tcp_lane **out, int *fds)
 {
 	uint32_t n = 0, me = tcp_thread_no();
+	struct tcp_peer *peer;
+	struct tcp_lane *l;
 
 	pthread_mutex_lock(&ti->lock);
-	for (struct tcp_peer *peer = ti->peers; peer && n < TCP_DRV_LANES; peer = peer->next) {
-		struct tcp_lane *l = &peer->lanes[me % peer->n_lanes];
-
-		if (!atomic_load_explicit(&l->used, memory_order_relaxed))
-			continue;
-		pthread_mutex_lock(&l->lock);
+	for (peer = ti->peers; n < TCP_DRV_LANES && (l = tcp_home_lane_next(&peer, me));) {
 		if (l->state == TCP_LANE_UP && l->hs == TCP_HS_READY && !l->rx_busy &&
 		    !l->closing && !l->n_big) {
 			l->rx_busy = l->rx_driver = true;
@@ -1626,15 +1642,12 @@ enum te_status tcp_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 	struct timespec ts = { .tv_sec = (time_t)(timeout_ns / 1000000000ull),
 			       .tv_nsec = (long)(timeout_ns % 1000000000ull) };
 	uint32_t me = tcp_thread_no();
+	struct tcp_peer *peer;
+	struct tcp_lane *l;
 	nfds_t n = 0;
 
 	pthread_mutex_lock(&ti->lock);
-	for (struct tcp_peer *peer = ti->peers; peer && n < TCP_DRV_LANES; peer = peer->next) {
-		struct tcp_lane *l = &peer->lanes[me % peer->n_lanes];
-
-		if (!atomic_load_explicit(&l->used, memory_order_relaxed))
-			continue;
-		pthread_mutex_lock(&l->lock);
+	for (peer = ti->peers; n < TCP_DRV_LANES && (l = tcp_home_lane_next(&peer, me));) {
 		if (l->state == TCP_LANE_UP && !l->rx_busy && !l->n_big)
 			pfd[n++] = (struct pollfd){ .fd = l->fd, .events = POLLIN };
 		pthread_mutex_unlock(&l->lock);
@@ -1664,17 +1677,13 @@ void tcp_drive(struct te_plugin_inst *inst, uint32_t driving)
 	if (driving) {
 		uint32_t me = tcp_thread_no();
 
-		struct tcp_lane *broken[TCP_DRV_LANES];
+		struct tcp_lane *broken[TCP_DRV_LANES], *l;
+		struct tcp_peer *peer;
 		uint32_t n_broken = 0;
 
 		pthread_mutex_lock(&ti->lock);
-		for (struct tcp_peer *peer = ti->peers; peer && d->n < TCP_DRV_LANES;
-		     peer = peer->next) {
-			struct tcp_lane *l = &peer->lanes[me % peer->n_lanes];
-
-			if (!atomic_load_explicit(&l->used, memory_order_relaxed))
-				continue;
-			pthread_mutex_lock(&l->lock);
+		for (peer = ti->peers;
+		     d->n < TCP_DRV_LANES && (l = tcp_home_lane_next(&peer, me));) {
 			if (!l->closing) {
 				l->n_drivers++;
 				d->lanes[d->n++] = l;
