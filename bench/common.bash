@@ -3,8 +3,10 @@
 # and --help parsing, the build directory made absolute, die. Set `me` (the script's name for
 # messages) before sourcing; the usage text is the script's header comment from line 3 to
 # `set -euo pipefail`.
-# Leaves: build (absolute), top (the source tree), args (the arguments not consumed).
+# Leaves: build (absolute), top (the source tree), args (the arguments not consumed; from
+# `--` on, all of them as given, `--` included). no_args: refuse any of them.
 
+: "${me:?set me to the script name before sourcing common.bash}"
 build=${BUILD:-build}
 args=()
 while [ $# -gt 0 ]; do
@@ -21,6 +23,10 @@ while [ $# -gt 0 ]; do
 		sed -n '3,/^set -euo/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
+	--)
+		args+=("$@")
+		break
+		;;
 	*) args+=("$1") ;;
 	esac
 	shift
@@ -35,4 +41,14 @@ esac
 die() {
 	echo "$me: $*" >&2
 	exit 1
+}
+
+# An argument the script does not take: exit 2, naming it.
+bad_arg() {
+	echo "$me: unknown argument '$1' (try --help)" >&2
+	exit 2
+}
+
+no_args() {
+	[ ${#args[@]} = 0 ] || bad_arg "${args[0]}"
 }

@@ -14,30 +14,10 @@
 #   after the cxl plugin's build directory).
 set -euo pipefail
 
-build=${BUILD:-build}
-while [ $# -gt 0 ]; do
-	case "$1" in
-	-C)
-		build=$2
-		shift
-		;;
-	-h | --help)
-		sed -n '3,14p' "$0" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*)
-		echo "compare-cxl.sh: unknown argument '$1' (try --help)" >&2
-		exit 2
-		;;
-	esac
-	shift
-done
-
-top=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in
-/*) ;;
-*) build=$top/$build ;;
-esac
+me=compare-cxl.sh
+# shellcheck source=bench/common.bash
+. "$(dirname "$0")/common.bash"
+no_args
 bench=$build/tools/te-bench
 memcpy_bin=$build/bench/cxl-memcpy
 # tests/cxl/ before issue 15
@@ -50,10 +30,6 @@ window_dir=${WINDOW_DIR:-/dev/shm}
 # te-bench's target buffer: READs use its first half, WRITEs its second half.
 window_size=$((256 << 20))
 
-die() {
-	echo "compare-cxl.sh: $*" >&2
-	exit 1
-}
 
 [ -x "$bench" ] || die "$bench is not built (run: ninja -C $build)"
 [ -x "$memcpy_bin" ] || die "$memcpy_bin is not built (run: ninja -C $build)"

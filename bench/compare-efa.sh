@@ -22,34 +22,16 @@
 #   "spin_us: 0").
 set -euo pipefail
 
-build=${BUILD:-build}
+me=compare-efa.sh
+# shellcheck source=bench/common.bash
+. "$(dirname "$0")/common.bash"
 check=0
-while [ $# -gt 0 ]; do
-	case "$1" in
-	-C)
-		build=$2
-		shift
-		;;
-	--check)
-		check=1
-		;;
-	-h | --help)
-		sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*)
-		echo "compare-efa.sh: unknown argument '$1' (try --help)" >&2
-		exit 2
-		;;
+for arg in ${args[@]+"${args[@]}"}; do
+	case "$arg" in
+	--check) check=1 ;;
+	*) bad_arg "$arg" ;;
 	esac
-	shift
 done
-
-top=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in
-/*) ;;
-*) build=$top/$build ;;
-esac
 bench=$build/tools/te-bench
 providers=${PROVIDERS:-"tcp;ofi_rxm shm"}
 sizes=${SIZES:-64K 1M}
@@ -62,10 +44,6 @@ rounds=${ROUNDS:-7}
 min_ratio=${MIN_RATIO:-0.9}
 efa_options=${EFA_OPTIONS:-}
 
-die() {
-	echo "compare-efa.sh: $*" >&2
-	exit 1
-}
 
 [ -x "$bench" ] || die "$bench is not built (run: ninja -C $build)"
 [ $((window % (threads * depth))) = 0 ] ||

@@ -16,39 +16,15 @@
 #   the ratios (GPU path / baseline) and the machine's load average before and after.
 set -euo pipefail
 
-build=${BUILD:-build}
-while [ $# -gt 0 ]; do
-	case "$1" in
-	-C)
-		build=$2
-		shift
-		;;
-	-h | --help)
-		sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*)
-		echo "compare-gpu.sh: unknown argument '$1' (try --help)" >&2
-		exit 2
-		;;
-	esac
-	shift
-done
-
-top=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in
-/*) ;;
-*) build=$top/$build ;;
-esac
+me=compare-gpu.sh
+# shellcheck source=bench/common.bash
+. "$(dirname "$0")/common.bash"
+no_args
 bench=$build/tools/te-bench
 repeat=${REPEAT:-5}
 duration=${DURATION:-2}
 block=${BLOCK:-1M}
 
-die() {
-	echo "compare-gpu.sh: $*" >&2
-	exit 1
-}
 
 [ -x "$bench" ] || die "$bench is not built (run: ninja -C $build)"
 [ -f "$build/plugins/nvlink/nvlink.so" ] || die "nvlink is not built (no cuda.h at configure time?)"
@@ -84,7 +60,7 @@ transports:
 EOF
 
 # case name -> te-bench arguments
-declare -A args=(
+declare -A runs=(
 	[core-loopback]="--core"
 	[core-nvlink]="--core -c $tmp/nv-core.yaml --location cuda:0 --local-location cuda:0"
 	[tcp-cpu-read]="--loopback -c $tmp/tcp.yaml -o read -b $block"
@@ -101,9 +77,9 @@ for r in $(seq 1 "$repeat"); do
 		verify=
 		[ "$r" = "$repeat" ] && case $c in tcp-*) verify=--verify ;; esac
 		# shellcheck disable=SC2086 # word splitting of the argument list is wanted
-		if ! "$bench" ${args[$c]} $verify -d "$duration" --json -q >"$tmp/$c.$r.json" 2>"$tmp/$c.$r.err"; then
+		if ! "$bench" ${runs[$c]} $verify -d "$duration" --json -q >"$tmp/$c.$r.json" 2>"$tmp/$c.$r.err"; then
 			cat "$tmp/$c.$r.err" >&2
-			die "round $r: te-bench ${args[$c]} failed"
+			die "round $r: te-bench ${runs[$c]} failed"
 		fi
 		echo "# round $r $c done" >&2
 	done

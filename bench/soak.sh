@@ -13,30 +13,9 @@
 #   --seed N (soak_driver --help). Env: BUILD (build).
 set -euo pipefail
 
-build=${BUILD:-build}
-args=()
-while [ $# -gt 0 ]; do
-	case "$1" in
-	-C)
-		build=$2
-		shift
-		;;
-	-h | --help)
-		sed -n '3,14p' "$0" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*)
-		args+=("$1")
-		;;
-	esac
-	shift
-done
-
-top=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in
-/*) ;;
-*) build=$top/$build ;;
-esac
+me=soak.sh
+# shellcheck source=bench/common.bash
+. "$(dirname "$0")/common.bash"
 driver=$build/tests/system/soak_driver
 node=$build/tests/system/te-node
 if [ ! -x "$driver" ] || [ ! -x "$node" ]; then

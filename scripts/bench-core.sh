@@ -11,38 +11,22 @@
 #   Env: BUILD (build), DURATION (3), ITERATIONS (5000), TARGET_SPS (5000000), TE_PLUGIN_PATH.
 set -euo pipefail
 
+me="bench-core.sh"
+# shellcheck source=bench/common.bash
+. "$(dirname "$0")/../bench/common.bash"
 strict=0
-build=${BUILD:-build}
 extra=()
-while [ $# -gt 0 ]; do
-	case "$1" in
+while [ ${#args[@]} -gt 0 ]; do
+	case "${args[0]}" in
 	--strict) strict=1 ;;
-	-C)
-		build=$2
-		shift
-		;;
 	--)
-		shift
-		extra=("$@")
+		extra=("${args[@]:1}")
 		break
 		;;
-	-h | --help)
-		sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//'
-		exit 0
-		;;
-	*)
-		echo "bench-core.sh: unknown argument '$1' (try --help)" >&2
-		exit 2
-		;;
+	*) bad_arg "${args[0]}" ;;
 	esac
-	shift
+	args=("${args[@]:1}")
 done
-
-top=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in
-/*) ;;
-*) build=$top/$build ;;
-esac
 bench=$build/tools/te-bench
 duration=${DURATION:-3}
 iterations=${ITERATIONS:-5000}
