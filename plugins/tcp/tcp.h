@@ -226,6 +226,18 @@ static inline bool tcp_rx_through(const struct tcp_rx *rx)
 	return rx->payload && rx->small && !rx->room;
 }
 
+/*
+ * Between frames, or in a small payload (read through buf): a short read here means the
+ * sender paused, so a reader may stop at it. In a large payload going to its destination,
+ * the rest is usually on its way: reading on until EAGAIN catches it without a wake-up
+ * (64 KiB WRITEs from 2 threads, 5 interleaved rounds: median 54k against 49k requests/s
+ * stopping there).
+ */
+static inline bool tcp_rx_between(const struct tcp_rx *rx)
+{
+	return !rx->payload || tcp_rx_through(rx);
+}
+
 /* Per-slice plugin state, in slice->priv. */
 #define TCP_PRIV_DETAIL 176
 struct tcp_spriv {
@@ -337,8 +349,14 @@ struct tcp_lane {
 	bool rx_busy;
 	bool rx_driver; /* the owner is the driver: tcp_lane_break waits for it (kick) */
 	bool rx_missed;
-	bool rx_want;	    /* tcp_lane_service should read (the driver stopped at its budget) */
-	bool rx_quiet;	    /* EPOLLIN off: a driver polls this lane (tcp_drive) */
+	bool rx_want;  /* tcp_lane_service should read (the driver stopped at its budget) */
+	bool rx_quiet; /* EPOLLIN off: a driver polls this lane (tcp_drive) */
+	/*
+	 * The worker heard a hang-up or error on this connection: its readers go on to end of
+	 * stream or EAGAIN, never stopping at a short read (the FIN behind the last bytes may
+	 * signal no second event). Cleared when the lane breaks. Relaxed.
+	 */
+	atomic_bool rx_hup;
 	uint32_t n_drivers; /* threads between tcp_drive 1 and 0 on it; > 0 pins the lane */
 	uint32_t n_big;	    /* slots in use of at least TCP_DRV_MAX_SLICE: left to the worker */
 	bool out_armed;	    /* EPOLLOUT is in the socket's epoll events */
@@ -440,6 +458,7 @@ struct tcp_conn {
 	bool closing;	  /* answer what is queued, then close */
 	bool rx_paused;	  /* ring full: stop reading until responses drain */
 	bool abort;	  /* close with a reset: unread bytes are never applied */
+	bool hup; /* a hang-up or error was signaled: read to the end, not to a short read */
 	/* Set under the region write lock by a newer connection of the same lane. */
 	atomic_bool fenced;
 	/* From its HELLO, under w->lock: the client's lane and that lane's epoch. */
@@ -622,7 +641,8 @@ void tcp_sock_abort(int fd);
 void tcp_sock_tune(const struct tcp_inst *ti, int fd);
 /* Whether a non-blocking connect on @fd has completed: no pending error and a peer. */
 bool tcp_sock_connected(int fd);
-ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_len, size_t need);
+ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_len, size_t need,
+		    bool *drained);
 void tcp_rx_prefix(struct tcp_rx *rx);
 
 /* tcp_server.c */

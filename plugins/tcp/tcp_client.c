@@ -269,6 +269,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	l->rx.dst = NULL;
 	l->rx.bulk = false;
 	l->rx_missed = l->rx_want = l->rx_quiet = false;
+	atomic_store_explicit(&l->rx_hup, false, memory_order_relaxed);
 	l->stall_ticks = 0;
 	if (l->n_fence && now - l->fence_connect_ns >= TCP_TICK_MS * 1000000ull) {
 		l->fence_connect_ns = now;
@@ -858,6 +859,7 @@ static enum tcp_rx_end tcp_lane_rx_run(struct tcp_inst *ti, struct tcp_lane *l, 
 				       char *why, size_t why_len)
 {
 	struct tcp_peer *peer = l->peer;
+	bool drained = false;
 
 	for (;;) {
 		struct tcp_rlist done = { 0 };
@@ -878,16 +880,24 @@ static enum tcp_rx_end tcp_lane_rx_run(struct tcp_inst *ti, struct tcp_lane *l, 
 			l->rx_flush = false;
 			tcp_lane_flush(ti, l);
 		}
+		/*
+		 * The last read took all the socket had: parsed, done (no readv for EAGAIN),
+		 * unless in the middle of a large payload, whose rest is on its way. After a
+		 * hang-up, on to end of stream (its event may have come with the last bytes).
+		 */
+		if (drained && tcp_rx_between(&l->rx) &&
+		    !atomic_load_explicit(&l->rx_hup, memory_order_relaxed))
+			return TCP_RXE_DRAINED;
 		if (budget == 0)
 			return TCP_RXE_BUDGET;
 		if (l->rx.payload && l->rx.dst && !tcp_rx_through(&l->rx)) {
 			pthread_mutex_lock(&l->rx_lock);
 			if (atomic_load_explicit(&l->rx_redirect, memory_order_relaxed))
 				l->rx.dst = NULL;
-			r = tcp_rx_read(fd, &l->rx, scratch, scratch_len, need);
+			r = tcp_rx_read(fd, &l->rx, scratch, scratch_len, need, &drained);
 			pthread_mutex_unlock(&l->rx_lock);
 		} else {
-			r = tcp_rx_read(fd, &l->rx, scratch, scratch_len, need);
+			r = tcp_rx_read(fd, &l->rx, scratch, scratch_len, need, &drained);
 		}
 		if (r == -EAGAIN || r == -EWOULDBLOCK)
 			return TCP_RXE_DRAINED;
@@ -1020,6 +1030,8 @@ void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *
 		return;
 	if (events & EPOLLOUT)
 		tcp_lane_flush(ti, l);
+	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		atomic_store_explicit(&l->rx_hup, true, memory_order_relaxed);
 	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
 		tcp_lane_rx(ti, w, l);
 }

@@ -870,10 +870,14 @@ static void tcp_conn_frame_clock(struct tcp_conn *c, uint64_t frames_before)
 		c->frame_start_ns = now;
 }
 
-/* Read and serve requests on @c until its socket is drained. Returns false when closed. */
+/*
+ * Read and serve requests on @c until its socket is drained (a short read or EAGAIN). Returns
+ * false when closed.
+ */
 bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 {
 	uint64_t budget = TCP_RX_BUDGET, frames_before = c->frames;
+	bool drained = false;
 	char why[160];
 
 	while (!c->closing && !c->rx_paused) {
@@ -901,6 +905,13 @@ bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 				       "replaced by a newer connection of its lane (fenced)");
 			return false;
 		}
+		/*
+		 * The last read took all the socket had: parsed; the next arrival wakes us (in the
+		 * middle of a large payload, read on: its rest is on its way). After a hang-up, on
+		 * to end of stream (its event may have come with the last bytes).
+		 */
+		if (drained && tcp_rx_between(&c->rx) && !c->hup)
+			break;
 		if (budget == 0) {
 			tcp_again_add(w, &c->ep);
 			break;
@@ -909,16 +920,16 @@ bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 			/* Into this connection's staging buffer: checked when it is flushed. */
 			const uint8_t *before = c->rx.dst;
 
-			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need);
+			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need, &drained);
 			if (r > 0)
 				tcp_conn_staged_read(ti, c, before);
 		} else if (c->rx.payload && c->rx.dst && !tcp_rx_through(&c->rx)) {
 			pthread_rwlock_rdlock(&ti->reg_lock);
 			tcp_conn_recheck_locked(ti, c);
-			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need);
+			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need, &drained);
 			pthread_rwlock_unlock(&ti->reg_lock);
 		} else {
-			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need);
+			r = tcp_rx_read(c->fd, &c->rx, w->scratch, TCP_SCRATCH, need, &drained);
 			/* A small payload read through the buffer: copied out under the lock. */
 			if (r > 0 && c->rx.payload)
 				tcp_conn_prefix(ti, c);
@@ -948,6 +959,8 @@ void tcp_conn_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *
 {
 	if ((events & EPOLLOUT) && !tcp_conn_tx(ti, w, c))
 		return;
+	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		c->hup = true;
 	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
 		tcp_conn_rx(ti, w, c);
 }

@@ -143,9 +143,13 @@ void tcp_sock_tune(const struct tcp_inst *ti, int fd)
  * is discarded) and at most one header beyond it into the buffer; a small payload
  * (tcp_rx_through) goes into the buffer in bulk instead, and the caller copies it out. Otherwise
  * into the buffer: exactly @need bytes, or all the room when the stream is in bulk mode.
- * Returns the byte count, 0 at end of stream, -errno on error.
+ * Returns the byte count, 0 at end of stream, -errno on error. *@drained: fewer bytes came
+ * than asked for, so the socket's queue was empty (TCP copies all it holds): the caller may
+ * stop here instead of calling again for EAGAIN. Data that arrives later wakes its epoll
+ * (edge-triggered too: every arrival signals the socket) or its ppoll.
  */
-ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_len, size_t need)
+ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_len, size_t need,
+		    bool *drained)
 {
 	bool through = tcp_rx_through(rx);
 	struct iovec iov[2];
@@ -182,6 +186,7 @@ ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_
 	while (r < 0 && errno == EINTR);
 	if (r < 0)
 		return -errno;
+	*drained = (size_t)r < iov[0].iov_len + (n > 1 ? iov[1].iov_len : 0);
 	if (rx->payload && !through) {
 		uint64_t got = TCP_MIN((uint64_t)r, take);
 

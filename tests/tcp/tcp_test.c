@@ -830,6 +830,11 @@ struct bad_stream {
 	void (*make)(uint8_t *buf, size_t *len, uint64_t target);
 	bool stall;	/* stop in the middle, wait, then close */
 	bool may_write; /* a valid WRITE's first bytes may land in [0, 1000) */
+	/*
+	 * Corked, then half-closed: the bytes and the FIN arrive in one segment, one event.
+	 * The server's short read takes the bytes; it must still go on to the end of stream.
+	 */
+	bool fin_with_data;
 };
 
 static void make_bad_magic(uint8_t *b, size_t *len, uint64_t target)
@@ -902,18 +907,20 @@ static void make_half_payload(uint8_t *b, size_t *len, uint64_t target)
 }
 
 static const struct bad_stream bad_streams[] = {
-	{ "no-hello", false, make_bad_magic, false, false },
-	{ "request-before-hello", false, make_half_payload, false, false },
-	{ "bad-magic", true, make_bad_magic, false, false },
-	{ "bad-version", true, make_bad_version, false, false },
-	{ "bad-op", true, make_bad_op, false, false },
-	{ "huge-length", true, make_huge, false, false },
-	{ "zero-length", true, make_zero_len, false, false },
-	{ "nonzero-flags", true, make_flags, false, false },
-	{ "second-hello", true, make_second_hello, false, false },
-	{ "random-bytes", true, make_random, false, false },
-	{ "truncated-header", true, make_truncated, true, false },
-	{ "stall-mid-payload", true, make_half_payload, true, true },
+	{ "no-hello", false, make_bad_magic, false, false, false },
+	{ "request-before-hello", false, make_half_payload, false, false, false },
+	{ "bad-magic", true, make_bad_magic, false, false, false },
+	{ "bad-version", true, make_bad_version, false, false, false },
+	{ "bad-op", true, make_bad_op, false, false, false },
+	{ "huge-length", true, make_huge, false, false, false },
+	{ "zero-length", true, make_zero_len, false, false, false },
+	{ "nonzero-flags", true, make_flags, false, false, false },
+	{ "second-hello", true, make_second_hello, false, false, false },
+	{ "random-bytes", true, make_random, false, false, false },
+	{ "truncated-header", true, make_truncated, true, false, false },
+	{ "stall-mid-payload", true, make_half_payload, true, true, false },
+	{ "fin-mid-payload", true, make_half_payload, false, true, true },
+	{ "fin-mid-header", true, make_truncated, false, false, true },
 };
 
 static void test_bad_stream(gconstpointer data)
@@ -939,7 +946,12 @@ static void test_bad_stream(gconstpointer data)
 	good = raw_hello(&ep);
 	bad = bs->hello_first ? raw_hello(&ep) : raw_connect(&ep);
 	bs->make(buf, &len, itest_raddr(&rb, 0));
+	if (bs->fin_with_data)
+		g_assert_cmpint(setsockopt(bad, IPPROTO_TCP, TCP_CORK, &(int){ 1 }, sizeof(int)),
+				==, 0);
 	send_rejected(bad, buf, len);
+	if (bs->fin_with_data)
+		g_assert_cmpint(shutdown(bad, SHUT_WR), ==, 0);
 	if (bs->stall) {
 		sleep_ms(150); /* the server sits in the middle of a frame */
 		shutdown(bad, SHUT_WR);
@@ -1249,15 +1261,15 @@ static char *desc_redirect(struct te_engine *b, uint16_t port)
 }
 
 /* A pair whose segment p->seg points at a fake server instead of B's real listener. */
-static void fake_pair(struct itest_pair *p, struct fake *f, struct itest_buf *la,
-		      struct itest_buf *rb, const char *transfer)
+static void fake_pair_opts(struct itest_pair *p, struct fake *f, struct itest_buf *la,
+			   struct itest_buf *rb, const char *options, const char *transfer)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET };
 	struct timeval tv = { .tv_sec = 30 }; /* a hang guard */
 	socklen_t len = sizeof(sa);
 	g_autofree char *json = NULL;
 
-	itest_pair_new(p, "tcp", "lanes: 1", transfer);
+	itest_pair_new(p, "tcp", options, transfer);
 	if (g_getenv("TCP_TEST_DEBUG"))
 		te_engine_set_log_level(p->a, TE_LOG_DEBUG);
 	itest_buf_register(la, p->a, TE_MEM_LOCAL);
@@ -1273,6 +1285,12 @@ static void fake_pair(struct itest_pair *p, struct fake *f, struct itest_buf *la
 	f->nonce = endpoint_of(p->b).nonce;
 	json = desc_redirect(p->b, f->port);
 	assert_ok(te_segment_import(p->a, json, strlen(json), &p->seg));
+}
+
+static void fake_pair(struct itest_pair *p, struct fake *f, struct itest_buf *la,
+		      struct itest_buf *rb, const char *transfer)
+{
+	fake_pair_opts(p, f, la, rb, "lanes: 1", transfer);
 }
 
 /* Accept the initiator's lane and read its HELLO (not answered yet). */
@@ -1416,6 +1434,13 @@ enum bad_reply {
 	BAD_REPLY_GARBAGE,
 	BAD_REPLY_ERROR_TOO_LONG,
 	BAD_REPLY_SILENT,
+	/*
+	 * A READ answer's header and part of its payload, then the end of the stream, in one
+	 * segment (corked): the lane's reader takes the bytes in a short read and must still
+	 * see the end. Waiter reading (progress caller) and worker reading (threads).
+	 */
+	BAD_REPLY_FIN_CALLER,
+	BAD_REPLY_FIN_THREADS,
 };
 
 static void test_bad_reply(gconstpointer data)
@@ -1432,9 +1457,10 @@ static void test_bad_reply(gconstpointer data)
 
 	itest_buf_new(&la, 65536, GUARD, 0x11);
 	itest_buf_new(&rb, 65536, GUARD, 0x22);
-	fake_pair(&p, &f, &la, &rb,
-		  kind == BAD_REPLY_SILENT ? "timeout_ms: 300, retries: 0"
-					   : "timeout_ms: 60000, retries: 0");
+	fake_pair_opts(&p, &f, &la, &rb,
+		       kind == BAD_REPLY_FIN_THREADS ? "lanes: 1, progress: threads" : "lanes: 1",
+		       kind == BAD_REPLY_SILENT ? "timeout_ms: 300, retries: 0"
+						: "timeout_ms: 60000, retries: 0");
 	memset(junk, 0x77, sizeof(junk));
 	r = (struct te_request){ TE_OP_READ, p.seg, la.data + 4096, itest_raddr(&rb, 0), 4096 };
 	assert_ok(te_batch_new(p.a, 1, &bid));
@@ -1462,11 +1488,25 @@ static void test_bad_reply(gconstpointer data)
 		break;
 	case BAD_REPLY_SILENT:
 		break;
+	case BAD_REPLY_FIN_CALLER:
+	case BAD_REPLY_FIN_THREADS:
+		g_assert_cmpint(setsockopt(f.fd, IPPROTO_TCP, TCP_CORK, &(int){ 1 }, sizeof(int)),
+				==, 0);
+		frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, 4096);
+		send_all(f.fd, h, sizeof(h));
+		send_all(f.fd, junk, 1000);
+		g_assert_cmpint(shutdown(f.fd, SHUT_WR), ==, 0);
+		break;
 	}
 	g_assert_cmpint(itest_wait(p.a, bid), !=, TE_OK);
 	ti = itest_task(p.a, bid, 0);
 	if (kind == BAD_REPLY_SILENT) {
 		g_assert_cmpint(ti.state, ==, TE_STATE_TIMEOUT);
+	} else if (kind == BAD_REPLY_FIN_CALLER || kind == BAD_REPLY_FIN_THREADS) {
+		/* Failed at once, not by its 60 s timeout. */
+		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+		g_assert_cmpint(ti.status, ==, TE_ERR_CONN_RESET);
+		assert_contains(ti.detail, "closed by the peer");
 	} else {
 		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
 		g_assert_cmpint(ti.status, ==, TE_ERR_CONN_RESET);
@@ -1475,7 +1515,8 @@ static void test_bad_reply(gconstpointer data)
 	assert_ok(te_batch_free(p.a, bid));
 	/* The initiator drops the connection (a silent one once it saw no progress). */
 	g_assert_true(closed_by_peer(f.fd));
-	g_assert_true(itest_untouched_outside(&la, NULL, NULL, 0));
+	/* Only a failed READ's own destination may have taken bytes. */
+	g_assert_true(itest_untouched_outside(&la, (size_t[]){ 4096 }, (size_t[]){ 4096 }, 1));
 	itest_pair_free(&p);
 	fake_close(&f);
 	itest_buf_free(&la);
@@ -2221,6 +2262,10 @@ int main(int argc, char **argv)
 			     GINT_TO_POINTER(BAD_REPLY_ERROR_TOO_LONG), test_bad_reply);
 	g_test_add_data_func("/tcp/client/bad-reply/silent", GINT_TO_POINTER(BAD_REPLY_SILENT),
 			     test_bad_reply);
+	g_test_add_data_func("/tcp/client/bad-reply/fin-mid-payload",
+			     GINT_TO_POINTER(BAD_REPLY_FIN_CALLER), test_bad_reply);
+	g_test_add_data_func("/tcp/client/bad-reply/fin-mid-payload-threads",
+			     GINT_TO_POINTER(BAD_REPLY_FIN_THREADS), test_bad_reply);
 	g_test_add_func("/tcp/auth/raw-client", test_auth_raw_client);
 	g_test_add_func("/tcp/auth/no-oracle", test_auth_no_oracle);
 	g_test_add_func("/tcp/auth/engines-mismatch", test_auth_engines_mismatch);
