@@ -214,6 +214,12 @@ struct tcp_rx {
 	uint8_t *dst; /* where it goes; NULL: discarded */
 	uint64_t left;
 	uint64_t room; /* > 0: at most this many bytes reach dst per read (a staging buffer) */
+	/*
+	 * The worker heard a hang-up or error on this connection (set whoever owns the receive
+	 * side now; relaxed): readers go on to end of stream, since the FIN behind the last
+	 * bytes may signal no second event. Cleared when a lane breaks.
+	 */
+	atomic_bool hup;
 };
 
 /*
@@ -227,15 +233,17 @@ static inline bool tcp_rx_through(const struct tcp_rx *rx)
 }
 
 /*
- * Between frames, or in a small payload (read through buf): a short read here means the
- * sender paused, so a reader may stop at it. In a large payload going to its destination,
- * the rest is usually on its way: reading on until EAGAIN catches it without a wake-up
- * (64 KiB WRITEs from 2 threads, 5 interleaved rounds: median 54k against 49k requests/s
- * stopping there).
+ * Whether a reader may stop after a short read (@short_read: tcp_rx_read's *drained), as if
+ * told EAGAIN. Between frames, or in a small payload (read through buf): yes, the sender
+ * paused. In a large payload going to its destination, the rest is usually on its way:
+ * reading on until EAGAIN catches it without a wake-up (64 KiB WRITEs from 2 threads, 5
+ * interleaved rounds: median 54k against 49k requests/s stopping there). After a hang-up:
+ * no, on to end of stream.
  */
-static inline bool tcp_rx_between(const struct tcp_rx *rx)
+static inline bool tcp_rx_may_stop(const struct tcp_rx *rx, bool short_read)
 {
-	return !rx->payload || tcp_rx_through(rx);
+	return short_read && (!rx->payload || tcp_rx_through(rx)) &&
+	       !atomic_load_explicit(&rx->hup, memory_order_relaxed);
 }
 
 /* Per-slice plugin state, in slice->priv. */
@@ -349,14 +357,8 @@ struct tcp_lane {
 	bool rx_busy;
 	bool rx_driver; /* the owner is the driver: tcp_lane_break waits for it (kick) */
 	bool rx_missed;
-	bool rx_want;  /* tcp_lane_service should read (the driver stopped at its budget) */
-	bool rx_quiet; /* EPOLLIN off: a driver polls this lane (tcp_drive) */
-	/*
-	 * The worker heard a hang-up or error on this connection: its readers go on to end of
-	 * stream or EAGAIN, never stopping at a short read (the FIN behind the last bytes may
-	 * signal no second event). Cleared when the lane breaks. Relaxed.
-	 */
-	atomic_bool rx_hup;
+	bool rx_want;	    /* tcp_lane_service should read (the driver stopped at its budget) */
+	bool rx_quiet;	    /* EPOLLIN off: a driver polls this lane (tcp_drive) */
 	uint32_t n_drivers; /* threads between tcp_drive 1 and 0 on it; > 0 pins the lane */
 	uint32_t n_big;	    /* slots in use of at least TCP_DRV_MAX_SLICE: left to the worker */
 	bool out_armed;	    /* EPOLLOUT is in the socket's epoll events */
@@ -458,7 +460,6 @@ struct tcp_conn {
 	bool closing;	  /* answer what is queued, then close */
 	bool rx_paused;	  /* ring full: stop reading until responses drain */
 	bool abort;	  /* close with a reset: unread bytes are never applied */
-	bool hup; /* a hang-up or error was signaled: read to the end, not to a short read */
 	/* Set under the region write lock by a newer connection of the same lane. */
 	atomic_bool fenced;
 	/* From its HELLO, under w->lock: the client's lane and that lane's epoch. */

@@ -269,7 +269,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	l->rx.dst = NULL;
 	l->rx.bulk = false;
 	l->rx_missed = l->rx_want = l->rx_quiet = false;
-	atomic_store_explicit(&l->rx_hup, false, memory_order_relaxed);
+	atomic_store_explicit(&l->rx.hup, false, memory_order_relaxed);
 	l->stall_ticks = 0;
 	if (l->n_fence && now - l->fence_connect_ns >= TCP_TICK_MS * 1000000ull) {
 		l->fence_connect_ns = now;
@@ -880,13 +880,8 @@ static enum tcp_rx_end tcp_lane_rx_run(struct tcp_inst *ti, struct tcp_lane *l, 
 			l->rx_flush = false;
 			tcp_lane_flush(ti, l);
 		}
-		/*
-		 * The last read took all the socket had: parsed, done (no readv for EAGAIN),
-		 * unless in the middle of a large payload, whose rest is on its way. After a
-		 * hang-up, on to end of stream (its event may have come with the last bytes).
-		 */
-		if (drained && tcp_rx_between(&l->rx) &&
-		    !atomic_load_explicit(&l->rx_hup, memory_order_relaxed))
+		/* The last read took all the socket had, now parsed: no readv for EAGAIN. */
+		if (tcp_rx_may_stop(&l->rx, drained))
 			return TCP_RXE_DRAINED;
 		if (budget == 0)
 			return TCP_RXE_BUDGET;
@@ -1031,7 +1026,7 @@ void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *
 	if (events & EPOLLOUT)
 		tcp_lane_flush(ti, l);
 	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
-		atomic_store_explicit(&l->rx_hup, true, memory_order_relaxed);
+		atomic_store_explicit(&l->rx.hup, true, memory_order_relaxed);
 	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
 		tcp_lane_rx(ti, w, l);
 }

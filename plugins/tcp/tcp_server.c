@@ -905,12 +905,8 @@ bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 				       "replaced by a newer connection of its lane (fenced)");
 			return false;
 		}
-		/*
-		 * The last read took all the socket had: parsed; the next arrival wakes us (in the
-		 * middle of a large payload, read on: its rest is on its way). After a hang-up, on
-		 * to end of stream (its event may have come with the last bytes).
-		 */
-		if (drained && tcp_rx_between(&c->rx) && !c->hup)
+		/* The last read took all the socket had, now parsed: the next arrival wakes us. */
+		if (tcp_rx_may_stop(&c->rx, drained))
 			break;
 		if (budget == 0) {
 			tcp_again_add(w, &c->ep);
@@ -960,7 +956,7 @@ void tcp_conn_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *
 	if ((events & EPOLLOUT) && !tcp_conn_tx(ti, w, c))
 		return;
 	if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
-		c->hup = true;
+		atomic_store_explicit(&c->rx.hup, true, memory_order_relaxed);
 	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
 		tcp_conn_rx(ti, w, c);
 }
