@@ -37,7 +37,9 @@ enum conf_rule {
 
 /* Fault injection and test modes; all off when zeroed. */
 struct conf_shim_modes {
-	/* Every Nth successful completion is reported to the core as TE_ERR_TRANSIENT (0: off). */
+	/* Every Nth successful completion is reported to the core as TE_ERR_TRANSIENT (0: off);
+	 * a slice's fourth and later attempts are spared, so injection alone never exhausts
+	 * its retries. */
 	uint32_t inject_every;
 	/* cancel answers TE_OK without reaching the plugin (it keeps the slice). */
 	bool ignore_cancel;
