@@ -137,7 +137,8 @@ printf 'devices: "rxe_lo"\nprogress: manual\n' >/tmp/conf-rdma-manual.yaml
 check conformance-rdma 300 sh /tmp/conformance.sh --config /tmp/conf-rdma.yaml
 check conformance-rdma-manual 300 sh /tmp/conformance.sh --config /tmp/conf-rdma-manual.yaml \
 	--only 'abi-*' --only engine-start --only segment-open --only 'write-*' --only 'read-*' \
-	--only back-pressure --only cancel-race --only retry --only mark-failed --only deadline \
+	--only back-pressure --only cancel-race --only retry --only retry-repeated \
+	--only mark-failed --only deadline \
 	--only 'peer-*' --only fini-in-flight --only reload --only 'contract-*' \
 	--only core-log-plugin-bugs
 check veth-failover 300 "$GUEST" --scenario failover --config /tmp/fo-a.yaml \

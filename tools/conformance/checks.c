@@ -831,6 +831,64 @@ static void check_retry(void)
 	g_usleep((QUARANTINE_MS + 100) * 1000);
 }
 
+/*
+ * Every successful completion of a slice's first SHIM_INJECT_ATTEMPTS attempts is reported
+ * as TE_ERR_TRANSIENT: each slice is retried exactly that often and then lands, right.
+ */
+static void check_retry_repeated(void)
+{
+	const char *name = "retry-repeated";
+	struct conf_shim_modes m = { .inject_every = 1 };
+	struct conf_shim_stats s0, s1;
+	uint64_t slices = 0;
+	struct outcome o;
+
+	if (!report_wanted(name))
+		return;
+	if (!shim_on()) {
+		report_skip(name, "needs the shim (fault injection); --no-shim was given");
+		return;
+	}
+	report_watch(name, run.c->hang_s);
+	shim_stats(&s0);
+	shim_modes(&m);
+	if (!verified_batch(run.ini, run.t, 20, 650, &o, true)) {
+		shim_modes(NULL);
+		report_unwatch();
+		report_fail(name, "with every slice failed %u times: %s", CONF_SHIM_INJECT_ATTEMPTS,
+			    run.err);
+		g_usleep((QUARANTINE_MS + 100) * 1000);
+		return;
+	}
+	shim_modes(NULL);
+	shim_stats(&s1);
+	report_unwatch();
+	for (uint32_t i = 0; i < o.n; i++) {
+		slices += o.ti[i].slices;
+		if (o.ti[i].retries < CONF_SHIM_INJECT_ATTEMPTS * o.ti[i].slices) {
+			report_fail(name,
+				    "task %u (%u slice%s) was retried %u times; each slice's first "
+				    "%u attempts were failed",
+				    i, o.ti[i].slices, o.ti[i].slices == 1 ? "" : "s",
+				    o.ti[i].retries, CONF_SHIM_INJECT_ATTEMPTS);
+			goto out;
+		}
+	}
+	if (s1.injected - s0.injected < CONF_SHIM_INJECT_ATTEMPTS * slices)
+		report_fail(name,
+			    "%" PRIu64 " failures injected for %" PRIu64 " slices: fewer than %u "
+			    "each",
+			    s1.injected - s0.injected, slices, CONF_SHIM_INJECT_ATTEMPTS);
+	else
+		report_ok(name,
+			  "(%u tasks, %" PRIu64 " slices, each failed on its first %u attempts: "
+			  "%" PRIu64 " retries, all bytes right)",
+			  o.n, slices, CONF_SHIM_INJECT_ATTEMPTS, o.retries);
+out:
+	outcome_free(&o);
+	g_usleep((QUARANTINE_MS + 100) * 1000);
+}
+
 /* After retry: did the core pass excluded devices, and did attempts complete elsewhere? */
 static void check_retry_excluded(void)
 {
@@ -1604,11 +1662,11 @@ static void choose_locations(struct conf *c)
 
 /* The engine checks' names (with those made below), for --only. */
 static const char *const engine_checks[] = {
-	"engine-start",		 "segment-open",	 "register-roundtrip", "batch-1000-write",
-	"batch-1000-read",	 "back-pressure",	 "cancel-race",	       "retry",
-	"retry-excluded-device", "mark-failed",		 "peer-event",	       "deadline",
-	"peer-killed",		 "peer-killed-recovery", "fini-in-flight",     "reload",
-	"core-log-plugin-bugs",
+	"engine-start",	   "segment-open",	    "register-roundtrip",   "batch-1000-write",
+	"batch-1000-read", "back-pressure",	    "cancel-race",	    "retry",
+	"retry-repeated",  "retry-excluded-device", "mark-failed",	    "peer-event",
+	"deadline",	   "peer-killed",	    "peer-killed-recovery", "fini-in-flight",
+	"reload",	   "core-log-plugin-bugs",
 };
 
 static bool any_engine_check(void)
@@ -1777,6 +1835,7 @@ void checks_run(struct conf *c)
 	check_backpressure();
 	check_cancel_race();
 	check_retry();
+	check_retry_repeated();
 	check_retry_excluded();
 	check_mark_failed();
 	check_peer_event();

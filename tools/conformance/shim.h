@@ -36,10 +36,15 @@ enum conf_rule {
 };
 
 /* Fault injection and test modes; all off when zeroed. */
+/* inject_every hits a slice's attempts 0 .. this - 1 only (te.yaml retries: 6 here). */
+#define CONF_SHIM_INJECT_ATTEMPTS 3u
+
 struct conf_shim_modes {
-	/* Every Nth successful completion is reported to the core as TE_ERR_TRANSIENT (0: off);
-	 * a slice's fourth and later attempts are spared, so injection alone never exhausts
-	 * its retries. */
+	/*
+	 * Every Nth successful completion is reported to the core as TE_ERR_TRANSIENT (0: off);
+	 * a slice's attempts from CONF_SHIM_INJECT_ATTEMPTS on are spared, so injection alone
+	 * never exhausts its retries.
+	 */
 	uint32_t inject_every;
 	/* cancel answers TE_OK without reaching the plugin (it keeps the slice). */
 	bool ignore_cancel;
