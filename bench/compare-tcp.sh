@@ -27,7 +27,8 @@
 #   their rusage, setup included, marked '*'. Context switches per request of initiator +
 #   target likewise (/proc/<pid>/task/*/status; rusage): a raw loop that runs at two speeds
 #   on the same machine shows why in this column (its receiving thread sleeps or not).
-#   Load average before and after.
+#   Load average before and after, and steal: the share of the machine's CPU time the
+#   hypervisor gave to other guests (/proc/stat), over the whole run and per cell.
 #   te runs with its default configuration (tcp: 2 lanes, 2 workers, 1M slices), whatever the
 #   thread count; tcp-raw-loop opens one connection per thread. --te-config FILE passes a
 #   configuration to te-bench; --te-lanes N (or `threads`: as many as the cell's threads)
@@ -167,7 +168,7 @@ for op in ops:
                 seen.add(key)
                 cells.append(dict(op=op, size=size, ws=eff, ws_asked=ws, thr=thr, batch=batch,
                                   te=[], raw=[], ratio_raw=[], ratio_ip=[], cs_te=[], cs_raw=[], cpu_te=[],
-                                  cpu_raw=[], star_te=False, star_raw=False, fail=[]))
+                                  cpu_raw=[], steal=[], star_te=False, star_raw=False, fail=[]))
 ipkeys = sorted({(c["op"], c["size"], c["thr"]) for c in cells}, key=lambda k: (ops.index(k[0]), k[1], k[2]))
 ipres = {k: [] for k in ipkeys}
 
@@ -221,10 +222,31 @@ PROGRESS = re.compile(r"^(te-bench|tcp-raw-loop): .* GB/s\s*$")
 failed_any = False
 
 
+def cpu_stat():
+    """(all, stolen) CPU time of the machine in clock ticks, from /proc/stat (None: unknown)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return sum(v), v[7]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def steal_pct(s0, s1):
+    """Percent of the CPU time between two cpu_stat() samples that the hypervisor took."""
+    if not s0 or not s1 or s1[0] <= s0[0]:
+        return None
+    return 100.0 * (s1[1] - s0[1]) / (s1[0] - s0[0])
+
+
+last_steal = None  # steal_pct of the last run_json run
+
+
 def run_json(cmd, what):
     """Run an initiator that forks its target; its JSON row plus CPU-s/GB of both."""
-    global failed_any
+    global failed_any, last_steal
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    st0 = cpu_stat()
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     samples, other, kids = [], [], []
@@ -264,6 +286,7 @@ def run_json(cmd, what):
     tho.join(5)
     out = "".join(outs)
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    last_steal = steal_pct(st0, cpu_stat())
     row = None
     for line in out.splitlines()[::-1]:
         try:
@@ -396,6 +419,7 @@ def loadavg():
 
 lat = dict(te=[], raw=[])
 load0 = loadavg()
+stat0 = cpu_stat()
 t_begin = time.time()
 print(f"compare-tcp: {len(cells)} cells, {rounds} round(s), {duration:g} s per run; "
       f"load average {load0}", file=sys.stderr)
@@ -410,6 +434,8 @@ for r in range(rounds):
             if tool == "te":
                 row, cpu, star, cs = run_json(te_cmd(c), f"te-bench {name}")
                 got["te"] = row["gbps"] if row else None
+                if last_steal is not None:
+                    c["steal"].append(last_steal)
                 if row:
                     c["te"].append(row["gbps"])
                     if cpu is not None:
@@ -422,6 +448,8 @@ for r in range(rounds):
             elif tool == "raw":
                 row, cpu, star, cs = run_json(raw_cmd(c), f"tcp-raw-loop {name}")
                 got["raw"] = row["gbps"] if row else None
+                if last_steal is not None:
+                    c["steal"].append(last_steal)
                 if row:
                     c["raw"].append(row["gbps"])
                     if cpu is not None:
@@ -446,7 +474,8 @@ for r in range(rounds):
         fmt = lambda v: f"{v:.3f}" if v else "-"
         print(f"round {r + 1}/{rounds} cell {i + 1}/{len(cells)} {name} batch {c['batch']}: "
               f"te {fmt(got.get('te'))} raw {fmt(got.get('raw'))} iperf3 "
-              f"{fmt(got.get('iperf3'))} GB/s", file=sys.stderr)
+              f"{fmt(got.get('iperf3'))} GB/s; steal "
+              f"{'?' if last_steal is None else f'{last_steal:.0f} %'}", file=sys.stderr)
     if not a.no_latency:
         for tool in tools:
             if tool == "te":
@@ -464,6 +493,7 @@ for r in range(rounds):
                 lat[tool].append((row["lat_us_p50"], row["lat_us_p99"], row["lat_us_p999"]))
         print(f"round {r + 1}/{rounds}: latency done", file=sys.stderr)
 load1 = loadavg()
+steal_all = steal_pct(stat0, cpu_stat())
 
 # --- table ---------------------------------------------------------------------------------
 def med(v, digits=3):
@@ -490,15 +520,18 @@ lines.append(f"te-bench --loopback (tcp) vs tcp-raw-loop --loopback vs iperf3 on
              f"({'config ' + a.te_config if a.te_config else 'tcp lanes: ' + a.te_lanes if a.te_lanes else 'default config: 2 tcp lanes'}); "
              f"{rounds} round(s) of {duration:g} s per run; "
              f"load average {load0} before, {load1} after "
-             f"({(time.time() - t_begin) / 60:.1f} min).")
+             f"({(time.time() - t_begin) / 60:.1f} min); CPU time taken by the hypervisor "
+             f"(steal): {'?' if steal_all is None else f'{steal_all:.1f} %'} of the run.")
 lines.append("")
 lines.append("GB/s = 10^9 bytes/s, median (min-max) over rounds; ratios: median (min-max) of "
              "the per-round ratios; CPU-s/GB: initiator + target; cs/req: context switches "
-             "per request, initiator + target (all threads).")
+             "per request, initiator + target (all threads); steal %: CPU time the hypervisor took "
+             "from this machine during the cell's te and raw runs (/proc/stat), median "
+             "(min-max): where it is high, the rounds say little.")
 lines.append("")
 lines.append("| op | block | ws | thr | batch | te GB/s | raw GB/s | iperf3 GB/s | te/raw | "
-             "te/iperf3 | te CPU-s/GB | raw CPU-s/GB | te cs/req | raw cs/req |")
-lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+             "te/iperf3 | te CPU-s/GB | raw CPU-s/GB | te cs/req | raw cs/req | steal % |")
+lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 ip_capped = False
 for c in cells:
     ip = ipres.get((c["op"], c["size"], c["thr"]), [])
@@ -513,7 +546,8 @@ for c in cells:
                  f"{med(c['cpu_te'], 2)}{'*' if c['star_te'] else ''} | "
                  f"{med(c['cpu_raw'], 2)}{'*' if c['star_raw'] else ''} | "
                  f"{med(c['cs_te'], 2)}{'*' if c['star_te'] else ''} | "
-                 f"{med(c['cs_raw'], 2)}{'*' if c['star_raw'] else ''} |")
+                 f"{med(c['cs_raw'], 2)}{'*' if c['star_raw'] else ''} | "
+                 f"{med(c['steal'], 0)} |")
 lines.append("")
 if not a.no_latency:
     lines.append("One 4K READ at a time (te-bench --batch 1 --depth 1; tcp-raw-loop --pingpong), "
