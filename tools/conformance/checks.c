@@ -789,32 +789,49 @@ out:
 	return ok;
 }
 
+/*
+ * The injection checks' common part, for @name (wanted, the shim on): @n verified
+ * WRITE+READ pairs (seed @seed) with every @every-th successful completion failed as
+ * TE_ERR_TRANSIENT; *@o (NULL: not kept) and the shim's stats before and after. Then it
+ * waits for a quarantined device to come back. False when done (reported skip or fail).
+ */
+static bool injected_batch(const char *name, uint32_t every, unsigned n, uint64_t seed,
+			   struct outcome *o, struct conf_shim_stats *s0,
+			   struct conf_shim_stats *s1)
+{
+	struct conf_shim_modes m = { .inject_every = every };
+	bool ok;
+
+	if (!report_wanted(name))
+		return false;
+	if (!shim_on()) {
+		report_skip(name, "needs the shim (fault injection); --no-shim was given");
+		return false;
+	}
+	report_watch(name, run.c->hang_s);
+	shim_stats(s0);
+	shim_modes(&m);
+	ok = verified_batch(run.ini, run.t, n, seed, o, o != NULL);
+	shim_modes(NULL);
+	shim_stats(s1);
+	report_unwatch();
+	/* The failures may have quarantined a device: let it come back. */
+	g_usleep((QUARANTINE_MS + 100) * 1000);
+	if (!ok)
+		report_fail(name, "with injected retryable failures (every %u): %s", every,
+			    run.err);
+	return ok;
+}
+
 /* Every 4th successful completion is reported as TE_ERR_TRANSIENT: the core retries. */
 static void check_retry(void)
 {
 	const char *name = "retry";
-	struct conf_shim_modes m = { .inject_every = 4 };
 	struct conf_shim_stats s0, s1;
 	struct outcome o;
 
-	if (!report_wanted(name))
+	if (!injected_batch(name, 4, 100, 600, &o, &s0, &s1))
 		return;
-	if (!shim_on()) {
-		report_skip(name, "needs the shim (fault injection); --no-shim was given");
-		return;
-	}
-	report_watch(name, run.c->hang_s);
-	shim_stats(&s0);
-	shim_modes(&m);
-	if (!verified_batch(run.ini, run.t, 100, 600, &o, true)) {
-		shim_modes(NULL);
-		report_unwatch();
-		report_fail(name, "with injected retryable failures: %s", run.err);
-		return;
-	}
-	shim_modes(NULL);
-	shim_stats(&s1);
-	report_unwatch();
 	if (s1.injected == s0.injected)
 		report_skip(name, "no failure could be injected");
 	else if (o.retries == 0)
@@ -827,42 +844,21 @@ static void check_retry(void)
 			  s1.injected - s0.injected, o.retries,
 			  s1.retry_prepares - s0.retry_prepares);
 	outcome_free(&o);
-	/* The failures may have quarantined a device: let it come back. */
-	g_usleep((QUARANTINE_MS + 100) * 1000);
 }
 
 /*
- * Every successful completion of a slice's first SHIM_INJECT_ATTEMPTS attempts is reported
- * as TE_ERR_TRANSIENT: each slice is retried exactly that often and then lands, right.
+ * Every successful completion of a slice's first CONF_SHIM_INJECT_ATTEMPTS attempts is
+ * reported as TE_ERR_TRANSIENT: each slice is retried that often, then lands, right.
  */
 static void check_retry_repeated(void)
 {
 	const char *name = "retry-repeated";
-	struct conf_shim_modes m = { .inject_every = 1 };
 	struct conf_shim_stats s0, s1;
 	uint64_t slices = 0;
 	struct outcome o;
 
-	if (!report_wanted(name))
+	if (!injected_batch(name, 1, 20, 650, &o, &s0, &s1))
 		return;
-	if (!shim_on()) {
-		report_skip(name, "needs the shim (fault injection); --no-shim was given");
-		return;
-	}
-	report_watch(name, run.c->hang_s);
-	shim_stats(&s0);
-	shim_modes(&m);
-	if (!verified_batch(run.ini, run.t, 20, 650, &o, true)) {
-		shim_modes(NULL);
-		report_unwatch();
-		report_fail(name, "with every slice failed %u times: %s", CONF_SHIM_INJECT_ATTEMPTS,
-			    run.err);
-		g_usleep((QUARANTINE_MS + 100) * 1000);
-		return;
-	}
-	shim_modes(NULL);
-	shim_stats(&s1);
-	report_unwatch();
 	for (uint32_t i = 0; i < o.n; i++) {
 		slices += o.ti[i].slices;
 		if (o.ti[i].retries < CONF_SHIM_INJECT_ATTEMPTS * o.ti[i].slices) {
@@ -871,7 +867,8 @@ static void check_retry_repeated(void)
 				    "%u attempts were failed",
 				    i, o.ti[i].slices, o.ti[i].slices == 1 ? "" : "s",
 				    o.ti[i].retries, CONF_SHIM_INJECT_ATTEMPTS);
-			goto out;
+			outcome_free(&o);
+			return;
 		}
 	}
 	if (s1.injected - s0.injected < CONF_SHIM_INJECT_ATTEMPTS * slices)
@@ -884,24 +881,17 @@ static void check_retry_repeated(void)
 			  "(%u tasks, %" PRIu64 " slices, each failed on its first %u attempts: "
 			  "%" PRIu64 " retries, all bytes right)",
 			  o.n, slices, CONF_SHIM_INJECT_ATTEMPTS, o.retries);
-out:
 	outcome_free(&o);
-	g_usleep((QUARANTINE_MS + 100) * 1000);
 }
 
 /* After retry: did the core pass excluded devices, and did attempts complete elsewhere? */
 static void check_retry_excluded(void)
 {
 	const char *name = "retry-excluded-device";
-	struct conf_shim_modes m = { .inject_every = 3 };
 	struct conf_shim_stats s0, s1;
 
 	if (!report_wanted(name))
 		return;
-	if (!shim_on()) {
-		report_skip(name, "needs the shim (fault injection); --no-shim was given");
-		return;
-	}
 	if (run.c->n_devices < 2) {
 		report_skip(name, "the plugin reports %u device%s: nothing to exclude",
 			    run.c->n_devices, run.c->n_devices == 1 ? "" : "s");
@@ -912,18 +902,8 @@ static void check_retry_excluded(void)
 				  "device): the core excludes none");
 		return;
 	}
-	report_watch(name, run.c->hang_s);
-	shim_stats(&s0);
-	shim_modes(&m);
-	if (!verified_batch(run.ini, run.t, 60, 700, NULL, false)) {
-		shim_modes(NULL);
-		report_unwatch();
-		report_fail(name, "with injected retryable failures: %s", run.err);
+	if (!injected_batch(name, 3, 60, 700, NULL, &s0, &s1))
 		return;
-	}
-	shim_modes(NULL);
-	shim_stats(&s1);
-	report_unwatch();
 	if (s1.retry_prepares_excluding == s0.retry_prepares_excluding)
 		report_fail(
 			name,
@@ -937,7 +917,6 @@ static void check_retry_excluded(void)
 			  "contract-excluded-devices)",
 			  s1.retry_prepares_excluding - s0.retry_prepares_excluding,
 			  s1.excluded_completions - s0.excluded_completions);
-	g_usleep((QUARANTINE_MS + 100) * 1000);
 }
 
 /* host->mark_failed(DEVICE) in the middle of a batch; later transfers avoid or reuse it. */
