@@ -307,6 +307,27 @@ static double bench_cpu_s(int who)
 	       (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
+/* The machine's CPU time, all and stolen, in clock ticks (/proc/stat); false if unknown. */
+static bool bench_cpu_ticks(uint64_t *all, uint64_t *steal)
+{
+	unsigned long long v[8] = { 0 };
+	FILE *f = fopen("/proc/stat", "r");
+	int got;
+
+	if (!f)
+		return false;
+	got = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+		     &v[4], &v[5], &v[6], &v[7]);
+	fclose(f);
+	if (got != 8)
+		return false;
+	*all = 0;
+	for (int i = 0; i < 8; i++)
+		*all += v[i];
+	*steal = v[7];
+	return true;
+}
+
 static const char *bench_op_str(enum bench_op op)
 {
 	switch (op) {
@@ -632,6 +653,11 @@ struct bench_row {
 	bool lanes_known;
 	uint32_t lanes, lanes_used;
 	uint64_t lane_slices[BENCH_MAX_LANES];
+	/*
+	 * Share of the machine's CPU time the hypervisor gave to other guests during the run
+	 * (warm-up included; /proc/stat's steal), in percent; negative when unknown.
+	 */
+	double steal_pct;
 	bool verify;
 	bool verified;
 	bool failed;
@@ -748,6 +774,11 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 		json_builder_set_member_name(b, "lanes_used");
 		if (r->lanes_known)
 			json_builder_add_int_value(b, r->lanes_used);
+		else
+			json_builder_add_null_value(b);
+		json_builder_set_member_name(b, "steal_pct");
+		if (r->steal_pct >= 0.0)
+			json_builder_add_double_value(b, r->steal_pct);
 		else
 			json_builder_add_null_value(b);
 		bench_json_bool(b, "verify", r->verify);
@@ -871,6 +902,19 @@ static void bench_lanes_print(const struct bench_opts *o, const struct bench_row
 		g_string_append(line, ")");
 	}
 	fprintf(stderr, "te-bench: %s\n", line->str);
+}
+
+/* Above this much steal, a note says the run's figures are unreliable. */
+#define BENCH_STEAL_NOTE_PCT 10.0
+
+static void bench_steal_print(const struct bench_opts *o, const struct bench_row *r)
+{
+	if (o->quiet || r->steal_pct < BENCH_STEAL_NOTE_PCT)
+		return;
+	fprintf(stderr,
+		"te-bench: note: the hypervisor took %.0f%% of this machine's CPU time during "
+		"the run (steal, /proc/stat): compare only with a baseline measured alongside\n",
+		r->steal_pct);
 }
 
 /* A "\r"-rewritten line on a terminal, one line per second elsewhere. */
@@ -1516,6 +1560,8 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 
 	g_autofree char *stats_before = bench_stats(c->e);
 	g_autofree char *stats_after = NULL;
+	uint64_t all0 = 0, steal0 = 0, all1, steal1;
+	bool ticks = bench_cpu_ticks(&all0, &steal0);
 
 	bench_gate_init(&c->gate, c->threads);
 	c->salt_base = (uint64_t)g_random_int() << 32 | g_random_int();
@@ -1556,6 +1602,9 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	bench_progress_done(&prog);
 	for (uint32_t t = 0; t < started; t++)
 		g_thread_join(ws[t].thread);
+	r->steal_pct = -1.0;
+	if (ticks && bench_cpu_ticks(&all1, &steal1) && all1 > all0)
+		r->steal_pct = 100.0 * (double)(steal1 - steal0) / (double)(all1 - all0);
 
 	r->op = c->op;
 	r->block = c->block;
@@ -1736,6 +1785,7 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 			rc = r.interrupted && !r.failed ? BENCH_EXIT_SIGNAL : BENCH_EXIT_FAIL;
 		bench_print_row(o, &r);
 		bench_lanes_print(o, &r);
+		bench_steal_print(o, &r);
 	}
 	if (bench_signalled && rc == BENCH_EXIT_OK)
 		rc = BENCH_EXIT_SIGNAL;

@@ -183,7 +183,7 @@ loopback)
 		run loop-$op --loopback --op $op --verify --duration 1 --block-size 64K --json
 		[ "$rc" = 0 ] || fail "--loopback --op $op: status $rc"
 		check_rows "$tmp/loop-$op.out" 1 \
-			"r['bytes'] > 0 and r['block_size'] == 65536 and r['transport'] != '' and r['op'] == '$op'" ||
+			"r['bytes'] > 0 and r['block_size'] == 65536 and r['transport'] != '' and r['op'] == '$op' and isinstance(r.get('steal_pct'), (int, float)) and 0 <= r['steal_pct'] <= 100" ||
 			fail "--loopback --op $op: bad JSON row"
 	done
 	# --depth keeps batches in flight and still runs exactly --iterations of them.
