@@ -70,6 +70,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "steal.h"
+
 #define RL_EXIT_OK 0
 #define RL_EXIT_FAIL 1
 #define RL_EXIT_USAGE 2
@@ -1300,6 +1302,7 @@ struct rl_row {
 	double seconds;
 	double lat_avg_us, lat_p50_us, lat_p99_us, lat_p999_us, lat_max_us;
 	double cpu_init_s, cpu_target_s; /* < 0: unknown */
+	double steal_pct;		 /* te-bench's: the hypervisor's share; < 0: unknown */
 	bool failed, verified, interrupted;
 };
 
@@ -1340,6 +1343,10 @@ static void rl_print(const struct rl_opts *o, const struct rl_run *c, const stru
 		       o->conns, c->ws, o->pingpong ? "true" : "false", r->cpu_init_s);
 		if (r->cpu_target_s >= 0)
 			printf(",\"cpu_s_target\":%.6f", r->cpu_target_s);
+		if (r->steal_pct >= 0)
+			printf(",\"steal_pct\":%.3f", r->steal_pct);
+		else
+			printf(",\"steal_pct\":null");
 		printf("}\n");
 		fflush(stdout);
 		return;
@@ -1454,6 +1461,7 @@ static int rl_client(const struct rl_opts *o, const char *mode, const char *host
 	struct rl_row r;
 	struct rl_worker *ws = calloc(o->conns, sizeof(*ws));
 	uint64_t cpu0 = 0, cpu1 = 0, scpu0 = 0, scpu1 = 0, len = 0, per, prog_last = 0, t_prog;
+	struct steal_mark steal0 = { 0 };
 	uint32_t started = 0;
 	bool gate_ok = false, scpu = false;
 	int rc = RL_EXIT_FAIL;
@@ -1523,6 +1531,7 @@ static int rl_client(const struct rl_opts *o, const char *mode, const char *host
 		started++;
 	}
 	cpu0 = rl_cpu_ns();
+	steal0 = steal_mark_now();
 	t_prog = rl_now_ns();
 	rl_gate_open(&c, started == o->conns);
 	while (atomic_load_explicit(&c.finished, memory_order_acquire) < started) {
@@ -1550,6 +1559,7 @@ static int rl_client(const struct rl_opts *o, const char *mode, const char *host
 		if (ws[t].started)
 			pthread_join(ws[t].thread, NULL);
 	cpu1 = rl_cpu_ns();
+	r.steal_pct = steal_pct_since(steal0);
 
 	r.mode = mode;
 	snprintf(r.segment, sizeof(r.segment), "%s:%s", host, port);

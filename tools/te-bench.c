@@ -54,6 +54,7 @@
 #include <te/te.h>
 #include <te/te_plugin.h>
 
+#include "steal.h"
 #include "te_build_config.h"
 
 #define BENCH_EXIT_OK 0
@@ -305,27 +306,6 @@ static double bench_cpu_s(int who)
 		return 0.0;
 	return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
 	       (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
-}
-
-/* The machine's CPU time, all and stolen, in clock ticks (/proc/stat); false if unknown. */
-static bool bench_cpu_ticks(uint64_t *all, uint64_t *steal)
-{
-	unsigned long long v[8] = { 0 };
-	FILE *f = fopen("/proc/stat", "r");
-	int got;
-
-	if (!f)
-		return false;
-	got = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
-		     &v[4], &v[5], &v[6], &v[7]);
-	fclose(f);
-	if (got != 8)
-		return false;
-	*all = 0;
-	for (int i = 0; i < 8; i++)
-		*all += v[i];
-	*steal = v[7];
-	return true;
 }
 
 static const char *bench_op_str(enum bench_op op)
@@ -1560,8 +1540,7 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 
 	g_autofree char *stats_before = bench_stats(c->e);
 	g_autofree char *stats_after = NULL;
-	uint64_t all0 = 0, steal0 = 0, all1, steal1;
-	bool ticks = bench_cpu_ticks(&all0, &steal0);
+	struct steal_mark steal0 = steal_mark_now();
 
 	bench_gate_init(&c->gate, c->threads);
 	c->salt_base = (uint64_t)g_random_int() << 32 | g_random_int();
@@ -1602,9 +1581,7 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	bench_progress_done(&prog);
 	for (uint32_t t = 0; t < started; t++)
 		g_thread_join(ws[t].thread);
-	r->steal_pct = -1.0;
-	if (ticks && bench_cpu_ticks(&all1, &steal1) && all1 > all0)
-		r->steal_pct = 100.0 * (double)(steal1 - steal0) / (double)(all1 - all0);
+	r->steal_pct = steal_pct_since(steal0);
 
 	r->op = c->op;
 	r->block = c->block;

@@ -64,7 +64,7 @@ keys = ["mode", "segment", "opened", "op", "block_size", "batch", "batch_request
         "depth", "warmup", "transport", "device", "bytes", "requests", "batches", "samples",
         "seconds", "gbps", "ops_per_s", "lat_us_avg", "lat_us_p50", "lat_us_p99", "lat_us_p999",
         "lat_us_max", "lanes", "lanes_used", "verify", "verified", "failed", "interrupted", "version", "connections",
-        "working_set", "pingpong", "cpu_s_initiator"]
+        "working_set", "pingpong", "cpu_s_initiator", "steal_pct"]
 bad = 0
 args = sys.argv[2:]
 # te-bench's own row, when there is one: every key it has, ours has too.
@@ -93,6 +93,8 @@ for i in range(0, len(args), 3):
             why = "nothing moved"
         elif not (0 < r["lat_us_p50"] <= r["lat_us_p99"] <= r["lat_us_p999"] <= r["lat_us_max"]):
             why = "percentiles out of order"
+        elif r["steal_pct"] is not None and not 0 <= r["steal_pct"] <= 100:
+            why = f"steal_pct {r['steal_pct']} is not a percentage"
         elif not eval(check):
             why = f"check failed: {check}"
     print(f"{'ok' if not why else 'FAIL'}: {label}{': ' + why if why else ''}")
@@ -222,9 +224,12 @@ got = set()
 num = r"\d+\.\d+"
 for l in rows:
     c = [x.strip() for x in l.strip("|").split("|")]
-    if len(c) != 14:
+    if len(c) != 15:
         sys.exit(f"row with {len(c)} columns: {l}")
-    op, size, ws, thr, batch, te, raw, ip, r_raw, r_ip, cpu_te, cpu_raw, cs_te, cs_raw = c
+    op, size, ws, thr, batch, te, raw, ip, r_raw, r_ip, cpu_te, cpu_raw, cs_te, cs_raw, steal = c
+    # The hypervisor's share of the machine's CPU time: a median, or "median (min-max)".
+    if not re.fullmatch(r"\d+( \(\d+-\d+\))?", steal):
+        sys.exit(f"steal % is not a figure: {l}")
     if ws != "8M" or int(batch) * int(thr) * {"4K": 4096, "1M": 1 << 20}[size] != 8 << 20:
         sys.exit(f"working set or batch wrong: {l}")
     for name, v in (("te", te), ("raw", raw), ("te/raw", r_raw)):
