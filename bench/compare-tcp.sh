@@ -223,7 +223,8 @@ failed_any = False
 
 
 def cpu_stat():
-    """(all, stolen) CPU time of the machine in clock ticks, from /proc/stat (None: unknown)."""
+    """(all, stolen) CPU time of the machine in clock ticks, from /proc/stat (None: unknown).
+    For the whole run; each run's own share is in its JSON row (steal_pct)."""
     try:
         with open("/proc/stat") as f:
             v = [int(x) for x in f.readline().split()[1:9]]
@@ -239,14 +240,11 @@ def steal_pct(s0, s1):
     return 100.0 * (s1[1] - s0[1]) / (s1[0] - s0[0])
 
 
-last_steal = None  # steal_pct of the last run_json run
-
 
 def run_json(cmd, what):
     """Run an initiator that forks its target; its JSON row plus CPU-s/GB of both."""
-    global failed_any, last_steal
+    global failed_any
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    st0 = cpu_stat()
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     samples, other, kids = [], [], []
@@ -286,7 +284,6 @@ def run_json(cmd, what):
     tho.join(5)
     out = "".join(outs)
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    last_steal = steal_pct(st0, cpu_stat())
     row = None
     for line in out.splitlines()[::-1]:
         try:
@@ -429,13 +426,12 @@ for r in range(rounds):
     tools = tools[r % 3:] + tools[:r % 3]
     for i, c in enumerate(cells):
         name = f"{c['op']} {size_str(c['size'])} ws {size_str(c['ws'])} thr {c['thr']}"
-        got = {}
+        got, steals = {}, []
         for tool in tools:
             if tool == "te":
                 row, cpu, star, cs = run_json(te_cmd(c), f"te-bench {name}")
                 got["te"] = row["gbps"] if row else None
-                if last_steal is not None:
-                    c["steal"].append(last_steal)
+                steals.append(row.get("steal_pct") if row else None)
                 if row:
                     c["te"].append(row["gbps"])
                     if cpu is not None:
@@ -448,8 +444,7 @@ for r in range(rounds):
             elif tool == "raw":
                 row, cpu, star, cs = run_json(raw_cmd(c), f"tcp-raw-loop {name}")
                 got["raw"] = row["gbps"] if row else None
-                if last_steal is not None:
-                    c["steal"].append(last_steal)
+                steals.append(row.get("steal_pct") if row else None)
                 if row:
                     c["raw"].append(row["gbps"])
                     if cpu is not None:
@@ -472,10 +467,13 @@ for r in range(rounds):
         if got.get("te") and got.get("iperf3"):
             c["ratio_ip"].append(got["te"] / got["iperf3"])
         fmt = lambda v: f"{v:.3f}" if v else "-"
+        # Each run's steal, from its own row (te-bench and tcp-raw-loop report it alike).
+        stolen = [x for x in steals if x is not None]
+        c["steal"].extend(stolen)
         print(f"round {r + 1}/{rounds} cell {i + 1}/{len(cells)} {name} batch {c['batch']}: "
               f"te {fmt(got.get('te'))} raw {fmt(got.get('raw'))} iperf3 "
               f"{fmt(got.get('iperf3'))} GB/s; steal "
-              f"{'?' if last_steal is None else f'{last_steal:.0f} %'}", file=sys.stderr)
+              f"{'/'.join(f'{x:.0f}' for x in stolen) or '?'} %", file=sys.stderr)
     if not a.no_latency:
         for tool in tools:
             if tool == "te":
@@ -526,7 +524,7 @@ lines.append("")
 lines.append("GB/s = 10^9 bytes/s, median (min-max) over rounds; ratios: median (min-max) of "
              "the per-round ratios; CPU-s/GB: initiator + target; cs/req: context switches "
              "per request, initiator + target (all threads); steal %: CPU time the hypervisor took "
-             "from this machine during the cell's te and raw runs (/proc/stat), median "
+             "from this machine during the cell's te and raw runs (their steal_pct), median "
              "(min-max): where it is high, the rounds say little.")
 lines.append("")
 lines.append("| op | block | ws | thr | batch | te GB/s | raw GB/s | iperf3 GB/s | te/raw | "

@@ -219,19 +219,35 @@ static void node_free(struct node *n)
 /* ---------------------------------------------------------------------------------------- */
 /* the initiator side */
 
-/* Initiator engine on the test's provider, with extra efa options (may be NULL). */
-static struct te_engine *initiator_new_opts(unsigned timeout_ms, const char *options)
+/*
+ * Initiator engine on the test's provider, with extra efa options (may be NULL) and a log
+ * sink (@log_fn NULL: the core's, at the configuration's level; else messages up to
+ * @log_level reach it).
+ */
+static struct te_engine *initiator_new_log(unsigned timeout_ms, const char *options,
+					   te_log_fn log_fn, void *log_user, int log_level)
 {
 	g_autofree char *yaml = efa_yaml(provider, timeout_ms, options);
+	struct te_engine_opts eo = { .size = sizeof(eo),
+				     .config_yaml = yaml,
+				     .config_yaml_len = strlen(yaml),
+				     .log_fn = log_fn,
+				     .log_user = log_user,
+				     .log_level = log_fn ? log_level : -1 };
 	struct te_engine *e = NULL;
 	enum te_status st;
 
 	efa_step("te_engine_new of the initiator on %s", provider);
-	st = te_engine_new_from_string(yaml, strlen(yaml), &e);
+	st = te_engine_new(&eo, &e);
 	if (st != TE_OK)
 		g_error("initiator engine on %s: %s: %s", provider, te_status_str(st),
 			te_last_error());
 	return e;
+}
+
+static struct te_engine *initiator_new_opts(unsigned timeout_ms, const char *options)
+{
+	return initiator_new_log(timeout_ms, options, NULL, NULL, -1);
 }
 
 static struct te_engine *initiator_new(unsigned timeout_ms)
@@ -385,6 +401,7 @@ static void log_collect(void *user, enum te_log_level level, const char *msg)
 
 struct fault_log {
 	atomic_uint read_holds;
+	bool echo_all; /* TE_EFA_TEST_LOG (efa_yaml) asks for more than warnings: all of it */
 };
 
 static void fault_log_fn(void *user, enum te_log_level level, const char *msg)
@@ -393,8 +410,7 @@ static void fault_log_fn(void *user, enum te_log_level level, const char *msg)
 
 	if (strstr(msg, EFA_READ_HOLD_LINE))
 		atomic_fetch_add(&fl->read_holds, 1);
-	/* TE_EFA_TEST_LOG (efa_yaml) asks for more than warnings: all of it. */
-	if (level <= TE_LOG_WARN || g_getenv("TE_EFA_TEST_LOG"))
+	if (level <= TE_LOG_WARN || fl->echo_all)
 		g_printerr("%s\n", msg);
 }
 
@@ -415,18 +431,11 @@ static void test_progress_modes(void)
 		return;
 	for (size_t m = 0; m < G_N_ELEMENTS(modes); m++) {
 		g_autofree char *opts = g_strdup_printf("progress: %s", modes[m]);
-		g_autofree char *yaml = efa_yaml(provider, 60000, opts);
 		g_autofree char *plugin_says = g_strdup_printf(", progress %s,", modes[m]);
 		const char *core_says = m == 0 ? "(hybrid progress" : "(auto progress";
 		struct log_capture logs = { .text = g_string_new(NULL) };
-		struct te_engine_opts eo = { .size = sizeof(eo),
-					     .config_yaml = yaml,
-					     .config_yaml_len = strlen(yaml),
-					     .log_fn = log_collect,
-					     .log_user = &logs,
-					     .log_level = TE_LOG_INFO };
 		struct node *n = target_start(60000);
-		struct te_engine *e = NULL;
+		struct te_engine *e;
 		te_segment_id seg;
 		uint8_t *mirror = mirror_new(n);
 		struct te_request r[N];
@@ -435,7 +444,7 @@ static void test_progress_modes(void)
 		uint64_t seed = 900 + m;
 
 		g_mutex_init(&logs.lock);
-		assert_ok(te_engine_new(&eo, &e));
+		e = initiator_new_log(60000, opts, log_collect, &logs, TE_LOG_INFO);
 		/* The mode is in force: the plugin names it, the core polls 'caller' (hybrid). */
 		g_mutex_lock(&logs.lock);
 		if (!strstr(logs.text->str, plugin_says) || !strstr(logs.text->str, core_says))
@@ -730,7 +739,7 @@ static void fault_mid_batch(int sig)
 	struct te_batch_info bi;
 	unsigned count[TE_STATE_INVALID + 1] = { 0 };
 	struct fault f = { .sig = sig };
-	struct fault_log fl = { 0 };
+	struct fault_log fl = { .echo_all = g_getenv("TE_EFA_TEST_LOG") != NULL };
 	unsigned held = 0;
 	GThread *striker;
 	te_batch_id b;
@@ -742,21 +751,9 @@ static void fault_mid_batch(int sig)
 		return;
 	}
 	n = target_start(30000);
-	{
-		/* A dead peer's connection does not come back: ops to it fail after 500 ms. */
-		g_autofree char *yaml =
-			efa_yaml(provider, KILL_TIMEOUT_MS, "connect_timeout_ms: 500");
-		struct te_engine_opts eo = { .size = sizeof(eo),
-					     .config_yaml = yaml,
-					     .config_yaml_len = strlen(yaml),
-					     .log_fn = fault_log_fn,
-					     .log_user = &fl,
-					     .log_level = TE_LOG_DEBUG };
-
-		efa_step("te_engine_new of the initiator on %s (its log watched)", provider);
-		e = NULL;
-		assert_ok(te_engine_new(&eo, &e));
-	}
+	/* A dead peer's connection does not come back: ops to it fail after 500 ms. */
+	e = initiator_new_log(KILL_TIMEOUT_MS, "connect_timeout_ms: 500", fault_log_fn, &fl,
+			      TE_LOG_DEBUG);
 	seg = efa_open(e, n);
 	lbuf_new(&l, e, LEN);
 	sysnode_fill(l.p, 0, LEN, 3);

@@ -35,10 +35,10 @@ enum conf_rule {
 	CONF_RULE_COUNT,
 };
 
-/* Fault injection and test modes; all off when zeroed. */
 /* inject_every hits a slice's attempts 0 .. this - 1 only (te.yaml retries: 6 here). */
 #define CONF_SHIM_INJECT_ATTEMPTS 3u
 
+/* Fault injection and test modes; all off when zeroed. */
 struct conf_shim_modes {
 	/*
 	 * Every Nth successful completion is reported to the core as TE_ERR_TRANSIENT (0: off);
