@@ -4,7 +4,8 @@
 # messages) before sourcing; the usage text is the script's header comment from line 3 to
 # `set -euo pipefail`.
 # Leaves: build (absolute), top (the source tree), args (the arguments not consumed; from
-# `--` on, all of them as given, `--` included). no_args: refuse any of them.
+# `--` on, all of them as given, `--` included). no_args: refuse any of them. cpu_mark and
+# steal_since: bench/steal.bash.
 
 : "${me:?set me to the script name before sourcing common.bash}"
 build=${BUILD:-build}
@@ -33,6 +34,8 @@ while [ $# -gt 0 ]; do
 done
 
 top=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/steal.bash
+. "$top/bench/steal.bash"
 case "$build" in
 /*) ;;
 *) build=$top/$build ;;

@@ -9,7 +9,9 @@
 #   between anonymous memory and the same file (build/bench/cxl-memcpy, same layout and
 #   batch) by 1 thread, and by 2 as a control of what a second core gives right now, REPEAT
 #   times in turn; then a table with the median GB/s of each, te/memcpy (1 thread) and the
-#   2-thread/1-thread ratios of te and of memcpy. Env: BUILD (build), SIZES, DURATION (2 s per
+#   2-thread/1-thread ratios of te and of memcpy, and the hypervisor's steal during the
+#   repeats (the share of the machine's CPU time given to other guests: where it is high, the
+#   figures say little), with the load average before and after and the whole run's steal. Env: BUILD (build), SIZES, DURATION (2 s per
 #   measurement), REPEAT (3), BATCH (64), WINDOW_DIR (/dev/shm), TE_PLUGIN_PATH (searched
 #   after the cxl plugin's build directory).
 set -euo pipefail
@@ -78,11 +80,14 @@ median() {
 
 echo "te-bench --loopback over cxl ($cxl_so) vs memcpy, window $window ($((window_size >> 20)) MiB): ${duration} s each, median of $repeat, batch $batch"
 rows=()
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+run_mark=$(cpu_mark)
 for s in $sizes; do
 	for op in read write; do
-		mgs=() m2s=() t1s=() t2s=()
+		mgs=() m2s=() t1s=() t2s=() steals=()
 		# Interleaved, so that load from elsewhere hits all three alike.
 		for r in $(seq "$repeat"); do
+			mark=$(cpu_mark)
 			te_row "$s" "$op" 1 "$tmp/te1.json"
 			t1s+=("$(json_key "$tmp/te1.json" gbps)")
 			# The batch te-bench used (it shrinks it to fit the buffer): memcpy copies
@@ -99,23 +104,31 @@ for s in $sizes; do
 				--threads 2 --duration "$duration" >"$tmp/memcpy2.json" ||
 				die "cxl-memcpy --threads 2 --op $op --block $s failed"
 			m2s+=("$(json_key "$tmp/memcpy2.json" gbps)")
+			steals+=("$(steal_since "$mark")")
 		done
-		rows+=("$s $op $b $(median "${mgs[@]}") $(median "${t1s[@]}") $(median "${t2s[@]}") $(median "${m2s[@]}") $tp")
-		echo "  measured $s $op: memcpy ${mgs[*]}; te 1 thread ${t1s[*]}; te 2 threads ${t2s[*]}; memcpy 2 threads ${m2s[*]}" >&2
+		rows+=("$s $op $b $(median "${mgs[@]}") $(median "${t1s[@]}") $(median "${t2s[@]}") $(median "${m2s[@]}") $tp $(IFS=,; echo "${steals[*]}")")
+		echo "  measured $s $op: memcpy ${mgs[*]}; te 1 thread ${t1s[*]}; te 2 threads ${t2s[*]}; memcpy 2 threads ${m2s[*]}; steal ${steals[*]} %" >&2
 	done
 done
 
+echo "load average $load0 before, $(cut -d' ' -f1-3 /proc/loadavg) after;" \
+	"CPU time taken by the hypervisor (steal): $(steal_since "$run_mark") % of the run"
 python3 - "${rows[@]}" <<'PY'
-import sys
+import statistics, sys
 def ratio(a, b, w):
     return f"{a / b:{w}.2f}" if b > 0 else f"{'-':>{w}}"
 
 print(f"{'block':>6} {'op':<5} {'batch':>5} {'memcpy':>7} {'te 1thr':>8} {'te/memcpy':>9}"
-      f" {'te 2thr':>8} {'te 2/1':>7} {'memcpy 2thr':>11} {'memcpy 2/1':>10}  transport")
+      f" {'te 2thr':>8} {'te 2/1':>7} {'memcpy 2thr':>11} {'memcpy 2/1':>10}  {'steal %':>12}"
+      f"  transport")
 for row in sys.argv[1:]:
-    size, op, batch, mg, t1, t2, m2, tp = row.split()
+    size, op, batch, mg, t1, t2, m2, tp, st = row.split()
     mg, t1, t2, m2 = float(mg), float(t1), float(t2), float(m2)
+    st = [float(x) for x in st.split(",") if x != "?"]
+    st = f"{statistics.median(st):.0f} ({min(st):.0f}-{max(st):.0f})" if st else "?"
     print(f"{size:>6} {op:<5} {batch:>5} {mg:7.3f} {t1:8.3f} {ratio(t1, mg, 9)}"
-          f" {t2:8.3f} {ratio(t2, t1, 7)} {m2:11.3f} {ratio(m2, mg, 10)}  {tp}")
-print("GB/s = 10^9 bytes/s, medians; te/memcpy: 1 thread each; 2/1: 2 threads over 1")
+          f" {t2:8.3f} {ratio(t2, t1, 7)} {m2:11.3f} {ratio(m2, mg, 10)}  {st:>12}  {tp}")
+print("GB/s = 10^9 bytes/s, medians; te/memcpy: 1 thread each; 2/1: 2 threads over 1;"
+      " steal %: CPU time the hypervisor took from this machine during each repeat (all four"
+      " runs), median (min-max)")
 PY

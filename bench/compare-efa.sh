@@ -12,8 +12,10 @@
 #   alternate which runs first; then a table with the median GB/s of both and the median of
 #   the per-round ratios te/raw (robust to load drifting between rounds), and the ratio of
 #   the best rounds (load from other sessions only slows a run down, so the best round is
-#   the nearest to what the code can do). --check exits 1 when a median ratio is below
-#   MIN_RATIO.
+#   the nearest to what the code can do), and the hypervisor's steal during the rounds (the
+#   share of the machine's CPU time given to other guests: where it is high, the rounds say
+#   little), with the load average before and after and the steal of the whole run.
+#   --check exits 1 when a median ratio is below MIN_RATIO.
 #   Env: BUILD (build), PROVIDERS ("tcp;ofi_rxm shm"), SIZES ("64K 1M"), OPS ("read write"),
 #   WINDOW (128), THREADS (1), DEPTH (8), DURATION (2 s per measurement), ROUNDS (7: on two
 #   shared vCPUs single rounds ranged 0.68-1.26 at one setting, and a median of 3 moved by
@@ -114,12 +116,15 @@ case "$providers" in
 esac
 results=$tmp/results
 : >"$results"
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+run_mark=$(cpu_mark)
 for prov in $providers; do
 	cfg=$tmp/efa-$(echo "$prov" | tr -c 'a-z0-9\n' '_').yaml
 	te_config "$prov" "$cfg"
 	for s in $sizes; do
 		for op in $ops; do
 			for r in $(seq "$rounds"); do
+				mark=$(cpu_mark)
 				# Alternate which one runs first: load from other sessions drifts.
 				if [ $((r % 2)) = 1 ]; then
 					run_raw "$prov" "$s" "$op"
@@ -128,28 +133,34 @@ for prov in $providers; do
 					run_te "$prov" "$s" "$op" "$cfg"
 					run_raw "$prov" "$s" "$op"
 				fi
-				echo "$prov|$s|$op|$raw|$te" >>"$results"
-				echo "  $prov $s $op round $r: raw $raw GB/s, te $te GB/s" >&2
+				steal=$(steal_since "$mark")
+				echo "$prov|$s|$op|$raw|$te|$steal" >>"$results"
+				echo "  $prov $s $op round $r: raw $raw GB/s, te $te GB/s; steal $steal %" >&2
 			done
 		done
 	done
 done
 
+echo "load average $load0 before, $(cut -d' ' -f1-3 /proc/loadavg) after;" \
+	"CPU time taken by the hypervisor (steal): $(steal_since "$run_mark") % of the run"
 python3 - "$results" "$min_ratio" "$check" <<'PY'
 import statistics, sys
-rows, order = {}, []
+rows, order, steal = {}, [], {}
 for line in open(sys.argv[1]):
-    prov, size, op, raw, te = line.strip().split("|")
+    prov, size, op, raw, te, st = line.strip().split("|")
     key = (prov, size, op)
     if key not in rows:
         rows[key] = ([], [])
+        steal[key] = []
         order.append(key)
     rows[key][0].append(float(raw))
     rows[key][1].append(float(te))
+    if st != "?":
+        steal[key].append(float(st))
 min_ratio, check = float(sys.argv[2]), sys.argv[3] == "1"
 low = []
 print(f"{'provider':<12} {'block':>6} {'op':<5} {'raw GB/s':>9} {'te GB/s':>9} {'te/raw':>7}"
-      f"  {'min..max ratio':>15}  {'best te/best raw':>16}")
+      f"  {'min..max ratio':>15}  {'best te/best raw':>16}  {'steal %':>12}")
 for key in order:
     raw, te = statistics.median(rows[key][0]), statistics.median(rows[key][1])
     ratios = [t / r for r, t in zip(*rows[key]) if r > 0]
@@ -160,8 +171,12 @@ for key in order:
     flag = "" if ratio >= min_ratio else f"  < {min_ratio}"
     if ratio < min_ratio:
         low.append(key)
+    st = steal[key]
+    st = f"{statistics.median(st):.0f} ({min(st):.0f}-{max(st):.0f})" if st else "?"
     print(f"{key[0]:<12} {key[1]:>6} {key[2]:<5} {raw:9.3f} {te:9.3f} {ratio:7.2f}"
-          f"  {spread:>15}  {best:16.2f}{flag}")
+          f"  {spread:>15}  {best:16.2f}  {st:>12}{flag}")
+print("steal %: CPU time the hypervisor took from this machine during each round (both runs),"
+      " median (min-max) over the rounds")
 if check and low:
     sys.exit(1)
 PY

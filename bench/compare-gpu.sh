@@ -13,7 +13,9 @@
 #      memory_only: the core stages the initiator's side, the target's tcp serves its side
 #      through staging buffers), every byte verified in the last round.
 #   REPEAT (5) rounds, each runs every case once for DURATION (2) seconds; then the medians,
-#   the ratios (GPU path / baseline) and the machine's load average before and after.
+#   the ratios (GPU path / baseline), the machine's load average before and after, and the
+#   hypervisor's steal (the share of the machine's CPU time given to other guests) over the
+#   run and per case (median of te-bench's steal_pct over the rounds).
 set -euo pipefail
 
 me=compare-gpu.sh
@@ -71,6 +73,7 @@ declare -A runs=(
 order="core-loopback core-nvlink tcp-cpu-read tcp-gpu-read tcp-cpu-write tcp-gpu-write"
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+run_mark=$(cpu_mark)
 echo "# $driver; $repeat rounds of ${duration}s per case; load before: $load_before" >&2
 for r in $(seq 1 "$repeat"); do
 	for c in $order; do
@@ -85,10 +88,11 @@ for r in $(seq 1 "$repeat"); do
 	done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+steal=$(steal_since "$run_mark")
 
-python3 - "$tmp" "$repeat" "$load_before" "$load_after" "$driver" "$block" <<'EOF'
+python3 - "$tmp" "$repeat" "$load_before" "$load_after" "$driver" "$block" "$steal" <<'EOF'
 import json, statistics, sys
-tmp, repeat, lb, la, driver, block = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
+tmp, repeat, lb, la, driver, block, steal = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
 def rows(case):
     out = []
     for r in range(1, repeat + 1):
@@ -98,22 +102,27 @@ def rows(case):
     return out
 def med(case, key):
     return statistics.median(x[key] for x in rows(case))
-print(f"GPU paths vs baselines ({driver}); {repeat} interleaved rounds; load {lb} -> {la}")
+def steal_of(case):
+    st = [x["steal_pct"] for x in rows(case) if x.get("steal_pct") is not None]
+    return f"{statistics.median(st):.0f}" if st else "?"
+print(f"GPU paths vs baselines ({driver}); {repeat} interleaved rounds; load {lb} -> {la};"
+      f" CPU time taken by the hypervisor (steal): {steal} % of the run")
 print()
 lo, nv = med("core-loopback", "ns_per_slice"), med("core-nvlink", "ns_per_slice")
-print("| per-slice overhead (te-bench --core, 64 B READs, batch 64) | ns/slice (median) |")
-print("|---|---|")
-print(f"| loopback transport, host memory | {lo:.1f} |")
-print(f"| nvlink, cuda:0 to cuda:0 | {nv:.1f} |")
-print(f"| **ratio nvlink / loopback** | **{nv / lo:.2f}** |")
+print("| per-slice overhead (te-bench --core, 64 B READs, batch 64) | ns/slice (median) | steal % |")
+print("|---|---|---|")
+print(f"| loopback transport, host memory | {lo:.1f} | {steal_of('core-loopback')} |")
+print(f"| nvlink, cuda:0 to cuda:0 | {nv:.1f} | {steal_of('core-nvlink')} |")
+print(f"| **ratio nvlink / loopback** | **{nv / lo:.2f}** | |")
 print()
-print(f"| tcp at {block}, two processes | host memory GB/s | cuda:0 staged GB/s | ratio |")
-print("|---|---|---|---|")
+print(f"| tcp at {block}, two processes | host memory GB/s | cuda:0 staged GB/s | ratio | steal % (host, cuda:0) |")
+print("|---|---|---|---|---|")
 for op in ("read", "write"):
     c, g = med(f"tcp-cpu-{op}", "gbps"), med(f"tcp-gpu-{op}", "gbps")
     dev = rows(f"tcp-gpu-{op}")[-1].get("device", "")
     ok = rows(f"tcp-gpu-{op}")[-1].get("verified")
-    print(f"| {op} | {c:.2f} | {g:.2f} | **{g / c:.2f}** |")
+    print(f"| {op} | {c:.2f} | {g:.2f} | **{g / c:.2f}** |"
+          f" {steal_of(f'tcp-cpu-{op}')}, {steal_of(f'tcp-gpu-{op}')} |")
     if "(staged)" not in dev or not ok:
         sys.exit(f"compare-gpu.sh: the {op} GPU run was not staged and verified ({dev}, verified={ok})")
 EOF

@@ -7,7 +7,10 @@
 #   boots one and runs this script there), for each block size and direction: ib_write_bw or
 #   ib_read_bw with -s SIZE -t DEPTH, and `te-bench --loopback --op write|read --block-size SIZE
 #   --batch DEPTH` over rdma (default options: 64 KiB slices), alternating, ROUNDS times; then
-#   the best and the median GB/s of each and the ratios te/perftest. On a machine without RDMA
+#   the best and the median GB/s of each and the ratios te/perftest, and the hypervisor's steal
+#   during the rounds (the share of the guest's CPU time given elsewhere: where it is high, the
+#   rounds say little; QEMU's TCG guest always reads 0: the host's steal is invisible to it),
+#   with the load average and the steal of the whole run. On a machine without RDMA
 #   devices it boots the guest (QEMU, Debian's kernel, rxe) to run itself there.
 #   Env: DEVICE (rxe_lo), SIZES ("64K:128 1M:16" = size:depth), DURATION (3 s), ROUNDS (3),
 #   MIN_RATIO (0.9; STRICT=1 makes a lower ratio exit 1), BUILD.
@@ -33,6 +36,8 @@ bench=$build/tools/te-bench
 export TE_PLUGIN_PATH="$build/plugins/rdma:$build/plugins/tcp${TE_PLUGIN_PATH:+:$TE_PLUGIN_PATH}"
 tmp=/tmp/compare-rdma.$$
 mkdir -p "$tmp"
+# cpu_mark, steal_since (the guest gets it next to this script: scripts/qemu-rxe/run-suite.sh)
+. "$top/bench/steal.bash"
 
 # The RoCE v2 GID perftest uses: what the plugin chooses too (IPv4-mapped if any).
 gidx=0
@@ -98,40 +103,52 @@ tebench() {
 echo "compare-rdma.sh: $dev (gid $gidx), ${dur} s per run, $rounds rounds alternating," \
 	"te-bench over rdma with default options"
 results=""
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+run_mark=$(cpu_mark)
 for sd in $sizes; do
 	size=${sd%:*}
 	depth=${sd#*:}
 	for op in write read; do
 		pv_all=""
 		tv_all=""
+		st_all=""
 		r=0
 		while [ $r -lt "$rounds" ]; do
+			mark=$(cpu_mark)
 			pv=$(perftest $op "$size" "$depth")
 			tv=$(tebench $op "$size" "$depth")
-			echo "  $op $size depth $depth round $r: ib_${op}_bw $pv GB/s, te-bench $tv GB/s"
+			st=$(steal_since "$mark")
+			echo "  $op $size depth $depth round $r: ib_${op}_bw $pv GB/s, te-bench $tv GB/s;" \
+				"steal $st %"
 			pv_all="$pv_all $pv"
 			tv_all="$tv_all $tv"
+			st_all="$st_all $st"
 			r=$((r + 1))
 		done
 		results="$results $op:$size:$depth:$(echo $pv_all | tr ' ' ,):$(echo $tv_all | tr ' ' ,)"
+		results="$results:$(echo $st_all | tr ' ' ,)"
 	done
 done
 
-# best and median of a comma-separated list
+# best (largest), least or median of a comma-separated list
 pick() {
 	echo "$1" | tr , '\n' | sort -n | awk -v what="$2" '{ v[NR] = $1 } END {
 		if (what == "best") print v[NR];
+		else if (what == "least") print v[1];
 		else if (NR % 2) print v[(NR + 1) / 2];
 		else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 status=0
 echo
-echo "GB/s = 10^9 bytes/s; ratio = te / perftest of the best round (median rounds alongside)"
-printf '%-6s %6s %6s %10s %10s %6s   %10s %10s %6s\n' op block depth "ib best" "te best" ratio \
-	"ib median" "te median" ratio
+echo "load average $load0 before, $(cut -d' ' -f1-3 /proc/loadavg) after; CPU time taken by" \
+	"the hypervisor (steal): $(steal_since "$run_mark") % of the run"
+echo "GB/s = 10^9 bytes/s; ratio = te / perftest of the best round (median rounds alongside);" \
+	"steal %: during each round (both runs), median (min-max)"
+printf '%-6s %6s %6s %10s %10s %6s   %10s %10s %6s  %s\n' op block depth "ib best" "te best" \
+	ratio "ib median" "te median" ratio "steal %"
 for row in $results; do
-	IFS=: read -r op size depth pl tl <<ROW
+	IFS=: read -r op size depth pl tl sl <<ROW
 $row
 ROW
 	pb=$(pick "$pl" best)
@@ -140,8 +157,17 @@ ROW
 	tm=$(pick "$tl" median)
 	rb=$(awk -v p="$pb" -v t="$tb" 'BEGIN { if (p > 0) printf "%.2f", t / p; else print "-" }')
 	rm_=$(awk -v p="$pm" -v t="$tm" 'BEGIN { if (p > 0) printf "%.2f", t / p; else print "-" }')
-	printf '%-6s %6s %6s %10.3f %10.3f %6s   %10.3f %10.3f %6s\n' "$op" "$size" "$depth" \
-		"$pb" "$tb" "$rb" "$pm" "$tm" "$rm_"
+	# "?" rounds (no /proc/stat) left out
+	sk=$(echo "$sl" | tr , '\n' | grep -v '?' | tr '\n' , | sed 's/,$//')
+	if [ -n "$sk" ]; then
+		st="$(pick "$sk" median | awk '{ printf "%.0f", $1 }')"
+		st="$st ($(pick "$sk" least | awk '{ printf "%.0f", $1 }')-$(pick "$sk" best |
+			awk '{ printf "%.0f", $1 }'))"
+	else
+		st="?"
+	fi
+	printf '%-6s %6s %6s %10.3f %10.3f %6s   %10.3f %10.3f %6s  %s\n' "$op" "$size" "$depth" \
+		"$pb" "$tb" "$rb" "$pm" "$tm" "$rm_" "$st"
 	if [ "$rb" = - ] || awk -v r="$rb" -v m="$min_ratio" 'BEGIN { exit !(r < m) }'; then
 		echo "  below $min_ratio: $op $size"
 		[ "${STRICT:-0}" = 1 ] && status=1

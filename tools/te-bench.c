@@ -698,6 +698,16 @@ static void bench_json_dbl(JsonBuilder *b, const char *key, double v)
 	json_builder_add_double_value(b, v);
 }
 
+/* steal_pct: the run's steal in percent, null when unknown (negative). */
+static void bench_json_steal(JsonBuilder *b, double steal_pct)
+{
+	json_builder_set_member_name(b, "steal_pct");
+	if (steal_pct >= 0.0)
+		json_builder_add_double_value(b, steal_pct);
+	else
+		json_builder_add_null_value(b);
+}
+
 static void bench_json_bool(JsonBuilder *b, const char *key, bool v)
 {
 	json_builder_set_member_name(b, key);
@@ -756,11 +766,7 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 			json_builder_add_int_value(b, r->lanes_used);
 		else
 			json_builder_add_null_value(b);
-		json_builder_set_member_name(b, "steal_pct");
-		if (r->steal_pct >= 0.0)
-			json_builder_add_double_value(b, r->steal_pct);
-		else
-			json_builder_add_null_value(b);
+		bench_json_steal(b, r->steal_pct);
 		bench_json_bool(b, "verify", r->verify);
 		bench_json_bool(b, "verified", r->verified);
 		bench_json_bool(b, "failed", r->failed);
@@ -887,14 +893,14 @@ static void bench_lanes_print(const struct bench_opts *o, const struct bench_row
 /* Above this much steal, a note says the run's figures are unreliable. */
 #define BENCH_STEAL_NOTE_PCT 10.0
 
-static void bench_steal_print(const struct bench_opts *o, const struct bench_row *r)
+static void bench_steal_print(const struct bench_opts *o, double steal_pct)
 {
-	if (o->quiet || r->steal_pct < BENCH_STEAL_NOTE_PCT)
+	if (o->quiet || steal_pct < BENCH_STEAL_NOTE_PCT)
 		return;
 	fprintf(stderr,
 		"te-bench: note: the hypervisor took %.0f%% of this machine's CPU time during "
 		"the run (steal, /proc/stat): compare only with a baseline measured alongside\n",
-		r->steal_pct);
+		steal_pct);
 }
 
 /* A "\r"-rewritten line on a terminal, one line per second elsewhere. */
@@ -1762,7 +1768,7 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 			rc = r.interrupted && !r.failed ? BENCH_EXIT_SIGNAL : BENCH_EXIT_FAIL;
 		bench_print_row(o, &r);
 		bench_lanes_print(o, &r);
-		bench_steal_print(o, &r);
+		bench_steal_print(o, r.steal_pct);
 	}
 	if (bench_signalled && rc == BENCH_EXIT_OK)
 		rc = BENCH_EXIT_SIGNAL;
@@ -2299,7 +2305,7 @@ static bool bench_core_verify(struct bench_core *c)
 
 static void bench_core_report(const struct bench_opts *o, const struct te_task_info *ti,
 			      uint64_t batches, double seconds, double cpu_s, double proc_cpu_s,
-			      bool verified)
+			      double steal_pct, bool verified)
 {
 	uint64_t requests = batches * o->batch;
 	uint64_t slices = requests * (ti->slices ? ti->slices : 1);
@@ -2337,6 +2343,7 @@ static void bench_core_report(const struct bench_opts *o, const struct te_task_i
 		bench_json_dbl(b, "slices_per_cpu_s", spc);
 		bench_json_dbl(b, "gbps", bench_rate((double)(requests * o->block), seconds) / 1e9);
 		bench_json_dbl(b, "ops_per_s", bench_rate((double)requests, seconds));
+		bench_json_steal(b, steal_pct);
 		bench_json_bool(b, "verify", o->verify);
 		bench_json_bool(b, "verified", verified);
 		bench_json_str(b, "version", TE_VERSION);
@@ -2423,7 +2430,8 @@ static int bench_core_run(const struct bench_opts *o)
 	struct bench_core c;
 	struct te_task_info ti;
 	uint32_t started = 0;
-	double cpu = 0.0, pcpu0, pcpu;
+	double cpu = 0.0, pcpu0, pcpu, steal;
+	struct steal_mark steal0;
 	bool failed = false, verified = false;
 	int rc = BENCH_EXIT_FAIL;
 
@@ -2471,6 +2479,7 @@ static int bench_core_run(const struct bench_opts *o)
 		}
 	}
 	pcpu0 = bench_cpu_s(RUSAGE_SELF);
+	steal0 = steal_mark_now();
 	bench_gate_open(&c.gate, !failed);
 	if (o->duration_s > 0) {
 		/* Only timed runs watch; a fixed --iterations run stays quiet for callgrind. */
@@ -2501,12 +2510,14 @@ static int bench_core_run(const struct bench_opts *o)
 		t1 = MAX(t1, ws[t].t_end);
 	}
 	pcpu = bench_cpu_s(RUSAGE_SELF) - pcpu0;
+	steal = steal_pct_since(steal0);
 	if (!failed && o->verify && batches == 0)
 		bench_err("core: --verify: no batch ran, nothing to verify");
 	else if (!failed && o->verify)
 		verified = bench_core_verify(&c);
 	bench_core_report(o, &ti, batches, t1 > t0 ? (double)(t1 - t0) / 1e9 : 0.0, cpu, pcpu,
-			  verified);
+			  steal, verified);
+	bench_steal_print(o, steal);
 	if (failed || (o->verify && !verified))
 		rc = BENCH_EXIT_FAIL;
 	else

@@ -82,7 +82,7 @@ for f in $elfs; do
 		exit 1
 	}
 done
-files="$top/bench/compare-rdma.sh ${TE_RXE_EXTRA_FILES:-}"
+files="$top/bench/compare-rdma.sh $top/bench/steal.bash ${TE_RXE_EXTRA_FILES:-}"
 
 t0=$(date +%s.%N)
 kernel_env=$("$here/fetch-kernel.sh" "$cache/kernel") ||

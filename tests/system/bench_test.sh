@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # bench_test.sh: te-bench end to end: --core over the loopback test transport, --loopback over tcp.
 #
-# Usage: bench_test.sh TE_BENCH core|loopback|target|plot [PLOT_PY]
+# Usage: bench_test.sh TE_BENCH core|loopback|target|plot|steal [PLOT_PY]
 #   core:     --version; usage errors exit 2 naming the bad value; `--core --duration 0.5
 #             --verify --json` exits 0 with a verified row that moved slices; --op read,write
 #             gives one row per op, --warmup batches are not counted.
@@ -14,11 +14,14 @@
 #             on stdin: /dev/null, a pipe its parent closes, a file; --ignore-stdin serves on.
 #   plot:     bench/plot.py (PLOT_PY) turns a short --loopback run's JSON into a well-formed
 #             SVG with one path per series, from a file and from stdin; bad input exits 2.
+#   steal:    bench/steal.bash (next to PLOT_PY), in POSIX sh: the steal between two
+#             /proc/stat fixtures, "?" where the file is unreadable or the time did not move,
+#             and a percentage from the real /proc/stat.
 #   loopback, target and plot skip (77) when tcp.so is not built.
 # Needs TE_PLUGIN_PATH (the meson test environment sets it) and python3.
 set -uo pipefail
 
-usage="usage: bench_test.sh TE_BENCH core|loopback|target|plot [PLOT_PY]"
+usage="usage: bench_test.sh TE_BENCH core|loopback|target|plot|steal [PLOT_PY]"
 bench=${1:?$usage}
 part=${2:?$usage}
 plot_py=${3:-}
@@ -159,7 +162,7 @@ core)
 		run core-$op --core --op $op --duration 0.5 --verify --json
 		[ "$rc" = 0 ] || fail "--core --op $op: status $rc"
 		check_rows "$tmp/core-$op.out" 1 \
-			"r['slices'] > 0 and r['slices_per_s'] > 0 and r['transport'] == 'loopback' and r['op'] == '$op'" ||
+			"r['slices'] > 0 and r['slices_per_s'] > 0 and r['transport'] == 'loopback' and r['op'] == '$op' and isinstance(r.get('steal_pct'), (int, float)) and 0 <= r['steal_pct'] <= 100" ||
 			fail "--core --op $op: bad JSON row"
 	done
 	# --iterations is exact: the callgrind baseline depends on it.
@@ -333,6 +336,38 @@ PY
 	grep -qF "bad.json:2:" "$tmp/bad.err" || fail "plot.py: the error does not name bad.json:2"
 	python3 "$plot_py" --out "$tmp/empty.svg" </dev/null 2>"$tmp/empty.err"
 	[ "$?" = 2 ] || fail "plot.py on empty input: status is not 2"
+	;;
+steal)
+	steal_bash=$(dirname "$plot_py")/steal.bash
+	[ -f "$steal_bash" ] || fail "steal: no $steal_bash"
+	# cpu line: user nice system idle iowait irq softirq steal guest guest_nice
+	printf 'cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 50 0 25 400 5 0 0 20 0 0\n' >"$tmp/stat1"
+	printf 'cpu  150 0 70 900 10 0 0 70 0 0\n' >"$tmp/stat2"
+	# steal_sh FILE1 FILE2: cpu_mark on FILE1, then steal_since on FILE2, in POSIX sh.
+	steal_sh() {
+		sh -c '. "$1"; m=$(TE_PROC_STAT=$2 cpu_mark); echo "$m"; TE_PROC_STAT=$3 steal_since "$m"' \
+			sh "$steal_bash" "$1" "$2"
+	}
+	got=$(steal_sh "$tmp/stat1" "$tmp/stat2" | tr '\n' '|')
+	# 200 ticks passed, 30 of them stolen
+	[ "$got" = "1000 40|15.0|" ] || fail "steal between the fixtures: got '$got', want '1000 40|15.0|'"
+	got=$(steal_sh "$tmp/none" "$tmp/stat2" | tr '\n' '|')
+	[ "$got" = "- -|?|" ] || fail "steal from an unreadable file: got '$got', want '- -|?|'"
+	got=$(steal_sh "$tmp/stat2" "$tmp/none" | tr '\n' '|')
+	[ "$got" = "1200 70|?|" ] || fail "steal to an unreadable file: got '$got', want '1200 70|?|'"
+	got=$(steal_sh "$tmp/stat2" "$tmp/stat2" | tr '\n' '|')
+	[ "$got" = "1200 70|?|" ] || fail "steal over no time: got '$got', want '1200 70|?|'"
+	printf 'intr 5\n' >"$tmp/nocpu"
+	got=$(steal_sh "$tmp/nocpu" "$tmp/stat2" | tr '\n' '|')
+	[ "$got" = "- -|?|" ] || fail "steal from a file without a cpu line: got '$got'"
+	if [ -r /proc/stat ]; then
+		got=$(sh -c '. "$1"; m=$(cpu_mark); sleep 0.2; echo "$m"; steal_since "$m"' sh \
+			"$steal_bash" | tr '\n' '|')
+		echo "$got" | grep -Eq '^[0-9]+ [0-9]+\|[0-9]+\.[0-9]\|$' ||
+			fail "steal from /proc/stat: got '$got'"
+		awk -v v="$(echo "$got" | cut -d'|' -f2)" 'BEGIN { exit !(v >= 0 && v <= 100) }' ||
+			fail "steal from /proc/stat is not a percentage: '$got'"
+	fi
 	;;
 *)
 	echo "$usage" >&2
