@@ -20,6 +20,15 @@ bool batch_is_terminal(struct batch *b)
 	return BATCH_ENDED_N_TERMINAL(atomic_load_explicit(&b->n_ended, memory_order_acquire)) >= n;
 }
 
+uint32_t batch_left(struct batch *b)
+{
+	uint32_t n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
+	uint32_t ended = (uint32_t)BATCH_ENDED_N_TERMINAL(
+		atomic_load_explicit(&b->n_ended, memory_order_acquire));
+
+	return n > ended ? n - ended : 0;
+}
+
 static void batch_wake(struct batch *b)
 {
 	struct engine *e = b->engine;

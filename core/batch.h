@@ -172,6 +172,8 @@ void batch_unref(struct batch *b);
 
 /* Whether every task submitted so far is terminal. */
 bool batch_is_terminal(struct batch *b);
+/* Tasks of @b not terminal yet. */
+uint32_t batch_left(struct batch *b);
 
 /* TE_OK if every task COMPLETED, else the first failure's status (its detail logged). */
 enum te_status batch_result(struct batch *b);

@@ -144,6 +144,7 @@ static enum te_status engine_load_transports(struct engine *e)
 	/* transfer.max_pollers; 0: half the CPUs, the rest is for the plugins' threads and peers. */
 	e->max_pollers =
 		e->cfg->max_pollers ? e->cfg->max_pollers : MAX(1u, g_get_num_processors() / 2u);
+	e->crowded_hold_ns = PROGRESS_CROWDED_HOLD_NS;
 	return TE_OK;
 }
 

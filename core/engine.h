@@ -132,6 +132,14 @@ struct engine {
 	 */
 	_Atomic uint32_t pollers;
 	uint32_t max_pollers;
+	/*
+	 * Threads in te_batch_wait on such an engine. More of them than max_pollers (crowded):
+	 * none polls until crowded_until_ns, crowded_hold_ns after the last time that was
+	 * seen; the plugins' threads serve them all (progress.c: progress_crowded).
+	 */
+	_Atomic uint32_t waiters;
+	_Atomic uint64_t crowded_until_ns;
+	uint64_t crowded_hold_ns; /* PROGRESS_CROWDED_HOLD_NS (tests may change it) */
 	bool per_thread;
 	_Atomic uint64_t manual_work_ns; /* when the poller last saw a completion */
 	_Atomic uint32_t standby;

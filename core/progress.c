@@ -246,15 +246,39 @@ static gpointer progress_extra_worker(gpointer data)
 	return NULL;
 }
 
+static void progress_mark_crowded(struct engine *e, uint64_t now)
+{
+	atomic_store_explicit(&e->crowded_until_ns, now + e->crowded_hold_ns,
+			      memory_order_relaxed);
+}
+
 /*
- * Poll manual-progress transports for @b as the engine's one polling waiter: while
+ * Whether more threads wait than may poll a per-thread hybrid transport (engine.h: waiters),
+ * now or within crowded_hold_ns: then none polls. Each poller takes a CPU while it waits;
+ * with more waiters than pollers, the others' work goes through the plugins' threads anyway,
+ * which need those CPUs, as do the peers on the same host. Relaxed: a hint.
+ */
+static bool progress_crowded(struct engine *e, uint64_t now)
+{
+	if (atomic_load_explicit(&e->waiters, memory_order_relaxed) > e->max_pollers) {
+		progress_mark_crowded(e, now);
+		return true;
+	}
+	return now < atomic_load_explicit(&e->crowded_until_ns, memory_order_relaxed);
+}
+
+/*
+ * Poll manual-progress transports for @b as the engine's one polling waiter (or hybrid ones
+ * as one of at most max_pollers): while
  * completions keep coming (within BATCH_WAIT_SPIN_NS of the last one, or of @start, when
  * this wait began; providers like libfabric's tcp move data only while polled): back to
  * back for BATCH_WAIT_BUSY_NS after a completion, then sleeping in the plugin's wait op
  * (or yielding the CPU) between empty polls. Returns when @b is terminal or when it is
- * time to sleep (nothing completed lately: a dead or frozen peer; or @end passed).
+ * time to sleep (nothing completed lately: a dead or frozen peer; or @end passed; or,
+ * @crowdable, the engine is crowded).
  */
-static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, uint64_t end)
+static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, uint64_t end,
+			    bool crowdable)
 {
 	unsigned idle = 0;
 	bool worked = false;
@@ -281,6 +305,9 @@ static void batch_wait_poll(struct engine *e, struct batch *b, uint64_t start, u
 			MAX(start, atomic_load_explicit(&e->manual_work_ns, memory_order_relaxed));
 		if (now >= end || quiet >= BATCH_WAIT_SPIN_NS ||
 		    !progress_manual_in_flight(e, true))
+			return;
+		/* More waiters came meanwhile: leave them all to the plugins' threads. */
+		if (crowdable && progress_crowded(e, now))
 			return;
 		/*
 		 * A burst usually has more: poll back to back for a moment, as the raw provider
@@ -334,7 +361,7 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 	uint64_t end = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
 	struct batch *b;
 	enum te_status st;
-	bool spun = false, polls, per_thread;
+	bool spun = false, polls, per_thread, crowdable;
 
 	st = batch_get(e, id, &b);
 	if (st != TE_OK)
@@ -344,19 +371,26 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 	per_thread = polls && e->per_thread;
 	if (e->has_manual)
 		atomic_fetch_add(&e->drivers, 1);
+	if (per_thread && atomic_fetch_add(&e->waiters, 1) + 1 > e->max_pollers)
+		progress_mark_crowded(e, start);
+	/* A long batch may poll in a crowd (PROGRESS_CROWDED_MIN_TASKS). */
+	crowdable = per_thread && batch_left(b) < PROGRESS_CROWDED_MIN_TASKS;
 	while (!batch_is_terminal(b)) {
 		uint64_t now;
 
 		/* Hybrid transports that serve each waiter's own work: poll alongside the others. */
 		if (per_thread && !spun) {
 			/*
-			 * Polling burns a CPU while it waits: at most max_pollers at once. The
-			 * others wait as for AUTO transports (the plugins' threads serve them).
+			 * Polling burns a CPU while it waits: at most max_pollers at once, and
+			 * none while more threads wait than that (progress_crowded) unless its
+			 * batch is long. The others wait as for AUTO transports (the plugins'
+			 * threads serve them).
 			 */
-			if (atomic_fetch_add(&e->pollers, 1) < e->max_pollers) {
+			if (atomic_fetch_add(&e->pollers, 1) < e->max_pollers &&
+			    !(crowdable && progress_crowded(e, engine_now_ns()))) {
 				uint64_t told = batch_wait_drive(e);
 
-				batch_wait_poll(e, b, start, end);
+				batch_wait_poll(e, b, start, end, crowdable);
 				batch_wait_undrive(e, told);
 			}
 			atomic_fetch_sub(&e->pollers, 1);
@@ -376,7 +410,7 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 			    !atomic_exchange(&e->polling, true)) {
 				uint64_t told = batch_wait_drive(e);
 
-				batch_wait_poll(e, b, start, end);
+				batch_wait_poll(e, b, start, end, false);
 				batch_wait_undrive(e, told);
 				batch_wait_unpoll(e);
 				if (batch_is_terminal(b))
@@ -409,6 +443,8 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 					   (gint64)MIN((until - now) / 1000, (uint64_t)G_MAXINT32));
 		}
 	}
+	if (per_thread)
+		atomic_fetch_sub(&e->waiters, 1);
 	if (e->has_manual) {
 		atomic_store_explicit(&e->last_drive_ns, engine_now_ns(), memory_order_relaxed);
 		atomic_fetch_sub(&e->drivers, 1);

@@ -10,6 +10,20 @@
 
 struct engine;
 
+/*
+ * More threads waited in te_batch_wait than may poll (transfer.max_pollers): none polls for
+ * this long after. 2 threads on 2 CPUs, interleaved A/B (bench/README.md, issue 18): READ
+ * and WRITE 1.02-1.34x of one thread polling while the other slept; 200 us lapsed between
+ * batches often enough to give back half of that.
+ */
+#define PROGRESS_CROWDED_HOLD_NS (10ull * 1000 * 1000)
+/*
+ * ... except a waiter whose batch has at least this many tasks left when its wait begins:
+ * its answers keep a poller busy for the whole wait (4K READs, 2 threads on 2 CPUs, 8-12
+ * interleaved rounds: batches of 1024 1.13x with a poller, of 64 0.89x).
+ */
+#define PROGRESS_CROWDED_MIN_TASKS 256u
+
 /* Start the worker (and transfer.worker_threads - 1 helpers); false if it cannot. */
 bool progress_start(struct engine *e);
 /* Stop and join the workers (engine teardown); no-op if none started. */

@@ -1,16 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* progress_test.c: te_batch_wait polls a per-thread hybrid transport, at most max_pollers. */
+/*
+ * progress_test.c: te_batch_wait polls a per-thread hybrid transport, at most max_pollers,
+ * and none while more threads wait than that (crowded).
+ */
 #include <string.h>
 
 #include <glib.h>
 
 #include "core/engine.h"
 #include "core/host.h"
+#include "core/progress.h"
 #include "fake.h"
 #include "itest.h"
 
 #define N_WAITERS 4
-#define PT_MAX_HELD 64
+#define PT_MAX_HELD 512
 /* A slice nobody polled for this long is completed by the plugin's own thread. */
 #define PT_LATE_US 10000
 
@@ -39,7 +43,10 @@ static void pt_done(struct te_plugin_slice *s, enum te_status st)
 				 st == TE_OK ? s->length : 0, st == TE_OK ? NULL : "pt: canceled");
 }
 
-/* Complete up to @budget held slices of @owner (NULL: anyone's held since before @before_us). */
+/*
+ * Complete up to @budget held slices of @owner (NULL: anyone's held since before @before_us,
+ * counted in pt.late).
+ */
 static uint32_t pt_complete(GThread *owner, gint64 before_us, uint32_t budget)
 {
 	struct te_plugin_slice *done[PT_MAX_HELD];
@@ -55,6 +62,9 @@ static uint32_t pt_complete(GThread *owner, gint64 before_us, uint32_t budget)
 		}
 	}
 	g_mutex_unlock(&pt.lock);
+	/* Counted before they end: a waiter that sees its batch end sees them counted. */
+	if (!owner)
+		atomic_fetch_add(&pt.late, n);
 	for (uint32_t i = 0; i < n; i++)
 		pt_done(done[i], TE_OK);
 	return n;
@@ -120,8 +130,7 @@ static gpointer pt_thread(gpointer data)
 	(void)data;
 	while (!atomic_load(&pt.stop)) {
 		g_usleep(1000);
-		atomic_fetch_add(&pt.late, pt_complete(NULL, g_get_monotonic_time() - PT_LATE_US,
-						       UINT32_MAX));
+		pt_complete(NULL, g_get_monotonic_time() - PT_LATE_US, UINT32_MAX);
 	}
 	return NULL;
 }
@@ -175,6 +184,7 @@ struct waiter {
 };
 
 static _Atomic uint32_t gate;
+static uint32_t gate_n = N_WAITERS; /* waiters that meet at the gate */
 
 static gpointer waiter_run(gpointer data)
 {
@@ -188,7 +198,7 @@ static gpointer waiter_run(gpointer data)
 
 	/* All submit and wait at once. */
 	atomic_fetch_add(&gate, 1);
-	while (atomic_load(&gate) < N_WAITERS)
+	while (atomic_load(&gate) < gate_n)
 		g_thread_yield();
 	w->st_new = te_batch_new(w->te, 2, &id);
 	if (w->st_new != TE_OK)
@@ -200,7 +210,21 @@ static gpointer waiter_run(gpointer data)
 	return NULL;
 }
 
-/* N_WAITERS threads each submit a batch and wait for it; returns the most in progress() at once. */
+static void waiter_check(const struct waiter *w)
+{
+	g_assert_cmpint(w->st_new, ==, TE_OK);
+	g_assert_cmpint(w->st_submit, ==, TE_OK);
+	g_assert_cmpint(w->st_wait, ==, TE_OK);
+	g_assert_cmpint(w->st_status, ==, TE_OK);
+	g_assert_cmpint(w->info.state, ==, TE_STATE_COMPLETED);
+	g_assert_cmpuint(w->info.completed, ==, 2);
+	g_assert_cmpint(w->st_free, ==, TE_OK);
+}
+
+/*
+ * N_WAITERS threads each submit a batch and wait for it; returns the most in progress() at
+ * once (pt.progress_calls: how often it was called).
+ */
 static uint32_t pt_round(struct te_engine *te)
 {
 	struct waiter w[N_WAITERS];
@@ -209,6 +233,7 @@ static uint32_t pt_round(struct te_engine *te)
 	atomic_store(&pt.peak, 0);
 	atomic_store(&pt.progress_calls, 0);
 	atomic_store(&gate, 0);
+	gate_n = N_WAITERS;
 	memset(w, 0, sizeof(w));
 	for (unsigned i = 0; i < N_WAITERS; i++) {
 		w[i].te = te;
@@ -217,18 +242,23 @@ static uint32_t pt_round(struct te_engine *te)
 	}
 	for (unsigned i = 0; i < N_WAITERS; i++) {
 		g_thread_join(t[i]);
-		g_assert_cmpint(w[i].st_new, ==, TE_OK);
-		g_assert_cmpint(w[i].st_submit, ==, TE_OK);
-		g_assert_cmpint(w[i].st_wait, ==, TE_OK);
-		g_assert_cmpint(w[i].st_status, ==, TE_OK);
-		g_assert_cmpint(w[i].info.state, ==, TE_STATE_COMPLETED);
-		g_assert_cmpuint(w[i].info.completed, ==, 2);
-		g_assert_cmpint(w[i].st_free, ==, TE_OK);
+		waiter_check(&w[i]);
 	}
 	g_assert_cmpint(atomic_load(&pt.in_progress), ==, 0);
-	/* Someone polled: a round where nobody did could not show the cap. */
-	g_assert_cmpuint(atomic_load(&pt.progress_calls), >, 0);
 	return atomic_load(&pt.peak);
+}
+
+/* One batch, submitted and waited for by this thread alone; returns progress() calls. */
+static uint32_t pt_alone(struct te_engine *te)
+{
+	struct waiter w = { .te = te, .idx = 0 };
+
+	atomic_store(&pt.progress_calls, 0);
+	atomic_store(&gate, 0);
+	gate_n = 1;
+	waiter_run(&w);
+	waiter_check(&w);
+	return atomic_load(&pt.progress_calls);
 }
 
 /* The default: half the CPUs, at least one. */
@@ -243,19 +273,24 @@ static void test_max_pollers_default(void)
 	te_engine_free(te);
 }
 
-/* max_pollers: 1: one waiter polls at a time, the others' slices end all the same. */
+/*
+ * max_pollers: 1: never more than one waiter polls at a time, the others' slices end all
+ * the same. With the waiters meeting, none polls (test_crowded); with no hold after a crowd,
+ * the first of a round may poll until the others come.
+ */
 static void test_max_pollers_one(void)
 {
 	GThread *thread;
 	struct te_engine *te = pt_engine("max_pollers: 1", &thread);
 
 	g_assert_cmpuint(fake_engine(te)->max_pollers, ==, 1);
+	fake_engine(te)->crowded_hold_ns = 0;
 	/*
-	 * Until some waiters were left to the plugin's thread (they met the poller: the
-	 * rounds where the waiters came one after another show nothing).
+	 * Until some waiters were left to the plugin's thread (the rounds where the waiters
+	 * came one after another show nothing).
 	 */
 	for (int round = 0; round < 20 && (round < 5 || !atomic_load(&pt.late)); round++)
-		g_assert_cmpuint(pt_round(te), ==, 1);
+		g_assert_cmpuint(pt_round(te), <=, 1);
 	g_assert_cmpuint(atomic_load(&pt.late), >, 0);
 	pt_engine_free(te, thread);
 }
@@ -271,9 +306,78 @@ static void test_max_pollers_four(void)
 	for (int round = 0; round < 20 && peak < 2; round++) {
 		peak = pt_round(te);
 		g_test_message("round %d: at most %u waiters in progress() at once", round, peak);
+		/* 4 waiters, 4 pollers allowed: not crowded, someone polled. */
+		g_assert_cmpuint(atomic_load(&pt.progress_calls), >, 0);
 	}
 	g_assert_cmpuint(peak, >=, 2);
 	g_assert_cmpuint(peak, <=, N_WAITERS);
+	pt_engine_free(te, thread);
+}
+
+/*
+ * One batch of @n READs of 16 bytes (at most 512), waited for by this thread alone; returns
+ * progress() calls.
+ */
+static uint32_t pt_alone_long(struct te_engine *te, uint32_t n)
+{
+	struct te_request r[512];
+	struct te_batch_info info;
+	te_batch_id id;
+
+	g_assert_cmpuint(n, <=, G_N_ELEMENTS(r));
+	for (uint32_t i = 0; i < n; i++)
+		r[i] = (struct te_request){ TE_OP_READ, TE_SEGMENT_LOCAL, pt_buf[1] + 16 * i,
+					    (uintptr_t)(pt_buf[2] + 16 * i), 16 };
+	atomic_store(&pt.progress_calls, 0);
+	g_assert_cmpint(te_batch_new(te, n, &id), ==, TE_OK);
+	g_assert_cmpint(te_batch_submit(te, id, r, n), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(te, id, 10000000000ll), ==, TE_OK);
+	g_assert_cmpint(te_batch_status(te, id, &info), ==, TE_OK);
+	g_assert_cmpuint(info.completed, ==, n);
+	g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
+	return atomic_load(&pt.progress_calls);
+}
+
+/*
+ * More threads wait than may poll (max_pollers: 1, 4 waiters): none polls while they do, nor
+ * for crowded_hold_ns after; their slices end all the same (the plugin's thread). A lone
+ * waiter polls before the crowd and once the hold lapsed, and a long batch in the hold.
+ */
+static void test_crowded(void)
+{
+	GThread *thread;
+	struct te_engine *te = pt_engine("max_pollers: 1", &thread);
+	struct engine *e = fake_engine(te);
+	uint32_t late;
+
+	g_assert_cmpuint(e->crowded_hold_ns, ==, PROGRESS_CROWDED_HOLD_NS);
+	e->crowded_hold_ns = 3600ull * 1000 * 1000 * 1000; /* lapses only when the test says */
+	g_assert_cmpuint(pt_alone(te), >, 0);
+	g_assert_cmpuint(atomic_load(&pt.late), ==, 0);
+	/* Until the waiters met (they came one after another: no crowd, possible, rare). */
+	for (int round = 0;
+	     round < 20 && atomic_load(&e->crowded_until_ns) <= engine_now_ns();
+	     round++)
+		pt_round(te);
+	g_assert_cmpuint(atomic_load(&e->crowded_until_ns), >,
+			 engine_now_ns());
+	/* Crowded: nobody polls, the plugin's thread ends every slice. */
+	late = atomic_load(&pt.late);
+	g_assert_cmpuint(pt_round(te), ==, 0);
+	g_assert_cmpuint(atomic_load(&pt.progress_calls), ==, 0);
+	g_assert_cmpuint(atomic_load(&pt.late), ==, late + 2 * N_WAITERS);
+	/* Within the hold, alone: it does not poll either. */
+	late = atomic_load(&pt.late);
+	g_assert_cmpuint(pt_alone(te), ==, 0);
+	g_assert_cmpuint(atomic_load(&pt.late), ==, late + 2);
+	/* Unless its batch is long: PROGRESS_CROWDED_MIN_TASKS tasks left, it polls. */
+	g_assert_cmpuint(pt_alone_long(te, PROGRESS_CROWDED_MIN_TASKS - 1), ==, 0);
+	g_assert_cmpuint(pt_alone_long(te, PROGRESS_CROWDED_MIN_TASKS), >, 0);
+	g_assert_cmpuint(atomic_load(&e->crowded_until_ns), >, engine_now_ns());
+	/* The hold lapsed: it polls again. */
+	atomic_store(&e->crowded_until_ns, 0);
+	g_assert_cmpuint(pt_alone(te), >, 0);
+	g_assert_cmpuint(atomic_load(&e->waiters), ==, 0);
 	pt_engine_free(te, thread);
 }
 
@@ -308,6 +412,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/progress/max-pollers/default", test_max_pollers_default);
 	g_test_add_func("/progress/max-pollers/one", test_max_pollers_one);
 	g_test_add_func("/progress/max-pollers/four", test_max_pollers_four);
+	g_test_add_func("/progress/max-pollers/crowded", test_crowded);
 	g_test_add_func("/progress/max-pollers/invalid", test_max_pollers_invalid);
 	return g_test_run();
 }
