@@ -464,6 +464,7 @@ enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_in
 {
 	struct batch *b;
 	enum te_status st;
+	uint64_t ended;
 	uint32_t n;
 
 	if (!info_out)
@@ -473,14 +474,21 @@ enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_in
 		return st;
 	memset(info_out, 0, sizeof(*info_out));
 	n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
+	/*
+	 * One read of the ended count for the state and the completed count (a task ending
+	 * between two reads made a COMPLETED batch with fewer tasks completed). A task counts
+	 * its failure before it ends (batch.h): read after this, the failure counts of a
+	 * terminal batch are final.
+	 */
+	ended = atomic_load_explicit(&b->n_ended, memory_order_acquire);
 	info_out->tasks = n;
-	info_out->completed = BATCH_ENDED_N_COMPLETED(atomic_load(&b->n_ended));
+	info_out->completed = BATCH_ENDED_N_COMPLETED(ended);
 	info_out->failed = atomic_load(&b->n_failed);
 	info_out->timed_out = atomic_load(&b->n_timeout);
 	info_out->canceled = atomic_load(&b->n_canceled);
 	for (uint32_t i = 0; i < n; i++)
 		info_out->bytes += atomic_load_explicit(&b->tasks[i].bytes, memory_order_relaxed);
-	if (!batch_is_terminal(b)) {
+	if (BATCH_ENDED_N_TERMINAL(ended) < n) {
 		info_out->state = TE_STATE_WAITING;
 		for (uint32_t i = 0; i < n; i++)
 			if (atomic_load_explicit(&b->tasks[i].posted, memory_order_relaxed)) {
