@@ -155,7 +155,13 @@ static void child_setup(gpointer unused)
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 }
 
-static void spawn(struct mdserver *s)
+/*
+ * Start the server on s->port and wait until it answers. @may_move: a server that exits
+ * because its port (or etcd's peer port) was taken meanwhile returns false (free_port only
+ * finds a port free at the time; parallel tests may bind it first); any other failure ends
+ * the test.
+ */
+static bool spawn(struct mdserver *s, bool may_move)
 {
 	g_autoptr(GPtrArray) argv = g_ptr_array_new_with_free_func(g_free);
 	g_autofree char *prog = program_of(s->kind);
@@ -227,8 +233,14 @@ static void spawn(struct mdserver *s)
 
 		if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
 			g_autofree char *tail = log_tail(s, 2000);
+			g_autofree char *low = g_ascii_strdown(tail, -1);
 
 			s->pid = 0;
+			if (may_move && strstr(low, "address already in use")) {
+				g_test_message("mdserver: %s: port %u taken meanwhile, moving",
+					       kind_names[s->kind], s->port);
+				return false;
+			}
 			g_error("mdserver: %s exited at start (status 0x%x); its log ends:\n%s",
 				kind_names[s->kind], status, tail);
 		}
@@ -241,6 +253,7 @@ static void spawn(struct mdserver *s)
 		}
 		g_usleep(20000);
 	}
+	return true;
 }
 
 struct mdserver *mdserver_start(enum mdserver_kind kind, const char *const *extra)
@@ -254,19 +267,25 @@ struct mdserver *mdserver_start(enum mdserver_kind kind, const char *const *extr
 		g_error("mdserver: temporary folder: %s", error->message);
 	s->log_path = g_build_filename(s->dir, "server.log", NULL);
 	s->extra = g_strdupv((char **)extra);
-	s->port = free_port();
-	switch (kind) {
-	case MDSERVER_ETCD:
-		s->url = g_strdup_printf("http://127.0.0.1:%u", s->port);
-		break;
-	case MDSERVER_REDIS:
-		s->url = g_strdup_printf("redis://127.0.0.1:%u", s->port);
-		break;
-	case MDSERVER_HTTP:
-		s->url = g_strdup_printf("http://127.0.0.1:%u/metadata", s->port);
-		break;
+	for (int attempt = 0;; attempt++) {
+		s->port = free_port();
+		g_clear_pointer(&s->url, g_free);
+		switch (kind) {
+		case MDSERVER_ETCD:
+			s->url = g_strdup_printf("http://127.0.0.1:%u", s->port);
+			break;
+		case MDSERVER_REDIS:
+			s->url = g_strdup_printf("redis://127.0.0.1:%u", s->port);
+			break;
+		case MDSERVER_HTTP:
+			s->url = g_strdup_printf("http://127.0.0.1:%u/metadata", s->port);
+			break;
+		}
+		/* A fresh log per attempt: the next one's failure is read from its own. */
+		g_unlink(s->log_path);
+		if (spawn(s, attempt < 4))
+			break;
 	}
-	spawn(s);
 	return s;
 }
 
@@ -303,7 +322,7 @@ void mdserver_restart(struct mdserver *s)
 {
 	g_assert(!s->shared);
 	mdserver_stop(s, true);
-	spawn(s);
+	spawn(s, false);
 }
 
 /* rm -r of the data folder (only ours, made by g_dir_make_tmp). */
