@@ -248,8 +248,7 @@ static gpointer progress_extra_worker(gpointer data)
 
 static void progress_mark_crowded(struct engine *e, uint64_t now)
 {
-	atomic_store_explicit(&e->crowded_until_ns, now + e->crowded_hold_ns,
-			      memory_order_relaxed);
+	atomic_store_explicit(&e->crowded_until_ns, now + e->crowded_hold_ns, memory_order_relaxed);
 }
 
 /*

@@ -12,9 +12,9 @@ struct engine;
 
 /*
  * More threads waited in te_batch_wait than may poll (transfer.max_pollers): none polls for
- * this long after. 2 threads on 2 CPUs, interleaved A/B (bench/README.md, issue 18): READ
- * and WRITE 1.02-1.34x of one thread polling while the other slept; 200 us lapsed between
- * batches often enough to give back half of that.
+ * this long after. 2 threads on 2 CPUs, interleaved A/B (bench/README.md, issue 18): 1.07-
+ * 1.22x in four of eight cells against one thread polling while the other slept, the rest
+ * within the noise; 200 us lapsed between batches often enough to give back half of that.
  */
 #define PROGRESS_CROWDED_HOLD_NS (10ull * 1000 * 1000)
 /*

@@ -355,12 +355,10 @@ static void test_crowded(void)
 	g_assert_cmpuint(pt_alone(te), >, 0);
 	g_assert_cmpuint(atomic_load(&pt.late), ==, 0);
 	/* Until the waiters met (they came one after another: no crowd, possible, rare). */
-	for (int round = 0;
-	     round < 20 && atomic_load(&e->crowded_until_ns) <= engine_now_ns();
+	for (int round = 0; round < 20 && atomic_load(&e->crowded_until_ns) <= engine_now_ns();
 	     round++)
 		pt_round(te);
-	g_assert_cmpuint(atomic_load(&e->crowded_until_ns), >,
-			 engine_now_ns());
+	g_assert_cmpuint(atomic_load(&e->crowded_until_ns), >, engine_now_ns());
 	/* Crowded: nobody polls, the plugin's thread ends every slice. */
 	late = atomic_load(&pt.late);
 	g_assert_cmpuint(pt_round(te), ==, 0);
