@@ -13,13 +13,6 @@
 #include "core/transport.h"
 
 
-bool batch_is_terminal(struct batch *b)
-{
-	uint32_t n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
-
-	return BATCH_ENDED_N_TERMINAL(atomic_load_explicit(&b->n_ended, memory_order_acquire)) >= n;
-}
-
 uint32_t batch_left(struct batch *b)
 {
 	uint32_t n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
@@ -27,6 +20,11 @@ uint32_t batch_left(struct batch *b)
 		atomic_load_explicit(&b->n_ended, memory_order_acquire));
 
 	return n > ended ? n - ended : 0;
+}
+
+bool batch_is_terminal(struct batch *b)
+{
+	return batch_left(b) == 0;
 }
 
 static void batch_wake(struct batch *b)

@@ -386,7 +386,7 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 			 * threads serve them).
 			 */
 			if (atomic_fetch_add(&e->pollers, 1) < e->max_pollers &&
-			    !(crowdable && progress_crowded(e, engine_now_ns()))) {
+			    !(crowdable && progress_crowded(e, start))) {
 				uint64_t told = batch_wait_drive(e);
 
 				batch_wait_poll(e, b, start, end, crowdable);

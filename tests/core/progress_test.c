@@ -184,7 +184,6 @@ struct waiter {
 };
 
 static _Atomic uint32_t gate;
-static uint32_t gate_n = N_WAITERS; /* waiters that meet at the gate */
 
 static gpointer waiter_run(gpointer data)
 {
@@ -198,7 +197,7 @@ static gpointer waiter_run(gpointer data)
 
 	/* All submit and wait at once. */
 	atomic_fetch_add(&gate, 1);
-	while (atomic_load(&gate) < gate_n)
+	while (atomic_load(&gate) < N_WAITERS)
 		g_thread_yield();
 	w->st_new = te_batch_new(w->te, 2, &id);
 	if (w->st_new != TE_OK)
@@ -233,7 +232,6 @@ static uint32_t pt_round(struct te_engine *te)
 	atomic_store(&pt.peak, 0);
 	atomic_store(&pt.progress_calls, 0);
 	atomic_store(&gate, 0);
-	gate_n = N_WAITERS;
 	memset(w, 0, sizeof(w));
 	for (unsigned i = 0; i < N_WAITERS; i++) {
 		w[i].te = te;
@@ -248,16 +246,28 @@ static uint32_t pt_round(struct te_engine *te)
 	return atomic_load(&pt.peak);
 }
 
-/* One batch, submitted and waited for by this thread alone; returns progress() calls. */
-static uint32_t pt_alone(struct te_engine *te)
+/*
+ * One batch of @n READs of 16 bytes (at most 512), submitted and waited for by this thread
+ * alone; it must complete. Returns progress() calls.
+ */
+static uint32_t pt_alone(struct te_engine *te, uint32_t n)
 {
-	struct waiter w = { .te = te, .idx = 0 };
+	struct te_request r[512];
+	struct te_batch_info info;
+	te_batch_id id;
 
+	g_assert_cmpuint(n, <=, G_N_ELEMENTS(r));
+	for (uint32_t i = 0; i < n; i++)
+		r[i] = (struct te_request){ TE_OP_READ, TE_SEGMENT_LOCAL, pt_buf[1] + 16 * i,
+					    (uintptr_t)(pt_buf[2] + 16 * i), 16 };
 	atomic_store(&pt.progress_calls, 0);
-	atomic_store(&gate, 0);
-	gate_n = 1;
-	waiter_run(&w);
-	waiter_check(&w);
+	g_assert_cmpint(te_batch_new(te, n, &id), ==, TE_OK);
+	g_assert_cmpint(te_batch_submit(te, id, r, n), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(te, id, 10000000000ll), ==, TE_OK);
+	g_assert_cmpint(te_batch_status(te, id, &info), ==, TE_OK);
+	g_assert_cmpint(info.state, ==, TE_STATE_COMPLETED);
+	g_assert_cmpuint(info.completed, ==, n);
+	g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
 	return atomic_load(&pt.progress_calls);
 }
 
@@ -315,30 +325,6 @@ static void test_max_pollers_four(void)
 }
 
 /*
- * One batch of @n READs of 16 bytes (at most 512), waited for by this thread alone; returns
- * progress() calls.
- */
-static uint32_t pt_alone_long(struct te_engine *te, uint32_t n)
-{
-	struct te_request r[512];
-	struct te_batch_info info;
-	te_batch_id id;
-
-	g_assert_cmpuint(n, <=, G_N_ELEMENTS(r));
-	for (uint32_t i = 0; i < n; i++)
-		r[i] = (struct te_request){ TE_OP_READ, TE_SEGMENT_LOCAL, pt_buf[1] + 16 * i,
-					    (uintptr_t)(pt_buf[2] + 16 * i), 16 };
-	atomic_store(&pt.progress_calls, 0);
-	g_assert_cmpint(te_batch_new(te, n, &id), ==, TE_OK);
-	g_assert_cmpint(te_batch_submit(te, id, r, n), ==, TE_OK);
-	g_assert_cmpint(te_batch_wait(te, id, 10000000000ll), ==, TE_OK);
-	g_assert_cmpint(te_batch_status(te, id, &info), ==, TE_OK);
-	g_assert_cmpuint(info.completed, ==, n);
-	g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
-	return atomic_load(&pt.progress_calls);
-}
-
-/*
  * More threads wait than may poll (max_pollers: 1, 4 waiters): none polls while they do, nor
  * for crowded_hold_ns after; their slices end all the same (the plugin's thread). A lone
  * waiter polls before the crowd and once the hold lapsed, and a long batch in the hold.
@@ -352,7 +338,7 @@ static void test_crowded(void)
 
 	g_assert_cmpuint(e->crowded_hold_ns, ==, PROGRESS_CROWDED_HOLD_NS);
 	e->crowded_hold_ns = 3600ull * 1000 * 1000 * 1000; /* lapses only when the test says */
-	g_assert_cmpuint(pt_alone(te), >, 0);
+	g_assert_cmpuint(pt_alone(te, 2), >, 0);
 	g_assert_cmpuint(atomic_load(&pt.late), ==, 0);
 	/* Until the waiters met (they came one after another: no crowd, possible, rare). */
 	for (int round = 0; round < 20 && atomic_load(&e->crowded_until_ns) <= engine_now_ns();
@@ -366,15 +352,15 @@ static void test_crowded(void)
 	g_assert_cmpuint(atomic_load(&pt.late), ==, late + 2 * N_WAITERS);
 	/* Within the hold, alone: it does not poll either. */
 	late = atomic_load(&pt.late);
-	g_assert_cmpuint(pt_alone(te), ==, 0);
+	g_assert_cmpuint(pt_alone(te, 2), ==, 0);
 	g_assert_cmpuint(atomic_load(&pt.late), ==, late + 2);
 	/* Unless its batch is long: PROGRESS_CROWDED_MIN_TASKS tasks left, it polls. */
-	g_assert_cmpuint(pt_alone_long(te, PROGRESS_CROWDED_MIN_TASKS - 1), ==, 0);
-	g_assert_cmpuint(pt_alone_long(te, PROGRESS_CROWDED_MIN_TASKS), >, 0);
+	g_assert_cmpuint(pt_alone(te, PROGRESS_CROWDED_MIN_TASKS - 1), ==, 0);
+	g_assert_cmpuint(pt_alone(te, PROGRESS_CROWDED_MIN_TASKS), >, 0);
 	g_assert_cmpuint(atomic_load(&e->crowded_until_ns), >, engine_now_ns());
 	/* The hold lapsed: it polls again. */
 	atomic_store(&e->crowded_until_ns, 0);
-	g_assert_cmpuint(pt_alone(te), >, 0);
+	g_assert_cmpuint(pt_alone(te, 2), >, 0);
 	g_assert_cmpuint(atomic_load(&e->waiters), ==, 0);
 	pt_engine_free(te, thread);
 }
