@@ -274,6 +274,7 @@ _Static_assert(sizeof(struct tcp_spriv) <= 256, "slice_priv_size is at most 256 
 #define TCP_SLOT_ANSWERED (1u << 4) /* the response was fully processed */
 #define TCP_SLOT_CANCELED (1u << 5) /* cancel asked; report TE_ERR_CANCELED */
 #define TCP_SLOT_ORPHAN (1u << 6)   /* already reported; waits only for its response */
+#define TCP_SLOT_HOME (1u << 7)	    /* queued by a thread whose own lane this is (home_used) */
 
 struct tcp_slot {
 	struct te_plugin_slice *slice; /* NULL when free or orphaned */
@@ -364,6 +365,11 @@ struct tcp_lane {
 	bool out_armed;	    /* EPOLLOUT is in the socket's epoll events */
 	/* Slots in use, orphans included: which lanes a driver polls (relaxed: a hint). */
 	_Atomic uint32_t used;
+	/*
+	 * Of them, those queued by a thread whose own lane this is (TCP_SLOT_HOME): while
+	 * some are in use, other threads do not stripe onto this lane (relaxed: a hint).
+	 */
+	_Atomic uint32_t home_used;
 
 	/* Owner of the receive side only (rx_busy). */
 	struct tcp_rx rx;
@@ -402,12 +408,17 @@ static inline void tcp_stat_add(_Atomic uint64_t *c, uint64_t n)
 			      memory_order_relaxed);
 }
 
-/* Count @d slots into or out of use on @l. Under lock (one writer at a time). */
+/* Add @d to a slot count of @l. Under lock (one writer at a time). */
+static inline void tcp_count_add(_Atomic uint32_t *c, int d)
+{
+	atomic_store_explicit(c, (uint32_t)((int)atomic_load_explicit(c, memory_order_relaxed) + d),
+			      memory_order_relaxed);
+}
+
+/* Count @d slots into or out of use on @l. Under lock. */
 static inline void tcp_used_add(struct tcp_lane *l, int d)
 {
-	atomic_store_explicit(
-		&l->used, (uint32_t)((int)atomic_load_explicit(&l->used, memory_order_relaxed) + d),
-		memory_order_relaxed);
+	tcp_count_add(&l->used, d);
 }
 
 struct tcp_peer {

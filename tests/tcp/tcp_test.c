@@ -1427,6 +1427,137 @@ static void test_cancel_mid_payload(void)
 	itest_buf_free(&rb);
 }
 
+/* Slices queued on lane @lane of A's one peer so far (te_engine_stats). */
+static int64_t lane_slices(struct te_engine *a, guint lane)
+{
+	g_autoptr(JsonParser) parser = json_parser_new();
+	JsonObject *tcp, *peer;
+	char *json = NULL;
+
+	assert_ok(te_engine_stats(a, &json));
+	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
+	te_free(json);
+	tcp = json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
+					    "tcp");
+	peer = json_array_get_object_element(json_object_get_array_member(tcp, "peers"), 0);
+	return json_object_get_int_member(
+		json_array_get_object_element(json_object_get_array_member(peer, "lanes"), lane),
+		"slices");
+}
+
+/* Answer @n READ requests on @fd with the bytes of rb they name (a faithful server). */
+static void fake_serve_reads(int fd, const struct itest_buf *rb, int n)
+{
+	uint8_t h[W_HDR];
+
+	for (int i = 0; i < n; i++) {
+		struct fake f = { .fd = fd };
+		struct fake_req q = fake_request(&f);
+
+		g_assert_cmpuint(q.op, ==, W_READ);
+		g_assert_true(q.addr >= itest_raddr(rb, 0) &&
+			      q.addr + q.length <= itest_raddr(rb, rb->len));
+		frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, q.length);
+		send_all(fd, h, sizeof(h));
+		send_all(fd, (const void *)(uintptr_t)q.addr, q.length);
+	}
+}
+
+struct stripe_arg {
+	struct itest_pair *p;
+	struct itest_buf *la, *rb;
+	te_batch_id bid;
+};
+
+/* Another thread's 4 MiB READ (4 slices of 1 MiB): submitted, not waited for. */
+static gpointer stripe_submit(gpointer data)
+{
+	struct stripe_arg *a = data;
+	struct te_request r = { TE_OP_READ, a->p->seg, a->la->data + MiB, itest_raddr(a->rb, MiB),
+				4 * MiB };
+
+	assert_ok(te_batch_new(a->p->a, 1, &a->bid));
+	assert_ok(te_batch_submit(a->p->a, a->bid, &r, 1));
+	return NULL;
+}
+
+/*
+ * Large slices are striped over the lanes, except onto a lane that is another thread's own
+ * and has its requests in flight: there each thread keeps to its own connection, as two
+ * raw loops do. The main thread's 4 KiB READ waits on its lane (the fake server holds its
+ * answer) while another thread reads 4 MiB: all 4 slices go to that thread's own lane
+ * (striped, 2 would go to each). Once the 4 KiB READ is answered, the main thread's 4 MiB
+ * READ is striped over both lanes again, 2 and 2. Every byte is checked.
+ */
+static void test_stripe_busy_lane(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct fake f, f2;
+	struct stripe_arg arg;
+	struct te_request r;
+	te_batch_id bid;
+	GThread *t;
+	int64_t mine, other;
+	guint own;
+
+	itest_buf_new(&la, 9 * MiB, GUARD, 0x31);
+	itest_buf_new(&rb, 9 * MiB, GUARD, 0x72);
+	fake_pair_opts(&p, &f, &la, &rb, "lanes: 2, slice_size: 1M",
+		       "timeout_ms: 60000, retries: 0");
+
+	/* The main thread's small READ: on its own lane, unanswered for now. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	own = lane_slices(p.a, 0) == 1 ? 0 : 1;
+	g_assert_cmpint(lane_slices(p.a, own), ==, 1);
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, 0);
+	fake_accept(&f);
+
+	/* Another thread's 4 x 1 MiB keep off the main thread's busy lane. */
+	arg = (struct stripe_arg){ &p, &la, &rb, 0 };
+	t = g_thread_new("striper", stripe_submit, &arg);
+	g_thread_join(t);
+	mine = lane_slices(p.a, own);
+	other = lane_slices(p.a, 1 - own);
+	g_assert_cmpint(mine, ==, 1);
+	g_assert_cmpint(other, ==, 4);
+	f2 = f;
+	fake_accept(&f2);
+	fake_serve_reads(f2.fd, &rb, 4);
+	assert_ok(itest_wait(p.a, arg.bid));
+	assert_ok(te_batch_free(p.a, arg.bid));
+	g_assert_true(itest_range_is(&la, MiB, 4 * MiB, &rb, MiB));
+	fake_serve_reads(f.fd, &rb, 1);
+	assert_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_range_is(&la, 0, 4096, &rb, 0));
+
+	/* Both lanes idle: the main thread's 4 MiB is striped, 2 slices each. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data + 5 * MiB, itest_raddr(&rb, 5 * MiB),
+				 4 * MiB };
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	g_assert_cmpint(lane_slices(p.a, own), ==, mine + 2);
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, other + 2);
+	fake_serve_reads(f.fd, &rb, 2);
+	fake_serve_reads(f2.fd, &rb, 2);
+	assert_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_range_is(&la, 5 * MiB, 4 * MiB, &rb, 5 * MiB));
+	{
+		size_t offs[3] = { 0, MiB, 5 * MiB }, lens[3] = { 4096, 4 * MiB, 4 * MiB };
+
+		g_assert_true(itest_untouched_outside(&la, offs, lens, 3));
+	}
+	itest_pair_free(&p);
+	close(f2.fd);
+	fake_close(&f);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 /* Responses a server must not send: the lane breaks, the task fails, no byte lands. */
 enum bad_reply {
 	BAD_REPLY_UNKNOWN_ID,
@@ -2256,6 +2387,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/failure/cancel-in-flight", test_cancel_in_flight);
 	g_test_add_func("/tcp/failure/dereg-while-serving", test_dereg_while_serving);
 	g_test_add_func("/tcp/client/cancel-mid-payload", test_cancel_mid_payload);
+	g_test_add_func("/tcp/lanes/stripe-busy-lane", test_stripe_busy_lane);
 	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
 			     GINT_TO_POINTER(BAD_REPLY_UNKNOWN_ID), test_bad_reply);
 	g_test_add_data_func("/tcp/client/bad-reply/too-long", GINT_TO_POINTER(BAD_REPLY_TOO_LONG),
