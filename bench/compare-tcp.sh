@@ -202,16 +202,33 @@ def task_files(pid, name):
 
 
 def proc_switches(pid):
-    """Context switches (voluntary and not) of a whole process (all threads); None once gone."""
-    texts = task_files(pid, "status")
-    if texts is None:
+    """Context switches (voluntary and not) of each live thread of a process, as
+    {(pid, tid): n}; None once the process is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return None
-    n = 0
-    for line in "".join(texts).splitlines():
-        key, _, val = line.partition(":")
-        if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
-            n += int(val)
-    return n
+    out = {}
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/status") as f:
+                text = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        n = 0
+        for line in text.splitlines():
+            key, _, val = line.partition(":")
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                n += int(val)
+        out[(pid, t)] = n
+    return out
+
+
+def switches_between(first, last):
+    """Context switches between two samples of proc_switches (merged over processes):
+    per thread, so a thread that exits in between cannot make the sum go down (its own
+    switches after the first sample are lost); a thread started in between counts from 0."""
+    return sum(n - first.get(k, 0) for k, n in last.items())
 
 
 def children(pid):
@@ -259,7 +276,7 @@ def run_json(cmd, what):
                 cs = [proc_switches(p.pid)] + [proc_switches(k) for k in kids]
                 # Both processes in every sample, or the differences mean nothing.
                 if kids and None not in cpu and None not in cs:
-                    samples.append((t, sum(cpu), sum(cs)))
+                    samples.append((t, sum(cpu), {k: n for d in cs for k, n in d.items()}))
             else:
                 other.append(line.rstrip("\n"))
 
@@ -299,7 +316,7 @@ def run_json(cmd, what):
     if len(samples) >= 2 and samples[-1][0] > samples[0][0] and row.get("ops_per_s"):
         dt = samples[-1][0] - samples[0][0]
         cpu = samples[-1][1] - samples[0][1]
-        cs = samples[-1][2] - samples[0][2]
+        cs = switches_between(samples[0][2], samples[-1][2])
         return row, cpu / (row["gbps"] * dt), False, cs / (row["ops_per_s"] * dt)
     # Short run: the whole processes (the initiator reaps its target), setup included.
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
