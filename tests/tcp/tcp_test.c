@@ -516,6 +516,7 @@ struct mt_arg {
 	struct itest_pair *p;
 	struct itest_buf *la, *rb;
 	size_t base;
+	te_batch_id bid; /* stripe_submit: the batch it submitted */
 };
 
 static gpointer mt_thread(gpointer data)
@@ -557,7 +558,7 @@ static void test_threads(void)
 	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&p);
 	for (int i = 0; i < T; i++) {
-		args[i] = (struct mt_arg){ &p, &la, &rb, (size_t)i * SPAN };
+		args[i] = (struct mt_arg){ &p, &la, &rb, (size_t)i * SPAN, 0 };
 		th[i] = g_thread_new("submit", mt_thread, &args[i]);
 	}
 	for (int i = 0; i < T; i++)
@@ -1463,18 +1464,12 @@ static void fake_serve_reads(int fd, const struct itest_buf *rb, int n)
 	}
 }
 
-struct stripe_arg {
-	struct itest_pair *p;
-	struct itest_buf *la, *rb;
-	te_batch_id bid;
-};
-
-/* Another thread's 4 MiB READ (4 slices of 1 MiB): submitted, not waited for. */
+/* Another thread's 4 MiB READ (4 slices of 1 MiB) at base: submitted, not waited for. */
 static gpointer stripe_submit(gpointer data)
 {
-	struct stripe_arg *a = data;
-	struct te_request r = { TE_OP_READ, a->p->seg, a->la->data + MiB, itest_raddr(a->rb, MiB),
-				4 * MiB };
+	struct mt_arg *a = data;
+	struct te_request r = { TE_OP_READ, a->p->seg, a->la->data + a->base,
+				itest_raddr(a->rb, a->base), 4 * MiB };
 
 	assert_ok(te_batch_new(a->p->a, 1, &a->bid));
 	assert_ok(te_batch_submit(a->p->a, a->bid, &r, 1));
@@ -1494,7 +1489,7 @@ static void test_stripe_busy_lane(void)
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct fake f, f2;
-	struct stripe_arg arg;
+	struct mt_arg arg;
 	struct te_request r;
 	te_batch_id bid;
 	GThread *t;
@@ -1516,7 +1511,7 @@ static void test_stripe_busy_lane(void)
 	fake_accept(&f);
 
 	/* Another thread's 4 x 1 MiB keep off the main thread's busy lane. */
-	arg = (struct stripe_arg){ &p, &la, &rb, 0 };
+	arg = (struct mt_arg){ &p, &la, &rb, MiB, 0 };
 	t = g_thread_new("striper", stripe_submit, &arg);
 	g_thread_join(t);
 	mine = lane_slices(p.a, own);
