@@ -63,7 +63,7 @@ test: deps-test
 # bench: every bench/*.sh, the long ones cut down (compare-tcp --quick, a 2-minute soak,
 # mesh of 16 for 10 s; about 15 minutes in all). bench-full: each at its defaults (hours:
 # compare-tcp's full matrix alone takes several).
-BENCH_QUICK = compare-tcp.sh:--quick --rounds 3|soak.sh:--minutes 2|mesh.sh:--engines 16 --duration 10
+BENCH_QUICK = compare-tcp.sh:--quick --rounds 3|compare-builds.sh:--rounds 3|soak.sh:--minutes 2|mesh.sh:--engines 16 --duration 10
 bench bench-full: deps-bench
 	@$(MAKE) --no-print-directory build
 	@shopt -s nullglob; n=0; rc=0; \

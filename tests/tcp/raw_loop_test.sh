@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# raw_loop_test.sh: bench/tcp-raw-loop end to end, and bench/compare-tcp.sh's quick table.
+# raw_loop_test.sh: bench/tcp-raw-loop end to end, bench/compare-tcp.sh's quick table and
+# bench/compare-builds.sh.
 #
-# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare
+# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds
 #   loop:    usage errors exit 2; `--loopback --verify --json` for read and write, 4K and 1M,
 #            (JSON keys: te-bench's, checked against a te-bench row when te-bench and tcp.so exist)
 #            1 and 2 connections, exits 0 with verified rows whose counts add up; the text row;
@@ -10,11 +11,16 @@
 #            buffer too small for the layout (exit 2) and one that fits (verified).
 #   compare: `compare-tcp.sh --quick --rounds 1` exits 0 with every expected row of the table
 #            (te and raw figures in each; iperf3 too when it is installed) and the latency rows.
+#   builds:  compare-builds.sh: usage errors exit 2 naming the problem; two variants (the build,
+#            and the build with a configuration) and the raw loop, 2 rounds: exit 0, a row each
+#            with figures, ratios against the first variant and the raw loop, none failed,
+#            --md FILE equal to stdout; a variant whose configuration is malformed: exit 1, its
+#            runs counted failed and the reason (te-bench's error) on stderr.
 # Never asserts on speed. Needs python3, and TE_SOURCE_ROOT / TE_BUILD_ROOT (meson sets them).
 set -uo pipefail
 
-raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare}
-part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare}
+raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds}
+part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-raw-loop-test.XXXXXX")
 server_pid=""
 cleanup() {
@@ -254,9 +260,91 @@ PY
 	echo "PASS: compare-tcp.sh --quick"
 }
 
+builds_part() {
+	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} cb want args
+	cb=$src/bench/compare-builds.sh
+
+	if [ ! -e "$build/plugins/tcp/tcp.so" ] || [ ! -x "$build/tools/te-bench" ]; then
+		echo "SKIP: the tcp plugin or te-bench is not built"
+		exit 77
+	fi
+	# usage errors: exit 2 and say what is wrong
+	while IFS='|' read -r want args; do
+		# shellcheck disable=SC2086 # word splitting intended
+		"$cb" -C "$build" $args >"$tmp/u.out" 2>"$tmp/u.err"
+		rc=$?
+		[ "$rc" = 2 ] || fail "compare-builds.sh $args exited $rc, want 2"
+		grep -q -- "$want" "$tmp/u.err" ||
+			fail "compare-builds.sh $args: no '$want' in: $(cat "$tmp/u.err")"
+		echo "ok: $args -> $(head -1 "$tmp/u.err")"
+	done <<USAGE
+want NAME=DIR|--te nothing
+is not built|--te a=$tmp/nowhere
+is taken|--te raw=$build
+is taken|--te a=$build --te a=$build
+no configuration file|--te a=$build@$tmp/none.yaml
+--rounds: 1 to 1000|--rounds 0
+is set by this script|-- --json
+is set by this script|-- --config x.yaml
+USAGE
+	printf 'transports:\n  - name: tcp\n    required: true\n    options: {lanes: 1}\n' >"$tmp/one.yaml"
+	echo "+ compare-builds.sh --te a=BUILD --te b=BUILD@one.yaml --rounds 2"
+	timeout 300 "$cb" -C "$build" --te "a=$build" --te "b=$build@$tmp/one.yaml" --rounds 2 \
+		--md "$tmp/t.md" -- --op write --block-size 64K --batch 4 --threads 2 --iterations 30 \
+		>"$tmp/t.out" 2>"$tmp/t.err"
+	rc=$?
+	sed 's/^/  stderr: /' "$tmp/t.err"
+	cat "$tmp/t.out"
+	[ "$rc" = 0 ] || fail "compare-builds.sh exited $rc"
+	cmp -s "$tmp/t.md" "$tmp/t.out" || fail "--md FILE differs from stdout"
+	[ "$(grep -c '^round [12]/2: ' "$tmp/t.err")" = 2 ] || fail "want 2 round lines on stderr"
+	python3 - "$tmp/t.out" <<'PY' || fail "table: see above"
+import re, sys
+text = open(sys.argv[1]).read()
+num = r"\d+(\.\d+)?( \(\d+(\.\d+)?-\d+(\.\d+)?\))?"
+rows = {}
+for l in text.splitlines():
+    c = [x.strip() for x in l.strip("|").split("|")] if l.startswith("| ") else []
+    if c and c[0] in ("a", "b", "raw"):
+        rows[c[0]] = c
+if sorted(rows) != ["a", "b", "raw"]:
+    sys.exit(f"rows {sorted(rows)}, want a, b, raw")
+for name, c in rows.items():
+    if len(c) != 7:
+        sys.exit(f"{name}: {len(c)} columns")
+    ops, gbps, vs_a, vs_raw, steal, failed = c[1:]
+    for what, v in (("requests/s", ops), ("GB/s", gbps), ("vs a", vs_a), ("vs raw", vs_raw),
+                    ("steal", steal)):
+        if not re.fullmatch(num, v):
+            sys.exit(f"{name}: {what} is not a figure: '{v}'")
+    if failed != "0":
+        sys.exit(f"{name}: {failed} runs failed")
+if rows["a"][3] != "1" or rows["raw"][4] != "1":
+    sys.exit("a against itself and raw against itself must read 1")
+if "--op write --block-size 64K --batch 4 --depth 1 --connections 2 --iterations 30" not in text:
+    sys.exit("the raw loop did not get the cell's op, block, batch, depth, threads and iterations")
+if not re.search(r"load average [\d.]+ [\d.]+ [\d.]+ before, [\d.]+ [\d.]+ [\d.]+ after", text):
+    sys.exit("no load averages")
+print("table: a, b and raw with figures")
+PY
+	# a variant whose runs fail: exit 1, counted, the reason on stderr
+	printf 'transports: [\n' >"$tmp/bad.yaml"
+	timeout 120 "$cb" -C "$build" --te "a=$build" --te "bad=$build@$tmp/bad.yaml" --rounds 1 \
+		--no-raw -- --iterations 5 >"$tmp/f.out" 2>"$tmp/f.err"
+	rc=$?
+	cat "$tmp/f.err"
+	[ "$rc" = 1 ] || fail "a failing variant: exit $rc, want 1"
+	grep -q "round 1: bad failed (exit [1-9][0-9]*: .*bad.yaml:2:1: .*syntax error" "$tmp/f.err" ||
+		fail "no reason for the failed run: $(cat "$tmp/f.err")"
+	grep -q '^| bad | - | - | - | - | - | 1 |$' "$tmp/f.out" || fail "bad's row: $(cat "$tmp/f.out")"
+	grep -q '^| a | [0-9]' "$tmp/f.out" || fail "a's row: $(cat "$tmp/f.out")"
+	echo "PASS: compare-builds.sh"
+}
+
 case "$part" in
 loop) loop_part ;;
 compare) compare_part ;;
+builds) builds_part ;;
 *)
 	echo "raw_loop_test.sh: unknown part '$part'"
 	exit 2

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# compare-builds.sh: te builds (or configurations) against each other and the raw loop, one cell, interleaved.
+#
+# Usage: bench/compare-builds.sh [-C BUILD] [--te NAME=DIR[@CONFIG] ...] [--rounds 8] [--no-raw]
+#            [--md FILE] [-- TE-BENCH-ARGS...]
+#   The before/after of a change: one te-bench cell (TE-BENCH-ARGS: --op, --block-size,
+#   --batch, --threads, --depth, --duration ...; default duration 1 s) run by every variant
+#   and by tcp-raw-loop (BUILD's, same op, block, batch, depth and --connections = threads),
+#   round by round; each round runs them all in an order that rotates by round, so load
+#   from elsewhere lands on all alike.
+#   A variant is a build directory with tools/te-bench and plugins/ (e.g. a `git worktree`
+#   of the commit before, built with `meson setup build && ninja -C build tools/te-bench
+#   plugins/tcp/tcp.so`), optionally with a te configuration file (@CONFIG: the same build
+#   under two configurations is two variants). Its plugins are found in its own tree first
+#   (TE_PLUGIN_PATH is set to them). Without --te: one variant, te = BUILD (te against the
+#   raw loop alone); without TE-BENCH-ARGS: te-bench's defaults (READ, 64K, batch 128).
+#   Table (Markdown, stdout and --md FILE): per variant the median (min-max) requests/s and
+#   GB/s over rounds; the median (min-max) of the per-round ratios against the first variant
+#   and against the raw loop; the median steal (the hypervisor's share of the machine's CPU
+#   time during the run, te-bench's steal_pct). Per-round lines go to stderr as they come.
+#   Load average before and after. Exit 1 when a run failed (its round counts for none of
+#   the ratios), 2 on a usage error.
+set -euo pipefail
+
+me=compare-builds.sh
+# shellcheck source=bench/common.bash
+. "$(dirname "$0")/common.bash"
+
+command -v python3 >/dev/null || die "python3 is needed to run the measurements and read their JSON"
+
+prog=$(
+	cat <<'PY'
+import argparse, json, os, statistics, subprocess, sys
+
+build, top = sys.argv[1], sys.argv[2]
+argv = sys.argv[3:]
+bench_args = []
+if "--" in argv:
+    k = argv.index("--")
+    argv, bench_args = argv[:k], argv[k + 1:]
+
+
+def usage(msg):
+    print(f"compare-builds.sh: {msg} (try --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+ap = argparse.ArgumentParser(prog="compare-builds.sh", add_help=False)
+ap.add_argument("--te", action="append", default=[])
+ap.add_argument("--rounds", type=int, default=8)
+ap.add_argument("--no-raw", action="store_true")
+ap.add_argument("--md", default=None)
+try:
+    a = ap.parse_args(argv)
+except SystemExit:
+    sys.exit(2)
+
+if not a.te:
+    a.te = [f"te={build}"]
+if not 1 <= a.rounds <= 1000:
+    usage("--rounds: 1 to 1000")
+variants, names = [], set()
+for spec in a.te:
+    name, eq, rest = spec.partition("=")
+    if not eq or not name or not rest:
+        usage(f"--te '{spec}': want NAME=DIR[@CONFIG]")
+    if name in names or name == "raw":
+        usage(f"--te '{spec}': the name '{name}' is taken")
+    names.add(name)
+    d, at, cfg = rest.partition("@")
+    d = os.path.abspath(d)
+    exe = os.path.join(d, "tools", "te-bench")
+    if not os.access(exe, os.X_OK):
+        usage(f"--te '{spec}': {exe} is not built")
+    if at and not os.path.isfile(cfg):
+        usage(f"--te '{spec}': no configuration file '{cfg}'")
+    plugdirs = sorted(os.path.join(r) for r, _, fs in os.walk(os.path.join(d, "plugins"))
+                      if any(f.endswith(".so") for f in fs))
+    variants.append(dict(name=name, exe=exe, cfg=os.path.abspath(cfg) if at else None,
+                         plug=plugdirs, ops=[], gbps=[], steal=[], fails=0))
+for x in ("--json", "-j", "--loopback", "--initiator", "--target", "--core", "--config", "-c"):
+    if x in bench_args:
+        usage(f"'{x}' is set by this script; give a configuration as --te NAME=DIR@CONFIG")
+
+
+def opt(names, default):
+    """The value of a te-bench option in bench_args (last one wins), as given."""
+    v = default
+    for i, x in enumerate(bench_args):
+        for n in names:
+            if x == n and i + 1 < len(bench_args):
+                v = bench_args[i + 1]
+            elif n.startswith("--") and x.startswith(n + "="):
+                v = x[len(n) + 1:]
+    return v
+
+
+iters = opt(["-n", "--iterations"], None)
+if opt(["-d", "--duration"], None) is None and iters is None:
+    bench_args += ["--duration", "1"]
+raw_exe = os.path.join(build, "bench", "tcp-raw-loop")
+raw = not a.no_raw
+if raw and not os.access(raw_exe, os.X_OK):
+    usage(f"{raw_exe} is not built (or give --no-raw)")
+raw_args = []
+if raw:
+    for names, flag, default in ((["-o", "--op"], "--op", "read"),
+                                 (["-b", "--block-size"], "--block-size", "64K"),
+                                 (["-B", "--batch"], "--batch", "128"),
+                                 (["-D", "--depth"], "--depth", "1"),
+                                 (["-t", "--threads"], "--connections", "1"),
+                                 (["-d", "--duration"], "--duration", None if iters else "1"),
+                                 (["-n", "--iterations"], "--iterations", None),
+                                 (["-w", "--warmup"], "--warmup", None)):
+        v = opt(names, default)
+        if v is not None:
+            raw_args += [flag, v]
+    if opt(["-o", "--op"], "read") not in ("read", "write"):
+        usage("the raw loop runs --op read or write (or give --no-raw)")
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def run(cmd, env):
+    """The last JSON row of a run, or None (and why) when it failed."""
+    p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    row = None
+    for line in p.stdout.splitlines()[::-1]:
+        try:
+            row = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if p.returncode != 0 or not row or row.get("failed") or not row.get("ops_per_s"):
+        why = "; ".join(l for l in p.stderr.splitlines()[-3:] if l.strip())
+        return None, f"exit {p.returncode}: {why}"
+    return row, None
+
+
+load0 = loadavg()
+entries = [dict(name="raw", ops=[], gbps=[], steal=[], fails=0)] if raw else []
+allv = variants + entries
+per_round = []  # {name: ops/s or None}
+failed_any = False
+for r in range(a.rounds):
+    order = allv[r % len(allv):] + allv[:r % len(allv)]
+    got, line = {}, []
+    for v in order:
+        env = dict(os.environ)
+        if v["name"] == "raw":
+            cmd = [raw_exe, "--loopback", "--json"] + raw_args
+        else:
+            cmd = [v["exe"], "--loopback", "--json", "--quiet"] + bench_args
+            if v["cfg"]:
+                cmd += ["--config", v["cfg"]]
+            env["TE_PLUGIN_PATH"] = ":".join(v["plug"] + [p for p in [env.get("TE_PLUGIN_PATH")] if p])
+        row, why = run(cmd, env)
+        if not row:
+            failed_any = True
+            v["fails"] += 1
+            got[v["name"]] = None
+            print(f"compare-builds.sh: round {r + 1}: {v['name']} failed ({why})", file=sys.stderr)
+            line.append(f"{v['name']} FAILED")
+            continue
+        got[v["name"]] = row["ops_per_s"]
+        v["ops"].append(row["ops_per_s"])
+        v["gbps"].append(row.get("gbps") or 0.0)
+        if row.get("steal_pct") is not None:
+            v["steal"].append(row["steal_pct"])
+        line.append(f"{v['name']} {row['ops_per_s'] / 1000:.1f}k")
+    per_round.append(got)
+    print(f"round {r + 1}/{a.rounds}: " + "  ".join(line), file=sys.stderr, flush=True)
+load1 = loadavg()
+
+
+def med(xs, nd):
+    if not xs:
+        return "-"
+    m = statistics.median(xs)
+    if len(xs) == 1:
+        return f"{m:.{nd}f}"
+    return f"{m:.{nd}f} ({min(xs):.{nd}f}-{max(xs):.{nd}f})"
+
+
+def ratios(name, base):
+    return [g[name] / g[base] for g in per_round if g.get(name) and g.get(base)]
+
+
+first = variants[0]["name"]
+lines = [f"te-bench --loopback {' '.join(bench_args)}"
+         + (f" against tcp-raw-loop --loopback {' '.join(raw_args)}" if raw else "")
+         + f"; {a.rounds} round(s), interleaved; load average {load0} before, {load1} after.", "",
+         "Requests/s and GB/s: median (min-max) over rounds; ratios: median (min-max) of the "
+         "per-round ratios (rounds where both ran); steal %: median of the runs' steal_pct.", "",
+         f"| variant | requests/s | GB/s | vs {first} | vs raw | steal % | failed |",
+         "|---|---:|---:|---:|---:|---:|---:|"]
+for v in allv:
+    vs_first = med(ratios(v["name"], first), 3) if v["name"] != first else "1"
+    vs_raw = (med(ratios(v["name"], "raw"), 3) if v["name"] != "raw" else "1") if raw else "-"
+    lines.append(f"| {v['name']} | {med(v['ops'], 0)} | {med(v['gbps'], 3)} | {vs_first} | "
+                 f"{vs_raw} | {med(v['steal'], 0)} | {v['fails']} |")
+lines.append("")
+for v in variants:
+    lines.append(f"{v['name']}: {v['exe']}" + (f" with {v['cfg']}" if v["cfg"] else "")
+                 + f"; plugins from {', '.join(v['plug']) or '(none found in its tree)'}")
+text = "\n".join(lines).rstrip() + "\n"
+sys.stdout.write(text)
+if a.md:
+    with open(a.md, "w") as f:
+        f.write(text)
+sys.exit(1 if failed_any else 0)
+PY
+)
+exec python3 -c "$prog" "$build" "$top" ${args[@]+"${args[@]}"}
