@@ -516,6 +516,7 @@ struct mt_arg {
 	struct itest_pair *p;
 	struct itest_buf *la, *rb;
 	size_t base;
+	size_t len;	 /* stripe_submit: bytes to READ at base */
 	te_batch_id bid; /* stripe_submit: the batch it submitted */
 };
 
@@ -558,7 +559,7 @@ static void test_threads(void)
 	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&p);
 	for (int i = 0; i < T; i++) {
-		args[i] = (struct mt_arg){ &p, &la, &rb, (size_t)i * SPAN, 0 };
+		args[i] = (struct mt_arg){ &p, &la, &rb, (size_t)i * SPAN, 0, 0 };
 		th[i] = g_thread_new("submit", mt_thread, &args[i]);
 	}
 	for (int i = 0; i < T; i++)
@@ -1464,28 +1465,37 @@ static void fake_serve_reads(int fd, const struct itest_buf *rb, int n)
 	}
 }
 
-/* Another thread's 4 MiB READ (4 slices of 1 MiB) at base: submitted, not waited for. */
+/* Another thread's READ of len bytes (slices of 1 MiB) at base: submitted, not waited for. */
 static gpointer stripe_submit(gpointer data)
 {
 	struct mt_arg *a = data;
 	struct te_request r = { TE_OP_READ, a->p->seg, a->la->data + a->base,
-				itest_raddr(a->rb, a->base), 4 * MiB };
+				itest_raddr(a->rb, a->base), a->len };
 
 	assert_ok(te_batch_new(a->p->a, 1, &a->bid));
 	assert_ok(te_batch_submit(a->p->a, a->bid, &r, 1));
 	return NULL;
 }
 
+struct stripe_case {
+	const char *options;
+	uint32_t mib;  /* the other thread's READ, in 1 MiB slices */
+	uint32_t onto; /* of them, how many land on the main thread's busy lane */
+};
+
 /*
  * Large slices are striped over the lanes, except onto a lane that is another thread's own
  * and has its requests in flight: there each thread keeps to its own connection, as two
  * raw loops do. The main thread's 4 KiB READ waits on its lane (the fake server holds its
  * answer) while another thread reads 4 MiB: all 4 slices go to that thread's own lane
- * (striped, 2 would go to each). Once the 4 KiB READ is answered, the main thread's 4 MiB
- * READ is striped over both lanes again, 2 and 2. Every byte is checked.
+ * (striped, 2 would go to each). With 2 slots per lane (spill), the other thread's third
+ * slice finds its own lane full and spills onto the busy lane rather than waiting. Once the
+ * 4 KiB READ is answered, the main thread's 4 MiB READ is striped over both lanes again, 2
+ * and 2. Every byte is checked.
  */
-static void test_stripe_busy_lane(void)
+static void test_stripe_busy_lane(gconstpointer data)
 {
+	const struct stripe_case *c = data;
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct fake f, f2;
@@ -1498,8 +1508,7 @@ static void test_stripe_busy_lane(void)
 
 	itest_buf_new(&la, 9 * MiB, GUARD, 0x31);
 	itest_buf_new(&rb, 9 * MiB, GUARD, 0x72);
-	fake_pair_opts(&p, &f, &la, &rb, "lanes: 2, slice_size: 1M",
-		       "timeout_ms: 60000, retries: 0");
+	fake_pair_opts(&p, &f, &la, &rb, c->options, "timeout_ms: 60000, retries: 0");
 
 	/* The main thread's small READ: on its own lane, unanswered for now. */
 	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
@@ -1510,21 +1519,21 @@ static void test_stripe_busy_lane(void)
 	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, 0);
 	fake_accept(&f);
 
-	/* Another thread's 4 x 1 MiB keep off the main thread's busy lane. */
-	arg = (struct mt_arg){ &p, &la, &rb, MiB, 0 };
+	/* Another thread's 1 MiB slices keep off the main thread's busy lane, unless full. */
+	arg = (struct mt_arg){ &p, &la, &rb, MiB, (size_t)c->mib * MiB, 0 };
 	t = g_thread_new("striper", stripe_submit, &arg);
 	g_thread_join(t);
 	mine = lane_slices(p.a, own);
 	other = lane_slices(p.a, 1 - own);
-	g_assert_cmpint(mine, ==, 1);
-	g_assert_cmpint(other, ==, 4);
+	g_assert_cmpint(mine, ==, 1 + c->onto);
+	g_assert_cmpint(other, ==, c->mib - c->onto);
 	f2 = f;
 	fake_accept(&f2);
-	fake_serve_reads(f2.fd, &rb, 4);
+	fake_serve_reads(f2.fd, &rb, (int)(c->mib - c->onto));
+	fake_serve_reads(f.fd, &rb, 1 + (int)c->onto); /* the 4 KiB READ first */
 	assert_ok(itest_wait(p.a, arg.bid));
 	assert_ok(te_batch_free(p.a, arg.bid));
-	g_assert_true(itest_range_is(&la, MiB, 4 * MiB, &rb, MiB));
-	fake_serve_reads(f.fd, &rb, 1);
+	g_assert_true(itest_range_is(&la, MiB, (size_t)c->mib * MiB, &rb, MiB));
 	assert_ok(itest_wait(p.a, bid));
 	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(itest_range_is(&la, 0, 4096, &rb, 0));
@@ -1542,7 +1551,8 @@ static void test_stripe_busy_lane(void)
 	assert_ok(te_batch_free(p.a, bid));
 	g_assert_true(itest_range_is(&la, 5 * MiB, 4 * MiB, &rb, 5 * MiB));
 	{
-		size_t offs[3] = { 0, MiB, 5 * MiB }, lens[3] = { 4096, 4 * MiB, 4 * MiB };
+		size_t offs[3] = { 0, MiB, 5 * MiB },
+		       lens[3] = { 4096, (size_t)c->mib * MiB, 4 * MiB };
 
 		g_assert_true(itest_untouched_outside(&la, offs, lens, 3));
 	}
@@ -2382,7 +2392,17 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/failure/cancel-in-flight", test_cancel_in_flight);
 	g_test_add_func("/tcp/failure/dereg-while-serving", test_dereg_while_serving);
 	g_test_add_func("/tcp/client/cancel-mid-payload", test_cancel_mid_payload);
-	g_test_add_func("/tcp/lanes/stripe-busy-lane", test_stripe_busy_lane);
+	{
+		static const struct stripe_case busy = { "lanes: 2, slice_size: 1M", 4, 0 },
+						spill = {
+							"lanes: 2, slice_size: 1M, max_inflight: 2",
+							3, 1
+						};
+
+		g_test_add_data_func("/tcp/lanes/stripe-busy-lane", &busy, test_stripe_busy_lane);
+		g_test_add_data_func("/tcp/lanes/stripe-busy-lane-spill", &spill,
+				     test_stripe_busy_lane);
+	}
 	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
 			     GINT_TO_POINTER(BAD_REPLY_UNKNOWN_ID), test_bad_reply);
 	g_test_add_data_func("/tcp/client/bad-reply/too-long", GINT_TO_POINTER(BAD_REPLY_TOO_LONG),
