@@ -31,9 +31,11 @@ command -v python3 >/dev/null || die "python3 is needed to run the measurements 
 
 prog=$(
 	cat <<'PY'
-import argparse, json, os, statistics, subprocess, sys
+import argparse, json, os, subprocess, sys
 
 build, top = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(top, "bench"))
+from benchlib import emit, loadavg, med
 argv = sys.argv[3:]
 bench_args = []
 if "--" in argv:
@@ -120,14 +122,6 @@ if raw:
         usage("the raw loop runs --op read or write (or give --no-raw)")
 
 
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "?"
-
-
 def run(cmd, env):
     """The last JSON row of a run, or None (and why) when it failed."""
     p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -180,15 +174,6 @@ for r in range(a.rounds):
 load1 = loadavg()
 
 
-def med(xs, nd):
-    if not xs:
-        return "-"
-    m = statistics.median(xs)
-    if len(xs) == 1:
-        return f"{m:.{nd}f}"
-    return f"{m:.{nd}f} ({min(xs):.{nd}f}-{max(xs):.{nd}f})"
-
-
 def ratios(name, base):
     return [g[name] / g[base] for g in per_round if g.get(name) and g.get(base)]
 
@@ -210,11 +195,7 @@ lines.append("")
 for v in variants:
     lines.append(f"{v['name']}: {v['exe']}" + (f" with {v['cfg']}" if v["cfg"] else "")
                  + f"; plugins from {', '.join(v['plug']) or '(none found in its tree)'}")
-text = "\n".join(lines).rstrip() + "\n"
-sys.stdout.write(text)
-if a.md:
-    with open(a.md, "w") as f:
-        f.write(text)
+emit(lines, a.md)
 sys.exit(1 if failed_any else 0)
 PY
 )

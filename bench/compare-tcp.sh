@@ -59,6 +59,8 @@ prog=$(
 import argparse, json, os, re, resource, socket, statistics, subprocess, sys, threading, time
 
 build, top = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(top, "bench"))
+from benchlib import emit, loadavg, med
 TE = os.path.join(build, "tools", "te-bench")
 RAW = os.path.join(build, "bench", "tcp-raw-loop")
 IPERF3_MAX_LEN = 1 << 20
@@ -423,14 +425,6 @@ def raw_cmd(c):
     return [RAW, "--loopback", "--connections", str(c["thr"])] + common(c)
 
 
-def loadavg():
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "?"
-
-
 lat = dict(te=[], raw=[])
 load0 = loadavg()
 stat0 = cpu_stat()
@@ -511,15 +505,6 @@ load1 = loadavg()
 steal_all = steal_pct(stat0, cpu_stat())
 
 # --- table ---------------------------------------------------------------------------------
-def med(v, digits=3):
-    if not v:
-        return "-"
-    m = statistics.median(v)
-    if len(v) == 1:
-        return f"{m:.{digits}f}"
-    return f"{m:.{digits}f} ({min(v):.{digits}f}-{max(v):.{digits}f})"
-
-
 def rev():
     try:
         return subprocess.run(["git", "-C", top, "describe", "--always", "--dirty"],
@@ -588,11 +573,7 @@ if any(c["ws"] != c["ws_asked"] for c in cells):
                  "set makes it bigger.")
 for n in notes:
     lines.append(n)
-text = "\n".join(lines).rstrip() + "\n"
-sys.stdout.write(text)
-if a.md:
-    with open(a.md, "w") as f:
-        f.write(text)
+emit(lines, a.md)
 sys.exit(1 if failed_any else 0)
 PY
 )

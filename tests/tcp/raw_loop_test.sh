@@ -201,6 +201,20 @@ r['segment'] == '127.0.0.1:$port' and r.get('cpu_s_target', -1) >= 0" "--client"
 	echo "PASS: tcp-raw-loop"
 }
 
+# run_table LIMIT MD OUT ERR CMD...: a compare script within LIMIT seconds, its stdout (the
+# table) in OUT and shown, its stderr in ERR and shown indented; fails unless it exits 0 and
+# its --md file MD holds what it printed.
+run_table() {
+	local limit=$1 md=$2 out=$3 err=$4
+	shift 4
+	timeout "$limit" "$@" >"$out" 2>"$err"
+	rc=$?
+	sed 's/^/  stderr: /' "$err"
+	cat "$out"
+	[ "$rc" = 0 ] || fail "$(basename "$1") exited $rc"
+	cmp -s "$md" "$out" || fail "--md FILE differs from stdout"
+}
+
 compare_part() {
 	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} table=$tmp/table.md
 
@@ -213,13 +227,8 @@ compare_part() {
 	rc=$?
 	[ "$rc" = 2 ] || fail "compare-tcp.sh --ops mix exited $rc, want 2"
 	echo "+ compare-tcp.sh --quick --rounds 1"
-	timeout 400 "$src/bench/compare-tcp.sh" -C "$build" --quick --rounds 1 --md "$table" \
-		>"$tmp/stdout.md" 2>"$tmp/err"
-	rc=$?
-	sed 's/^/  stderr: /' "$tmp/err"
-	cat "$tmp/stdout.md"
-	[ "$rc" = 0 ] || fail "compare-tcp.sh --quick exited $rc"
-	cmp -s "$table" "$tmp/stdout.md" || fail "--md FILE differs from stdout"
+	run_table 400 "$table" "$tmp/stdout.md" "$tmp/err" \
+		"$src/bench/compare-tcp.sh" -C "$build" --quick --rounds 1 --md "$table"
 	python3 - "$table" "$(command -v iperf3 || true)" <<'PY' || fail "table: see above"
 import re, sys
 text = open(sys.argv[1]).read()
@@ -289,14 +298,9 @@ is set by this script|-- --config x.yaml
 USAGE
 	printf 'transports:\n  - name: tcp\n    required: true\n    options: {lanes: 1}\n' >"$tmp/one.yaml"
 	echo "+ compare-builds.sh --te a=BUILD --te b=BUILD@one.yaml --rounds 2"
-	timeout 300 "$cb" -C "$build" --te "a=$build" --te "b=$build@$tmp/one.yaml" --rounds 2 \
-		--md "$tmp/t.md" -- --op write --block-size 64K --batch 4 --threads 2 --iterations 30 \
-		>"$tmp/t.out" 2>"$tmp/t.err"
-	rc=$?
-	sed 's/^/  stderr: /' "$tmp/t.err"
-	cat "$tmp/t.out"
-	[ "$rc" = 0 ] || fail "compare-builds.sh exited $rc"
-	cmp -s "$tmp/t.md" "$tmp/t.out" || fail "--md FILE differs from stdout"
+	run_table 300 "$tmp/t.md" "$tmp/t.out" "$tmp/t.err" \
+		"$cb" -C "$build" --te "a=$build" --te "b=$build@$tmp/one.yaml" --rounds 2 \
+		--md "$tmp/t.md" -- --op write --block-size 64K --batch 4 --threads 2 --iterations 30
 	[ "$(grep -c '^round [12]/2: ' "$tmp/t.err")" = 2 ] || fail "want 2 round lines on stderr"
 	python3 - "$tmp/t.out" <<'PY' || fail "table: see above"
 import re, sys

@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchlib.py: what the bench scripts' Python parts share (compare-tcp.sh, compare-builds.sh):
+the load average, a median (min-max) cell, and writing a table to stdout and --md FILE."""
+import statistics
+import sys
+
+
+def loadavg():
+    """The 1, 5 and 15 minute load averages as one string ('?' when unknown)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def med(v, digits=3):
+    """'median (min-max)' of @v with @digits decimals; the median alone for one value, '-' for
+    none."""
+    if not v:
+        return "-"
+    m = statistics.median(v)
+    if len(v) == 1:
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ({min(v):.{digits}f}-{max(v):.{digits}f})"
+
+
+def emit(lines, md=None):
+    """The table: @lines joined, to stdout and, with @md, to that file (replaced)."""
+    text = "\n".join(lines).rstrip() + "\n"
+    sys.stdout.write(text)
+    if md:
+        with open(md, "w") as f:
+            f.write(text)
