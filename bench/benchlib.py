@@ -1,8 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchlib.py: what the bench scripts' Python parts share (compare-tcp.sh, compare-builds.sh):
-the load average, a median (min-max) cell, and writing a table to stdout and --md FILE."""
+a run's JSON row, the load average, a median (min-max) cell, and writing a table to stdout and
+--md FILE."""
+import json
 import statistics
 import sys
+
+
+def last_json(text):
+    """The last line of @text that is a JSON value (a te-bench or tcp-raw-loop row), or None."""
+    for line in text.splitlines()[::-1]:
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
 
 
 def loadavg():

@@ -31,11 +31,11 @@ command -v python3 >/dev/null || die "python3 is needed to run the measurements 
 
 prog=$(
 	cat <<'PY'
-import argparse, json, os, subprocess, sys
+import argparse, os, subprocess, sys
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, loadavg, med
+from benchlib import emit, last_json, loadavg, med
 argv = sys.argv[3:]
 bench_args = []
 if "--" in argv:
@@ -77,7 +77,7 @@ for spec in a.te:
         usage(f"--te '{spec}': {exe} is not built")
     if at and not os.path.isfile(cfg):
         usage(f"--te '{spec}': no configuration file '{cfg}'")
-    plugdirs = sorted(os.path.join(r) for r, _, fs in os.walk(os.path.join(d, "plugins"))
+    plugdirs = sorted(r for r, _, fs in os.walk(os.path.join(d, "plugins"))
                       if any(f.endswith(".so") for f in fs))
     variants.append(dict(name=name, exe=exe, cfg=os.path.abspath(cfg) if at else None,
                          plug=plugdirs, ops=[], gbps=[], steal=[], fails=0))
@@ -125,13 +125,7 @@ if raw:
 def run(cmd, env):
     """The last JSON row of a run, or None (and why) when it failed."""
     p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    row = None
-    for line in p.stdout.splitlines()[::-1]:
-        try:
-            row = json.loads(line)
-            break
-        except ValueError:
-            continue
+    row = last_json(p.stdout)
     if p.returncode != 0 or not row or row.get("failed") or not row.get("ops_per_s"):
         why = "; ".join(l for l in p.stderr.splitlines()[-3:] if l.strip())
         return None, f"exit {p.returncode}: {why}"

@@ -60,7 +60,7 @@ import argparse, json, os, re, resource, socket, statistics, subprocess, sys, th
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, loadavg, med
+from benchlib import emit, last_json, loadavg, med
 TE = os.path.join(build, "tools", "te-bench")
 RAW = os.path.join(build, "bench", "tcp-raw-loop")
 IPERF3_MAX_LEN = 1 << 20
@@ -303,13 +303,7 @@ def run_json(cmd, what):
     tho.join(5)
     out = "".join(outs)
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    row = None
-    for line in out.splitlines()[::-1]:
-        try:
-            row = json.loads(line)
-            break
-        except ValueError:
-            continue
+    row = last_json(out)
     if p.returncode != 0 or not row or row.get("failed") or not row.get("gbps"):
         failed_any = True
         msg = "; ".join(other[-4:])

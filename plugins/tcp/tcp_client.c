@@ -1344,15 +1344,14 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		stripe = s->length >= ti->stripe_min;
 		own = me % peer->n_lanes;
 		start = stripe ? atomic_fetch_add_explicit(&peer->rr, 1, memory_order_relaxed) : me;
-		for (uint32_t k = 0; k < 2 * peer->n_lanes && !l; k++) {
+		/* Large slices go around twice: the second round spills onto busy lanes. */
+		for (uint32_t k = 0; k < (stripe ? 2 : 1) * peer->n_lanes && !l; k++) {
 			uint32_t idx = (start + k) % peer->n_lanes;
 			struct tcp_lane *c = &peer->lanes[idx];
 
-			if (k < peer->n_lanes && stripe && idx != own &&
+			if (stripe && k < peer->n_lanes && idx != own &&
 			    atomic_load_explicit(&c->home_used, memory_order_relaxed))
 				continue; /* first round: not onto another thread's busy lane */
-			if (k >= peer->n_lanes && !stripe)
-				break; /* small slices tried every lane in the first round */
 			/* Consecutive slices for one lane take its lock once. */
 			if (c != held) {
 				if (held)
