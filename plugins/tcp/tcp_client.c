@@ -933,6 +933,9 @@ static bool tcp_lane_rx_release_locked(struct tcp_lane *l, enum tcp_rx_end end, 
 	bool again = end == TCP_RXE_DRAINED && l->rx_missed && l->state == TCP_LANE_UP;
 
 	l->rx_missed = false;
+	/* Read to the end: nothing left for the worker (tcp_lane_service). */
+	if (end == TCP_RXE_DRAINED && !again)
+		l->rx_want = false;
 	if (end == TCP_RXE_FAILED)
 		tcp_lane_fail_locked(l, st, "%s", why);
 	if (!again)
@@ -1603,13 +1606,15 @@ static uint32_t tcp_drv_lane(struct tcp_inst *ti, struct tcp_lane *l, int fd, ui
 		counted = n;
 		again = tcp_lane_rx_release_locked(l, end, st, why);
 		/*
-		 * Stopped at the budget: a quiet lane gets its events back (and one for what
-		 * waits) at tcp_drive 0; another lane's worker reads on.
+		 * Stopped at the budget: what is left (answers already in the receive buffer,
+		 * which no socket event announces, or more in the socket) is the worker's to
+		 * read: at once on a loud lane, at the last driver's tcp_drive 0 on a quiet one
+		 * (until then its drivers read on).
 		 */
-		if (!again && end == TCP_RXE_BUDGET && !l->rx_quiet)
+		if (!again && end == TCP_RXE_BUDGET)
 			l->rx_want = true;
 		/* Broken meanwhile (its worker's tcp_lane_break waited for us), or by us. */
-		kick = !again && (l->state == TCP_LANE_BROKEN || l->rx_want);
+		kick = !again && (l->state == TCP_LANE_BROKEN || (l->rx_want && !l->rx_quiet));
 		/* A quiet lane's worker does not hear that a full socket has room again. */
 		out = !again && l->rx_quiet && !l->sending && tcp_lane_has_output_locked(l);
 		pthread_mutex_unlock(&l->lock);
@@ -1738,8 +1743,12 @@ void tcp_drive(struct te_plugin_inst *inst, uint32_t driving)
 		if (--l->n_drivers == 0) {
 			if (l->rx_quiet && l->state == TCP_LANE_UP)
 				tcp_lane_listen_locked(l, true);
-			/* Broken by that, or closing and waiting for us to be freed. */
-			kick = l->state == TCP_LANE_BROKEN || l->closing;
+			/*
+			 * Broken by that, or closing and waiting for us to be freed; or a driver
+			 * stopped at its budget with answers left in the receive buffer: the
+			 * re-armed events report only what waits in the socket.
+			 */
+			kick = l->state == TCP_LANE_BROKEN || l->closing || l->rx_want;
 		}
 		pthread_mutex_unlock(&l->lock);
 		d->lanes[i] = d->lanes[--d->n];
