@@ -1598,13 +1598,14 @@ static void test_driver_budget_leftover(void)
 		te_batch_id bid;
 		GThread *t;
 
+		/* Already waiting for the requests: the answers come while this thread polls. */
+		t = g_thread_new("fake", leftover_serve, &srv);
 		g_thread_join(g_thread_new("other", leftover_other, &other));
 		for (size_t i = 0; i < N_MAIN; i++)
 			r[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + base + i * LEN,
 						    itest_raddr(&rb, base + i * LEN), LEN };
 		assert_ok(te_batch_new(p.a, N_MAIN, &bid));
 		assert_ok(te_batch_submit(p.a, bid, r, N_MAIN));
-		t = g_thread_new("fake", leftover_serve, &srv);
 		assert_ok(itest_wait(p.a, bid));
 		g_thread_join(t);
 		assert_ok(te_batch_free(p.a, bid));
