@@ -516,8 +516,6 @@ struct mt_arg {
 	struct itest_pair *p;
 	struct itest_buf *la, *rb;
 	size_t base;
-	size_t len;	 /* stripe_submit: bytes to READ at base */
-	te_batch_id bid; /* stripe_submit: the batch it submitted */
 };
 
 static gpointer mt_thread(gpointer data)
@@ -559,7 +557,7 @@ static void test_threads(void)
 	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&p);
 	for (int i = 0; i < T; i++) {
-		args[i] = (struct mt_arg){ &p, &la, &rb, (size_t)i * SPAN, 0, 0 };
+		args[i] = (struct mt_arg){ &p, &la, &rb, (size_t)i * SPAN };
 		th[i] = g_thread_new("submit", mt_thread, &args[i]);
 	}
 	for (int i = 0; i < T; i++)
@@ -1452,34 +1450,31 @@ static int64_t lane_slices(struct te_engine *a, guint lane)
 	return lane_stat(a, lane, "slices");
 }
 
-/* Answer @n READ requests on @fd with the bytes of rb they name (a faithful server). */
-static void fake_serve_reads(int fd, const struct itest_buf *rb, int n)
+/* Append the answer to READ request @q, with the bytes of rb it names, to @out. */
+static void fake_answer_read(const struct fake_req *q, const struct itest_buf *rb, GByteArray *out)
 {
 	uint8_t h[W_HDR];
 
+	g_assert_cmpuint(q->op, ==, W_READ);
+	g_assert_true(q->addr >= itest_raddr(rb, 0) &&
+		      q->addr + q->length <= itest_raddr(rb, rb->len));
+	frame_st(h, W_MAGIC, W_VERSION, W_READ, q->req_id, 0, 0, q->length);
+	g_byte_array_append(out, h, sizeof(h));
+	g_byte_array_append(out, (const guint8 *)(uintptr_t)q->addr, (guint)q->length);
+}
+
+/* Answer @n READ requests on @fd, one by one, with the bytes of rb they name. */
+static void fake_serve_reads(int fd, const struct itest_buf *rb, int n)
+{
 	for (int i = 0; i < n; i++) {
 		struct fake f = { .fd = fd };
 		struct fake_req q = fake_request(&f);
+		GByteArray *a = g_byte_array_new();
 
-		g_assert_cmpuint(q.op, ==, W_READ);
-		g_assert_true(q.addr >= itest_raddr(rb, 0) &&
-			      q.addr + q.length <= itest_raddr(rb, rb->len));
-		frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, q.length);
-		send_all(fd, h, sizeof(h));
-		send_all(fd, (const void *)(uintptr_t)q.addr, q.length);
+		fake_answer_read(&q, rb, a);
+		send_all(fd, a->data, a->len);
+		g_byte_array_unref(a);
 	}
-}
-
-/* Another thread's READ of len bytes (slices of 1 MiB) at base: submitted, not waited for. */
-static gpointer stripe_submit(gpointer data)
-{
-	struct mt_arg *a = data;
-	struct te_request r = { TE_OP_READ, a->p->seg, a->la->data + a->base,
-				itest_raddr(a->rb, a->base), a->len };
-
-	assert_ok(te_batch_new(a->p->a, 1, &a->bid));
-	assert_ok(te_batch_submit(a->p->a, a->bid, &r, 1));
-	return NULL;
 }
 
 /* The answers a fake server sends at once: the main thread's batch first, then another's. */
@@ -1494,18 +1489,12 @@ static gpointer leftover_serve(gpointer data)
 {
 	struct leftover_arg *a = data;
 	GByteArray *first = g_byte_array_new(), *rest = g_byte_array_new();
-	uint8_t h[W_HDR];
 
 	for (int i = 0; i < a->n; i++) {
 		struct fake_req q = fake_request(a->f);
-		GByteArray *to = q.addr >= a->first_lo && q.addr < a->first_hi ? first : rest;
 
-		g_assert_cmpuint(q.op, ==, W_READ);
-		g_assert_true(q.addr >= itest_raddr(a->rb, 0) &&
-			      q.addr + q.length <= itest_raddr(a->rb, a->rb->len));
-		frame_st(h, W_MAGIC, W_VERSION, W_READ, q.req_id, 0, 0, q.length);
-		g_byte_array_append(to, h, sizeof(h));
-		g_byte_array_append(to, (const guint8 *)(uintptr_t)q.addr, (guint)q.length);
+		fake_answer_read(&q, a->rb,
+				 q.addr >= a->first_lo && q.addr < a->first_hi ? first : rest);
 	}
 	g_byte_array_append(first, rest->data, rest->len);
 	send_all(a->f->fd, first->data, first->len); /* one segment: one read takes it all */
@@ -1515,7 +1504,7 @@ static gpointer leftover_serve(gpointer data)
 }
 
 /* Another thread's batch of n READs of len bytes each, from base on: submitted, not waited for. */
-struct leftover_submit {
+struct other_submit {
 	struct itest_pair *p;
 	struct itest_buf *la, *rb;
 	size_t base;
@@ -1523,9 +1512,9 @@ struct leftover_submit {
 	te_batch_id bid;
 };
 
-static gpointer leftover_other(gpointer data)
+static gpointer submit_other(gpointer data)
 {
-	struct leftover_submit *a = data;
+	struct other_submit *a = data;
 	struct te_request *r = g_new(struct te_request, a->n);
 
 	for (uint32_t i = 0; i < a->n; i++) {
@@ -1587,9 +1576,7 @@ static void test_driver_budget_leftover(void)
 
 	for (round = 0; round < ROUNDS && hits < 3; round++) {
 		size_t base = (size_t)round * SPAN;
-		struct leftover_submit other = {
-			&p, &la, &rb, base + N_MAIN * LEN, N_OTHER, LEN, 0
-		};
+		struct other_submit other = { &p, &la, &rb, base + N_MAIN * LEN, N_OTHER, LEN, 0 };
 		struct leftover_arg srv = { &f, &rb, itest_raddr(&rb, base),
 					    itest_raddr(&rb, base + N_MAIN * LEN),
 					    N_MAIN + N_OTHER };
@@ -1600,7 +1587,7 @@ static void test_driver_budget_leftover(void)
 
 		/* Already waiting for the requests: the answers come while this thread polls. */
 		t = g_thread_new("fake", leftover_serve, &srv);
-		g_thread_join(g_thread_new("other", leftover_other, &other));
+		g_thread_join(g_thread_new("other", submit_other, &other));
 		for (size_t i = 0; i < N_MAIN; i++)
 			r[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + base + i * LEN,
 						    itest_raddr(&rb, base + i * LEN), LEN };
@@ -1658,7 +1645,7 @@ static void test_stripe_busy_lane(gconstpointer data)
 	struct itest_pair p;
 	struct itest_buf la, rb;
 	struct fake f, f2;
-	struct mt_arg arg;
+	struct other_submit arg;
 	struct te_request r;
 	te_batch_id bid;
 	GThread *t;
@@ -1679,8 +1666,8 @@ static void test_stripe_busy_lane(gconstpointer data)
 	fake_accept(&f);
 
 	/* Another thread's 1 MiB slices keep off the main thread's busy lane, unless full. */
-	arg = (struct mt_arg){ &p, &la, &rb, MiB, (size_t)c->mib * MiB, 0 };
-	t = g_thread_new("striper", stripe_submit, &arg);
+	arg = (struct other_submit){ &p, &la, &rb, MiB, 1, c->mib * (uint32_t)MiB, 0 };
+	t = g_thread_new("striper", submit_other, &arg);
 	g_thread_join(t);
 	mine = lane_slices(p.a, own);
 	other = lane_slices(p.a, 1 - own);
