@@ -370,6 +370,11 @@ struct tcp_lane {
 	 * some are in use, other threads do not stripe onto this lane (relaxed: a hint).
 	 */
 	_Atomic uint32_t home_used;
+	/*
+	 * When a thread last queued a request on this lane as its own: a lane used so within
+	 * TCP_HOME_RECENT_NS is not borrowed for another thread's WRITEs (relaxed: a hint).
+	 */
+	_Atomic uint64_t home_ns;
 
 	/* Owner of the receive side only (rx_busy). */
 	struct tcp_rx rx;

@@ -1223,6 +1223,16 @@ static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk)
 #define TCP_INLINE_BYTES (1u << 20)
 
 /*
+ * One submit's WRITE payload to one peer from which its slices spread over idle lanes, and
+ * how long a lane stays another thread's after it last queued there (tcp_submit). Measured
+ * at 1, 2 and 4 MiB: 4 MiB gives each of two lanes more than TCP_INLINE_BYTES, so a worker
+ * sends one half while the submitter sends the other; at 1 and 2 MiB some batches gained
+ * and others lost (256K x 8: 0.71x), so the threshold stays at 4 MiB (bench/README.md).
+ */
+#define TCP_SPREAD_BYTES (4ull << 20)
+#define TCP_HOME_RECENT_NS 100000000ull
+
+/*
  * Thread numbers: each thread that submits takes the lowest number no live thread holds and
  * gives it back when it exits, so the threads alive at a time (a pool whose threads come
  * and go, say) have numbers 0..n-1 and spread evenly over the lanes. Past TCP_THREAD_NOS
@@ -1294,6 +1304,8 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 	struct tcp_lane *touched[TCP_TOUCHED], *held = NULL;
 	uint64_t bytes[TCP_TOUCHED];
 	uint32_t n_touched = 0, i, me;
+	uint64_t run_writes = 0, now = tcp_now_ns();
+	uint32_t run_end = 0;
 	enum te_status ret = TE_OK;
 
 	if (!accepted_out || (n && !slices))
@@ -1308,7 +1320,7 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		char why[TCP_PRIV_DETAIL];
 		enum te_status bad;
 		uint32_t start, own, t;
-		bool stripe;
+		bool stripe, spread;
 
 		if (!s || !peer || !s->priv || !s->local || s->length == 0 ||
 		    s->length > TCP_MAX_FRAME ||
@@ -1318,6 +1330,15 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			break;
 		}
 		s->device = 0;
+		if (i >= run_end) {
+			/* WRITE payload of this run of consecutive slices to one peer */
+			run_writes = 0;
+			for (run_end = i;
+			     run_end < n && slices[run_end] && slices[run_end]->peer == s->peer;
+			     run_end++)
+				if (slices[run_end]->opcode == TE_PLUGIN_OP_WRITE)
+					run_writes += slices[run_end]->length;
+		}
 		bad = tcp_check_slice(s, why, sizeof(why));
 		if (bad == TE_OK && atomic_load_explicit(&peer->restarted, memory_order_relaxed) &&
 		    tcp_now_ns() <
@@ -1343,8 +1364,15 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		 * Smaller ones stay on this thread's own lane (spilling over when it is full):
 		 * per thread, one connection and one serving worker, as a raw loop has
 		 * (measured: README.md). Spilling ignores other threads' lanes' use.
+		 * But a thread that WRITEs at least TCP_SPREAD_BYTES to a peer in one submit
+		 * spreads those slices too, over its own lane and the lanes no thread has used as
+		 * its own lately: a lane's worker then sends part of the payload while this
+		 * thread sends the rest (measured: README.md).
 		 */
 		stripe = s->length >= ti->stripe_min;
+		spread = !stripe && s->opcode == TE_PLUGIN_OP_WRITE &&
+			 run_writes >= TCP_SPREAD_BYTES;
+		stripe |= spread;
 		own = me % peer->n_lanes;
 		start = stripe ? atomic_fetch_add_explicit(&peer->rr, 1, memory_order_relaxed) : me;
 		/* Large slices go around twice: the second round spills onto busy lanes. */
@@ -1353,7 +1381,10 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			struct tcp_lane *c = &peer->lanes[idx];
 
 			if (stripe && k < peer->n_lanes && idx != own &&
-			    atomic_load_explicit(&c->home_used, memory_order_relaxed))
+			    (atomic_load_explicit(&c->home_used, memory_order_relaxed) ||
+			     (spread &&
+			      now - atomic_load_explicit(&c->home_ns, memory_order_relaxed) <
+				      TCP_HOME_RECENT_NS)))
 				continue; /* first round: not onto another thread's busy lane */
 			/* Consecutive slices for one lane take its lock once. */
 			if (c != held) {
@@ -1366,6 +1397,9 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 				if (c->state == TCP_LANE_DOWN)
 					tcp_lane_connect_locked(ti, c);
 				tcp_lane_enqueue_locked(c, s, idx == own);
+				if (idx == own)
+					atomic_store_explicit(&c->home_ns, now,
+							      memory_order_relaxed);
 				l = c;
 			}
 		}

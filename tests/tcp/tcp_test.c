@@ -1709,6 +1709,106 @@ static void test_stripe_busy_lane(gconstpointer data)
 	itest_buf_free(&rb);
 }
 
+/* One batch of @n WRITEs of @len bytes from la to rb at offset @off, or READs (@read). */
+static void spread_batch(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
+			 size_t off, uint32_t n, uint32_t len, bool read)
+{
+	struct te_request *r = g_new(struct te_request, n);
+
+	for (uint32_t i = 0; i < n; i++) {
+		size_t o = off + (size_t)i * len;
+
+		r[i] = (struct te_request){ read ? TE_OP_READ : TE_OP_WRITE, p->seg, la->data + o,
+					    itest_raddr(rb, o), len };
+	}
+	run_ok(p, r, n);
+	g_free(r);
+	if (read)
+		g_assert_true(itest_range_is(la, off, (size_t)n * len, rb, off));
+	else
+		g_assert_true(itest_range_is(rb, off, (size_t)n * len, la, off));
+}
+
+struct spread_other {
+	struct itest_pair *p;
+	struct itest_buf *la, *rb;
+};
+
+static gpointer spread_other_thread(gpointer data)
+{
+	struct spread_other *o = data;
+
+	spread_batch(o->p, o->la, o->rb, 0, 1, 4096, false);
+	return NULL;
+}
+
+/*
+ * A thread that WRITEs 4 MiB or more to a peer in one submit spreads those slices (64 KiB,
+ * under stripe_min) over its own lane and the lanes no other thread used as its own in the
+ * last 100 ms; smaller WRITE batches and READs stay on its own lane. Lane use is read from
+ * te_stats; every byte is checked.
+ */
+static void test_spread_writes(void)
+{
+	enum {
+		K64 = 64 * 1024
+	};
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct spread_other o = { &p, &la, &rb };
+	int64_t mine, other;
+	guint own;
+
+	pair_new(&p, "lanes: 2", NULL);
+	itest_buf_new(&la, 8 * MiB, GUARD, 0x3a);
+	itest_buf_new(&rb, 8 * MiB, GUARD, 0x4b);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+
+	/* Which lane is this thread's own. */
+	spread_batch(&p, &la, &rb, 0, 1, 4096, false);
+	own = lane_slices(p.a, 0) == 1 ? 0 : 1;
+	g_assert_cmpint(lane_slices(p.a, own), ==, 1);
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, 0);
+
+	/* 4 MiB of WRITEs: half on each lane. */
+	spread_batch(&p, &la, &rb, 0, 64, K64, false);
+	g_assert_cmpint(lane_slices(p.a, own), ==, 1 + 32);
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, 32);
+
+	/* 64 KiB less, or 4 MiB of READs: all on its own lane. */
+	spread_batch(&p, &la, &rb, 0, 63, K64, false);
+	g_assert_cmpint(lane_slices(p.a, own), ==, 1 + 32 + 63);
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, 32);
+	spread_batch(&p, &la, &rb, 4 * MiB, 64, K64, true);
+	g_assert_cmpint(lane_slices(p.a, own), ==, 1 + 32 + 63 + 64);
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, 32);
+
+	/* Another thread's own lane, just used (its WRITE has completed): not borrowed. */
+	g_thread_join(g_thread_new("other", spread_other_thread, &o));
+	mine = lane_slices(p.a, own);
+	other = lane_slices(p.a, 1 - own);
+	g_assert_cmpint(other, ==, 32 + 1); /* thread numbers 0 and 1: one lane each */
+	spread_batch(&p, &la, &rb, 0, 64, K64, false);
+	g_assert_cmpint(lane_slices(p.a, own), ==, mine + 64);
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, other);
+
+	/* Left alone for longer than 100 ms, it is borrowed again. */
+	sleep_ms(150);
+	spread_batch(&p, &la, &rb, 0, 64, K64, false);
+	g_assert_cmpint(lane_slices(p.a, own), ==, mine + 64 + 32);
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, other + 32);
+	{
+		size_t offs[1] = { 0 }, lens[1] = { 4 * MiB };
+
+		g_assert_true(itest_untouched_outside(&rb, offs, lens, 1));
+	}
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 /* Responses a server must not send: the lane breaks, the task fails, no byte lands. */
 enum bad_reply {
 	BAD_REPLY_UNKNOWN_ID,
@@ -2550,6 +2650,7 @@ int main(int argc, char **argv)
 		g_test_add_data_func("/tcp/lanes/stripe-busy-lane-spill", &spill,
 				     test_stripe_busy_lane);
 	}
+	g_test_add_func("/tcp/lanes/spread-writes", test_spread_writes);
 	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
 			     GINT_TO_POINTER(BAD_REPLY_UNKNOWN_ID), test_bad_reply);
 	g_test_add_data_func("/tcp/client/bad-reply/too-long", GINT_TO_POINTER(BAD_REPLY_TOO_LONG),
