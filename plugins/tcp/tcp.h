@@ -13,7 +13,9 @@
  * index and a 16-bit generation form the request id. Per-slice state lives in slice->priv
  * (queue link, encoded request header, result detail), so the data path never allocates.
  * submit() puts slices of at least stripe_min bytes round-robin over the lanes (one large
- * transfer is striped) and smaller ones on the submitting thread's own lane; when nobody is
+ * transfer is striped) and smaller ones on the submitting thread's own lane, unless one submit
+ * WRITEs at least 4 MiB to a peer: then those spread over its own lane and the lanes no other
+ * thread used as its own in the last 100 ms (TCP_SPREAD_BYTES); when nobody is
  * sending on a lane, it sends right away from the calling thread with one sendmsg() gathering
  * many headers and payloads straight from the source buffers. What does not fit is sent by
  * the lane's worker when the socket becomes writable. Responses are read by the lane's
