@@ -960,18 +960,22 @@ enum te_status rdma_io_cancel(struct rdma_inst *ri, struct te_plugin_slice *s)
 		return TE_ERR_NOT_FOUND;
 	}
 	first = atomic_compare_exchange_strong(&q->state, &ready, RDMA_QP_ERROR);
-	if (first)
+	/*
+	 * Logged before the transition: its flush completion may be reaped and the task
+	 * reported at once, and whoever then reads the log must find the line.
+	 */
+	if (first) {
 		atomic_store(&q->err_event, RDMA_ERR_CANCELED);
-	if (q->qp)
-		ri->v->modify_qp(q->qp, &a, IBV_QP_STATE);
-	pthread_mutex_unlock(&q->lock);
-	if (first)
 		rdma_log(ri, TE_PLUGIN_LOG_INFO,
 			 "path %s -> %s/%s: QP 0x%x moved to error to take back a canceled %s of "
 			 "%" PRIu64 " B (its other requests are retried)",
 			 ri->devs[q->path->l].name, q->path->peer->name,
 			 q->path->peer->rdev[q->path->r].name, q->qpn,
 			 s->opcode == TE_PLUGIN_OP_READ ? "READ" : "WRITE", s->length);
+	}
+	if (q->qp)
+		ri->v->modify_qp(q->qp, &a, IBV_QP_STATE);
+	pthread_mutex_unlock(&q->lock);
 	return TE_OK;
 }
 
