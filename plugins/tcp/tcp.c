@@ -31,6 +31,11 @@ static const struct te_plugin_option tcp_options[] = {
 	TE_PLUGIN_OPTION_SIZE("stripe_min", "1M", 0, TCP_MAX_FRAME,
 			      "slices of at least this size go round-robin over the lanes; smaller "
 			      "ones stay on the submitting thread's own lane (0: all round-robin)"),
+	TE_PLUGIN_OPTION_INT("wait_hold_us", "1000", 0, 1000000,
+			     "progress caller: after te_batch_wait returns, how long the waiting "
+			     "thread's idle lanes whose last batch WRITEs over 1 MiB stay its own "
+			     "to read (its next batch's answers); then their workers read them "
+			     "(0: at once)"),
 	TE_PLUGIN_OPTION_SIZE("slice_size", "1M", 4096, TCP_MAX_FRAME,
 			      "slice size advertised to the core (transfer.slice_size overrides)"),
 	TE_PLUGIN_OPTION_INT("connect_timeout_ms", "3000", 1, 600000,
@@ -148,6 +153,7 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	ti->max_inflight = (uint32_t)tcp_opt(ti, "max_inflight");
 	ti->slice_size = tcp_opt_size(ti, "slice_size");
 	ti->stripe_min = tcp_opt_size(ti, "stripe_min");
+	ti->wait_hold_ns = tcp_opt(ti, "wait_hold_us") * 1000ull;
 	ti->connect_timeout_ms = tcp_opt(ti, "connect_timeout_ms");
 	ti->sockbuf = tcp_opt_size(ti, "sockbuf");
 	ti->max_conns = tcp_opt(ti, "max_conns");

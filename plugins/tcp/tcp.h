@@ -360,11 +360,13 @@ struct tcp_lane {
 	bool rx_busy;
 	bool rx_driver; /* the owner is the driver: tcp_lane_break waits for it (kick) */
 	bool rx_missed;
-	bool rx_want;	    /* tcp_lane_service should read (the driver stopped at its budget) */
-	bool rx_quiet;	    /* EPOLLIN off: a driver polls this lane (tcp_drive) */
-	uint32_t n_drivers; /* threads between tcp_drive 1 and 0 on it; > 0 pins the lane */
-	uint32_t n_big;	    /* slots in use of at least TCP_DRV_MAX_SLICE: left to the worker */
-	bool out_armed;	    /* EPOLLOUT is in the socket's epoll events */
+	bool rx_want;	       /* tcp_lane_service should read (the driver stopped at its budget) */
+	bool rx_quiet;	       /* EPOLLIN off: a driver polls this lane (tcp_drive) */
+	uint32_t n_drivers;    /* threads between tcp_drive 1 and 0 on it; > 0 pins the lane */
+	uint64_t drive_end_ns; /* when n_drivers last dropped to 0 (tcp_drive) */
+	bool bulk_writes;      /* the last submit here as a thread's own: > 1 MiB of WRITEs */
+	uint32_t n_big;	       /* slots in use of at least TCP_DRV_MAX_SLICE: left to the worker */
+	bool out_armed;	       /* EPOLLOUT is in the socket's epoll events */
 	/* Slots in use, orphans included: which lanes a driver polls (relaxed: a hint). */
 	_Atomic uint32_t used;
 	/*
@@ -550,6 +552,8 @@ struct tcp_worker {
 	uint8_t *scratch;
 	struct tcp_ep **again;
 	uint32_t n_again, cap_again;
+	/* When a lane left quiet by tcp_drive 0 is due (tcp_worker_linger_due); 0: none */
+	_Atomic uint64_t linger_due_ns;
 };
 
 struct tcp_inst {
@@ -563,6 +567,15 @@ struct tcp_inst {
 	uint32_t max_inflight;
 	uint64_t slice_size;
 	uint64_t stripe_min; /* slices this large are striped over the lanes */
+	/*
+	 * wait_hold_us: how long a lane stays quiet after its last driver left with nothing
+	 * in flight on it (tcp_drive 0), when its last batch sent more WRITE payload than
+	 * TCP_INLINE_BYTES. The thread usually submits its next batch and waits
+	 * again within that, and reads the answers itself; the lane's worker, which would
+	 * otherwise read them on the other CPU while that thread still sends on the same
+	 * socket, takes over when it lapses (measured: README.md). 0: at once.
+	 */
+	uint64_t wait_hold_ns;
 	uint64_t connect_timeout_ms;
 	uint64_t sockbuf; /* SO_SNDBUF/SO_RCVBUF; 0: kernel autotuning */
 	uint64_t max_conns, max_conns_per_host, max_unauth;
@@ -693,6 +706,8 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l);
 void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l);
 void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l, uint32_t events);
+void tcp_worker_linger_due(struct tcp_inst *ti, struct tcp_worker *w);
+void tcp_worker_linger(struct tcp_worker *w, uint64_t due);
 void tcp_peer_free(struct tcp_inst *ti, struct tcp_peer *peer);
 void tcp_lane_service(struct tcp_inst *ti, struct tcp_lane *l);
 enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **slices, uint32_t n,

@@ -20,6 +20,23 @@ void tcp_worker_wake_locked(struct tcp_worker *w)
 			strerror(errno));
 }
 
+/*
+ * A lane tcp_drive 0 left quiet must be looked at by @due (tcp_worker_linger_due): @w is
+ * woken when that is earlier than what it sleeps for. Any thread.
+ */
+void tcp_worker_linger(struct tcp_worker *w, uint64_t due)
+{
+	uint64_t cur;
+
+	pthread_mutex_lock(&w->lock);
+	cur = atomic_load_explicit(&w->linger_due_ns, memory_order_relaxed);
+	if (!cur || due < cur) {
+		atomic_store_explicit(&w->linger_due_ns, due, memory_order_relaxed);
+		tcp_worker_wake_locked(w);
+	}
+	pthread_mutex_unlock(&w->lock);
+}
+
 /* Ask @l's worker to look at it (finish a failure, close it). Any thread. */
 void tcp_kick_lane(struct tcp_lane *l)
 {
@@ -239,13 +256,14 @@ void *tcp_worker_main(void *arg)
 	uint64_t next_tick = tcp_now_ns() + TCP_TICK_MS * 1000000ull;
 
 	while (!atomic_load_explicit(&ti->stopping, memory_order_acquire)) {
-		uint64_t now;
+		uint64_t now, due;
 		int n, timeout;
 
 		tcp_worker_todo(ti, w);
 		now = tcp_now_ns();
-		timeout =
-			w->n_again || now >= next_tick ? 0 : (int)((next_tick - now) / 1000000) + 1;
+		due = atomic_load_explicit(&w->linger_due_ns, memory_order_relaxed);
+		due = due && due < next_tick ? due : next_tick;
+		timeout = w->n_again || now >= due ? 0 : (int)((due - now) / 1000000) + 1;
 		n = epoll_wait(w->epfd, evs, TCP_EVENTS, timeout);
 		if (n < 0) {
 			if (errno != EINTR) {
@@ -278,6 +296,7 @@ void *tcp_worker_main(void *arg)
 			}
 		}
 		tcp_run_again(ti, w);
+		tcp_worker_linger_due(ti, w);
 		/*
 		 * Time limits after the events: a worker that was not scheduled for a while
 		 * first handles what arrived meanwhile (a connect that completed, a HELLO),

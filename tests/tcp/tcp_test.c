@@ -1809,6 +1809,102 @@ static void test_spread_writes(void)
 	itest_buf_free(&rb);
 }
 
+/*
+ * After te_batch_wait returns, the waiting thread's idle lane stays its own to read for
+ * wait_hold_us when its last batch WRITEs more than 1 MiB: the answers to its next batch
+ * wait in the socket until it waits again, and it reads them itself (the lane's "driven"
+ * count). After smaller batches (8 READs of 4 KiB), when the hold lapses (the default 1 ms)
+ * or with wait_hold_us: 0, the lane's worker reads them: a thread that stops waiting and
+ * polls te_batch_status (which drives nothing) still sees its batch complete. Bytes checked.
+ */
+static void test_wait_hold(void)
+{
+	static const struct {
+		const char *opts;
+		uint32_t warm_len; /* the batches waited for before: 32 of this, WRITE or READ */
+		bool warm_read, held;
+	} cases[] = { { "lanes: 1, wait_hold_us: 1000000", 65536, false, true },
+		      { "lanes: 1, wait_hold_us: 1000000", 4096, true, false },
+		      { "lanes: 1, wait_hold_us: 0", 65536, false, false },
+		      { "lanes: 1", 65536, false, false } };
+
+	for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+		enum {
+			N = 8,
+			AT = 3 * MiB
+		};
+		struct te_request r[N];
+		struct te_batch_info info = { 0 };
+		struct itest_pair p;
+		struct itest_buf la, rb;
+		te_batch_id bid;
+		int64_t driven;
+
+		g_test_message("%s, batches of 32 x %u %s before", cases[c].opts, cases[c].warm_len,
+			       cases[c].warm_read ? "READ" : "WRITE");
+		pair_new(&p, cases[c].opts, NULL);
+		itest_buf_new(&la, 4 * MiB, GUARD, 0x5c);
+		itest_buf_new(&rb, 4 * MiB, GUARD, 0x6d);
+		itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+		itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+		itest_pair_connect(&p);
+		/*
+		 * Batches waited for until this thread read all of one's answers itself (the
+		 * lane's worker reads the handshake, and answers that come before the wait
+		 * starts): the lane was this thread's to read until just now.
+		 */
+		for (int round = 0;; round++) {
+			driven = lane_stat(p.a, 0, "driven");
+			spread_batch(&p, &la, &rb, 0, 32, cases[c].warm_len, cases[c].warm_read);
+			if (lane_stat(p.a, 0, "driven") - driven == 32)
+				break;
+			g_assert_cmpint(round, <, 200);
+		}
+		driven = lane_stat(p.a, 0, "driven");
+		for (uint32_t i = 0; i < N; i++)
+			r[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + AT + i * 4096,
+						    itest_raddr(&rb, AT + i * 4096), 4096 };
+		assert_ok(te_batch_new(p.a, N, &bid));
+		assert_ok(te_batch_submit(p.a, bid, r, N));
+		if (cases[c].held) {
+			/* The answers came long ago, and nobody read them. */
+			sleep_ms(200);
+			assert_ok(te_batch_status(p.a, bid, &info));
+			g_assert_cmpuint(info.completed, ==, 0);
+			assert_ok(itest_wait(p.a, bid));
+			g_assert_cmpint(lane_stat(p.a, 0, "driven") - driven, ==, N);
+		} else {
+			gint64 t0 = g_get_monotonic_time();
+
+			for (int ms = 0; ms < 10000; ms++) {
+				assert_ok(te_batch_status(p.a, bid, &info));
+				if (info.completed == N)
+					break;
+				sleep_ms(1);
+			}
+			g_assert_cmpuint(info.completed, ==, N);
+			g_assert_cmpint(lane_stat(p.a, 0, "driven"), ==, driven);
+			/* Not held: done well before a 1 s hold could have lapsed. */
+			if (cases[c].warm_read)
+				g_assert_cmpint(g_get_monotonic_time() - t0, <, 900000);
+		}
+		assert_ok(te_batch_free(p.a, bid));
+		g_assert_true(itest_range_is(&la, AT, N * 4096, &rb, AT));
+		{
+			size_t offs[2] = { 0, AT },
+			       lens[2] = { 32 * (size_t)cases[c].warm_len, N * 4096 };
+
+			if (cases[c].warm_read)
+				g_assert_true(itest_untouched_outside(&la, offs, lens, 2));
+			else
+				g_assert_true(itest_untouched_outside(&rb, offs, lens, 1));
+		}
+		itest_pair_free(&p);
+		itest_buf_free(&la);
+		itest_buf_free(&rb);
+	}
+}
+
 /* Responses a server must not send: the lane breaks, the task fails, no byte lands. */
 enum bad_reply {
 	BAD_REPLY_UNKNOWN_ID,
@@ -2651,6 +2747,7 @@ int main(int argc, char **argv)
 				     test_stripe_busy_lane);
 	}
 	g_test_add_func("/tcp/lanes/spread-writes", test_spread_writes);
+	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
 	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
 			     GINT_TO_POINTER(BAD_REPLY_UNKNOWN_ID), test_bad_reply);
 	g_test_add_data_func("/tcp/client/bad-reply/too-long", GINT_TO_POINTER(BAD_REPLY_TOO_LONG),
