@@ -363,7 +363,7 @@ struct tcp_lane {
 	bool rx_want;	       /* tcp_lane_service should read (the driver stopped at its budget) */
 	bool rx_quiet;	       /* EPOLLIN off: a driver polls this lane (tcp_drive) */
 	uint32_t n_drivers;    /* threads between tcp_drive 1 and 0 on it; > 0 pins the lane */
-	uint64_t drive_end_ns; /* when n_drivers last dropped to 0 (tcp_drive) */
+	uint64_t drive_end_ns; /* when n_drivers last dropped to 0, leaving it quiet (tcp_drive) */
 	bool bulk_writes;      /* the last submit here as a thread's own: > 1 MiB of WRITEs */
 	uint32_t n_big;	       /* slots in use of at least TCP_DRV_MAX_SLICE: left to the worker */
 	bool out_armed;	       /* EPOLLOUT is in the socket's epoll events */

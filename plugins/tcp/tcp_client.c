@@ -1010,8 +1010,8 @@ void tcp_worker_linger_due(struct tcp_inst *ti, struct tcp_worker *w)
 
 	if (!due || (now = tcp_now_ns()) < due)
 		return;
+	/* tcp_worker_linger sets the due time under w->lock too: it cannot change meanwhile. */
 	pthread_mutex_lock(&w->lock);
-	atomic_store_explicit(&w->linger_due_ns, 0, memory_order_relaxed);
 	for (struct tcp_lane *l = w->lanes; l; l = l->wnext) {
 		pthread_mutex_lock(&l->lock);
 		if (l->rx_quiet && !l->n_drivers && l->state == TCP_LANE_UP) {
@@ -1027,9 +1027,7 @@ void tcp_worker_linger_due(struct tcp_inst *ti, struct tcp_worker *w)
 		}
 		pthread_mutex_unlock(&l->lock);
 	}
-	due = atomic_load_explicit(&w->linger_due_ns, memory_order_relaxed);
-	if (next && (!due || next < due))
-		atomic_store_explicit(&w->linger_due_ns, next, memory_order_relaxed);
+	atomic_store_explicit(&w->linger_due_ns, next, memory_order_relaxed);
 	pthread_mutex_unlock(&w->lock);
 	for (uint32_t i = 0; i < n_broken; i++)
 		tcp_lane_break(ti, broken[i], TE_ERR_CONN_RESET, TCP_NAME ": connection broken");
@@ -1786,17 +1784,22 @@ void tcp_drive(struct te_plugin_inst *inst, uint32_t driving)
 		for (peer = ti->peers;
 		     d->n < TCP_DRV_LANES && (l = tcp_home_lane_next(&peer, me));) {
 			if (!l->closing) {
+				int arm = -1; /* listen: 0 quiet, 1 events on, -1 as it is */
+
 				l->n_drivers++;
 				d->lanes[d->n++] = l;
+				/*
+				 * Quiet it for this driver; or, left quiet by tcp_drive 0 and
+				 * now with slices for its worker, give it back to the worker.
+				 */
 				if (l->state == TCP_LANE_UP && l->hs == TCP_HS_READY &&
-				    !l->rx_quiet && !l->n_big) {
-					tcp_lane_listen_locked(l, false);
-					if (l->state == TCP_LANE_BROKEN)
-						broken[n_broken++] = l;
-				} else if (l->state == TCP_LANE_UP && l->rx_quiet && l->n_big &&
-					   l->n_drivers == 1) {
-					/* Left quiet (tcp_drive 0), now with slices for its worker */
-					tcp_lane_listen_locked(l, true);
+				    !l->rx_quiet && !l->n_big)
+					arm = 0;
+				else if (l->state == TCP_LANE_UP && l->rx_quiet && l->n_big &&
+					 l->n_drivers == 1)
+					arm = 1;
+				if (arm >= 0) {
+					tcp_lane_listen_locked(l, arm);
 					if (l->state == TCP_LANE_BROKEN)
 						broken[n_broken++] = l;
 				}
@@ -1828,13 +1831,15 @@ void tcp_drive(struct te_plugin_inst *inst, uint32_t driving)
 			 * (no epoll_ctl either way). Smaller batches gain from the worker's
 			 * help (4 KiB READs at batch 128: 0.93x held).
 			 */
-			l->drive_end_ns = tcp_now_ns();
-			due = l->drive_end_ns + ti->wait_hold_ns;
 			linger = ti->wait_hold_ns && l->bulk_writes && l->rx_quiet &&
 				 l->state == TCP_LANE_UP && !l->rx_want && !l->closing &&
 				 !atomic_load_explicit(&l->used, memory_order_relaxed);
-			if (l->rx_quiet && l->state == TCP_LANE_UP && !linger)
+			if (linger) {
+				l->drive_end_ns = tcp_now_ns();
+				due = l->drive_end_ns + ti->wait_hold_ns;
+			} else if (l->rx_quiet && l->state == TCP_LANE_UP) {
 				tcp_lane_listen_locked(l, true);
+			}
 			/*
 			 * Broken by that, or closing and waiting for us to be freed; or a driver
 			 * stopped at its budget with answers left in the receive buffer: the
