@@ -29,7 +29,7 @@
 #   on the same machine shows why in this column (its receiving thread sleeps or not).
 #   Load average before and after, and steal: the share of the machine's CPU time the
 #   hypervisor gave to other guests (/proc/stat), over the whole run and per cell.
-#   te runs with its default configuration (tcp: 2 lanes, 2 workers, 1M slices), whatever the
+#   te runs with its default configuration (tcp: 4 lanes, 2 workers, 1M slices), whatever the
 #   thread count; tcp-raw-loop opens one connection per thread. --te-config FILE passes a
 #   configuration to te-bench; --te-lanes N (or `threads`: as many as the cell's threads)
 #   writes one with that many tcp lanes.
@@ -511,7 +511,7 @@ lines = []
 lines.append(f"te-bench --loopback (tcp) vs tcp-raw-loop --loopback vs iperf3 on 127.0.0.1; "
              f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs, "
              f"{os.uname().release}, te {rev()} "
-             f"({'config ' + a.te_config if a.te_config else 'tcp lanes: ' + a.te_lanes if a.te_lanes else 'default config: 2 tcp lanes'}); "
+             f"({'config ' + a.te_config if a.te_config else 'tcp lanes: ' + a.te_lanes if a.te_lanes else 'default config: 4 tcp lanes'}); "
              f"{rounds} round(s) of {duration:g} s per run; "
              f"load average {load0} before, {load1} after "
              f"({(time.time() - t_begin) / 60:.1f} min); CPU time taken by the hypervisor "

@@ -21,7 +21,7 @@
 #   aggregate is the sum of those connections' GB/s: what this host moves for the same
 #   streams (same ops, sizes, requests per batch, requests in flight, byte checks) over
 #   plain pipelined TCP. te pays for what the raw loop does not have: N-1 peers per member
-#   (a random one per batch, 2 lanes each), an engine per process, N processes instead of
+#   (a random one per batch, 4 lanes each), an engine per process, N processes instead of
 #   one client/server pair per class.
 #   --rounds R: R te rounds and R raw rounds, interleaved (te first in odd rounds, raw first
 #   in even ones); GB/s and te/raw are the median over rounds (min-max when R > 1).
@@ -31,7 +31,7 @@
 #   what stays after every member closed its segments (must be 0), CPU-seconds per GB (all
 #   processes, timed window), aggregate GB/s, te/raw, errors (failed tasks by status and
 #   verification failures: must be 0). Load average (uptime) before and after.
-#   With N-1 peers x 2 lanes over the tcp plugin's max_conns_per_host (64: N > 33), or more
+#   With N-1 peers x 4 lanes over the tcp plugin's max_conns_per_host (128: N > 33), or more
 #   than control.max_connections_per_host (128) peers, the script writes a configuration
 #   that raises those limits (loopback peers all share the address 127.0.0.1) and says so;
 #   --config FILE is passed to every member instead (the script does not check it).
@@ -60,8 +60,8 @@ build = sys.argv[1]
 MESH = os.path.join(build, "bench", "te-mesh")
 RAW = os.path.join(build, "bench", "tcp-raw-loop")
 CLK = os.sysconf("SC_CLK_TCK")
-TCP_LANES = 2               # the tcp plugin's default lanes per peer
-TCP_PER_HOST = 64           # its default max_conns_per_host
+TCP_LANES = 4               # the tcp plugin's default lanes per peer
+TCP_PER_HOST = 128          # its default max_conns_per_host
 RPC_PER_HOST = 128          # control.max_connections_per_host's default
 RAW_MAX_CONNS = 256         # tcp-raw-loop --connections at most
 WARMUP = 4                  # untimed batches per slot (te) and per connection (raw)

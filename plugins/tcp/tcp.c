@@ -21,7 +21,7 @@ static const struct te_plugin_option tcp_options[] = {
 	TE_PLUGIN_OPTION_STRING("advertise", NULL,
 				"address published to peers (default: the bind address; needed "
 				"when bind is a wildcard)"),
-	TE_PLUGIN_OPTION_INT("lanes", "2", 1, TCP_MAX_LANES, "TCP connections per peer"),
+	TE_PLUGIN_OPTION_INT("lanes", "4", 1, TCP_MAX_LANES, "TCP connections per peer"),
 	TE_PLUGIN_OPTION_INT("workers", "2", 1, TCP_MAX_WORKERS, "epoll threads"),
 	TE_PLUGIN_OPTION_CHOICE("progress", "caller", tcp_progress_modes,
 				"who reads answers while a thread waits in te_batch_wait: caller "
@@ -42,8 +42,8 @@ static const struct te_plugin_option tcp_options[] = {
 			     "a slower connect fails its slices (TE_ERR_PEER_UNREACHABLE)"),
 	TE_PLUGIN_OPTION_SIZE("sockbuf", "0", 0, 1 << 30,
 			      "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's autotuning"),
-	TE_PLUGIN_OPTION_INT("max_conns", "1024", 1, 1 << 20, "accepted connections open at once"),
-	TE_PLUGIN_OPTION_INT("max_conns_per_host", "64", 1, 1 << 20,
+	TE_PLUGIN_OPTION_INT("max_conns", "2048", 1, 1 << 20, "accepted connections open at once"),
+	TE_PLUGIN_OPTION_INT("max_conns_per_host", "128", 1, 1 << 20,
 			     "accepted connections from one client address"),
 	TE_PLUGIN_OPTION_INT("max_unauth", "128", 1, 1 << 20,
 			     "accepted connections still in their HELLO (and AUTH)"),

@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # stress_test.sh: te-bench --loopback --verify over the shapes where tcp's lanes, drivers and
 # workers meet (about a minute): READ, WRITE and mixed; 4K to 1M blocks; batches of 1 to 600;
-# 1 to 4 threads on 2 lanes (so threads share lanes); depth 1 and 3; the default config,
-# lanes: 1, progress: threads, stripe_min: 64K, a long wait_hold_us and a small max_inflight.
+# 1 to 4 threads on the default 4 lanes, and on 2 and 1 (so threads share lanes); depth 1
+# and 3; the default config, lanes: 2, lanes: 1, progress: threads, stripe_min: 64K, a long
+# wait_hold_us and a small max_inflight.
 # Every run must exit 0 with its bytes verified (depth 1; te-bench checks them) or at least
 # complete every batch (depth 3); a stall shows as te-bench's batch TIMEOUT (5 s). Each
 # failing shape is printed with te-bench's reason; never asserts on speed. A stall like the
@@ -18,6 +19,7 @@ trap 'rm -rf "$tmp"' EXIT
 cfg() {
 	printf 'engine:\n  listen: "127.0.0.1:0"\nmetadata:\n  type: p2p\ntransports:\n  - name: tcp\n    required: true\n    options: {%s}\n' "$2" >"$tmp/$1.yaml"
 }
+cfg l2 "lanes: 2"
 cfg l1 "lanes: 1"
 cfg thr "progress: threads"
 cfg s64 "stripe_min: 64K"
@@ -41,7 +43,7 @@ run() { # config-name|- op block batch threads depth
 	fi
 }
 
-for c in - l1 thr s64 hold mi; do
+for c in - l2 l1 thr s64 hold mi; do
 	for shape in "read 4K 600 4 1" "write 4K 512 4 1" "mix 4K 128 3 3" "write 64K 32 1 1" \
 		"write 64K 64 2 1" "read 64K 40 3 3" "write 1M 3 2 1" "mix 256K 8 1 1" \
 		"read 1M 5 2 1" "write 5000 33 1 3"; do
