@@ -151,8 +151,9 @@
 #define TCP_DRV_MAX_SLICE (512u << 10)
 #define TCP_STAGE (1u << 20) /* staging buffer per connection and direction (GPU memory) */
 #define TCP_STAGED_TYPES (TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP)
-#define TCP_TICK_MS 100	   /* housekeeping period: connect timeouts, stalls */
-#define TCP_STALL_TICKS 3u /* ticks without progress that break a lane with cancels */
+#define TCP_TICK_MS 100		  /* housekeeping period: connect timeouts, stalls */
+#define TCP_SHUN_NS 1000000000ull /* a lane whose requests moved away stays left alone */
+#define TCP_STALL_TICKS 3u	  /* ticks without progress that break a lane with cancels */
 #define TCP_EVENTS 64
 
 #define TCP_ACCESS_ALL (TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)
@@ -336,6 +337,12 @@ struct tcp_lane {
 	struct te_plugin_slice *fence_head, *fence_tail;
 	uint32_t n_fence;
 	uint64_t fence_connect_ns; /* when a reconnect for the fence last started */
+	/*
+	 * Until then submit keeps off this lane: its last connection failed before the server
+	 * accepted it (a connection limit, say) while another lane of the peer was up or
+	 * connecting, and its requests moved there (tcp_lane_move; relaxed: a hint).
+	 */
+	_Atomic uint64_t shun_until_ns;
 
 	struct tcp_slot *slots;
 	uint32_t *free_ids;

@@ -178,6 +178,68 @@ void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tc
 	}
 }
 
+static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, bool home);
+static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk);
+
+/*
+ * The requests of @from's connection that failed before the server accepted it (none was
+ * sent): queue them on the peer's lanes that are up or connecting (requests wait there for
+ * the server's answer to the HELLO, and move on again if that fails), and keep submit off
+ * @from for TCP_SHUN_NS; those that find no room are reported (with the status and detail
+ * the break gave them; @why is its reason, for the log). Not under a lock.
+ */
+static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp_rlist *list,
+			  const char *why)
+{
+	struct tcp_peer *peer = from->peer;
+	struct te_plugin_slice *s = list->head;
+	struct tcp_rlist rest = { 0 };
+	bool touched[TCP_MAX_LANES] = { false };
+	uint32_t moved = 0;
+
+	list->head = list->tail = NULL;
+	list->n = 0;
+	while (s) {
+		struct te_plugin_slice *next = tcp_priv(s)->next;
+		bool done = false;
+
+		for (uint32_t i = 0; i < peer->n_lanes && !done; i++) {
+			struct tcp_lane *c = &peer->lanes[i];
+
+			if (c == from)
+				continue;
+			pthread_mutex_lock(&c->lock);
+			if ((c->state == TCP_LANE_UP || c->state == TCP_LANE_CONNECTING) &&
+			    !c->closing && c->n_free) {
+				tcp_lane_enqueue_locked(c, s, false);
+				touched[i] = done = true;
+			}
+			pthread_mutex_unlock(&c->lock);
+		}
+		if (done) {
+			moved++;
+		} else {
+			tcp_rlist_add(&rest, s); /* with the lane's status and detail */
+		}
+		s = next;
+	}
+	if (moved) {
+		atomic_store_explicit(&from->shun_until_ns, tcp_now_ns() + TCP_SHUN_NS,
+				      memory_order_relaxed);
+		tcp_log(ti, TE_PLUGIN_LOG_WARN,
+			"lane %u to %s failed before the server accepted it (%s); its %u "
+			"request(s) moved to the peer's other lanes, and it is left alone for "
+			"%llu ms",
+			from->index, peer->name, why, moved,
+			(unsigned long long)(TCP_SHUN_NS / 1000000));
+	}
+	for (uint32_t i = 0; i < peer->n_lanes; i++)
+		if (touched[i])
+			tcp_lane_push(ti, &peer->lanes[i], true);
+	*list = rest;
+	tcp_rlist_report(ti, list);
+}
+
 /*
  * Abort @l's connection (a reset: the kernel drops what it has not sent) and end what it
  * held; the lane is DOWN afterwards and reconnects on demand. Its worker only (or fini).
@@ -194,13 +256,13 @@ void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tc
  */
 void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, const char *detail)
 {
-	struct tcp_rlist now_list = { 0 };
+	struct tcp_rlist now_list = { 0 }, move_list = { 0 };
 	char why[TCP_PRIV_DETAIL];
 	uint32_t n = 0, fenced = 0;
 	uint64_t now = tcp_now_ns();
 	struct te_plugin_slice *partial;
 	enum te_status rst;
-	bool gone, closed_by_peer, reconnect = false;
+	bool gone, closed_by_peer, reconnect = false, unsent;
 
 	pthread_mutex_lock(&l->lock);
 	if (l->state == TCP_LANE_DOWN) {
@@ -223,6 +285,9 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	gone = rst == TE_ERR_PEER_RESTARTED || (l->refused && !l->fence_unclosed) || l->closing ||
 	       atomic_load_explicit(&ti->stopping, memory_order_relaxed);
 	partial = l->sq_off ? l->sq_head : NULL;
+	/* No request leaves before the HELLO's answer: none of this connection's reached it. */
+	unsent = l->hs == TCP_HS_HELLO && !gone &&
+		 (rst == TE_ERR_CONN_RESET || rst == TE_ERR_PEER_UNREACHABLE);
 	if (l->fd >= 0) {
 		epoll_ctl(l->w->epfd, EPOLL_CTL_DEL, l->fd, NULL);
 		tcp_sock_abort(l->fd);
@@ -258,6 +323,8 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 		if (on_wire && !gone && now < s->deadline_ns) {
 			tcp_fence_add_locked(l, s);
 			fenced++;
+		} else if (unsent && !canceled && now < s->deadline_ns) {
+			tcp_rlist_add(&move_list, s);
 		} else {
 			tcp_rlist_add(&now_list, s);
 		}
@@ -285,6 +352,8 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 			"lane %u to %s closed, %u request(s) failed (%u wait for the server's "
 			"fence): %s",
 			l->index, l->peer->name, n, fenced, why);
+	if (move_list.n)
+		tcp_lane_move(ti, l, &move_list, why);
 	tcp_rlist_report(ti, &now_list);
 	if (reconnect)
 		tcp_kick_lane(l); /* the connect failed at once: break again (no fence yet) */
@@ -1415,6 +1484,9 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			uint32_t idx = (start + k) % peer->n_lanes;
 			struct tcp_lane *c = &peer->lanes[idx];
 
+			/* A lane whose requests just moved away (tcp_lane_move): not for now. */
+			if (now < atomic_load_explicit(&c->shun_until_ns, memory_order_relaxed))
+				continue;
 			if (stripe && k < peer->n_lanes && idx != own &&
 			    (atomic_load_explicit(&c->home_used, memory_order_relaxed) ||
 			     (spread &&

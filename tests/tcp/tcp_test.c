@@ -1709,6 +1709,89 @@ static void test_stripe_busy_lane(gconstpointer data)
 	itest_buf_free(&rb);
 }
 
+/*
+ * A lane whose connection the server resets before answering its HELLO (a connection limit,
+ * say) while another lane of the peer is up: its requests (none was sent) move to that lane
+ * and complete; for a while submit keeps off it (no new connection), then tries it again.
+ */
+static void test_refused_lane_moves(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct fake f, f2;
+	struct te_request r;
+	struct linger lg = { 1, 0 };
+	te_batch_id bid;
+	guint own;
+
+	itest_buf_new(&la, 9 * MiB, GUARD, 0x35);
+	itest_buf_new(&rb, 9 * MiB, GUARD, 0x76);
+	fake_pair_opts(&p, &f, &la, &rb, "lanes: 2, slice_size: 1M",
+		       "timeout_ms: 20000, retries: 0");
+
+	/* A small READ brings the thread's own lane up. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	own = lane_slices(p.a, 0) == 1 ? 0 : 1;
+	fake_accept(&f);
+	fake_serve_reads(f.fd, &rb, 1);
+	assert_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
+
+	/* 4 MiB striped over both lanes; the other lane's connection is reset at its HELLO. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data + MiB, itest_raddr(&rb, MiB), 4 * MiB };
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, 2);
+	f2 = f;
+	fake_accept_hello(&f2);
+	setsockopt(f2.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	close(f2.fd);
+	fake_serve_reads(f.fd, &rb, 4); /* its own 2, then the 2 moved */
+	assert_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_range_is(&la, MiB, 4 * MiB, &rb, MiB));
+	g_assert_cmpint(lane_slices(p.a, own), ==, 1 + 2 + 2);
+	g_assert_cmpint(lane_stat(p.a, 1 - own, "connects"), ==, 1);
+
+	/* Right after: all 4 slices on the lane that is up; the other is not reconnected. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data + 5 * MiB, itest_raddr(&rb, 5 * MiB),
+				 4 * MiB };
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	g_assert_cmpint(lane_slices(p.a, own), ==, 5 + 4);
+	fake_serve_reads(f.fd, &rb, 4);
+	assert_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_range_is(&la, 5 * MiB, 4 * MiB, &rb, 5 * MiB));
+	g_assert_cmpint(lane_stat(p.a, 1 - own, "connects"), ==, 1);
+	{
+		size_t offs[2] = { 0, MiB }, lens[2] = { 4096, 8 * MiB };
+
+		g_assert_true(itest_untouched_outside(&la, offs, lens, 2));
+	}
+
+	/* 1.2 s later the lane is tried again. */
+	g_usleep(1200 * 1000);
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data + MiB, itest_raddr(&rb, MiB), 4 * MiB };
+	assert_ok(te_batch_new(p.a, 1, &bid));
+	assert_ok(te_batch_submit(p.a, bid, &r, 1));
+	g_assert_cmpint(lane_slices(p.a, 1 - own), ==, 2 + 2);
+	f2 = f;
+	fake_accept(&f2);
+	fake_serve_reads(f.fd, &rb, 2);
+	fake_serve_reads(f2.fd, &rb, 2);
+	assert_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
+	g_assert_cmpint(lane_stat(p.a, 1 - own, "connects"), ==, 2);
+	itest_pair_free(&p);
+	close(f2.fd);
+	fake_close(&f);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 /* One batch of @n WRITEs of @len bytes from la to rb at offset @off, or READs (@read). */
 static void spread_batch(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
 			 size_t off, uint32_t n, uint32_t len, bool read)
@@ -2756,6 +2839,7 @@ int main(int argc, char **argv)
 				     test_stripe_busy_lane);
 	}
 	g_test_add_func("/tcp/lanes/spread-writes", test_spread_writes);
+	g_test_add_func("/tcp/lanes/refused-lane-moves", test_refused_lane_moves);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
 	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
 			     GINT_TO_POINTER(BAD_REPLY_UNKNOWN_ID), test_bad_reply);
