@@ -178,67 +178,8 @@ void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tc
 	}
 }
 
-static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, bool home);
-static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk);
-
-/*
- * The requests of @from's connection that failed before the server accepted it (none was
- * sent): queue them on the peer's lanes that are up or connecting (requests wait there for
- * the server's answer to the HELLO, and move on again if that fails), and keep submit off
- * @from for TCP_SHUN_NS; those that find no room are reported (with the status and detail
- * the break gave them; @why is its reason, for the log). Not under a lock.
- */
 static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp_rlist *list,
-			  const char *why)
-{
-	struct tcp_peer *peer = from->peer;
-	struct te_plugin_slice *s = list->head;
-	struct tcp_rlist rest = { 0 };
-	bool touched[TCP_MAX_LANES] = { false };
-	uint32_t moved = 0;
-
-	list->head = list->tail = NULL;
-	list->n = 0;
-	while (s) {
-		struct te_plugin_slice *next = tcp_priv(s)->next;
-		bool done = false;
-
-		for (uint32_t i = 0; i < peer->n_lanes && !done; i++) {
-			struct tcp_lane *c = &peer->lanes[i];
-
-			if (c == from)
-				continue;
-			pthread_mutex_lock(&c->lock);
-			if ((c->state == TCP_LANE_UP || c->state == TCP_LANE_CONNECTING) &&
-			    !c->closing && c->n_free) {
-				tcp_lane_enqueue_locked(c, s, false);
-				touched[i] = done = true;
-			}
-			pthread_mutex_unlock(&c->lock);
-		}
-		if (done) {
-			moved++;
-		} else {
-			tcp_rlist_add(&rest, s); /* with the lane's status and detail */
-		}
-		s = next;
-	}
-	if (moved) {
-		atomic_store_explicit(&from->shun_until_ns, tcp_now_ns() + TCP_SHUN_NS,
-				      memory_order_relaxed);
-		tcp_log(ti, TE_PLUGIN_LOG_WARN,
-			"lane %u to %s failed before the server accepted it (%s); its %u "
-			"request(s) moved to the peer's other lanes, and it is left alone for "
-			"%llu ms",
-			from->index, peer->name, why, moved,
-			(unsigned long long)(TCP_SHUN_NS / 1000000));
-	}
-	for (uint32_t i = 0; i < peer->n_lanes; i++)
-		if (touched[i])
-			tcp_lane_push(ti, &peer->lanes[i], true);
-	*list = rest;
-	tcp_rlist_report(ti, list);
-}
+			  struct tcp_rlist *rest, const char *why);
 
 /*
  * Abort @l's connection (a reset: the kernel drops what it has not sent) and end what it
@@ -353,7 +294,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 			"fence): %s",
 			l->index, l->peer->name, n, fenced, why);
 	if (move_list.n)
-		tcp_lane_move(ti, l, &move_list, why);
+		tcp_lane_move(ti, l, &move_list, &now_list, why);
 	tcp_rlist_report(ti, &now_list);
 	if (reconnect)
 		tcp_kick_lane(l); /* the connect failed at once: break again (no fence yet) */
@@ -1315,6 +1256,62 @@ static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk)
 		tcp_kick_lane(l);
 	else if (state == TCP_LANE_UP)
 		tcp_lane_flush(ti, l);
+}
+
+/*
+ * The requests of @from's connection that failed before the server accepted it (none was
+ * sent): queue them on the peer's lanes that are up or connecting (requests wait there for
+ * the server's answer to the HELLO, and move on again if that fails), and keep submit off
+ * @from for TCP_SHUN_NS; those that find no room go to @rest, to be reported with the status
+ * and detail the break gave them (@why is its reason, for the log). Not under a lock.
+ */
+static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp_rlist *list,
+			  struct tcp_rlist *rest, const char *why)
+{
+	struct tcp_peer *peer = from->peer;
+	struct te_plugin_slice *s = list->head;
+	bool touched[TCP_MAX_LANES] = { false };
+	uint32_t moved = 0, at = 0;
+
+	while (s) {
+		struct te_plugin_slice *next = tcp_priv(s)->next;
+		bool done = false;
+
+		/* From the lane that took the last one: consecutive requests stay together. */
+		for (uint32_t k = 0; k < peer->n_lanes && !done; k++) {
+			uint32_t i = (at + k) % peer->n_lanes;
+			struct tcp_lane *c = &peer->lanes[i];
+
+			if (c == from)
+				continue;
+			pthread_mutex_lock(&c->lock);
+			if ((c->state == TCP_LANE_UP || c->state == TCP_LANE_CONNECTING) &&
+			    !c->closing && c->n_free) {
+				tcp_lane_enqueue_locked(c, s, false);
+				touched[i] = done = true;
+				at = i;
+			}
+			pthread_mutex_unlock(&c->lock);
+		}
+		if (done)
+			moved++;
+		else
+			tcp_rlist_add(rest, s);
+		s = next;
+	}
+	if (moved) {
+		atomic_store_explicit(&from->shun_until_ns, tcp_now_ns() + TCP_SHUN_NS,
+				      memory_order_relaxed);
+		tcp_log(ti, TE_PLUGIN_LOG_WARN,
+			"lane %u to %s failed before the server accepted it (%s); its %u "
+			"request(s) moved to the peer's other lanes, and it is left alone for "
+			"%llu ms",
+			from->index, peer->name, why, moved,
+			(unsigned long long)(TCP_SHUN_NS / 1000000));
+	}
+	for (uint32_t i = 0; i < peer->n_lanes; i++)
+		if (touched[i])
+			tcp_lane_push(ti, &peer->lanes[i], true);
 }
 
 #define TCP_TOUCHED 16
