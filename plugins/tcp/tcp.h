@@ -153,7 +153,9 @@
 #define TCP_STAGED_TYPES (TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP)
 #define TCP_TICK_MS 100		  /* housekeeping period: connect timeouts, stalls */
 #define TCP_SHUN_NS 1000000000ull /* a lane whose requests moved away stays left alone */
-#define TCP_STALL_TICKS 3u	  /* ticks without progress that break a lane with cancels */
+/* ... this long when the server said its host's connections are for others' first lanes */
+#define TCP_SHUN_FULL_NS 10000000000ull
+#define TCP_STALL_TICKS 3u /* ticks without progress that break a lane with cancels */
 #define TCP_EVENTS 64
 
 #define TCP_ACCESS_ALL (TE_PLUGIN_ACCESS_REMOTE_READ | TE_PLUGIN_ACCESS_REMOTE_WRITE)
@@ -343,6 +345,7 @@ struct tcp_lane {
 	 * connecting, and its requests moved there (tcp_lane_move; relaxed: a hint).
 	 */
 	_Atomic uint64_t shun_until_ns;
+	bool full_noted; /* under lock: a refusal for want of the server's room was logged */
 
 	struct tcp_slot *slots;
 	uint32_t *free_ids;

@@ -179,7 +179,7 @@ void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tc
 }
 
 static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp_rlist *list,
-			  struct tcp_rlist *rest, const char *why);
+			  struct tcp_rlist *rest, const char *why, bool full);
 
 /*
  * Abort @l's connection (a reset: the kernel drops what it has not sent) and end what it
@@ -227,8 +227,9 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	       atomic_load_explicit(&ti->stopping, memory_order_relaxed);
 	partial = l->sq_off ? l->sq_head : NULL;
 	/* No request leaves before the HELLO's answer: none of this connection's reached it. */
-	unsent = l->hs == TCP_HS_HELLO && !gone &&
-		 (rst == TE_ERR_CONN_RESET || rst == TE_ERR_PEER_UNREACHABLE);
+	unsent =
+		l->hs == TCP_HS_HELLO && !gone &&
+		(rst == TE_ERR_CONN_RESET || rst == TE_ERR_PEER_UNREACHABLE || rst == TE_ERR_AGAIN);
 	if (l->fd >= 0) {
 		epoll_ctl(l->w->epfd, EPOLL_CTL_DEL, l->fd, NULL);
 		tcp_sock_abort(l->fd);
@@ -294,7 +295,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 			"fence): %s",
 			l->index, l->peer->name, n, fenced, why);
 	if (move_list.n)
-		tcp_lane_move(ti, l, &move_list, &now_list, why);
+		tcp_lane_move(ti, l, &move_list, &now_list, why, rst == TE_ERR_AGAIN);
 	tcp_rlist_report(ti, &now_list);
 	if (reconnect)
 		tcp_kick_lane(l); /* the connect failed at once: break again (no fence yet) */
@@ -1262,12 +1263,15 @@ static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk)
  * The requests of @from's connection that failed before the server accepted it (none was
  * sent): queue them on the peer's lanes that are up or connecting (requests wait there for
  * the server's answer to the HELLO, and move on again if that fails), and keep submit off
- * @from for TCP_SHUN_NS; those that find no room go to @rest, to be reported with the status
- * and detail the break gave them (@why is its reason, for the log). Not under a lock.
+ * @from for TCP_SHUN_NS, or TCP_SHUN_FULL_NS when the server kept its host's last
+ * connections for other engines (@full: TE_ERR_AGAIN); those that find no room go to @rest,
+ * to be reported with the status and detail the break gave them (@why is its reason, for the
+ * log). Not under a lock.
  */
 static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp_rlist *list,
-			  struct tcp_rlist *rest, const char *why)
+			  struct tcp_rlist *rest, const char *why, bool full)
 {
+	uint64_t shun_ns = full ? TCP_SHUN_FULL_NS : TCP_SHUN_NS;
 	struct tcp_peer *peer = from->peer;
 	struct te_plugin_slice *s = list->head;
 	bool touched[TCP_MAX_LANES] = { false };
@@ -1300,14 +1304,20 @@ static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp
 		s = next;
 	}
 	if (moved) {
-		atomic_store_explicit(&from->shun_until_ns, tcp_now_ns() + TCP_SHUN_NS,
+		bool quiet;
+
+		pthread_mutex_lock(&from->lock);
+		quiet = full && from->full_noted;
+		from->full_noted |= full;
+		pthread_mutex_unlock(&from->lock);
+		atomic_store_explicit(&from->shun_until_ns, tcp_now_ns() + shun_ns,
 				      memory_order_relaxed);
-		tcp_log(ti, TE_PLUGIN_LOG_WARN,
+		tcp_log(ti, quiet ? TE_PLUGIN_LOG_DEBUG : TE_PLUGIN_LOG_WARN,
 			"lane %u to %s failed before the server accepted it (%s); its %u "
 			"request(s) moved to the peer's other lanes, and it is left alone for "
 			"%llu ms",
 			from->index, peer->name, why, moved,
-			(unsigned long long)(TCP_SHUN_NS / 1000000));
+			(unsigned long long)(shun_ns / 1000000));
 	}
 	for (uint32_t i = 0; i < peer->n_lanes; i++)
 		if (touched[i])

@@ -363,11 +363,59 @@ bool tcp_fence(struct tcp_inst *ti, struct tcp_conn *c, uint64_t *newest_out)
 	return true;
 }
 
+/*
+ * The last quarter of max_conns_per_host (at least one connection, when the limit allows two)
+ * is kept for engines that have no connection from that host yet: a client's extra lanes
+ * stop short of it, so one engine's 4 lanes cannot shut another engine out of the server
+ * entirely. Whether @c, a lane that has never been served before (no fence record: a lane
+ * that was reconnects whatever the count, its fence needs it), of a client with another lane
+ * served here, arrives when its host holds that many: the refusal text in @text. Worker of @c.
+ */
+static bool tcp_extra_lane_over(struct tcp_inst *ti, const struct tcp_conn *c, char *text,
+				size_t cap)
+{
+	uint64_t limit = ti->max_conns_per_host;
+	uint64_t reserve = limit >= 2 ? (limit / 4 ? limit / 4 : 1) : 0;
+	uint32_t same = 0;
+	bool sibling = false, known = false;
+
+	if (!reserve)
+		return false;
+	pthread_mutex_lock(&ti->fence_lock);
+	for (uint32_t i = 0; i < ti->n_fences && !known; i++)
+		known = ti->fences[i].cid == c->cid && ti->fences[i].lane == c->lane;
+	pthread_mutex_unlock(&ti->fence_lock);
+	if (known)
+		return false;
+	for (uint32_t k = 0; k < ti->n_workers; k++) {
+		struct tcp_worker *w = &ti->workers[k];
+
+		pthread_mutex_lock(&w->lock);
+		for (const struct tcp_conn *o = w->conns; o; o = o->next) {
+			if (o == c || memcmp(o->host, c->host, 16) != 0)
+				continue;
+			same++;
+			/* cid is written before hs turns READY under this lock */
+			sibling |= o->hs == TCP_CHS_READY && o->cid == c->cid;
+		}
+		pthread_mutex_unlock(&w->lock);
+	}
+	if (!sibling || same < limit - reserve)
+		return false;
+	snprintf(text, cap,
+		 TCP_NAME ": lane %u refused: %" PRIu32
+			  " connections from this host, the last %" PRIu64
+			  " of max_conns_per_host (%" PRIu64 ") kept for other engines",
+		 c->lane, same, reserve, limit);
+	return true;
+}
+
 /* The client proved itself (or no secret is configured): fence, then serve. */
 static enum tcp_srv tcp_conn_ready(struct tcp_inst *ti, struct tcp_conn *c, uint8_t op, char *why,
 				   size_t why_len)
 {
 	uint8_t body[TCP_HELLO_ANS] = { 0 };
+	char text[TCP_DETAIL_WIRE];
 	uint64_t newest = 0;
 
 	c->ring = calloc(TCP_SRV_RING, sizeof(*c->ring));
@@ -387,9 +435,12 @@ static enum tcp_srv tcp_conn_ready(struct tcp_inst *ti, struct tcp_conn *c, uint
 		c->rx.cap = TCP_RBUF_BIG;
 		c->rx.gulp = TCP_GULP;
 	}
+	if (tcp_extra_lane_over(ti, c, text, sizeof(text))) {
+		tcp_warn_limited(ti, c->w, "connection from %s: %s", c->who, text);
+		tcp_conn_refuse(c, op, TE_ERR_AGAIN, 0, text);
+		return TCP_SRV_NEXT;
+	}
 	if (!tcp_fence(ti, c, &newest)) {
-		char text[TCP_DETAIL_WIRE];
-
 		snprintf(text, sizeof(text),
 			 TCP_NAME ": lane %u epoch %" PRIu64
 				  " is older than the lane's newest (%" PRIu64 "): refused",

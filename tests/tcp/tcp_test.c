@@ -1792,6 +1792,66 @@ static void test_refused_lane_moves(void)
 	itest_buf_free(&rb);
 }
 
+/*
+ * A server whose host room is kept for first lanes (max_conns_per_host 2: 1 for extra lanes)
+ * refuses A's second lane at its HELLO with TE_ERR_AGAIN: its requests move to A's first
+ * lane and complete (no retries), submit keeps off it for 10 s, and engine C's first lane
+ * still gets in. Without the server's reserve, C is reset at accept; without the move, A's
+ * striped READ fails.
+ */
+static void test_full_host_lane_moves(void)
+{
+	struct itest_pair p = { 0 }, q = { 0 };
+	struct itest_buf la, lc, rb;
+	struct te_request r;
+	guint own;
+
+	p.a = itest_engine1("A", "tcp", "lanes: 2, slice_size: 1M",
+			    "timeout_ms: 20000, retries: 0");
+	p.b = itest_engine1("B", "tcp", "max_conns_per_host: 2", NULL);
+	q.a = itest_engine1("C", "tcp", "lanes: 2", "timeout_ms: 20000, retries: 0");
+	q.b = p.b;
+	itest_buf_new(&la, 9 * MiB, GUARD, 0x77);
+	itest_buf_new(&lc, 65536, GUARD, 0x78);
+	itest_buf_new(&rb, 9 * MiB, GUARD, 0x79);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&lc, q.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	itest_pair_connect(&q);
+
+	/* A small READ brings A's own lane up. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
+	run_ok(&p, &r, 1);
+	own = lane_slices(p.a, 0) == 1 ? 0 : 1;
+
+	/* 4 MiB striped over both lanes: the other one is refused, its 2 slices move. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data + MiB, itest_raddr(&rb, MiB), 4 * MiB };
+	run_ok(&p, &r, 1);
+	g_assert_true(itest_range_is(&la, MiB, 4 * MiB, &rb, MiB));
+	g_assert_cmpint(lane_slices(p.a, own), ==, 1 + 2 + 2);
+	g_assert_cmpint(lane_stat(p.a, 1 - own, "connects"), ==, 1);
+
+	/* Right after: all 4 slices on the lane that is up; the other is not tried again. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data + 5 * MiB, itest_raddr(&rb, 5 * MiB),
+				 4 * MiB };
+	run_ok(&p, &r, 1);
+	g_assert_true(itest_range_is(&la, 5 * MiB, 4 * MiB, &rb, 5 * MiB));
+	g_assert_cmpint(lane_slices(p.a, own), ==, 5 + 4);
+	g_assert_cmpint(lane_stat(p.a, 1 - own, "connects"), ==, 1);
+
+	/* C has no connection to B yet: the room kept gets it in. */
+	r = (struct te_request){ TE_OP_READ, q.seg, lc.data, itest_raddr(&rb, 0), 65536 };
+	run_ok(&q, &r, 1);
+	g_assert_true(itest_range_is(&lc, 0, 65536, &rb, 0));
+
+	te_engine_free(q.a);
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&lc);
+	itest_buf_free(&rb);
+}
+
 /* One batch of @n WRITEs of @len bytes from la to rb at offset @off, or READs (@read). */
 static void spread_batch(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
 			 size_t off, uint32_t n, uint32_t len, bool read)
@@ -2587,6 +2647,63 @@ static void test_limits(void)
 	itest_buf_free(&rw);
 }
 
+/*
+ * The last quarter of max_conns_per_host (here 1 of 4) is for engines with no connection from
+ * the host yet: a client's extra lanes are refused (TE_ERR_AGAIN, with the reason) before it;
+ * another engine's first lane gets in; a lane served before reconnects whatever the count.
+ */
+static void test_limit_leaves_room(void)
+{
+	struct te_engine *b = itest_engine1("B", "tcp", "max_conns_per_host: 4", NULL);
+	struct endpoint ep = endpoint_of(b);
+	struct lane_id x = lane_new(), y = lane_new(), x3, x1b;
+	uint8_t h[W_HDR + W_HELLO_REQ];
+	struct reply rep;
+	int fx[3], fx3, fy, fy1, fx1;
+
+	/* Engine x: lanes 0, 1 and 2 are served (3 of 4 connections from this host). */
+	for (uint32_t i = 0; i < 3; i++) {
+		struct lane_id id = x;
+
+		id.lane = i;
+		fx[i] = raw_hello_as(&ep, &id, NULL);
+	}
+	/* Its lane 3 would take the last connection: refused at its HELLO, with the reason. */
+	x3 = x;
+	x3.lane = 3;
+	fx3 = raw_connect(&ep);
+	hello_frame(h, &x3, ep.nonce, 0);
+	send_all(fx3, h, sizeof(h));
+	g_assert_true(recv_reply(fx3, &rep));
+	g_assert_cmpuint(rep.op, ==, W_HELLO);
+	g_assert_cmpint(rep.status, ==, TE_ERR_AGAIN);
+	assert_contains(rep.detail, "lane 3 refused: 3 connections from this host");
+	assert_contains(rep.detail, "the last 1 of max_conns_per_host (4) kept for other engines");
+	g_assert_true(closed_by_peer(fx3));
+	close(fx3);
+
+	/* Engine y's first lane gets that last connection and is served. */
+	fy = raw_hello_as(&ep, &y, NULL);
+	/* Full now: a further connection (y's lane 1, say) is closed at accept, before its HELLO. */
+	fy1 = raw_connect(&ep);
+	g_assert_true(closed_by_peer(fy1));
+	close(fy1);
+
+	/* x's lane 1 reconnects (a newer epoch) although the host holds 3 others of 4. */
+	close(fx[1]);
+	sleep_ms(100); /* its old connection is gone from the server's count */
+	x1b = x;
+	x1b.lane = 1;
+	x1b.epoch = 2;
+	fx1 = raw_hello_as(&ep, &x1b, NULL);
+
+	close(fx1);
+	close(fx[0]);
+	close(fx[2]);
+	close(fy);
+	te_engine_free(b);
+}
+
 /* The engine's own lanes survive the serving side's idle timeout: they reconnect. */
 static void test_idle_lanes_reconnect(void)
 {
@@ -2840,6 +2957,8 @@ int main(int argc, char **argv)
 	}
 	g_test_add_func("/tcp/lanes/spread-writes", test_spread_writes);
 	g_test_add_func("/tcp/lanes/refused-lane-moves", test_refused_lane_moves);
+	g_test_add_func("/tcp/limits/room-for-first-lanes", test_limit_leaves_room);
+	g_test_add_func("/tcp/lanes/full-host-lane-moves", test_full_host_lane_moves);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
 	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
 			     GINT_TO_POINTER(BAD_REPLY_UNKNOWN_ID), test_bad_reply);
