@@ -345,7 +345,13 @@ struct tcp_lane {
 	 * connecting, and its requests moved there (tcp_lane_move; relaxed: a hint).
 	 */
 	_Atomic uint64_t shun_until_ns;
-	bool full_noted; /* under lock: a refusal for want of the server's room was logged */
+	bool full_noted; /* under lock: a refusal for want of the server's room was logged since
+			  * the lane was last served */
+	/*
+	 * Under lock: the server answered this connection's HELLO (or AUTH) with TE_ERR_AGAIN, no
+	 * room for the lane, so it served none of its requests (tcp_lane_break moves them all).
+	 */
+	bool full_refused;
 
 	struct tcp_slot *slots;
 	uint32_t *free_ids;

@@ -203,7 +203,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	uint64_t now = tcp_now_ns();
 	struct te_plugin_slice *partial;
 	enum te_status rst;
-	bool gone, closed_by_peer, reconnect = false, unsent;
+	bool gone, closed_by_peer, reconnect = false, unsent, full;
 
 	pthread_mutex_lock(&l->lock);
 	if (l->state == TCP_LANE_DOWN) {
@@ -226,10 +226,15 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	gone = rst == TE_ERR_PEER_RESTARTED || (l->refused && !l->fence_unclosed) || l->closing ||
 	       atomic_load_explicit(&ti->stopping, memory_order_relaxed);
 	partial = l->sq_off ? l->sq_head : NULL;
-	/* No request leaves before the HELLO's answer: none of this connection's reached it. */
-	unsent =
-		l->hs == TCP_HS_HELLO && !gone &&
-		(rst == TE_ERR_CONN_RESET || rst == TE_ERR_PEER_UNREACHABLE || rst == TE_ERR_AGAIN);
+	/*
+	 * No request leaves before the HELLO's answer: none of this connection's reached it.
+	 * Nor was any served when the server refused the connection for want of room (its
+	 * answer to the HELLO or, with a secret, the AUTH, behind which requests may have gone).
+	 */
+	full = l->full_refused;
+	unsent = !gone && ((l->hs == TCP_HS_HELLO &&
+			    (rst == TE_ERR_CONN_RESET || rst == TE_ERR_PEER_UNREACHABLE)) ||
+			   full);
 	if (l->fd >= 0) {
 		epoll_ctl(l->w->epfd, EPOLL_CTL_DEL, l->fd, NULL);
 		tcp_sock_abort(l->fd);
@@ -241,6 +246,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	l->out_kick = false;
 	l->peer_closed = false;
 	l->refused = false;
+	l->full_refused = false;
 	l->ctl_len = l->ctl_off = 0;
 	l->hs = TCP_HS_HELLO;
 	l->sq_head = l->sq_tail = NULL;
@@ -262,7 +268,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 		tcp_priv(s)->status = canceled ? TE_ERR_CANCELED : rst;
 		snprintf(tcp_priv(s)->detail, TCP_PRIV_DETAIL, "%s",
 			 canceled ? TCP_NAME ": canceled while in flight" : why);
-		if (on_wire && !gone && now < s->deadline_ns) {
+		if (on_wire && !gone && !full && now < s->deadline_ns) {
 			tcp_fence_add_locked(l, s);
 			fenced++;
 		} else if (unsent && !canceled && now < s->deadline_ns) {
@@ -295,7 +301,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 			"fence): %s",
 			l->index, l->peer->name, n, fenced, why);
 	if (move_list.n)
-		tcp_lane_move(ti, l, &move_list, &now_list, why, rst == TE_ERR_AGAIN);
+		tcp_lane_move(ti, l, &move_list, &now_list, why, full);
 	tcp_rlist_report(ti, &now_list);
 	if (reconnect)
 		tcp_kick_lane(l); /* the connect failed at once: break again (no fence yet) */
@@ -639,6 +645,12 @@ static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l
 
 		*st = h->status == TE_OK ? TE_ERR_PEER_RESTARTED : (enum te_status)h->status;
 		tcp_copy_detail(text, sizeof(text), b, h->status == TE_OK ? 0 : (size_t)h->length);
+		if (*st == TE_ERR_AGAIN) {
+			/* No room for this lane: the server served nothing of this connection. */
+			pthread_mutex_lock(&l->lock);
+			l->full_refused = true;
+			pthread_mutex_unlock(&l->lock);
+		}
 		if (*st == TE_ERR_PEER_RESTARTED)
 			snprintf(why, why_len,
 				 TCP_NAME ": %s (%s) is another instance now (restarted; expected "
@@ -698,6 +710,7 @@ static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l
 		if (want == TCP_OP_HELLO)
 			l->base_ns = tcp_now_ns();
 		l->hs = TCP_HS_READY;
+		l->full_noted = false; /* served: a later refusal is news again */
 		tcp_fence_take_locked(l, true, 0, &fenced);
 		/* Its own instance answers again: a later restart is news again. */
 		atomic_store_explicit(&peer->restarted, false, memory_order_relaxed);

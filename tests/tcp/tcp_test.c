@@ -1792,24 +1792,27 @@ static void test_refused_lane_moves(void)
 	itest_buf_free(&rb);
 }
 
+static struct te_engine *engine_secret(const char *name, const char *options, const char *transfer,
+				       const char *secret);
+
 /*
  * A server whose host room is kept for first lanes (max_conns_per_host 2: 1 for extra lanes)
- * refuses A's second lane at its HELLO with TE_ERR_AGAIN: its requests move to A's first
- * lane and complete (no retries), submit keeps off it for 10 s, and engine C's first lane
- * still gets in. Without the server's reserve, C is reset at accept; without the move, A's
- * striped READ fails.
+ * refuses A's second lane with TE_ERR_AGAIN at its HELLO (with @secret: at its AUTH, behind
+ * which requests already left): its requests move to A's first lane and complete (no
+ * retries), submit keeps off it for 10 s, and engine C's first lane still gets in. Without
+ * the server's reserve, C is reset at accept; without the move, A's striped WRITE fails.
  */
-static void test_full_host_lane_moves(void)
+static void full_host_lane_moves(const char *secret)
 {
 	struct itest_pair p = { 0 }, q = { 0 };
 	struct itest_buf la, lc, rb;
 	struct te_request r;
 	guint own;
 
-	p.a = itest_engine1("A", "tcp", "lanes: 2, slice_size: 1M",
-			    "timeout_ms: 20000, retries: 0");
-	p.b = itest_engine1("B", "tcp", "max_conns_per_host: 2", NULL);
-	q.a = itest_engine1("C", "tcp", "lanes: 2", "timeout_ms: 20000, retries: 0");
+	p.a = engine_secret("A", "lanes: 2, slice_size: 1M", "timeout_ms: 20000, retries: 0",
+			    secret);
+	p.b = engine_secret("B", "max_conns_per_host: 2", NULL, secret);
+	q.a = engine_secret("C", "lanes: 2", "timeout_ms: 20000, retries: 0", secret);
 	q.b = p.b;
 	itest_buf_new(&la, 9 * MiB, GUARD, 0x77);
 	itest_buf_new(&lc, 65536, GUARD, 0x78);
@@ -1825,10 +1828,14 @@ static void test_full_host_lane_moves(void)
 	run_ok(&p, &r, 1);
 	own = lane_slices(p.a, 0) == 1 ? 0 : 1;
 
-	/* 4 MiB striped over both lanes: the other one is refused, its 2 slices move. */
-	r = (struct te_request){ TE_OP_READ, p.seg, la.data + MiB, itest_raddr(&rb, MiB), 4 * MiB };
+	/*
+	 * A 4 MiB WRITE striped over both lanes: the other one is refused, its 2 slices move
+	 * (with a secret they went out behind the AUTH, but the server served none of them).
+	 */
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data + MiB, itest_raddr(&rb, MiB),
+				 4 * MiB };
 	run_ok(&p, &r, 1);
-	g_assert_true(itest_range_is(&la, MiB, 4 * MiB, &rb, MiB));
+	g_assert_true(itest_range_is(&rb, MiB, 4 * MiB, &la, MiB));
 	g_assert_cmpint(lane_slices(p.a, own), ==, 1 + 2 + 2);
 	g_assert_cmpint(lane_stat(p.a, 1 - own, "connects"), ==, 1);
 
@@ -1850,6 +1857,17 @@ static void test_full_host_lane_moves(void)
 	itest_buf_free(&la);
 	itest_buf_free(&lc);
 	itest_buf_free(&rb);
+}
+
+static void test_full_host_lane_moves(void)
+{
+	full_host_lane_moves(NULL);
+}
+
+/* With a secret the refusal answers the AUTH, behind which the requests already went. */
+static void test_full_host_lane_moves_auth(void)
+{
+	full_host_lane_moves(SECRET);
 }
 
 /* One batch of @n WRITEs of @len bytes from la to rb at offset @off, or READs (@read). */
@@ -2959,6 +2977,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/lanes/refused-lane-moves", test_refused_lane_moves);
 	g_test_add_func("/tcp/limits/room-for-first-lanes", test_limit_leaves_room);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves", test_full_host_lane_moves);
+	g_test_add_func("/tcp/lanes/full-host-lane-moves-auth", test_full_host_lane_moves_auth);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
 	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
 			     GINT_TO_POINTER(BAD_REPLY_UNKNOWN_ID), test_bad_reply);
