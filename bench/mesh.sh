@@ -33,7 +33,9 @@
 #   verification failures: must be 0). Load average (uptime) before and after.
 #   With N-1 peers x 4 lanes over the tcp plugin's max_conns_per_host (128: N > 33), or more
 #   than control.max_connections_per_host (128) peers, the script writes a configuration
-#   that raises those limits (loopback peers all share the address 127.0.0.1) and says so;
+#   that raises those limits (loopback peers all share the address 127.0.0.1) and says so.
+#   Below that the defaults hold, and each server admits extra lanes only up to 3/4 of the
+#   limit (96: the rest is kept for first lanes), so from N = 26 some peers use fewer lanes;
 #   --config FILE is passed to every member instead (the script does not check it).
 #   --json FILE: every member's and raw pair's JSON line plus the summary. --keep keeps the
 #   members' stderr logs (their folder is printed). Exit 1 on any error, verification
