@@ -295,6 +295,41 @@ static enum tcp_srv tcp_conn_unauth(struct tcp_inst *ti, struct tcp_conn *c,
 	return TCP_SRV_NEXT;
 }
 
+/* The fence record of @c's client lane, or NULL. Under ti->fence_lock. */
+static struct tcp_fence *tcp_fence_find_locked(struct tcp_inst *ti, const struct tcp_conn *c)
+{
+	for (uint32_t i = 0; i < ti->n_fences; i++)
+		if (ti->fences[i].cid == c->cid && ti->fences[i].lane == c->lane)
+			return &ti->fences[i];
+	return NULL;
+}
+
+/*
+ * Connections from @host other than @skip, all workers together; *@sibling (when not NULL):
+ * whether one of them is a READY lane of client @cid. Takes each worker's lock in turn.
+ */
+static uint32_t tcp_host_conns(struct tcp_inst *ti, const uint8_t host[16],
+			       const struct tcp_conn *skip, uint64_t cid, bool *sibling)
+{
+	uint32_t same = 0;
+
+	for (uint32_t k = 0; k < ti->n_workers; k++) {
+		struct tcp_worker *w = &ti->workers[k];
+
+		pthread_mutex_lock(&w->lock);
+		for (const struct tcp_conn *o = w->conns; o; o = o->next) {
+			if (o == skip || memcmp(o->host, host, 16) != 0)
+				continue;
+			same++;
+			/* cid is written before hs turns READY under this lock */
+			if (sibling && o->hs == TCP_CHS_READY && o->cid == cid)
+				*sibling = true;
+		}
+		pthread_mutex_unlock(&w->lock);
+	}
+	return same;
+}
+
 /*
  * Lane fencing. Record @c's (client id, lane, epoch) as the lane's newest, mark @c READY, and
  * stop every older READY connection of that lane from applying anything more: their flag is
@@ -309,12 +344,7 @@ bool tcp_fence(struct tcp_inst *ti, struct tcp_conn *c, uint64_t *newest_out)
 	uint32_t n_fenced = 0;
 
 	pthread_mutex_lock(&ti->fence_lock);
-	for (uint32_t i = 0; i < ti->n_fences; i++) {
-		if (ti->fences[i].cid == c->cid && ti->fences[i].lane == c->lane) {
-			f = &ti->fences[i];
-			break;
-		}
-	}
+	f = tcp_fence_find_locked(ti, c);
 	if (f && f->epoch >= c->epoch) {
 		*newest_out = f->epoch;
 		pthread_mutex_unlock(&ti->fence_lock);
@@ -376,30 +406,17 @@ static bool tcp_extra_lane_over(struct tcp_inst *ti, const struct tcp_conn *c, c
 {
 	uint64_t limit = ti->max_conns_per_host;
 	uint64_t reserve = limit >= 2 ? (limit / 4 ? limit / 4 : 1) : 0;
-	uint32_t same = 0;
-	bool sibling = false, known = false;
+	uint32_t same;
+	bool sibling = false, known;
 
 	if (!reserve)
 		return false;
 	pthread_mutex_lock(&ti->fence_lock);
-	for (uint32_t i = 0; i < ti->n_fences && !known; i++)
-		known = ti->fences[i].cid == c->cid && ti->fences[i].lane == c->lane;
+	known = tcp_fence_find_locked(ti, c) != NULL;
 	pthread_mutex_unlock(&ti->fence_lock);
 	if (known)
 		return false;
-	for (uint32_t k = 0; k < ti->n_workers; k++) {
-		struct tcp_worker *w = &ti->workers[k];
-
-		pthread_mutex_lock(&w->lock);
-		for (const struct tcp_conn *o = w->conns; o; o = o->next) {
-			if (o == c || memcmp(o->host, c->host, 16) != 0)
-				continue;
-			same++;
-			/* cid is written before hs turns READY under this lock */
-			sibling |= o->hs == TCP_CHS_READY && o->cid == c->cid;
-		}
-		pthread_mutex_unlock(&w->lock);
-	}
+	same = tcp_host_conns(ti, c->host, c, c->cid, &sibling);
 	if (!sibling || same < limit - reserve)
 		return false;
 	snprintf(text, cap,
@@ -1028,7 +1045,7 @@ static void tcp_host_of(const struct sockaddr_storage *sa, uint8_t host[16])
 static const char *tcp_accept_limit(struct tcp_inst *ti, const uint8_t host[16], char *text,
 				    size_t cap)
 {
-	uint32_t same = 0;
+	uint32_t same;
 
 	/* relaxed: counters; a slot freed a moment ago is simply counted next time */
 	if (atomic_load_explicit(&ti->n_conns, memory_order_relaxed) >= ti->max_conns) {
@@ -1040,14 +1057,7 @@ static const char *tcp_accept_limit(struct tcp_inst *ti, const uint8_t host[16],
 			 ti->max_unauth, ti->auth ? "HELLO and AUTH" : "HELLO");
 		return text;
 	}
-	for (uint32_t k = 0; k < ti->n_workers; k++) {
-		struct tcp_worker *w = &ti->workers[k];
-
-		pthread_mutex_lock(&w->lock);
-		for (struct tcp_conn *c = w->conns; c; c = c->next)
-			same += memcmp(c->host, host, 16) == 0;
-		pthread_mutex_unlock(&w->lock);
-	}
+	same = tcp_host_conns(ti, host, NULL, 0, NULL);
 	if (same >= ti->max_conns_per_host) {
 		snprintf(text, cap, "%" PRIu32 " connections from this host (max_conns_per_host)",
 			 same);
