@@ -3,7 +3,7 @@
 # compare-builds.sh: te builds (or configurations) against each other and the raw loop, one cell, interleaved.
 #
 # Usage: bench/compare-builds.sh [-C BUILD] [--te NAME=DIR[@CONFIG] ...] [--rounds 8] [--no-raw]
-#            [--md FILE] [-- TE-BENCH-ARGS...]
+#            [--congestion NAME] [--md FILE] [-- TE-BENCH-ARGS...]
 #   The before/after of a change: one te-bench cell (TE-BENCH-ARGS: --op, --block-size,
 #   --batch, --threads, --depth, --duration ...; default duration 1 s) run by every variant
 #   and by tcp-raw-loop (BUILD's, same op, block, batch, depth and --connections = threads),
@@ -19,7 +19,9 @@
 #   GB/s over rounds; the median (min-max) of the per-round ratios against the first variant
 #   and against the raw loop; the median steal (the hypervisor's share of the machine's CPU
 #   time during the run, te-bench's steal_pct). Per-round lines go to stderr as they come.
-#   Load average before and after. Exit 1 when a run failed (its round counts for none of
+#   Load average before and after, and the host's TCP congestion control. --congestion NAME:
+#   the raw loop's connections use NAME (tcp-raw-loop --congestion); a te variant gets it
+#   from its @CONFIG (tcp option congestion: NAME). Exit 1 when a run failed (its round counts for none of
 #   the ratios), 2 on a usage error.
 set -euo pipefail
 
@@ -53,6 +55,7 @@ ap.add_argument("--te", action="append", default=[])
 ap.add_argument("--rounds", type=int, default=8)
 ap.add_argument("--no-raw", action="store_true")
 ap.add_argument("--md", default=None)
+ap.add_argument("--congestion", default=None)
 try:
     a = ap.parse_args(argv)
 except SystemExit:
@@ -120,6 +123,16 @@ if raw:
             raw_args += [flag, v]
     if opt(["-o", "--op"], "read") not in ("read", "write"):
         usage("the raw loop runs --op read or write (or give --no-raw)")
+    if a.congestion:
+        raw_args += ["--congestion", a.congestion]
+
+
+def host_cc():
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
 
 
 def run(cmd, env):
@@ -175,7 +188,8 @@ def ratios(name, base):
 first = variants[0]["name"]
 lines = [f"te-bench --loopback {' '.join(bench_args)}"
          + (f" against tcp-raw-loop --loopback {' '.join(raw_args)}" if raw else "")
-         + f"; {a.rounds} round(s), interleaved; load average {load0} before, {load1} after.", "",
+         + f"; {a.rounds} round(s), interleaved; load average {load0} before, {load1} after; "
+         f"host TCP congestion control {host_cc()}.", "",
          "Requests/s and GB/s: median (min-max) over rounds; ratios: median (min-max) of the "
          "per-round ratios (rounds where both ran); steal %: median of the runs' steal_pct.", "",
          f"| variant | requests/s | GB/s | vs {first} | vs raw | steal % | failed |",

@@ -4,7 +4,8 @@
 #
 # Usage: bench/compare-tcp.sh [-C BUILD] [--sizes 4K,64K,1M,8M,64M] [--working-sets 8M,256M]
 #            [--threads 1,2,4] [--ops read,write] [--rounds 5] [--duration 5] [--quick]
-#            [--no-iperf3] [--no-latency] [--te-config FILE | --te-lanes N|threads] [--md FILE]
+#            [--no-iperf3] [--no-latency] [--te-config FILE | --te-lanes N|threads]
+#            [--congestion NAME] [--md FILE]
 #   Cells: op x block size x working set x threads. A cell's working set is spread over its
 #   threads as te-bench lays it out: batch = working set / (threads x block) (at least 1, at
 #   most 65536), depth 1, so each batch in flight has its own areas; the table shows the
@@ -33,6 +34,12 @@
 #   thread count; tcp-raw-loop opens one connection per thread. --te-config FILE passes a
 #   configuration to te-bench; --te-lanes N (or `threads`: as many as the cell's threads)
 #   writes one with that many tcp lanes.
+#   --congestion NAME: every connection of all three uses that TCP congestion control (te's
+#   tcp option 'congestion', tcp-raw-loop --congestion, iperf3 -C); default: the host's
+#   (net.ipv4.tcp_congestion_control, named in the table's first line). With BBR as the host's
+#   default and no fq qdisc, every connection paces itself with a timer: on this loopback
+#   that halved te's and the raw loop's rates for small blocks and made the raw loop's
+#   swing 2-4x from run to run (bench/README.md); compare under both.
 #   --quick: 4K and 1M, working set 8M, threads 1 and 2, read and write, 1 s per run (about a
 #   minute with --rounds 1). The default matrix (60 cells, 5 rounds of 5 s) takes hours: cut
 #   it down with the flags above.
@@ -105,6 +112,7 @@ ap.add_argument("--no-latency", action="store_true")
 ap.add_argument("--md", default=None)
 ap.add_argument("--te-config", default=None)
 ap.add_argument("--te-lanes", default=None)
+ap.add_argument("--congestion", default=None)
 try:
     a = ap.parse_args(sys.argv[3:])
 except SystemExit:
@@ -149,6 +157,19 @@ if a.te_config and not os.path.isfile(a.te_config):
     usage(f"--te-config: no file '{a.te_config}'")
 if a.te_lanes and a.te_lanes != "threads" and not (a.te_lanes.isdigit() and 1 <= int(a.te_lanes) <= 64):
     usage("--te-lanes: 1 to 64, or 'threads'")
+if a.congestion is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", a.congestion):
+    usage(f"--congestion: '{a.congestion}' is not an algorithm name")
+if a.congestion and a.te_config:
+    usage("--congestion and --te-config exclude each other (put congestion: NAME in the "
+          "file's tcp options)")
+
+
+def host_cc():
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
 iperf3 = None if a.no_iperf3 else next(
     (os.path.join(d, "iperf3") for d in os.environ.get("PATH", "").split(":")
      if os.access(os.path.join(d, "iperf3"), os.X_OK)), None)
@@ -351,7 +372,8 @@ def run_iperf3(op, size, thr):
                 break
             time.sleep(0.025)
         cmd = [iperf3, "-c", "127.0.0.1", "-p", str(port), "-t", str(max(1, round(duration))),
-               "-l", str(min(size, IPERF3_MAX_LEN)), "-P", str(thr), "-J"]
+               "-l", str(min(size, IPERF3_MAX_LEN)), "-P", str(thr), "-J"] + (
+                   ["-C", a.congestion] if a.congestion else [])
         if op == "read":
             cmd.append("-R")
         c = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -395,19 +417,26 @@ def te_config(thr):
     global tmpdir
     if a.te_config:
         return os.path.abspath(a.te_config)
-    if not a.te_lanes:
+    if not a.te_lanes and not a.congestion:
         return None
-    lanes = thr if a.te_lanes == "threads" else int(a.te_lanes)
+    opts = []
+    if a.te_lanes:
+        opts.append(f"lanes: {thr if a.te_lanes == 'threads' else int(a.te_lanes)}")
+    if a.congestion:
+        opts.append(f"congestion: {a.congestion}")
     if tmpdir is None:
         import tempfile
         tmpdir = tempfile.TemporaryDirectory(prefix="te-compare-tcp.")
-    path = os.path.join(tmpdir.name, f"lanes-{lanes}.yaml")
+    path = os.path.join(tmpdir.name, re.sub(r"[^a-z0-9]+", "-", "-".join(opts)) + ".yaml")
     if not os.path.exists(path):
         with open(path, "w") as f:
             f.write('engine:\n  listen: "127.0.0.1:0"\nmetadata:\n  type: p2p\n'
                     f"transports:\n  - name: tcp\n    required: true\n"
-                    f"    options: {{lanes: {lanes}}}\n")
+                    f"    options: {{{', '.join(opts)}}}\n")
     return path
+
+
+CC_RAW = ["--congestion", a.congestion] if a.congestion else []
 
 
 def te_cmd(c):
@@ -416,7 +445,7 @@ def te_cmd(c):
 
 
 def raw_cmd(c):
-    return [RAW, "--loopback", "--connections", str(c["thr"])] + common(c)
+    return [RAW, "--loopback", "--connections", str(c["thr"])] + CC_RAW + common(c)
 
 
 lat = dict(te=[], raw=[])
@@ -488,7 +517,7 @@ for r in range(rounds):
                                       "--batch", "1", "--depth", "1", "--threads", "1",
                                       "--duration", f"{duration:g}", "--json"], "te-bench latency")
             elif tool == "raw":
-                row, _, _, _ = run_json([RAW, "--loopback", "--pingpong", "--duration",
+                row, _, _, _ = run_json([RAW, "--loopback", "--pingpong"] + CC_RAW + ["--duration",
                                       f"{duration:g}", "--json"], "tcp-raw-loop --pingpong")
             else:
                 continue
@@ -512,6 +541,7 @@ lines.append(f"te-bench --loopback (tcp) vs tcp-raw-loop --loopback vs iperf3 on
              f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs, "
              f"{os.uname().release}, te {rev()} "
              f"({'config ' + a.te_config if a.te_config else 'tcp lanes: ' + a.te_lanes if a.te_lanes else 'default config: 4 tcp lanes'}); "
+             f"TCP congestion control {a.congestion + ' (--congestion; the host default is ' + host_cc() + ')' if a.congestion else host_cc() + ' (the host default)'}; "
              f"{rounds} round(s) of {duration:g} s per run; "
              f"load average {load0} before, {load1} after "
              f"({(time.time() - t_begin) / 60:.1f} min); CPU time taken by the hypervisor "

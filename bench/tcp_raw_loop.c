@@ -406,6 +406,20 @@ static bool rl_get(const uint8_t *p, struct rl_hdr *h)
 	return true;
 }
 
+/* --congestion (checked when parsed); "": the host's default. */
+static char rl_congestion[16];
+
+/*
+ * Before connect() or listen(): an algorithm set on a connected socket keeps what the host's
+ * default set up when the connection began (BBR's pacing, for one).
+ */
+static void rl_sock_cc(int fd)
+{
+	if (*rl_congestion)
+		setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, rl_congestion,
+			   (socklen_t)strlen(rl_congestion));
+}
+
 static void rl_sock_tune(int fd)
 {
 	int one = 1;
@@ -649,6 +663,7 @@ static int rl_server(const char *addr, const char *port, uint64_t len, FILE *rep
 		goto out;
 	}
 	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	rl_sock_cc(lfd); /* accepted connections start with it */
 	if (bind(lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(lfd, 128) != 0 ||
 	    getsockname(lfd, (struct sockaddr *)&ss, &sl) != 0) {
 		rl_err("listen on %s:%s: %s", addr, port, strerror(errno));
@@ -1242,6 +1257,7 @@ static int rl_connect(const char *host, const char *port, double timeout_s)
 		fd = socket(p->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (fd < 0)
 			continue;
+		rl_sock_cc(fd);
 		if (connect(fd, p->ai_addr, p->ai_addrlen) == 0)
 			break;
 		e = errno;
@@ -1336,6 +1352,7 @@ static void rl_print(const struct rl_opts *o, const struct rl_run *c, const stru
 		       o->verify ? "true" : "false", r->verified ? "true" : "false",
 		       r->failed ? "true" : "false", r->interrupted ? "true" : "false");
 		rl_json_str("version", RL_TE_VERSION, true);
+		rl_json_str("congestion", rl_congestion, true);
 		/* te-bench's lanes keys: one connection per thread, each carries requests. */
 		printf("\"lanes\":%" PRIu32 ",\"lanes_used\":%" PRIu32 ",", o->conns, o->conns);
 		printf("\"connections\":%" PRIu32 ",\"working_set\":%" PRIu64
@@ -1736,6 +1753,8 @@ static void rl_help(void)
 	       "      --buffer-size SIZE     server buffer [server: 1G; loopback: what the run\n"
 	       "                             needs]\n"
 	       "      --timeout SECONDS      a connection with no progress this long fails [120]\n"
+	       "      --congestion NAME      TCP congestion control of every connection, as te's\n"
+	       "                             tcp option 'congestion' [the host's]\n"
 	       "  -j, --json                 one JSON object (te-bench's keys) instead of a row\n"
 	       "  -q, --quiet                no progress line\n"
 	       "\n"
@@ -1804,6 +1823,7 @@ static int rl_parse_args(int argc, char **argv, struct rl_opts *o)
 		OPT_BUFFER,
 		OPT_TIMEOUT,
 		OPT_WS,
+		OPT_CC,
 	};
 	static const struct option longopts[] = {
 		{ "server", required_argument, NULL, OPT_SERVER },
@@ -1823,6 +1843,7 @@ static int rl_parse_args(int argc, char **argv, struct rl_opts *o)
 		{ "verify", no_argument, NULL, 'v' },
 		{ "buffer-size", required_argument, NULL, OPT_BUFFER },
 		{ "timeout", required_argument, NULL, OPT_TIMEOUT },
+		{ "congestion", required_argument, NULL, OPT_CC },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -1929,6 +1950,24 @@ static int rl_parse_args(int argc, char **argv, struct rl_opts *o)
 				return rl_usage("--buffer-size: invalid size '%s' (8K to 1T bytes)",
 						optarg);
 			break;
+		case OPT_CC: {
+			int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+			int err = 0;
+
+			if (strlen(optarg) >= sizeof(rl_congestion))
+				return rl_usage("--congestion: '%s' is too long", optarg);
+			if (fd >= 0 && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, optarg,
+						  (socklen_t)strlen(optarg)) != 0)
+				err = errno;
+			if (fd >= 0)
+				close(fd);
+			if (err)
+				return rl_usage("--congestion: '%s' cannot be used here: %s "
+						"(net.ipv4.tcp_available_congestion_control)",
+						optarg, strerror(err));
+			snprintf(rl_congestion, sizeof(rl_congestion), "%s", optarg);
+			break;
+		}
 		case OPT_TIMEOUT:
 			o->timeout_s = strtod(optarg, &end);
 			if (end == optarg || *end || !(o->timeout_s >= 0.001) ||

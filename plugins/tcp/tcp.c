@@ -42,6 +42,10 @@ static const struct te_plugin_option tcp_options[] = {
 			     "a slower connect fails its slices (TE_ERR_PEER_UNREACHABLE)"),
 	TE_PLUGIN_OPTION_SIZE("sockbuf", "0", 0, 1 << 30,
 			      "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's autotuning"),
+	TE_PLUGIN_OPTION_STRING("congestion", NULL,
+				"TCP congestion control of the data connections (TCP_CONGESTION: "
+				"cubic, reno, bbr, dctcp, ...); default: the host's "
+				"(net.ipv4.tcp_congestion_control)"),
 	TE_PLUGIN_OPTION_INT("max_conns", "2048", 1, 1 << 20, "accepted connections open at once"),
 	TE_PLUGIN_OPTION_INT("max_conns_per_host", "128", 1, 1 << 20,
 			     "accepted connections from one client address"),
@@ -64,6 +68,54 @@ static uint64_t tcp_opt(const struct tcp_inst *ti, const char *key)
 static uint64_t tcp_opt_size(const struct tcp_inst *ti, const char *key)
 {
 	return te_plugin_opt_size(ti->host, ti->ctx, key, 0);
+}
+
+/*
+ * Option 'congestion': the algorithm must exist on this host and be allowed to this process,
+ * checked on a probe socket now rather than on the first connection.
+ */
+static enum te_status tcp_congestion_check(struct tcp_inst *ti, const char *cc)
+{
+	const char *list = NULL;
+	char avail[256] = "";
+	FILE *f;
+	int fd, err = 0;
+
+	if (!cc || !*cc)
+		return TE_OK;
+	if (strlen(cc) >= sizeof(ti->congestion)) {
+		tcp_set_error(ti,
+			      TCP_NAME ": option 'congestion': '%s' is too long (at most %zu "
+				       "characters)",
+			      cc, sizeof(ti->congestion) - 1);
+		return TE_ERR_CONFIG;
+	}
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)
+		err = errno;
+	if (fd >= 0)
+		close(fd);
+	if (!err) {
+		snprintf(ti->congestion, sizeof(ti->congestion), "%s", cc);
+		return TE_OK;
+	}
+	list = err == EPERM ? "net.ipv4.tcp_allowed_congestion_control"
+			    : "net.ipv4.tcp_available_congestion_control";
+	f = fopen(err == EPERM ? "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+			       : "/proc/sys/net/ipv4/tcp_available_congestion_control",
+		  "re");
+	if (f) {
+		if (!fgets(avail, sizeof(avail), f))
+			avail[0] = 0;
+		avail[strcspn(avail, "\n")] = 0;
+		fclose(f);
+	}
+	tcp_set_error(ti, TCP_NAME ": option 'congestion': '%s' %s on this host: %s (%s: %s)", cc,
+		      err == EPERM ? "is not allowed to this process" : "is not available",
+		      strerror(err), list, *avail ? avail : "unknown");
+	return TE_ERR_CONFIG;
 }
 
 /* Resolve @host (numeric or a name, looked up once here) with @port into @ss. */
@@ -156,6 +208,9 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	ti->wait_hold_ns = tcp_opt(ti, "wait_hold_us") * 1000ull;
 	ti->connect_timeout_ms = tcp_opt(ti, "connect_timeout_ms");
 	ti->sockbuf = tcp_opt_size(ti, "sockbuf");
+	st = tcp_congestion_check(ti, ti->host->config_get(ti->ctx, "congestion"));
+	if (st != TE_OK)
+		return st;
 	ti->max_conns = tcp_opt(ti, "max_conns");
 	ti->max_conns_per_host = tcp_opt(ti, "max_conns_per_host");
 	ti->max_unauth = tcp_opt(ti, "max_unauth");
@@ -225,6 +280,13 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 		return TE_ERR_CONFIG;
 	}
 	setsockopt(ti->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	/*
+	 * Accepted connections start with the listener's algorithm: set later, BBR's pacing
+	 * (from a BBR default) would stay on under the new one.
+	 */
+	if (*ti->congestion)
+		setsockopt(ti->listen_fd, IPPROTO_TCP, TCP_CONGESTION, ti->congestion,
+			   (socklen_t)strlen(ti->congestion));
 	if (bsa.ss_family == AF_INET6 && tcp_is_wildcard(&bsa)) {
 		int zero = 0;
 
@@ -272,8 +334,9 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	tcp_sa_text(&asa, text, sizeof(text));
 	tcp_log(ti, TE_PLUGIN_LOG_INFO,
 		"listening on %s, advertised as %s; %u lanes per peer, %u workers, slice %" PRIu64
-		" bytes",
-		ti->device + 4, text, ti->lanes, ti->n_workers, ti->slice_size);
+		" bytes%s%s",
+		ti->device + 4, text, ti->lanes, ti->n_workers, ti->slice_size,
+		*ti->congestion ? ", congestion control " : "", ti->congestion);
 	return TE_OK;
 }
 

@@ -593,7 +593,8 @@ struct tcp_inst {
 	 */
 	uint64_t wait_hold_ns;
 	uint64_t connect_timeout_ms;
-	uint64_t sockbuf; /* SO_SNDBUF/SO_RCVBUF; 0: kernel autotuning */
+	uint64_t sockbuf;    /* SO_SNDBUF/SO_RCVBUF; 0: kernel autotuning */
+	char congestion[16]; /* TCP_CONGESTION (TCP_CA_NAME_MAX); "": the host's default */
 	uint64_t max_conns, max_conns_per_host, max_unauth;
 	uint64_t hello_timeout_ms, idle_timeout_ms, frame_timeout_ms;
 

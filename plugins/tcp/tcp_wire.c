@@ -134,6 +134,13 @@ void tcp_sock_tune(const struct tcp_inst *ti, int fd)
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
 		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
 	}
+	/*
+	 * Checked at init (tcp_congestion_check). Called before connect(); an accepted socket
+	 * has it from the listener already (this call is then a no-op).
+	 */
+	if (*ti->congestion)
+		setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, ti->congestion,
+			   (socklen_t)strlen(ti->congestion));
 }
 
 /* --- initiator side: receiving ------------------------------------------------------ */

@@ -2823,6 +2823,9 @@ static void test_bad_options(void)
 		{ "bind: \"::\"", "advertise" },
 		{ "bind: \"192.0.2.1\"", "bind" }, /* TEST-NET-1: not local */
 		{ "connections: 4", "connections" },
+		{ "congestion: nosuchcc",
+		  "options.congestion: 'nosuchcc' is not available on this host" },
+		{ "congestion: averyveryverylongname", "'averyveryverylongname' is too long" },
 	};
 
 	for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
@@ -2860,6 +2863,86 @@ static void test_wildcard_bind(gconstpointer data)
 	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 65536 };
 	run_ok(&p, &r, 1);
 	g_assert_true(itest_range_is(&rb, 0, 65536, &la, 0));
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/* TCP sockets of this process whose congestion control is @cc. */
+static unsigned sockets_with_cc(const char *cc)
+{
+	g_autoptr(GDir) d = g_dir_open("/proc/self/fd", 0, NULL);
+	const char *name;
+	unsigned n = 0;
+
+	g_assert_nonnull(d);
+	while ((name = g_dir_read_name(d))) {
+		int fd = atoi(name), type = 0, proto = 0;
+		socklen_t len = sizeof(int);
+		char got[16] = "";
+
+		if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+			continue;
+		len = sizeof(int);
+		if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0 ||
+		    proto != IPPROTO_TCP)
+			continue;
+		len = sizeof(got) - 1;
+		if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, got, &len) == 0 &&
+		    strcmp(got, cc) == 0)
+			n++;
+	}
+	return n;
+}
+
+/*
+ * congestion: both ends of every data connection use the algorithm asked for (one other than
+ * the host's default where the host has one), and transfers run over them.
+ */
+static void test_congestion(void)
+{
+	g_autofree char *avail = NULL, *def = NULL, *opts = NULL;
+	g_auto(GStrv) names = NULL;
+	const char *pick = NULL;
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r;
+
+	if (!g_file_get_contents("/proc/sys/net/ipv4/tcp_available_congestion_control", &avail,
+				 NULL, NULL) ||
+	    !g_file_get_contents("/proc/sys/net/ipv4/tcp_congestion_control", &def, NULL, NULL)) {
+		g_test_skip("no /proc/sys/net/ipv4 congestion control files here");
+		return;
+	}
+	g_strstrip(def);
+	names = g_strsplit_set(g_strstrip(avail), " \t", -1);
+	for (guint i = 0; names[i]; i++)
+		if (*names[i] && strcmp(names[i], def) != 0 && (!pick || !strcmp(names[i], "reno")))
+			pick = names[i];
+	if (!pick) {
+		g_test_message("only %s is available: the test cannot tell it from the default",
+			       def);
+		pick = def;
+	}
+	g_test_message("host default %s, asking for %s", def, pick);
+	opts = g_strdup_printf("congestion: %s, lanes: 2", pick);
+	g_assert_cmpuint(sockets_with_cc(pick), ==, strcmp(pick, def) ? 0 : sockets_with_cc(pick));
+	pair_new(&p, opts, NULL);
+	itest_buf_new(&la, 4 << 20, GUARD, 0x41);
+	itest_buf_new(&rb, 4 << 20, GUARD, 0x42);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	/* 4 MiB: striped over both lanes, so both connect. */
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 4 << 20 };
+	run_ok(&p, &r, 1);
+	g_assert_true(itest_range_is(&rb, 0, 4 << 20, &la, 0));
+	if (strcmp(pick, def) != 0)
+		/*
+		 * Both listeners (accepted connections start with the listener's algorithm),
+		 * and each lane twice: A's connected socket and B's accepted one.
+		 */
+		g_assert_cmpuint(sockets_with_cc(pick), ==, 2 + 2 * 2);
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
@@ -3030,6 +3113,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/limits/idle-lanes-reconnect", test_idle_lanes_reconnect);
 	g_test_add_func("/tcp/failure/bad-blob-reason", test_bad_blob_reason);
 	g_test_add_func("/tcp/options/bad", test_bad_options);
+	g_test_add_func("/tcp/options/congestion", test_congestion);
 	g_test_add_func("/tcp/options/good", test_good_options);
 	g_test_add_func("/tcp/options/bind-auto", test_bind_auto);
 	g_test_add_data_func("/tcp/options/wildcard-v4",
