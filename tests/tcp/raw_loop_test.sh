@@ -117,7 +117,8 @@ loop_part() {
 	for bad in "--loopback --depth 2 --verify" "--loopback --batch 0" "--loopback --op mix" \
 		"--loopback --warmup -1" "--loopback --working-set 1K --block-size 4K" \
 		"--loopback --block-size 2G" "--loopback --pingpong --batch 4" "" \
-		"--loopback --client 127.0.0.1:1" "--client nohost" "--loopback --connections 300"; do
+		"--loopback --client 127.0.0.1:1" "--client nohost" "--loopback --connections 300" \
+		"--loopback --congestion nosuchcc"; do
 		# shellcheck disable=SC2086 # word splitting intended
 		run usage $bad
 		[ "$rc" = 2 ] || fail "'$bad' exited $rc, want 2"
@@ -140,6 +141,11 @@ and r['working_set'] == r['batch'] * r['block_size'] and r['mode'] == 'loopback'
 			done
 		done
 	done
+
+	# --congestion: reno is built into every Linux kernel.
+	run cc --loopback --verify --json --quiet --duration 0.3 --congestion reno
+	[ "$rc" = 0 ] || fail "--congestion reno exited $rc"
+	check_json "$tmp/cc.out" "r['congestion'] == 'reno' and r['verified']" "--congestion reno"
 
 	# Pipelined, without --verify: depth 4, and a working set of its own.
 	run d --loopback --json --quiet --duration 0.3 --op write --block-size 64K --batch 16 \
@@ -226,6 +232,13 @@ compare_part() {
 	"$src/bench/compare-tcp.sh" -C "$build" --ops mix >"$tmp/bad.out" 2>&1
 	rc=$?
 	[ "$rc" = 2 ] || fail "compare-tcp.sh --ops mix exited $rc, want 2"
+	for args in "--congestion Bad!" "--congestion cubic --te-config $tmp/bad.out"; do
+		# shellcheck disable=SC2086 # word splitting intended
+		"$src/bench/compare-tcp.sh" -C "$build" $args >"$tmp/bad.out" 2>&1
+		rc=$?
+		[ "$rc" = 2 ] && grep -q -- "--congestion" "$tmp/bad.out" ||
+			fail "compare-tcp.sh $args exited $rc, want 2 naming --congestion: $(cat "$tmp/bad.out")"
+	done
 	echo "+ compare-tcp.sh --quick --rounds 1"
 	run_table 400 "$table" "$tmp/stdout.md" "$tmp/err" \
 		"$src/bench/compare-tcp.sh" -C "$build" --quick --rounds 1 --md "$table"
@@ -264,6 +277,8 @@ for who in ("te", "raw"):
         sys.exit(f"no latency row for {who}")
 if not re.search(r"load average [\d.]+ [\d.]+ [\d.]+ before, [\d.]+ [\d.]+ [\d.]+ after", text):
     sys.exit("no load averages")
+if not re.search(r"TCP congestion control [\w?]+ \(the host default\)", text):
+    sys.exit("the host's TCP congestion control is not named")
 print(f"table: {len(rows)} rows and the latency rows")
 PY
 	echo "PASS: compare-tcp.sh --quick"
@@ -329,6 +344,8 @@ if "--op write --block-size 64K --batch 4 --depth 1 --connections 2 --iterations
     sys.exit("the raw loop did not get the cell's op, block, batch, depth, threads and iterations")
 if not re.search(r"load average [\d.]+ [\d.]+ [\d.]+ before, [\d.]+ [\d.]+ [\d.]+ after", text):
     sys.exit("no load averages")
+if not re.search(r"host TCP congestion control [\w?]+\.", text):
+    sys.exit("the host's TCP congestion control is not named")
 print("table: a, b and raw with figures")
 PY
 	# a variant whose runs fail: exit 1, counted, the reason on stderr
