@@ -395,6 +395,12 @@ struct tcp_lane {
 	 * TCP_HOME_RECENT_NS is not borrowed for another thread's WRITEs (relaxed: a hint).
 	 */
 	_Atomic uint64_t home_ns;
+	/*
+	 * When a thread whose own lane this is last submitted to this peer, on whatever lane
+	 * (relaxed: a hint): while another thread did so within TCP_OWNER_RECENT_NS, a thread
+	 * does not stripe its large slices but keeps them on its own lane.
+	 */
+	_Atomic uint64_t owner_ns;
 
 	/* Owner of the receive side only (rx_busy). */
 	struct tcp_rx rx;

@@ -1355,6 +1355,24 @@ static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp
  */
 #define TCP_SPREAD_BYTES (4ull << 20)
 #define TCP_HOME_RECENT_NS 100000000ull
+#define TCP_OWNER_RECENT_NS 20000000ull
+
+/*
+ * Whether another thread moves data to @peer: one whose own lane (not @own) carries its
+ * requests now, or who submitted to @peer within TCP_OWNER_RECENT_NS.
+ */
+static bool tcp_peer_others_active(const struct tcp_peer *peer, uint32_t own, uint64_t now)
+{
+	for (uint32_t k = 0; k < peer->n_lanes; k++) {
+		const struct tcp_lane *c = &peer->lanes[k];
+
+		if (k != own && (atomic_load_explicit(&c->home_used, memory_order_relaxed) ||
+				 now - atomic_load_explicit(&c->owner_ns, memory_order_relaxed) <
+					 TCP_OWNER_RECENT_NS))
+			return true;
+	}
+	return false;
+}
 
 /*
  * Thread numbers: each thread that submits takes the lowest number no live thread holds and
@@ -1429,6 +1447,8 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 	uint64_t bytes[TCP_TOUCHED];
 	uint32_t n_touched = 0, i, me;
 	uint64_t run_writes = 0, now = tcp_now_ns();
+	const struct tcp_peer *last_peer = NULL;
+	bool others = false;
 	uint32_t run_end = 0;
 	enum te_status ret = TE_OK;
 
@@ -1482,22 +1502,32 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		}
 		/*
 		 * Slices of at least stripe_min bytes go round-robin over the lanes, so one
-		 * large transfer is not capped by one connection; but not onto a lane that is
-		 * another thread's own and carries its requests (two threads striping over
-		 * both lanes were 0.84-0.89x of each on its own lane: 1 and 8 MiB READs and WRITEs).
+		 * large transfer is not capped by one connection; but only while no other thread
+		 * moves data to this peer (its own lane carries its requests, or it submitted
+		 * within TCP_OWNER_RECENT_NS). With others at it, every thread keeps its slices
+		 * on its own lane, as raw loops with a connection each do (2 and 4 threads,
+		 * 1 and 8 MiB, READ and WRITE, under cubic: 1.34-2.2x of striping over the lanes
+		 * the others did not hold; README.md).
 		 * Smaller ones stay on this thread's own lane (spilling over when it is full):
 		 * per thread, one connection and one serving worker, as a raw loop has
 		 * (measured: README.md). Spilling ignores other threads' lanes' use.
-		 * But a thread that WRITEs at least TCP_SPREAD_BYTES to a peer in one submit
-		 * spreads those slices too, over its own lane and the lanes no thread has used as
-		 * its own lately: a lane's worker then sends part of the payload while this
-		 * thread sends the rest (measured: README.md).
+		 * But a thread alone that WRITEs at least TCP_SPREAD_BYTES to a peer in one
+		 * submit spreads those slices too, over its own lane and the lanes no thread has
+		 * used as its own lately: a lane's worker then sends part of the payload while
+		 * this thread sends the rest (measured: README.md).
 		 */
-		stripe = s->length >= ti->stripe_min;
-		spread = !stripe && s->opcode == TE_PLUGIN_OP_WRITE &&
+		own = me % peer->n_lanes;
+		if (peer != last_peer) {
+			atomic_store_explicit(&peer->lanes[own].owner_ns, now,
+					      memory_order_relaxed);
+			others = tcp_peer_others_active(peer, own, now);
+			last_peer = peer;
+		}
+		/* Another thread moves data to this peer too: one connection each. */
+		stripe = s->length >= ti->stripe_min && !others;
+		spread = !stripe && !others && s->opcode == TE_PLUGIN_OP_WRITE &&
 			 run_writes >= TCP_SPREAD_BYTES;
 		stripe |= spread;
-		own = me % peer->n_lanes;
 		start = stripe ? atomic_fetch_add_explicit(&peer->rr, 1, memory_order_relaxed) : me;
 		/* Large slices go around twice: the second round spills onto busy lanes. */
 		for (uint32_t k = 0; k < (stripe ? 2 : 1) * peer->n_lanes && !l; k++) {
