@@ -287,6 +287,7 @@ struct tcp_slot {
 	uint16_t gen;
 	uint16_t flags;
 	uint8_t op;
+	uint8_t owner; /* 1 + the index of the submitting thread's own lane (owner_used); 0: none */
 };
 
 enum tcp_lane_state {
@@ -397,10 +398,13 @@ struct tcp_lane {
 	_Atomic uint64_t home_ns;
 	/*
 	 * When a thread whose own lane this is last submitted to this peer, on whatever lane
-	 * (relaxed: a hint): while another thread did so within TCP_OWNER_RECENT_NS, a thread
-	 * does not stripe its large slices but keeps them on its own lane.
+	 * (relaxed: a hint): while another thread did so within TCP_OWNER_RECENT_NS, or has
+	 * requests in flight to it (owner_used), a thread does not stripe its large slices but
+	 * keeps them on its own lane.
 	 */
 	_Atomic uint64_t owner_ns;
+	/* Requests in flight to this peer, on any lane, of the threads whose own lane this is. */
+	_Atomic uint32_t owner_used;
 
 	/* Owner of the receive side only (rx_busy). */
 	struct tcp_rx rx;

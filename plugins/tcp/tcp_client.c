@@ -27,6 +27,9 @@ static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 		l->n_big--;
 	if (slot->flags & TCP_SLOT_HOME)
 		tcp_count_add(&l->home_used, -1);
+	if (slot->owner)
+		tcp_count_add(&l->peer->lanes[slot->owner - 1].owner_used, -1);
+	slot->owner = 0;
 	slot->slice = NULL;
 	slot->flags = 0;
 	l->free_ids[l->n_free++] = id;
@@ -1214,11 +1217,13 @@ static enum te_status tcp_check_slice(const struct te_plugin_slice *s, char *why
 }
 
 /*
- * Take a slot for @s and queue its request; @home: the submitting thread's own lane. Under
+ * Take a slot for @s and queue its request; @owner: 1 + the index of the submitting thread's
+ * own lane (0: none, a moved request). Under
  * lane lock; l->n_free > 0.
  */
-static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, bool home)
+static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, uint32_t owner)
 {
+	bool home = owner && owner - 1 == l->index;
 	struct tcp_spriv *p = tcp_priv(s);
 	uint32_t id = l->free_ids[--l->n_free];
 	struct tcp_slot *slot = &l->slots[id];
@@ -1231,6 +1236,9 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 	slot->flags = home ? TCP_SLOT_USED | TCP_SLOT_HOME : TCP_SLOT_USED;
 	if (home)
 		tcp_count_add(&l->home_used, 1);
+	slot->owner = (uint8_t)owner;
+	if (owner)
+		tcp_count_add(&l->peer->lanes[owner - 1].owner_used, 1);
 	slot->op = s->opcode == TE_PLUGIN_OP_READ ? TCP_OP_READ : TCP_OP_WRITE;
 	slot->length = s->length;
 	p->next = NULL;
@@ -1304,7 +1312,7 @@ static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp
 			pthread_mutex_lock(&c->lock);
 			if ((c->state == TCP_LANE_UP || c->state == TCP_LANE_CONNECTING) &&
 			    !c->closing && c->n_free) {
-				tcp_lane_enqueue_locked(c, s, false);
+				tcp_lane_enqueue_locked(c, s, 0);
 				touched[i] = done = true;
 				at = i;
 			}
@@ -1358,15 +1366,15 @@ static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp
 #define TCP_OWNER_RECENT_NS 20000000ull
 
 /*
- * Whether another thread moves data to @peer: one whose own lane (not @own) carries its
- * requests now, or who submitted to @peer within TCP_OWNER_RECENT_NS.
+ * Whether another thread moves data to @peer: one whose own lane is not @own and who has
+ * requests in flight to @peer (owner_used), or submitted to it within TCP_OWNER_RECENT_NS.
  */
 static bool tcp_peer_others_active(const struct tcp_peer *peer, uint32_t own, uint64_t now)
 {
 	for (uint32_t k = 0; k < peer->n_lanes; k++) {
 		const struct tcp_lane *c = &peer->lanes[k];
 
-		if (k != own && (atomic_load_explicit(&c->home_used, memory_order_relaxed) ||
+		if (k != own && (atomic_load_explicit(&c->owner_used, memory_order_relaxed) ||
 				 now - atomic_load_explicit(&c->owner_ns, memory_order_relaxed) <
 					 TCP_OWNER_RECENT_NS))
 			return true;
@@ -1553,7 +1561,7 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			if (c->n_free) {
 				if (c->state == TCP_LANE_DOWN)
 					tcp_lane_connect_locked(ti, c);
-				tcp_lane_enqueue_locked(c, s, idx == own);
+				tcp_lane_enqueue_locked(c, s, own + 1);
 				if (idx == own) {
 					atomic_store_explicit(&c->home_ns, now,
 							      memory_order_relaxed);
