@@ -26,6 +26,15 @@ def loadavg():
         return "?"
 
 
+def host_cc():
+    """The host's default TCP congestion control (net.ipv4.tcp_congestion_control), or '?'."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
 def med(v, digits=3):
     """'median (min-max)' of @v with @digits decimals; the median alone for one value, '-' for
     none."""

@@ -37,7 +37,7 @@ import argparse, os, subprocess, sys
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, last_json, loadavg, med
+from benchlib import emit, host_cc, last_json, loadavg, med
 argv = sys.argv[3:]
 bench_args = []
 if "--" in argv:
@@ -125,14 +125,6 @@ if raw:
         usage("the raw loop runs --op read or write (or give --no-raw)")
     if a.congestion:
         raw_args += ["--congestion", a.congestion]
-
-
-def host_cc():
-    try:
-        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
-            return f.read().strip() or "?"
-    except OSError:
-        return "?"
 
 
 def run(cmd, env):

@@ -67,7 +67,7 @@ import argparse, json, os, re, resource, socket, statistics, subprocess, sys, th
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, last_json, loadavg, med
+from benchlib import emit, host_cc, last_json, loadavg, med
 TE = os.path.join(build, "tools", "te-bench")
 RAW = os.path.join(build, "bench", "tcp-raw-loop")
 IPERF3_MAX_LEN = 1 << 20
@@ -162,14 +162,6 @@ if a.congestion is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", a.congestio
 if a.congestion and a.te_config:
     usage("--congestion and --te-config exclude each other (put congestion: NAME in the "
           "file's tcp options)")
-
-
-def host_cc():
-    try:
-        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
-            return f.read().strip() or "?"
-    except OSError:
-        return "?"
 iperf3 = None if a.no_iperf3 else next(
     (os.path.join(d, "iperf3") for d in os.environ.get("PATH", "").split(":")
      if os.access(os.path.join(d, "iperf3"), os.X_OK)), None)

@@ -1218,8 +1218,7 @@ static enum te_status tcp_check_slice(const struct te_plugin_slice *s, char *why
 
 /*
  * Take a slot for @s and queue its request; @owner: 1 + the index of the submitting thread's
- * own lane (0: none, a moved request). Under
- * lane lock; l->n_free > 0.
+ * own lane (0: none, a moved request). Under lane lock; l->n_free > 0.
  */
 static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, uint32_t owner)
 {
@@ -1511,8 +1510,8 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		/*
 		 * Slices of at least stripe_min bytes go round-robin over the lanes, so one
 		 * large transfer is not capped by one connection; but only while no other thread
-		 * moves data to this peer (its own lane carries its requests, or it submitted
-		 * within TCP_OWNER_RECENT_NS). With others at it, every thread keeps its slices
+		 * moves data to this peer (has requests in flight to it on any lane, or submitted
+		 * to it within TCP_OWNER_RECENT_NS). With others at it, every thread keeps its slices
 		 * on its own lane, as raw loops with a connection each do (2 and 4 threads,
 		 * 1 and 8 MiB, READ and WRITE, under cubic: 1.34-2.2x of striping over the lanes
 		 * the others did not hold; README.md).
