@@ -2022,6 +2022,7 @@ static void test_wait_hold(void)
 		struct itest_buf la, rb;
 		te_batch_id bid;
 		int64_t driven;
+		gint64 t_end;
 
 		g_test_message("%s, batches of 32 x %u %s before", cases[c].opts, cases[c].warm_len,
 			       cases[c].warm_read ? "READ" : "WRITE");
@@ -2041,6 +2042,7 @@ static void test_wait_hold(void)
 		 * batch: its wait began while the handshake was still going, which leaves the
 		 * lane to its worker, though the waiting thread may still read every answer.
 		 */
+		t_end = g_get_monotonic_time() + 30 * G_USEC_PER_SEC;
 		for (int round = 0;; round++) {
 			int64_t read;
 
@@ -2049,7 +2051,11 @@ static void test_wait_hold(void)
 			read = lane_stat(p.a, 0, "driven") - driven;
 			if (round > 0 && read >= cases[c].need)
 				break;
-			g_assert_cmpint(round, <, 200);
+			/*
+			 * At least 200 rounds, and for 30 s: under ASan on a loaded 2-CPU machine the
+			 * worker took some answers of each of 200 rounds once (CI, f85a835).
+			 */
+			g_assert_true(round < 200 || g_get_monotonic_time() < t_end);
 		}
 		driven = lane_stat(p.a, 0, "driven");
 		for (uint32_t i = 0; i < N; i++)
