@@ -280,13 +280,7 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 		return TE_ERR_CONFIG;
 	}
 	setsockopt(ti->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	/*
-	 * Accepted connections start with the listener's algorithm: set later, BBR's pacing
-	 * (from a BBR default) would stay on under the new one.
-	 */
-	if (*ti->congestion)
-		setsockopt(ti->listen_fd, IPPROTO_TCP, TCP_CONGESTION, ti->congestion,
-			   (socklen_t)strlen(ti->congestion));
+	tcp_sock_cc(ti, ti->listen_fd); /* accepted connections start with it */
 	if (bsa.ss_family == AF_INET6 && tcp_is_wildcard(&bsa)) {
 		int zero = 0;
 

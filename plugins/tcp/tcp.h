@@ -279,7 +279,6 @@ _Static_assert(sizeof(struct tcp_spriv) <= 256, "slice_priv_size is at most 256 
 #define TCP_SLOT_ANSWERED (1u << 4) /* the response was fully processed */
 #define TCP_SLOT_CANCELED (1u << 5) /* cancel asked; report TE_ERR_CANCELED */
 #define TCP_SLOT_ORPHAN (1u << 6)   /* already reported; waits only for its response */
-#define TCP_SLOT_HOME (1u << 7)	    /* queued by a thread whose own lane this is (home_used) */
 
 struct tcp_slot {
 	struct te_plugin_slice *slice; /* NULL when free or orphaned */
@@ -386,11 +385,6 @@ struct tcp_lane {
 	bool out_armed;	       /* EPOLLOUT is in the socket's epoll events */
 	/* Slots in use, orphans included: which lanes a driver polls (relaxed: a hint). */
 	_Atomic uint32_t used;
-	/*
-	 * Of them, those queued by a thread whose own lane this is (TCP_SLOT_HOME): while
-	 * some are in use, other threads do not stripe onto this lane (relaxed: a hint).
-	 */
-	_Atomic uint32_t home_used;
 	/*
 	 * When a thread last queued a request on this lane as its own: a lane used so within
 	 * TCP_HOME_RECENT_NS is not borrowed for another thread's WRITEs (relaxed: a hint).
@@ -697,6 +691,7 @@ bool tcp_random(void *buf, size_t len);
 void tcp_transcript(uint8_t out[TCP_TRANSCRIPT], bool server, uint64_t instance, uint64_t cid,
 		    uint64_t epoch, uint32_t lane, const uint8_t *nonce_c, const uint8_t *nonce_s);
 void tcp_sock_abort(int fd);
+void tcp_sock_cc(const struct tcp_inst *ti, int fd);
 void tcp_sock_tune(const struct tcp_inst *ti, int fd);
 /* Whether a non-blocking connect on @fd has completed: no pending error and a peer. */
 bool tcp_sock_connected(int fd);

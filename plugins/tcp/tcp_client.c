@@ -25,8 +25,6 @@ static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 		l->n_orphan--;
 	if (slot->length >= TCP_DRV_MAX_SLICE)
 		l->n_big--;
-	if (slot->flags & TCP_SLOT_HOME)
-		tcp_count_add(&l->home_used, -1);
 	if (slot->owner)
 		tcp_count_add(&l->peer->lanes[slot->owner - 1].owner_used, -1);
 	slot->owner = 0;
@@ -1222,7 +1220,6 @@ static enum te_status tcp_check_slice(const struct te_plugin_slice *s, char *why
  */
 static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, uint32_t owner)
 {
-	bool home = owner && owner - 1 == l->index;
 	struct tcp_spriv *p = tcp_priv(s);
 	uint32_t id = l->free_ids[--l->n_free];
 	struct tcp_slot *slot = &l->slots[id];
@@ -1232,9 +1229,7 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 		l->n_big++;
 	slot->slice = s;
 	slot->gen++;
-	slot->flags = home ? TCP_SLOT_USED | TCP_SLOT_HOME : TCP_SLOT_USED;
-	if (home)
-		tcp_count_add(&l->home_used, 1);
+	slot->flags = TCP_SLOT_USED;
 	slot->owner = (uint8_t)owner;
 	if (owner)
 		tcp_count_add(&l->peer->lanes[owner - 1].owner_used, 1);
@@ -1545,7 +1540,7 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			if (now < atomic_load_explicit(&c->shun_until_ns, memory_order_relaxed))
 				continue;
 			if (stripe && k < peer->n_lanes && idx != own &&
-			    (atomic_load_explicit(&c->home_used, memory_order_relaxed) ||
+			    (atomic_load_explicit(&c->owner_used, memory_order_relaxed) ||
 			     (spread &&
 			      now - atomic_load_explicit(&c->home_ns, memory_order_relaxed) <
 				      TCP_HOME_RECENT_NS)))

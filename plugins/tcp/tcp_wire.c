@@ -124,6 +124,18 @@ bool tcp_sock_connected(int fd)
 	return getpeername(fd, (struct sockaddr *)&sa, &salen) == 0;
 }
 
+/*
+ * Option 'congestion' on @fd, before connect() or listen() (accepted connections take the
+ * listener's): set on a connected socket, what the host's default began with stays on
+ * (BBR's pacing). Checked at init (tcp_congestion_check).
+ */
+void tcp_sock_cc(const struct tcp_inst *ti, int fd)
+{
+	if (*ti->congestion)
+		setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, ti->congestion,
+			   (socklen_t)strlen(ti->congestion));
+}
+
 void tcp_sock_tune(const struct tcp_inst *ti, int fd)
 {
 	int one = 1, sz = (int)ti->sockbuf;
@@ -134,13 +146,8 @@ void tcp_sock_tune(const struct tcp_inst *ti, int fd)
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
 		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
 	}
-	/*
-	 * Checked at init (tcp_congestion_check). Called before connect(); an accepted socket
-	 * has it from the listener already (this call is then a no-op).
-	 */
-	if (*ti->congestion)
-		setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, ti->congestion,
-			   (socklen_t)strlen(ti->congestion));
+	/* Called before connect(); an accepted socket has it already (then a no-op). */
+	tcp_sock_cc(ti, fd);
 }
 
 /* --- initiator side: receiving ------------------------------------------------------ */
