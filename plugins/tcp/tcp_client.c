@@ -282,6 +282,9 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 		l->fence_unclosed = true;
 	tcp_fence_take_locked(l, gone, now, &now_list);
 	l->rx.pos = l->rx.end = 0;
+	tcp_rx_restore(&l->rx);
+	l->sent_ok = false;
+	l->expect_st = TCP_EXPECT_FIRST;
 	l->rx.payload = false;
 	l->rx.left = 0;
 	l->rx.dst = NULL;
@@ -314,6 +317,52 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 static uint64_t tcp_frame_len(const struct te_plugin_slice *s)
 {
 	return TCP_HDR_LEN + (s->opcode == TE_PLUGIN_OP_WRITE ? s->length : 0);
+}
+
+/*
+ * Slot @id's request goes on the wire (gathered for a sendmsg the first time): it is
+ * answered after the one before it (a server answers a connection's requests in order),
+ * which scatter reads foresee. Linked here, not once sent: the answers to the first
+ * requests of a batch often arrive before the sender is back from sendmsg. Under lane lock.
+ */
+static void tcp_lane_wired_locked(struct tcp_lane *l, uint32_t id)
+{
+	uint32_t rid = tcp_slot_rid(&l->slots[id], id);
+
+	l->slots[id].flags |= TCP_SLOT_WIRED;
+
+	if (l->sent_ok) {
+		struct tcp_slot *prev = &l->slots[l->sent_last & 0xffffu];
+
+		if ((prev->flags & TCP_SLOT_USED) && prev->gen == (uint16_t)(l->sent_last >> 16)) {
+			prev->next = rid;
+			prev->flags |= TCP_SLOT_NEXT;
+		}
+	}
+	if (l->expect_st == TCP_EXPECT_FIRST ||
+	    (l->expect_st == TCP_EXPECT_AFTER && l->sent_ok && l->sent_last == l->expect)) {
+		l->expect = rid;
+		l->expect_st = TCP_EXPECT_ID;
+	}
+	l->sent_last = rid;
+	l->sent_ok = true;
+}
+
+/*
+ * The answer to slot @id arrived (foreseen or not): the next one expected is that to the
+ * request sent after it. Under lane lock, before the slot is freed.
+ */
+static void tcp_lane_expect_locked(struct tcp_lane *l, uint32_t id)
+{
+	const struct tcp_slot *slot = &l->slots[id];
+
+	if (slot->flags & TCP_SLOT_NEXT) {
+		l->expect = slot->next;
+		l->expect_st = TCP_EXPECT_ID;
+	} else {
+		l->expect = tcp_slot_rid(slot, id);
+		l->expect_st = TCP_EXPECT_AFTER;
+	}
 }
 
 /*
@@ -453,6 +502,8 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 			struct tcp_spriv *p = tcp_priv(s);
 			uint32_t id = atomic_load_explicit(&p->slot, memory_order_relaxed);
 
+			if (!(l->slots[id].flags & TCP_SLOT_WIRED))
+				tcp_lane_wired_locked(l, id);
 			l->slots[id].flags |= TCP_SLOT_IN_IOV;
 			/* Stamped while no byte of the frame left (again, to the same value). */
 			if (off == 0)
@@ -821,6 +872,7 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 			goto bad_id;
 		if (h.status == TE_OK && h.op == TCP_OP_READ) {
 			/* Orphans (canceled and reported) are drained, never written to. */
+			tcp_lane_expect_locked(l, id);
 			slot->flags |= TCP_SLOT_RECV;
 			rx->dst = slot->slice ? (uint8_t *)slot->slice->local : NULL;
 			/* relaxed: written and read under l->lock or l->rx_lock */
@@ -847,6 +899,7 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 			tcp_copy_detail(p->detail, sizeof(p->detail),
 					rx->buf + rx->pos + TCP_HDR_LEN, (size_t)h.length);
 		}
+		tcp_lane_expect_locked(l, id);
 		slot->flags |= TCP_SLOT_ANSWERED;
 		if (slot->flags & TCP_SLOT_SENT)
 			fin = tcp_slot_finish_locked(l, id);
@@ -867,6 +920,239 @@ out:
 	if (locked)
 		pthread_mutex_unlock(&l->lock);
 	return ret;
+}
+
+/* One answer a scatter read foresees (tcp_lane_rx_scatter). */
+struct tcp_chain {
+	uint32_t rid;  /* its request id */
+	uint8_t op;    /* TCP_OP_READ or TCP_OP_WRITE */
+	uint64_t len;  /* payload bytes the answer carries */
+	uint64_t take; /* ... of which this read asks for (the last one may be cut short) */
+	uint8_t *dst;
+};
+
+/*
+ * The answer at buf + pos did not match what a scatter read foresaw in @ch[@k], and the
+ * @left bytes read behind its header went to the places foreseen for what followed: put
+ * them behind that header in a buffer of their own, for the parser (the lane's own waits in
+ * rx->spare until it is read). Returns false when there is no memory for it.
+ */
+static bool tcp_lane_rx_replay(struct tcp_lane *l, const struct tcp_chain *ch, uint32_t n,
+			       uint32_t k, uint64_t left)
+{
+	struct tcp_rx *rx = &l->rx;
+	uint32_t cap = (uint32_t)TCP_MAX((uint64_t)rx->cap,
+					 TCP_HDR_LEN + left + TCP_HDR_LEN + TCP_DETAIL_WIRE);
+	uint8_t *nb = malloc(cap), *p;
+
+	if (!nb)
+		return false;
+	memcpy(nb, rx->buf + rx->pos, TCP_HDR_LEN);
+	p = nb + TCP_HDR_LEN;
+	for (uint32_t j = k; j < n && left; j++) {
+		uint64_t c;
+
+		if (j > k) {
+			c = TCP_MIN(left, (uint64_t)TCP_HDR_LEN);
+			memcpy(p, rx->buf + rx->pos + (j - k) * TCP_HDR_LEN, c);
+			p += c;
+			left -= c;
+		}
+		c = TCP_MIN(left, ch[j].take);
+		memcpy(p, ch[j].dst, c);
+		p += c;
+		left -= c;
+	}
+	/* The header read ahead behind the last one foreseen. */
+	memcpy(p, rx->buf + rx->pos + (n - k) * TCP_HDR_LEN, left);
+	p += left;
+	rx->spare = rx->buf;
+	rx->spare_cap = rx->cap;
+	rx->buf = nb;
+	rx->cap = cap;
+	rx->pos = 0;
+	rx->end = (uint32_t)(p - nb);
+	rx->bulk = true;
+	tcp_stat_add(&l->st_replayed, 1);
+	return true;
+}
+
+/*
+ * Read the answers @l expects next with one readv, the way the raw loop does: each header
+ * into the buffer and each READ payload straight into its destination, since the server
+ * answers a connection's requests in the order they were sent (tcp_lane_wired_locked). At
+ * most TCP_RX_CHAIN answers, @limit slices (reported into @done) and min(@budget,
+ * scatter_max) bytes (the first answer may take up to @budget), behind the rest of the
+ * payload in progress if there is one.
+ * Returns false when it does not apply (the caller reads into the buffer); else *@r is what
+ * readv returned and *@drained as for tcp_rx_read. An answer not foreseen (an error, one
+ * out of order) goes to the parser with all read behind it (tcp_lane_rx_replay); the READ
+ * destinations those bytes passed through belong to READs still in flight, whose own
+ * answers overwrite them (one that fails may find its destination written). Held
+ * throughout: rx_lock, so a READ's cancel returns only once no read can reach its
+ * destination. Owner of the receive side only.
+ */
+static bool tcp_lane_rx_scatter(struct tcp_inst *ti, struct tcp_lane *l, int fd, uint64_t budget,
+				uint32_t limit, struct tcp_rlist *done, ssize_t *r, bool *drained)
+{
+	struct tcp_rx *rx = &l->rx;
+	struct tcp_chain ch[TCP_RX_CHAIN];
+	struct iovec iov[2 * TCP_RX_CHAIN + 2];
+	uint64_t cap = TCP_MIN(budget, (uint64_t)ti->scatter_max), total = 0, left;
+	uint32_t n = 0, nv = 0, placed = 0, have, hp, rid;
+	bool lead = rx->payload; /* the rest of the payload in progress comes first */
+
+	if (!cap || l->hs != TCP_HS_READY || rx->spare || limit <= (uint32_t)lead)
+		return false;
+	if (lead ? rx->pos != rx->end || !rx->dst || rx->left >= cap
+		 : rx->end - rx->pos >= TCP_HDR_LEN)
+		return false;
+	pthread_mutex_lock(&l->rx_lock);
+	if (lead && atomic_load_explicit(&l->rx_redirect, memory_order_relaxed)) {
+		rx->dst = NULL; /* canceled: the rest is discarded */
+		pthread_mutex_unlock(&l->rx_lock);
+		return false;
+	}
+	if (lead) {
+		rx->pos = rx->end = 0;
+		total = rx->left;
+		iov[nv++] = (struct iovec){ rx->dst, rx->left };
+	}
+	pthread_mutex_lock(&l->lock);
+	rid = l->expect;
+	while (l->expect_st == TCP_EXPECT_ID && n < TCP_RX_CHAIN && n < limit - lead &&
+	       total + TCP_HDR_LEN <= cap) {
+		uint32_t id = rid & 0xffffu;
+		struct tcp_slot *slot;
+
+		if (id >= ti->max_inflight)
+			break;
+		slot = &l->slots[id];
+		if (!(slot->flags & TCP_SLOT_USED) || slot->gen != (uint16_t)(rid >> 16) ||
+		    !(slot->flags & TCP_SLOT_WIRED) ||
+		    (slot->flags & (TCP_SLOT_ANSWERED | TCP_SLOT_RECV | TCP_SLOT_CANCELED)) ||
+		    !slot->slice)
+			break;
+		ch[n].len = slot->op == TCP_OP_READ ? slot->length : 0;
+		/* Whole answers within the cap, except the first: up to the budget. */
+		if (n && total + TCP_HDR_LEN + ch[n].len > cap)
+			break;
+		ch[n].rid = rid;
+		ch[n].op = slot->op;
+		ch[n].take = TCP_MIN(ch[n].len, budget - total - TCP_HDR_LEN);
+		ch[n].dst = slot->slice->local;
+		total += TCP_HDR_LEN + ch[n].take;
+		if (ch[n].take < ch[n].len) {
+			n++;
+			break; /* the rest comes in the next read */
+		}
+		n++;
+		if (!(slot->flags & TCP_SLOT_NEXT))
+			break;
+		rid = slot->next;
+	}
+	pthread_mutex_unlock(&l->lock);
+	if (!n) {
+		pthread_mutex_unlock(&l->rx_lock);
+		return false;
+	}
+	/*
+	 * The headers land one after the other in the buffer, the first behind what it holds,
+	 * and one more header is read ahead: a read that fills everything foreseen does not
+	 * need a second one to learn that the socket is drained.
+	 */
+	if (rx->cap - rx->pos < (n + 1) * TCP_HDR_LEN) {
+		memmove(rx->buf, rx->buf + rx->pos, rx->end - rx->pos);
+		rx->end -= rx->pos;
+		rx->pos = 0;
+	}
+	hp = rx->pos;
+	have = rx->end - rx->pos;
+	for (uint32_t k = 0; k < n; k++) {
+		iov[nv++] = (struct iovec){ rx->buf + hp + k * TCP_HDR_LEN + (k ? 0 : have),
+					    TCP_HDR_LEN - (k ? 0 : have) };
+		if (ch[k].take)
+			iov[nv++] = (struct iovec){ ch[k].dst, ch[k].take };
+	}
+	/* Not behind a payload cut short: the rest of it would come there. */
+	if (ch[n - 1].take == ch[n - 1].len) {
+		iov[nv++] = (struct iovec){ rx->buf + hp + n * TCP_HDR_LEN, TCP_HDR_LEN };
+		total += TCP_HDR_LEN;
+	}
+	total -= have;
+	do
+		*r = readv(fd, iov, (int)nv);
+	while (*r < 0 && errno == EINTR);
+	if (*r <= 0) {
+		*r = *r < 0 ? -errno : 0;
+		pthread_mutex_unlock(&l->rx_lock);
+		return true;
+	}
+	*drained = (uint64_t)*r < total;
+	left = (uint64_t)*r;
+	pthread_mutex_lock(&l->lock);
+	if (lead) {
+		uint64_t got = TCP_MIN(left, rx->left);
+
+		rx->dst += got;
+		rx->left -= got;
+		left -= got;
+		if (!rx->left)
+			tcp_lane_payload_done_locked(l, done);
+	}
+	for (uint32_t k = 0; k < n && !rx->payload; k++) {
+		uint32_t id = ch[k].rid & 0xffffu, want = TCP_HDR_LEN - (k ? 0 : have);
+		struct tcp_slot *slot = &l->slots[id];
+		struct te_plugin_slice *fin = NULL;
+		struct tcp_hdr h;
+		uint64_t got = TCP_MIN(left, (uint64_t)want);
+
+		rx->pos = hp + k * TCP_HDR_LEN;
+		rx->end = rx->pos + TCP_HDR_LEN - want + (uint32_t)got;
+		left -= got;
+		if (got < want)
+			break; /* the parser waits for the rest of this header */
+		tcp_hdr_decode(rx->buf + rx->pos, &h);
+		if (h.magic != TCP_WIRE_MAGIC || h.version != TCP_WIRE_VERSION || h.flags ||
+		    h.op != ch[k].op || h.req_id != ch[k].rid || h.status != TE_OK ||
+		    h.length != ch[k].len || !(slot->flags & TCP_SLOT_USED) ||
+		    slot->gen != (uint16_t)(ch[k].rid >> 16) ||
+		    !(slot->flags & (TCP_SLOT_SENT | TCP_SLOT_IN_IOV)) ||
+		    (slot->flags & (TCP_SLOT_ANSWERED | TCP_SLOT_RECV))) {
+			if (!tcp_lane_rx_replay(l, ch, n, k, left))
+				*r = -ENOMEM;
+			break;
+		}
+		tcp_lane_expect_locked(l, id);
+		got = TCP_MIN(left, ch[k].take);
+		left -= got;
+		rx->pos = rx->end = rx->pos + TCP_HDR_LEN;
+		placed++;
+		if (got < ch[k].len) {
+			/* The rest follows (canceled meanwhile: discarded). */
+			slot->flags |= TCP_SLOT_RECV;
+			rx->payload = true;
+			rx->dst = slot->slice ? ch[k].dst + got : NULL;
+			rx->left = ch[k].len - got;
+			rx->small = ch[k].len <= rx->gulp;
+			rx->bulk = rx->small;
+			l->rx_slot = id;
+			atomic_store_explicit(&l->rx_redirect, false, memory_order_relaxed);
+			break;
+		}
+		slot->flags |= TCP_SLOT_ANSWERED;
+		if (slot->flags & TCP_SLOT_SENT)
+			fin = tcp_slot_finish_locked(l, id);
+		if (fin)
+			tcp_rlist_add(done, fin);
+		rx->bulk = true;
+		if (k == n - 1)
+			rx->end += (uint32_t)left; /* all foreseen came: what was read ahead */
+	}
+	tcp_stat_add(&l->st_scattered, placed);
+	pthread_mutex_unlock(&l->lock);
+	pthread_mutex_unlock(&l->rx_lock);
+	return true;
 }
 
 enum tcp_rx_end {
@@ -912,7 +1198,9 @@ static enum tcp_rx_end tcp_lane_rx_run(struct tcp_inst *ti, struct tcp_lane *l, 
 			return TCP_RXE_DRAINED;
 		if (budget == 0)
 			return TCP_RXE_BUDGET;
-		if (l->rx.payload && l->rx.dst && !tcp_rx_through(&l->rx)) {
+		if (tcp_lane_rx_scatter(ti, l, fd, budget, limit - *n_done, &done, &r, &drained)) {
+			*n_done += tcp_rlist_report(ti, &done);
+		} else if (l->rx.payload && l->rx.dst && !tcp_rx_through(&l->rx)) {
 			pthread_mutex_lock(&l->rx_lock);
 			if (atomic_load_explicit(&l->rx_redirect, memory_order_relaxed))
 				l->rx.dst = NULL;
@@ -1115,6 +1403,7 @@ void tcp_peer_free(struct tcp_inst *ti, struct tcp_peer *peer)
 		pthread_mutex_destroy(&l->rx_lock);
 		free(l->slots);
 		free(l->free_ids);
+		tcp_rx_restore(&l->rx);
 		free(l->rx.buf);
 	}
 	free(peer->name);
@@ -1607,7 +1896,7 @@ enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s
 {
 	struct tcp_inst *ti = tcp_inst_of(inst);
 	struct te_plugin_slice *report = NULL;
-	bool redirect = false, abort = false;
+	bool wait_rx = false, abort = false;
 	struct tcp_spriv *p;
 	struct tcp_slot *slot;
 	struct tcp_lane *l;
@@ -1651,6 +1940,11 @@ enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s
 		pthread_mutex_unlock(&l->lock);
 		return TE_OK;
 	}
+	/*
+	 * A READ on the wire may be foreseen by a scatter read in progress (which ignores it
+	 * from now on): it ends before this returns, and no byte reaches the destination later.
+	 */
+	wait_rx = slot->op == TCP_OP_READ && (slot->flags & TCP_SLOT_WIRED);
 	if (!(slot->flags & (TCP_SLOT_IN_IOV | TCP_SLOT_SENT)) && !(s == l->sq_head && l->sq_off)) {
 		/* Not a byte on the wire yet: take it out of the queue. */
 		struct te_plugin_slice *prev = NULL;
@@ -1685,8 +1979,7 @@ enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s
 		 * A READ waiting for (or receiving) its answer: report now, drain the answer
 		 * later. A payload being received stops reaching the destination below.
 		 */
-		redirect = (slot->flags & TCP_SLOT_RECV) != 0;
-		if (redirect)
+		if (slot->flags & TCP_SLOT_RECV)
 			atomic_store_explicit(&l->rx_redirect, true, memory_order_relaxed);
 		slot->flags |= TCP_SLOT_CANCELED;
 		l->n_canceled++;
@@ -1697,7 +1990,7 @@ enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s
 		l->n_canceled++;
 	}
 	pthread_mutex_unlock(&l->lock);
-	if (redirect) {
+	if (wait_rx) {
 		/* The read in progress (non-blocking, short) ends; later ones see the redirect. */
 		pthread_mutex_lock(&l->rx_lock);
 		pthread_mutex_unlock(&l->rx_lock);

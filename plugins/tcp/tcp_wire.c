@@ -173,6 +173,13 @@ ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_
 
 	if (rx->pos == rx->end) {
 		rx->pos = rx->end = 0;
+		tcp_rx_restore(rx);
+	} else if (rx->spare &&
+		   rx->end - rx->pos <= rx->spare_cap - TCP_HDR_LEN - TCP_DETAIL_WIRE) {
+		memcpy(rx->spare, rx->buf + rx->pos, rx->end - rx->pos);
+		rx->end -= rx->pos;
+		rx->pos = 0;
+		tcp_rx_restore(rx);
 	} else if (rx->cap - rx->end < TCP_HDR_LEN + TCP_DETAIL_WIRE ||
 		   (rx->bulk && rx->pos >= rx->cap / 2)) {
 		memmove(rx->buf, rx->buf + rx->pos, rx->end - rx->pos);
@@ -214,6 +221,21 @@ ssize_t tcp_rx_read(int fd, struct tcp_rx *rx, uint8_t *scratch, size_t scratch_
 		rx->end += (uint32_t)r;
 	}
 	return r;
+}
+
+/*
+ * Back to the receiver's own buffer (rx->spare) from the one a scatter read handed the
+ * parser; what it still holds (pos..end) must fit at the start of the own one.
+ */
+void tcp_rx_restore(struct tcp_rx *rx)
+{
+	if (!rx->spare)
+		return;
+	free(rx->buf);
+	rx->buf = rx->spare;
+	rx->cap = rx->spare_cap;
+	rx->spare = NULL;
+	rx->spare_cap = 0;
 }
 
 /* Move buffered bytes that belong to the payload just announced into its destination. */
