@@ -145,11 +145,12 @@
 #define TCP_DRV_LANES 64u	  /* lanes one progress() or wait() call looks at */
 /*
  * A scatter read (tcp_lane_rx_scatter) takes at most this many answers (2 iovecs each) and
- * this many bytes: what it must put back into a buffer when an answer comes unforeseen.
+ * this many bytes (option scatter: on; auto, but the second one under bbr), all of which it
+ * puts back into a buffer when an answer comes unforeseen.
  */
 #define TCP_RX_CHAIN 256u
 #define TCP_RX_CHAIN_BYTES (1u << 20)
-#define TCP_RX_CHAIN_BYTES_BBR (64u << 10) /* ... under bbr (option scatter: auto) */
+#define TCP_RX_CHAIN_BYTES_BBR (64u << 10)
 /*
  * A lane with a slice in flight this large is left to its worker: the bytes are the work, a
  * polling waiter only takes a CPU from the copies (measured: 1 MiB READs 0.9x, 256 KiB equal,
@@ -435,11 +436,12 @@ struct tcp_lane {
 	_Atomic uint32_t owner_used;
 
 	/*
-	 * Under lock: the order requests go out in (sent_last: the last one, when sent_ok) and the
-	 * answer expected next, for scatter reads (tcp_lane_rx_scatter). Reset per connection.
+	 * Under lock: the order requests go out in (wired_last: the last one gathered, when
+	 * wired_ok) and the answer expected next, for scatter reads (tcp_lane_rx_scatter).
+	 * Reset per connection.
 	 */
-	uint32_t sent_last;
-	bool sent_ok;
+	uint32_t wired_last;
+	bool wired_ok;
 	enum tcp_expect expect_st;
 	uint32_t expect;
 

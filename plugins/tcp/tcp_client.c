@@ -283,7 +283,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	tcp_fence_take_locked(l, gone, now, &now_list);
 	l->rx.pos = l->rx.end = 0;
 	tcp_rx_restore(&l->rx);
-	l->sent_ok = false;
+	l->wired_ok = false;
 	l->expect_st = TCP_EXPECT_FIRST;
 	l->rx.payload = false;
 	l->rx.left = 0;
@@ -331,21 +331,21 @@ static void tcp_lane_wired_locked(struct tcp_lane *l, uint32_t id)
 
 	l->slots[id].flags |= TCP_SLOT_WIRED;
 
-	if (l->sent_ok) {
-		struct tcp_slot *prev = &l->slots[l->sent_last & 0xffffu];
+	if (l->wired_ok) {
+		struct tcp_slot *prev = &l->slots[l->wired_last & 0xffffu];
 
-		if ((prev->flags & TCP_SLOT_USED) && prev->gen == (uint16_t)(l->sent_last >> 16)) {
+		if ((prev->flags & TCP_SLOT_USED) && prev->gen == (uint16_t)(l->wired_last >> 16)) {
 			prev->next = rid;
 			prev->flags |= TCP_SLOT_NEXT;
 		}
 	}
 	if (l->expect_st == TCP_EXPECT_FIRST ||
-	    (l->expect_st == TCP_EXPECT_AFTER && l->sent_ok && l->sent_last == l->expect)) {
+	    (l->expect_st == TCP_EXPECT_AFTER && l->wired_ok && l->wired_last == l->expect)) {
 		l->expect = rid;
 		l->expect_st = TCP_EXPECT_ID;
 	}
-	l->sent_last = rid;
-	l->sent_ok = true;
+	l->wired_last = rid;
+	l->wired_ok = true;
 }
 
 /*
