@@ -77,6 +77,23 @@ static uint64_t tcp_opt_size(const struct tcp_inst *ti, const char *key)
 	return te_plugin_opt_size(ti->host, ti->ctx, key, 0);
 }
 
+/* The first line of /proc/sys/net/ipv4/@name into @buf (empty when it cannot be read). */
+static void tcp_sysctl_line(const char *name, char *buf, size_t len)
+{
+	char path[96];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/sys/net/ipv4/%s", name);
+	buf[0] = '\0';
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	if (!fgets(buf, (int)len, f))
+		buf[0] = '\0';
+	buf[strcspn(buf, "\n")] = '\0';
+	fclose(f);
+}
+
 /*
  * Option 'scatter': bytes per scatter read (0: none). auto: 1 MiB, but 64 KiB when the data
  * connections use bbr (option 'congestion', else the host's default): measured, 4 KiB READs
@@ -90,16 +107,8 @@ static void tcp_scatter_setup(struct tcp_inst *ti)
 	int mode = te_plugin_opt_choice(ti->host, ti->ctx, "scatter", tcp_scatter_modes, 0);
 
 	snprintf(cc, sizeof(cc), "%s", ti->congestion);
-	if (!*cc) {
-		FILE *f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "re");
-
-		if (f) {
-			if (!fgets(cc, sizeof(cc), f))
-				cc[0] = '\0';
-			cc[strcspn(cc, "\n")] = '\0';
-			fclose(f);
-		}
-	}
+	if (!*cc)
+		tcp_sysctl_line("tcp_congestion_control", cc, sizeof(cc));
 	if (mode == 2)
 		ti->scatter_max = 0;
 	else if (mode == 0 && strncmp(cc, "bbr", 3) == 0)
@@ -116,7 +125,6 @@ static enum te_status tcp_congestion_check(struct tcp_inst *ti, const char *cc)
 {
 	const char *list = NULL;
 	char avail[256] = "";
-	FILE *f;
 	int fd, err = 0;
 
 	if (!cc || !*cc)
@@ -139,19 +147,11 @@ static enum te_status tcp_congestion_check(struct tcp_inst *ti, const char *cc)
 		snprintf(ti->congestion, sizeof(ti->congestion), "%s", cc);
 		return TE_OK;
 	}
-	list = err == EPERM ? "net.ipv4.tcp_allowed_congestion_control"
-			    : "net.ipv4.tcp_available_congestion_control";
-	f = fopen(err == EPERM ? "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
-			       : "/proc/sys/net/ipv4/tcp_available_congestion_control",
-		  "re");
-	if (f) {
-		if (!fgets(avail, sizeof(avail), f))
-			avail[0] = 0;
-		avail[strcspn(avail, "\n")] = 0;
-		fclose(f);
-	}
-	tcp_set_error(ti, TCP_NAME ": option 'congestion': '%s' %s on this host: %s (%s: %s)", cc,
-		      err == EPERM ? "is not allowed to this process" : "is not available",
+	list = err == EPERM ? "tcp_allowed_congestion_control" : "tcp_available_congestion_control";
+	tcp_sysctl_line(list, avail, sizeof(avail));
+	tcp_set_error(ti,
+		      TCP_NAME ": option 'congestion': '%s' %s on this host: %s (net.ipv4.%s: %s)",
+		      cc, err == EPERM ? "is not allowed to this process" : "is not available",
 		      strerror(err), list, *avail ? avail : "unknown");
 	return TE_ERR_CONFIG;
 }

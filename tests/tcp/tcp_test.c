@@ -745,6 +745,16 @@ static void test_hostile_ranges(void)
 	itest_buf_free(&ro);
 }
 
+/* Register @la with A (local) and @rb and @extra with B (remote), then connect A to B. */
+static void pair_register_connect(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
+				  struct itest_buf *extra)
+{
+	itest_buf_register(la, p->a, TE_MEM_LOCAL);
+	itest_buf_register(rb, p->b, TE_MEM_REMOTE);
+	itest_buf_register(extra, p->b, TE_MEM_REMOTE);
+	itest_pair_connect(p);
+}
+
 /*
  * Through the API: A's descriptor of B is stale (B unregistered a buffer since), so A's
  * core lets the requests through and B's tcp server must reject them with a detail that
@@ -763,10 +773,7 @@ static void test_stale_descriptor(void)
 	itest_buf_new(&la, 65536, GUARD, 0x12);
 	itest_buf_new(&rb, 65536, GUARD, 0x13);
 	itest_buf_new(&keep, 4096, 0, 0x14);
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_buf_register(&keep, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
+	pair_register_connect(&p, &la, &rb, &keep);
 	assert_ok(te_mem_unregister(p.b, rb.base));
 
 	r[0] = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 100), 5000 };
@@ -1436,17 +1443,23 @@ static void test_cancel_mid_payload(void)
 }
 
 /* Counter @key ("slices", "driven") of lane @lane of A's one peer so far (te_engine_stats). */
+/* The "tcp" object of @e's te_engine_stats, parsed into @parser (which owns it). */
+static JsonObject *tcp_stats(struct te_engine *e, JsonParser *parser)
+{
+	char *json = NULL;
+
+	assert_ok(te_engine_stats(e, &json));
+	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
+	te_free(json);
+	return json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
+					     "tcp");
+}
+
 static int64_t lane_stat(struct te_engine *a, guint lane, const char *key)
 {
 	g_autoptr(JsonParser) parser = json_parser_new();
-	JsonObject *tcp, *peer;
-	char *json = NULL;
+	JsonObject *tcp = tcp_stats(a, parser), *peer;
 
-	assert_ok(te_engine_stats(a, &json));
-	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
-	te_free(json);
-	tcp = json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
-					    "tcp");
 	peer = json_array_get_object_element(json_object_get_array_member(tcp, "peers"), 0);
 	return json_object_get_int_member(
 		json_array_get_object_element(json_object_get_array_member(peer, "lanes"), lane),
@@ -2242,10 +2255,7 @@ static void test_scatter_cancel(void)
 	itest_buf_new(&la, N * 4096, GUARD, 0x51);
 	itest_buf_new(&rb, N * 4096, GUARD, 0x62);
 	itest_buf_new(&gone, 4096, 0, 0x73);
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_buf_register(&gone, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
+	pair_register_connect(&p, &la, &rb, &gone);
 	assert_ok(te_mem_unregister(p.b, gone.base));
 	for (int round = 0; round < 12; round++) {
 		struct te_batch_info bi;
@@ -3177,19 +3187,12 @@ static int64_t scatter_max_of(const char *options, bool *made)
 	g_autofree char *yaml = itest_yaml("X", &t, 1, NULL);
 	g_autoptr(JsonParser) parser = json_parser_new();
 	struct te_engine *e = NULL;
-	char *json = NULL;
 	int64_t v;
 
 	*made = te_engine_new_from_string(yaml, strlen(yaml), &e) == TE_OK;
 	if (!*made)
 		return -1;
-	assert_ok(te_engine_stats(e, &json));
-	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
-	te_free(json);
-	v = json_object_get_int_member(
-		json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
-					      "tcp"),
-		"scatter_max");
+	v = json_object_get_int_member(tcp_stats(e, parser), "scatter_max");
 	te_engine_free(e);
 	return v;
 }
