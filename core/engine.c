@@ -170,7 +170,12 @@ static void engine_drain(struct engine *e)
  */
 static void engine_destroy(struct engine *e)
 {
-	/* Peers stop finding us first (a store backend deletes our key). */
+	/*
+	 * The watch thread stops changing segments first (it runs until metadata_close;
+	 * a change it delivers may import a descriptor into transports torn down below).
+	 */
+	metadata_watch_quiet(e);
+	/* Peers stop finding us (a store backend deletes our key). */
 	metadata_withdraw_local(e);
 	progress_stop(e);
 	/* No peer request may reach the engine while it comes apart. */

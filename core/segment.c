@@ -196,6 +196,7 @@ void segment_free(struct segment *s)
 	if (!s)
 		return;
 	g_free(s->departed);
+	g_free(s->absent);
 	segview_unref(s->view);
 	g_free(s->name);
 	g_free(s);
@@ -261,6 +262,26 @@ static bool segment_same_view(const struct segview *v, const struct descriptor *
 		 (segment_blobs_differ(v->desc, d) || segment_buffers_differ(v->desc, d)));
 }
 
+/* A descriptor for @s came from the store or the application: it is not gone. */
+static void segment_present_locked(struct engine *e, struct segment *s)
+{
+	if (s->departed || s->absent)
+		ENGINE_LOG(e, TE_LOG_INFO, "segment %s: its descriptor is back: usable again",
+			   s->name);
+	g_clear_pointer(&s->departed, g_free);
+	g_clear_pointer(&s->absent, g_free);
+	s->absent_until_ns = 0;
+}
+
+const char *segment_gone_locked(const struct segment *s)
+{
+	if (s->departed)
+		return s->departed;
+	if (s->absent_until_ns && engine_now_ns() >= s->absent_until_ns)
+		return s->absent;
+	return NULL;
+}
+
 enum te_status segment_import_desc(struct engine *e, const char *key, struct descriptor *desc,
 				   bool refresh, te_segment_id *id_out)
 {
@@ -280,6 +301,7 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 		if (s && segment_same_view(s->view, desc, refresh)) {
 			if (!refresh)
 				s->open_count++;
+			segment_present_locked(e, s);
 			*id_out = s->id;
 			g_rw_lock_writer_unlock(&e->seg_lock);
 			descriptor_free(desc);
@@ -322,7 +344,7 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 		}
 		if (!refresh)
 			s->open_count++;
-		g_clear_pointer(&s->departed, g_free);
+		segment_present_locked(e, s);
 	} else if (refresh) {
 		/* Closed while we fetched: nothing to refresh. */
 		g_rw_lock_writer_unlock(&e->seg_lock);
@@ -492,7 +514,7 @@ void segment_refresh_stale(struct engine *e)
 }
 
 void segment_watch_event(struct engine *e, const char *backend, const char *name, const char *json,
-			 size_t len)
+			 size_t len, bool resync)
 {
 	g_autofree char *err = NULL;
 	struct descriptor *d = NULL;
@@ -503,7 +525,22 @@ void segment_watch_event(struct engine *e, const char *backend, const char *name
 	g_rw_lock_writer_lock(&e->seg_lock);
 	s = segment_find_name_locked(e, name);
 	open = s != NULL;
-	if (s && !json && !s->departed) {
+	if (s && !json && !s->departed && resync && !s->absent_until_ns) {
+		/* The owner's next refresh writes it again if it lives: one TTL and a second. */
+		uint32_t grace_s = e->cfg->metadata_ttl_s + 1;
+
+		s->absent_until_ns = engine_now_ns() + grace_s * 1000000000ull;
+		s->absent = g_strdup_printf("its descriptor was missing from the %s store when "
+					    "the watch got back to it after an outage, and was "
+					    "not published again within %u s (the engine stopped "
+					    "or died meanwhile, or cannot reach the store)",
+					    backend, grace_s);
+		ENGINE_LOG(e, TE_LOG_INFO,
+			   "segment %s: missing from the %s store after the watch's outage; "
+			   "it stays usable for %u s (a store that lost its data gets it back "
+			   "from its owner), then it is gone",
+			   name, backend, grace_s);
+	} else if (s && !json && !s->departed && !resync) {
 		s->departed = g_strdup_printf("its descriptor left the %s store (the engine "
 					      "stopped, or its TTL of %u s ran out: it died or "
 					      "lost the store)",

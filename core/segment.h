@@ -55,7 +55,18 @@ struct segment {
 	uint64_t last_refresh_ns; /* under engine->seg_lock (write) */
 	/* Why the store says the segment left (its key deleted or expired); NULL: present. */
 	char *departed; /* under engine->seg_lock */
+	/*
+	 * Missing from the store when its watch came back after an outage (the store may have
+	 * lost its data: the owner writes its key again within its refresh period): gone
+	 * from absent_until_ns on, for the reason in absent, unless a value shows up first.
+	 * 0 and NULL: not missing. Under engine->seg_lock.
+	 */
+	uint64_t absent_until_ns;
+	char *absent;
 };
+
+/* The reason a submit to @s is refused now (departed, or absent past its grace); NULL: none. */
+const char *segment_gone_locked(const struct segment *s);
 
 /* Build a view from a decoded descriptor (takes ownership of @desc). */
 enum te_status segview_new(struct engine *e, struct descriptor *desc, struct segview **view_out,
@@ -85,12 +96,15 @@ void segment_mark_stale(struct engine *e, struct segment *s);
 
 /*
  * segment_watch_event - the store's watch saw segment @name change: @json is its new value
- * (a new generation or a changed buffer list: the open segment's view is replaced), or NULL
- * when its key was deleted or expired (new requests to it fail at once, naming @backend,
- * until it comes back). A value that does not decode is logged and changes nothing.
+ * (a new generation or a changed buffer list: the open segment's view is replaced; any
+ * value clears a departure), or NULL when its key was deleted or expired (new requests to it
+ * fail at once, naming @backend, until it comes back). A delete inferred at a resync
+ * (@resync) takes effect only if no value shows up within the TTL and a second: a store
+ * that lost its data gets the key back from its live owner. A value that does not decode is
+ * logged and changes nothing.
  */
 void segment_watch_event(struct engine *e, const char *backend, const char *name, const char *json,
-			 size_t len);
+			 size_t len, bool resync);
 
 /* Caller holds segment_read_lock. NULL if id unknown. */
 struct segment *segment_get_locked(struct engine *e, te_segment_id id);

@@ -653,6 +653,7 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 		struct mem_region *region = NULL;
 		struct segview *v = NULL;
 		struct segment *seg = NULL;
+		const char *gone;
 		char why[TE_DETAIL_MAX - 64];
 		enum te_status sst;
 		uint32_t bi, ns;
@@ -760,14 +761,16 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 						    r->segment);
 					goto rejected;
 				}
-				if (seg->departed) {
+				gone = segment_gone_locked(seg);
+				if (gone) {
 					task_reject(t, TE_ERR_PEER_UNREACHABLE,
 						    "request %zu: segment '%s' is gone: %s", i,
-						    seg->name, seg->departed);
+						    seg->name, gone);
 					goto rejected;
 				}
 				v = seg->view;
-				/* Under the read lock neither departed nor view changes: checked once. */
+				/* Under the read lock neither departed nor view changes (absence
+				 * may expire: the next batch sees it): checked once. */
 				last_seg = seg;
 				last_seg_id = r->segment;
 			}

@@ -1129,16 +1129,17 @@ struct etcd_watch {
 	char *stream_err;
 };
 
-static void etcd_deliver(struct etcd *s, const char *name, GBytes *value)
+/* @resync: a delete found by etcd_resync (metadata_watch_fn), not reported by the stream. */
+static void etcd_deliver(struct etcd *s, const char *name, GBytes *value, bool resync)
 {
 	if (value) {
 		gsize n;
 		const char *d = g_bytes_get_data(value, &n);
 
 		/* An empty value is a value, not a delete: never hand out NULL for it. */
-		s->watch_fn(s->watch_user, name, d ? d : "", n);
+		s->watch_fn(s->watch_user, name, d ? d : "", n, false);
 	} else
-		s->watch_fn(s->watch_user, name, NULL, 0);
+		s->watch_fn(s->watch_user, name, NULL, 0, resync);
 }
 
 /*
@@ -1210,7 +1211,7 @@ static enum te_status etcd_resync(struct etcd_watch *w, char **err_out)
 	w->next_rev = rev + 1;
 	w->synced = true;
 	for (guint i = 0; i < gone->len; i++)
-		etcd_deliver(s, gone->pdata[i], NULL);
+		etcd_deliver(s, gone->pdata[i], NULL, true);
 	for (guint i = 0; i < changed->len; i++) {
 		g_autofree char *key = metadata_key(s->p.ns, changed->pdata[i]);
 		g_autofree char *err = NULL;
@@ -1225,11 +1226,11 @@ static enum te_status etcd_resync(struct etcd_watch *w, char **err_out)
 			continue;
 		}
 		if (found) {
-			etcd_deliver(s, changed->pdata[i], kv.value);
+			etcd_deliver(s, changed->pdata[i], kv.value, false);
 			etcd_kv_clear(&kv);
 		} else {
 			g_hash_table_remove(w->seen, changed->pdata[i]);
-			etcd_deliver(s, changed->pdata[i], NULL);
+			etcd_deliver(s, changed->pdata[i], NULL, true);
 		}
 	}
 out:
@@ -1322,7 +1323,7 @@ static bool etcd_watch_message(void *user, const char *data, size_t n)
 				g_hash_table_replace(w->seen, g_strdup(name),
 						     g_memdup2(&kv.mod_revision, 8));
 			}
-			etcd_deliver(s, name, del ? NULL : kv.value);
+			etcd_deliver(s, name, del ? NULL : kv.value, false);
 		}
 		etcd_kv_clear(&kv);
 	}

@@ -24,6 +24,12 @@ struct metadata {
 	bool withdrawn;
 	struct engine *engine;
 	metadata_change_fn on_change; /* set by metadata_watch_start */
+	/*
+	 * Held across each delivery, so metadata_watch_quiet waits for one in progress;
+	 * quiet: deliver nothing more (the engine is coming apart).
+	 */
+	GMutex change_lock;
+	bool quiet;
 };
 
 static const char *const metadata_type_names[] = { "p2p", "etcd", "redis", "http" };
@@ -144,6 +150,7 @@ enum te_status metadata_open(struct engine *e, struct metadata **md_out, char **
 	md->ops = ops;
 	md->engine = e;
 	g_mutex_init(&md->publish_lock);
+	g_mutex_init(&md->change_lock);
 	if (cfg->metadata_password_file) {
 		st = metadata_password_load(cfg->metadata_password_file, &md->password, err_out);
 		if (st != TE_OK) {
@@ -265,16 +272,18 @@ enum te_status metadata_publish_local(struct engine *e, char **err_out)
 }
 
 /* A change under the namespace, from the backend's watch thread. */
-static void metadata_on_change(void *user, const char *name, const char *json, size_t len)
+static void metadata_on_change(void *user, const char *name, const char *json, size_t len,
+			       bool resync)
 {
 	struct metadata *md = user;
 	struct engine *e = md->engine;
 
-	if (atomic_load(&e->stopping))
-		return;
 	if (strcmp(name, e->name) == 0)
 		return; /* our own key: the backend keeps it published */
-	md->on_change(e, md->ops->name, name, json, len);
+	g_mutex_lock(&md->change_lock);
+	if (!md->quiet && !atomic_load(&e->stopping))
+		md->on_change(e, md->ops->name, name, json, len, resync);
+	g_mutex_unlock(&md->change_lock);
 }
 
 enum te_status metadata_watch_start(struct engine *e, metadata_change_fn fn, char **err_out)
@@ -285,6 +294,17 @@ enum te_status metadata_watch_start(struct engine *e, metadata_change_fn fn, cha
 		return TE_OK;
 	md->on_change = fn;
 	return md->ops->watch(md->state, metadata_on_change, md, err_out);
+}
+
+void metadata_watch_quiet(struct engine *e)
+{
+	struct metadata *md = e->md;
+
+	if (!md)
+		return;
+	g_mutex_lock(&md->change_lock);
+	md->quiet = true;
+	g_mutex_unlock(&md->change_lock);
 }
 
 void metadata_withdraw_local(struct engine *e)
@@ -324,5 +344,6 @@ void metadata_close(struct metadata *md)
 		g_free(md->password);
 	}
 	g_mutex_clear(&md->publish_lock);
+	g_mutex_clear(&md->change_lock);
 	g_free(md);
 }

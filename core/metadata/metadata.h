@@ -42,10 +42,15 @@ struct metadata_params {
 
 /*
  * Changes seen under the namespace: @json (not NUL-terminated) is the new value of segment
- * @name, or NULL when its key was deleted or expired. Called from the backend's own thread,
- * never with a backend lock held; the callee may call get/publish.
+ * @name, or NULL when its key was deleted or expired. @resync: a delete the watch inferred
+ * (the key was missing when it compared the store with what it had seen, after it lost the
+ * store for a while), not one the store reported: a store that lost its data and came back
+ * empty looks the same, and the key's owner writes it again within its refresh period.
+ * Called from the backend's own thread, never with a backend lock held; the callee may call
+ * get/publish.
  */
-typedef void (*metadata_watch_fn)(void *user, const char *name, const char *json, size_t len);
+typedef void (*metadata_watch_fn)(void *user, const char *name, const char *json, size_t len,
+				  bool resync);
 
 /*
  * A backend. Every op that fails returns a status and a g_malloc'd *err_out naming the
@@ -113,12 +118,18 @@ enum te_status metadata_fetch_descriptor(struct engine *e, const char *name, uin
 enum te_status metadata_publish_local(struct engine *e, char **err_out);
 /*
  * A change seen by the watch: segment @name's new value @json (@len bytes), or NULL when
- * its key went; @backend names the store. Called from the backend's thread.
+ * its key went (@resync: missing at a resync, see metadata_watch_fn); @backend names the
+ * store. Called from the backend's thread.
  */
 typedef void (*metadata_change_fn)(struct engine *e, const char *backend, const char *name,
-				   const char *json, size_t len);
+				   const char *json, size_t len, bool resync);
 /* Start watching, reporting to @fn (store backends with a watch op); no-op otherwise. */
 enum te_status metadata_watch_start(struct engine *e, metadata_change_fn fn, char **err_out);
+/*
+ * Deliver no more changes (shutdown, before anything the change function touches goes):
+ * returns after a delivery in progress on the watch thread has finished.
+ */
+void metadata_watch_quiet(struct engine *e);
 /* Withdraw the engine's own descriptor (shutdown). */
 void metadata_withdraw_local(struct engine *e);
 const char *metadata_name(const struct metadata *md);

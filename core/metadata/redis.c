@@ -44,8 +44,9 @@ struct rd_ep {
 
 struct rd_conn {
 	redisContext *c;
-	size_t ep;	 /* endpoint of c, or the first to try when c is NULL */
-	uint32_t tmo_ms; /* timeout set on c */
+	size_t ep;	   /* endpoint of c, or the first to try when c is NULL */
+	uint32_t tmo_ms;   /* timeout set on c */
+	uint64_t connects; /* connections made so far (a new one may find a wiped server) */
 };
 
 struct rd_pub {
@@ -91,9 +92,10 @@ struct rd {
 	void *user;
 	struct rd_conn wcmd;
 	struct rd_conn wsub;
-	bool w_notify;	  /* keyspace notifications on (else SCAN polling) */
-	int w_mode_shown; /* -1: not logged yet, else the last w_notify logged */
-	GHashTable *seen; /* name -> sha1 hex of the value last seen */
+	bool w_notify;	     /* keyspace notifications on (else SCAN polling) */
+	int w_mode_shown;    /* -1: not logged yet, else the last w_notify logged */
+	GHashTable *seen;    /* name -> sha1 hex of the value last seen */
+	uint64_t w_connects; /* wcmd.connects when seen was last compared with the store */
 };
 
 /*
@@ -315,6 +317,7 @@ static enum te_status rd_connect(struct rd *r, struct rd_conn *cn, size_t first,
 			cn->c = c;
 			cn->ep = idx;
 			cn->tmo_ms = tmo_ms;
+			cn->connects++;
 			return TE_OK;
 		}
 		if (s != TE_ERR_METADATA_UNAVAILABLE)
@@ -964,12 +967,17 @@ static char *rd_sha1(const char *data, size_t len)
 	return g_compute_checksum_for_data(G_CHECKSUM_SHA1, (const guchar *)data, len);
 }
 
+/*
+ * Deliver @name's new value @val, or its delete (NULL). A delete is inferred (resync) when
+ * the watch's command connection is not the one it last compared the store on: the server
+ * may have restarted without its data, and the key's owner writes it again.
+ */
 static void rd_emit(struct rd *r, const char *name, GBytes *val)
 {
 	gsize n = 0;
 	const char *d = val ? g_bytes_get_data(val, &n) : NULL;
 
-	r->fn(r->user, name, d, d ? n : 0);
+	r->fn(r->user, name, d, d ? n : 0, !val && r->wcmd.connects != r->w_connects);
 }
 
 /*
@@ -1105,6 +1113,7 @@ static enum te_status rd_watch_resync(struct rd *r, bool deliver, char **err_out
 	if (!deliver) {
 		g_hash_table_destroy(r->seen);
 		r->seen = g_steal_pointer(&now);
+		r->w_connects = r->wcmd.connects;
 		return TE_OK;
 	}
 	/* Deletes first: names seen before and gone now. */
@@ -1133,6 +1142,7 @@ static enum te_status rd_watch_resync(struct rd *r, bool deliver, char **err_out
 		if (st != TE_OK)
 			return st;
 	}
+	r->w_connects = r->wcmd.connects;
 	return TE_OK;
 }
 

@@ -119,6 +119,27 @@ static enum te_status read_once(struct te_engine *e, te_segment_id seg, uint64_t
 	return ti.state == TE_STATE_COMPLETED ? TE_OK : ti.status;
 }
 
+/* The backend's ops table, for a publisher of our own beside the engines. */
+static const struct metadata_ops *store_ops(void)
+{
+	const struct metadata_ops *ops = NULL;
+
+#ifdef TE_HAVE_ETCD
+	if (kind == MDSERVER_ETCD)
+		ops = &metadata_etcd_ops;
+#endif
+#ifdef TE_HAVE_REDIS
+	if (kind == MDSERVER_REDIS)
+		ops = &metadata_redis_ops;
+#endif
+#ifdef TE_HAVE_HTTP
+	if (kind == MDSERVER_HTTP)
+		ops = &metadata_http_ops;
+#endif
+	g_assert_nonnull(ops);
+	return ops;
+}
+
 /* --- cases ------------------------------------------------------------------------------- */
 
 /*
@@ -398,6 +419,118 @@ static void test_store_restart(void)
 	mdserver_free(srv);
 }
 
+/* WRITE @seed's pattern into @rb (an engine's buffer here) through @e, READ it back. */
+static void write_read_buf(struct te_engine *e, te_segment_id seg, const struct lbuf *rb,
+			   uint8_t seed)
+{
+	struct lbuf b;
+	struct te_request r;
+
+	lbuf_new(&b, e, 2 * rb->len);
+	for (size_t i = 0; i < rb->len; i++)
+		b.p[i] = (uint8_t)(seed + i * 7);
+	r = (struct te_request){ TE_OP_WRITE, seg, b.p, (uint64_t)(uintptr_t)rb->p, rb->len };
+	batch_run_ok(e, &r, 1, WAIT_NS, "tcp");
+	assert_bytes(rb->p, b.p, rb->len, "bytes written");
+	r = (struct te_request){ TE_OP_READ, seg, b.p + rb->len, (uint64_t)(uintptr_t)rb->p,
+				 rb->len };
+	batch_run_ok(e, &r, 1, WAIT_NS, "tcp");
+	assert_bytes(b.p + rb->len, b.p, rb->len, "bytes read back");
+	lbuf_free(&b, e);
+}
+
+/*
+ * The store restarts without its data and the watch gets back to it before the owner of a
+ * key writes it again (node-a refreshes every 20 s here). The segment stays usable for one
+ * TTL and a second (no transfer fails: the store's absence is no proof), is gone after that
+ * while its key is still missing, and is back with its key, even with the very value it had
+ * (before 2026-12-03 a delete found at a resync made it gone at once, and for good when the
+ * owner wrote the same value again).
+ */
+static void test_store_wiped(void)
+{
+	struct mdserver *srv = mdserver_start(kind, NULL);
+	g_autofree char *ns = case_ns();
+	g_autofree char *ya = yaml_for("node-a", "127.0.0.1:0", srv->url, ns, 60);
+	g_autofree char *yb = yaml_for("node-b", "127.0.0.1:0", srv->url, ns, TTL_S);
+	const char *eps[] = { srv->url };
+	struct metadata_params p = {
+		.endpoints = eps, .n_endpoints = 1, .ns = ns, .ttl_s = 60, .timeout_ms = 2000
+	};
+	const struct metadata_ops *ops = store_ops();
+	g_autofree char *err = NULL;
+	char detail[512] = "";
+	struct te_engine *a, *b;
+	GBytes *saved = NULL;
+	void *st = NULL;
+	struct lbuf ab;
+	te_segment_id sa;
+	enum te_status s;
+	int64_t back, deadline, gone_after;
+	unsigned moved = 0;
+
+	if (!backend_watches()) {
+		g_test_skip("http has no watch");
+		mdserver_free(srv);
+		return;
+	}
+	a = engine_yaml(ya);
+	rbuf_new(&ab, a, 65536);
+	b = engine_yaml(yb);
+	assert_ok(te_segment_open(b, "node-a", &sa));
+	write_read_buf(b, sa, &ab, 1);
+	assert_ok(ops->open(&p, &st, &err));
+	if (ops->get(st, "node-a", 2000, &saved, &err) != TE_OK)
+		g_error("reading node-a's descriptor: %s", err);
+	mdserver_stop(srv, true);
+	mdserver_wipe(srv);
+	back = now_ns(); /* before the watch can get back */
+	mdserver_restart(srv);
+	/* The watch is back within its backoff and finds node-a missing: still usable. */
+	while (now_ns() - back < TTL_S * S_NS - 500 * MS_NS)
+		write_read_buf(b, sa, &ab, (uint8_t)(2 + moved++));
+	g_test_message("%u WRITE+READ pairs in the %u.5 s from the restart", moved, TTL_S - 1);
+	/* Gone once node-a has not come back for a TTL and a second. */
+	deadline = back + (TTL_S + 6) * S_NS;
+	do {
+		s = read_once(b, sa, (uint64_t)(uintptr_t)ab.p, 4096, detail, sizeof(detail));
+		if (s != TE_OK)
+			break;
+		sleep_ms(50);
+	} while (now_ns() < deadline);
+	gone_after = now_ns() - back;
+	g_test_message("%.1f s after the restart: %s: %s", (double)gone_after / S_NS,
+		       te_status_str(s), detail);
+	g_assert_cmpint(s, ==, TE_ERR_PEER_UNREACHABLE);
+	assert_contains(detail, "is gone");
+	assert_contains(detail, "not published again");
+	assert_contains(detail, backend);
+	g_assert_cmpint(gone_after, >=, (int64_t)(TTL_S + 1) * S_NS);
+	/* Its key back with the value it had: usable again. */
+	{
+		gsize n;
+		const char *d = g_bytes_get_data(saved, &n);
+
+		if (ops->publish(st, "node-a", d, n, &err) != TE_OK)
+			g_error("publishing node-a's descriptor again: %s", err);
+	}
+	deadline = now_ns() + 5 * S_NS;
+	do {
+		s = read_once(b, sa, (uint64_t)(uintptr_t)ab.p, 4096, detail, sizeof(detail));
+		if (s == TE_OK)
+			break;
+		sleep_ms(50);
+	} while (now_ns() < deadline);
+	g_assert_cmpint(s, ==, TE_OK);
+	write_read_buf(b, sa, &ab, 99);
+	te_engine_free(b);
+	g_bytes_unref(saved);
+	ops->close(st);
+	lbuf_free(&ab, a);
+	te_engine_free(a);
+	mdserver_free(srv);
+}
+
 /* No server at the endpoint: the engine does not start and says where it tried. */
 static void test_unreachable(void)
 {
@@ -436,7 +569,7 @@ static void test_malformed(void)
 	struct metadata_params p = {
 		.endpoints = eps, .n_endpoints = 1, .ns = ns, .ttl_s = 60, .timeout_ms = 2000
 	};
-	const struct metadata_ops *ops = NULL;
+	const struct metadata_ops *ops = store_ops();
 	/* JSON, with the fields a store backend reads, but no descriptor. */
 	static const char garbage[] =
 		"{\"name\": \"bogus\", \"generation\": \"12\", \"rpc\": \"127.0.0.1:1\", "
@@ -446,19 +579,6 @@ static void test_malformed(void)
 	void *st = NULL;
 	te_segment_id id;
 
-#ifdef TE_HAVE_ETCD
-	if (kind == MDSERVER_ETCD)
-		ops = &metadata_etcd_ops;
-#endif
-#ifdef TE_HAVE_REDIS
-	if (kind == MDSERVER_REDIS)
-		ops = &metadata_redis_ops;
-#endif
-#ifdef TE_HAVE_HTTP
-	if (kind == MDSERVER_HTTP)
-		ops = &metadata_http_ops;
-#endif
-	g_assert_nonnull(ops);
 	/* A publisher that writes garbage (and goes away without deleting it). */
 	assert_ok(ops->open(&p, &st, &err));
 	if (ops->publish(st, "bogus", garbage, sizeof(garbage) - 1, &err) != TE_OK)
@@ -479,6 +599,132 @@ static void test_malformed(void)
 	(void)ops->withdraw(st, "bogus", &err);
 	ops->close(st);
 	te_engine_free(b);
+	mdserver_free(srv);
+}
+
+/* Publishes two values of one segment by turns until told to stop. */
+struct churn {
+	const struct metadata_ops *ops;
+	void *st;
+	const char *name;
+	GBytes *val[2];
+	gint stop;
+	gint published;
+};
+
+static gpointer churn_main(gpointer data)
+{
+	struct churn *c = data;
+
+	while (!g_atomic_int_get(&c->stop)) {
+		GBytes *v = c->val[g_atomic_int_get(&c->published) & 1];
+		g_autofree char *err = NULL;
+		gsize len;
+		const char *d = g_bytes_get_data(v, &len);
+
+		if (c->ops->publish(c->st, c->name, d, len, &err) != TE_OK)
+			g_error("churn: publishing %s: %s", c->name, err);
+		g_atomic_int_inc(&c->published);
+	}
+	return NULL;
+}
+
+/*
+ * The watch delivers changes while the engine comes apart. The store's value for a segment
+ * the engine opened changes all the time, between the segment's descriptor before and after
+ * it registered a second buffer (each delivery loads the segment's peers into the
+ * transports anew), while engines that opened it are freed, one after another. A delivery
+ * under way could load peers into transports already torn down (a SIGSEGV in CI,
+ * 2026-12-03); engine_destroy now quiets the watch before anything else. ASan reports a use
+ * after free here if it comes back.
+ */
+static void test_watch_at_free(void)
+{
+	struct mdserver *srv = mdserver_shared(kind);
+	g_autofree char *ns = case_ns();
+	g_autofree char *yc = yaml_for("node-c", "127.0.0.1:0", srv->url, ns, TTL_S);
+	const char *eps[] = { srv->url };
+	struct metadata_params p = {
+		.endpoints = eps, .n_endpoints = 1, .ns = ns, .ttl_s = 60, .timeout_ms = 2000
+	};
+	struct churn ch = { .ops = store_ops(), .name = "node-c" };
+	g_autofree char *err = NULL;
+	struct te_engine *c;
+	struct lbuf cb;
+	GThread *th;
+	int64_t deadline;
+
+	if (!backend_watches()) {
+		g_test_skip("http has no watch");
+		mdserver_free(srv);
+		return;
+	}
+	c = engine_yaml(yc);
+	assert_ok(ch.ops->open(&p, &ch.st, &err));
+	if (ch.ops->get(ch.st, "node-c", 2000, &ch.val[0], &err) != TE_OK)
+		g_error("reading node-c's descriptor: %s", err);
+	rbuf_new(&cb, c, 8192); /* published again with this buffer */
+	deadline = now_ns() + 5 * S_NS;
+	do {
+		g_clear_pointer(&ch.val[1], g_bytes_unref);
+		if (ch.ops->get(ch.st, "node-c", 2000, &ch.val[1], &err) != TE_OK)
+			g_error("reading node-c's descriptor: %s", err);
+	} while (g_bytes_equal(ch.val[0], ch.val[1]) && now_ns() < deadline && (sleep_ms(10), 1));
+	g_assert_false(g_bytes_equal(ch.val[0], ch.val[1]));
+	th = g_thread_new("churn", churn_main, &ch);
+	for (unsigned i = 0; i < 10; i++) {
+		g_autofree char *name = g_strdup_printf("node-b%u", i);
+		g_autofree char *yb = yaml_for(name, "127.0.0.1:0", srv->url, ns, TTL_S);
+		struct te_engine *b = engine_yaml(yb);
+		gint before = g_atomic_int_get(&ch.published);
+		te_segment_id id;
+
+		assert_ok(te_segment_open(b, "node-c", &id));
+		/* Deliveries under way: new values published since the open. */
+		while (g_atomic_int_get(&ch.published) < before + 20)
+			sleep_ms(1);
+		te_engine_free(b);
+	}
+	g_atomic_int_set(&ch.stop, 1);
+	g_thread_join(th);
+	g_test_message("%d values published while 10 engines came and went", ch.published);
+	/* node-c as it is now, and still reachable: an engine that opens it reads its buffer. */
+	{
+		g_autofree char *yd = yaml_for("node-d", "127.0.0.1:0", srv->url, ns, TTL_S);
+		struct te_engine *d = engine_yaml(yd);
+		struct lbuf db;
+		te_segment_id id;
+
+		lbuf_free(&cb, c); /* published once more, as it is */
+		rbuf_new(&cb, c, 8192);
+		memset(cb.p, 0x5a, cb.len);
+		lbuf_new(&db, d, cb.len);
+		deadline = now_ns() + 5 * S_NS;
+		assert_ok(te_segment_open(d, "node-c", &id));
+		{
+			struct te_request r = { TE_OP_READ, id, db.p, (uint64_t)(uintptr_t)cb.p,
+						cb.len };
+			enum te_status sst, wst;
+			te_batch_id bid;
+
+			do {
+				bid = batch_run(d, &r, 1, WAIT_NS, &sst, &wst);
+				assert_ok(te_batch_free(d, bid));
+			} while ((sst != TE_OK || wst != TE_OK) && now_ns() < deadline &&
+				 (sleep_ms(50), 1));
+			g_assert_cmpint(sst, ==, TE_OK);
+			g_assert_cmpint(wst, ==, TE_OK);
+		}
+		g_assert_cmpint(db.p[0], ==, 0x5a);
+		g_assert_cmpint(db.p[db.len - 1], ==, 0x5a);
+		lbuf_free(&db, d);
+		te_engine_free(d);
+	}
+	lbuf_free(&cb, c);
+	g_bytes_unref(ch.val[0]);
+	g_bytes_unref(ch.val[1]);
+	ch.ops->close(ch.st);
+	te_engine_free(c);
 	mdserver_free(srv);
 }
 
@@ -639,9 +885,11 @@ int main(int argc, char **argv)
 	g_test_add_func("/md/peer-restart", test_peer_restart);
 	g_test_add_func("/md/departed", test_departed);
 	g_test_add_func("/md/store-restart", test_store_restart);
+	g_test_add_func("/md/store-wiped", test_store_wiped);
 	g_test_add_func("/md/unreachable", test_unreachable);
 	g_test_add_func("/md/malformed", test_malformed);
 	g_test_add_func("/md/conf-files", test_conf_files);
+	g_test_add_func("/md/watch-at-free", test_watch_at_free);
 	g_test_add_func("/md/p2p-name", test_p2p_name);
 	return g_test_run();
 }

@@ -19,6 +19,7 @@ static const struct metadata_ops *const ops = &metadata_etcd_ops;
 struct event {
 	char *name;
 	GBytes *value; /* NULL: deleted */
+	bool resync;   /* a delete inferred at a resync */
 };
 
 struct rec {
@@ -27,13 +28,14 @@ struct rec {
 	GPtrArray *ev;
 };
 
-static void rec_fn(void *user, const char *name, const char *json, size_t len)
+static void rec_fn(void *user, const char *name, const char *json, size_t len, bool resync)
 {
 	struct rec *r = user;
 	struct event *e = g_new0(struct event, 1);
 
 	e->name = g_strdup(name);
 	e->value = json ? g_bytes_new(json, len) : NULL;
+	e->resync = resync;
 	g_mutex_lock(&r->lock);
 	g_ptr_array_add(r->ev, e);
 	g_cond_broadcast(&r->cond);
@@ -114,6 +116,22 @@ static bool rec_wait(struct rec *r, const char *name, const void *value, size_t 
 	}
 	g_mutex_unlock(&r->lock);
 	return found;
+}
+
+/* Deletes of @name delivered so far: how many, and how many of them inferred at a resync. */
+static void rec_deletes(struct rec *r, const char *name, unsigned *all, unsigned *resync)
+{
+	*all = *resync = 0;
+	g_mutex_lock(&r->lock);
+	for (guint i = 0; i < r->ev->len; i++) {
+		const struct event *e = r->ev->pdata[i];
+
+		if (strcmp(e->name, name) == 0 && !e->value) {
+			(*all)++;
+			*resync += e->resync;
+		}
+	}
+	g_mutex_unlock(&r->lock);
 }
 
 static void watch_ok(struct md *m, struct rec *r)
@@ -298,6 +316,13 @@ static void test_expiry(void)
 	g_assert_cmpint(ms, >=, 0);
 	g_assert_true(rec_wait(r, "e", NULL, 0, false, 2000));
 	g_assert_cmpint((g_get_monotonic_time() - t0) / 1000, <=, (MD_TTL_S + 1) * 1000 + 500);
+	{
+		unsigned all, resync;
+
+		rec_deletes(r, "e", &all, &resync);
+		g_assert_cmpuint(all, ==, 1);
+		g_assert_cmpuint(resync, ==, 0); /* the stream reported it */
+	}
 	md_close(&w);
 	rec_free(r);
 	mdserver_free(srv);
@@ -407,6 +432,14 @@ static void test_restart_wiped(void)
 	md_assert_value(&w, "p", va, strlen(va));
 	/* The watcher resynced and saw it come back. */
 	g_assert_true(rec_wait(r, "p", va, strlen(va), false, 5000));
+	{
+		unsigned all, resync;
+
+		/* Missing when the watch came back (if it came back first): inferred. */
+		rec_deletes(r, "p", &all, &resync);
+		g_test_message("%u deletes of p seen, %u inferred at a resync", all, resync);
+		g_assert_cmpuint(resync, ==, all);
+	}
 	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_WARN, "etcd metadata"), ==, 1);
 	g_assert_cmpuint(logcap_count_at(&cap->cap, TE_LOG_INFO, "published again"), ==, 1);
 	/* And it stays: the new lease is kept alive. */

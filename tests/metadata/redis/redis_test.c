@@ -24,6 +24,7 @@ static const struct metadata_ops *ops = &metadata_redis_ops;
 struct event {
 	char *name;
 	GBytes *json; /* NULL: deleted */
+	bool resync;  /* a delete inferred at a resync */
 };
 
 static void event_free(gpointer p)
@@ -36,14 +37,18 @@ static void event_free(gpointer p)
 	g_free(ev);
 }
 
-static void watch_fn(void *user, const char *name, const char *json, size_t len)
+static void watch_fn(void *user, const char *name, const char *json, size_t len, bool resync)
 {
 	struct event *ev = g_new0(struct event, 1);
 
 	ev->name = g_strdup(name);
 	ev->json = json ? g_bytes_new(json, len) : NULL;
+	ev->resync = resync;
 	g_async_queue_push(user, ev);
 }
+
+/* The resync flag of the event wait_event last found. */
+static bool found_resync;
 
 /*
  * Wait up to @ms for an event about @name: a value equal to @json (NULL json and @del:
@@ -71,6 +76,7 @@ static bool wait_event(GAsyncQueue *q, const char *name, const char *json, bool 
 			      memcmp(g_bytes_get_data(ev->json, NULL), json, strlen(json)) == 0;
 		else if (hit)
 			hit = ev->json != NULL;
+		found_resync = ev->resync;
 		event_free(ev);
 		if (hit)
 			return true;
@@ -353,6 +359,7 @@ static void test_expiry(void)
 	t0 = g_get_monotonic_time();
 	md_close(&a); /* like SIGKILL: no withdraw */
 	g_assert_true(wait_event(q, "seg", NULL, true, (TTL_S + 1) * 1000));
+	g_assert_false(found_resync); /* the store reported it */
 	g_test_message("delete seen %.2f s after close", (g_get_monotonic_time() - t0) / 1e6);
 	g_assert_cmpint(get_status(&w, "seg", &err), ==, TE_ERR_METADATA_NOT_FOUND);
 	md_close(&w);
@@ -385,6 +392,7 @@ static void watch_cases(struct mdserver *s, struct logcap_sink *l, int db)
 	g_assert_true(wait_event(q, "seg", j2, false, wait_ms));
 	g_assert_cmpint(ops->withdraw(a.st, "seg", &err), ==, TE_OK);
 	g_assert_true(wait_event(q, "seg", NULL, true, wait_ms));
+	g_assert_false(found_resync);
 	/* A restarted engine: a new generation under the same name. */
 	md_close(&a);
 	md_open(&a, l, url);
