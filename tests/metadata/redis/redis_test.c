@@ -523,6 +523,63 @@ static void test_restart(void)
 	mdserver_free(s);
 }
 
+/*
+ * The server restarts empty while the key's owner is gone for good: the watch, back, finds
+ * the key missing and delivers a delete flagged as inferred (resync), since an empty store
+ * looks the same as a departed owner. A delete the server then reports is not flagged.
+ */
+static void restart_owner_gone(const char *const *extra)
+{
+	struct mdserver *s = server(extra);
+	struct logcap_sink l;
+	struct md a, b, w;
+	GAsyncQueue *q = g_async_queue_new_full(event_free);
+	g_autofree char *ja = NULL, *jb = NULL, *err = NULL;
+
+	if (!s) {
+		g_async_queue_unref(q);
+		return;
+	}
+	logcap_sink_init(&l);
+	md_open(&a, &l, s->url);
+	md_open(&w, &l, s->url);
+	g_assert_cmpint(ops->watch(w.st, watch_fn, q, &err), ==, TE_OK);
+	ja = desc("seg", "1111", "127.0.0.1:7001", NULL);
+	publish_ok(&a, "seg", ja);
+	g_assert_true(wait_event(q, "seg", ja, false, 3000));
+	mdserver_stop(s, true);
+	md_close(&a); /* gone while the server was down: nobody writes "seg" again */
+	mdserver_restart(s);
+	g_assert_true(wait_event(q, "seg", NULL, true, (TTL_S + 3) * 1000));
+	g_assert_true(found_resync);
+	/* A key published and withdrawn after that: a delete the server reported. */
+	md_open(&b, &l, s->url);
+	jb = desc("other", "2222", "127.0.0.1:7002", NULL);
+	publish_ok(&b, "other", jb);
+	g_assert_true(wait_event(q, "other", jb, false, 5000));
+	g_assert_cmpint(ops->withdraw(b.st, "other", &err), ==, TE_OK);
+	g_assert_true(wait_event(q, "other", NULL, true, 5000));
+	g_assert_false(found_resync);
+	md_close(&b);
+	md_close(&w);
+	g_async_queue_unref(q);
+	logcap_sink_clear(&l);
+	mdserver_free(s);
+}
+
+static void test_restart_owner_gone(void)
+{
+	restart_owner_gone(NULL);
+}
+
+/* The same when the watch polls (no CONFIG: no keyspace notifications). */
+static void test_restart_owner_gone_poll(void)
+{
+	static const char *const extra[] = { "--rename-command", "CONFIG", "", NULL };
+
+	restart_owner_gone(extra);
+}
+
 static void test_down_at_start(void)
 {
 	struct logcap_sink l;
@@ -761,6 +818,8 @@ int main(int argc, char **argv)
 	g_test_add_func("/redis/watch-poll", test_watch_poll);
 	g_test_add_func("/redis/select-db", test_select_db);
 	g_test_add_func("/redis/restart", test_restart);
+	g_test_add_func("/redis/restart-owner-gone", test_restart_owner_gone);
+	g_test_add_func("/redis/restart-owner-gone-poll", test_restart_owner_gone_poll);
 	g_test_add_func("/redis/down-at-start", test_down_at_start);
 	g_test_add_func("/redis/endpoints", test_endpoints);
 	g_test_add_func("/redis/failover", test_failover);
