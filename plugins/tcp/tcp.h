@@ -367,6 +367,15 @@ struct tcp_lane {
 	uint64_t base_ns; /* when its HELLO answer arrived: request deadlines count from it */
 	bool refused;	  /* the last connect was refused: nobody listens at the address */
 	bool peer_closed; /* the server closed or reset this connection (EOF, ECONNRESET) */
+	/*
+	 * errno of a send that failed (EPIPE, ECONNRESET) before the handshake was answered,
+	 * and when: the server may have answered the HELLO or AUTH (a refusal for want of room)
+	 * before it reset the connection, so the receive side reads that first and fails the
+	 * lane with it; the tick fails it with the send's error if it is still up a tick later.
+	 * Nothing is sent meanwhile. Under lock.
+	 */
+	int send_err;
+	uint64_t send_err_ns;
 	/* A WRITE waits for a fence from a connection the server did not close itself. */
 	bool fence_unclosed;
 

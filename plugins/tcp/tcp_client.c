@@ -246,6 +246,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	l->err_detail[0] = '\0';
 	l->out_kick = false;
 	l->peer_closed = false;
+	l->send_err = 0;
 	l->refused = false;
 	l->full_refused = false;
 	l->ctl_len = l->ctl_off = 0;
@@ -472,7 +473,7 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 {
 	struct iovec iov[TCP_LANE_IOV];
 	struct te_plugin_slice *rep[TCP_LANE_IOV];
-	bool kick;
+	bool kick, read_answer = false;
 
 	pthread_mutex_lock(&l->lock);
 	if (l->sending) {
@@ -481,12 +482,12 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 		pthread_mutex_unlock(&l->lock);
 		return;
 	}
-	if (l->state != TCP_LANE_UP || !tcp_lane_has_output_locked(l)) {
+	if (l->state != TCP_LANE_UP || l->send_err || !tcp_lane_has_output_locked(l)) {
 		pthread_mutex_unlock(&l->lock);
 		return;
 	}
 	l->sending = true;
-	while (l->state == TCP_LANE_UP && tcp_lane_has_output_locked(l)) {
+	while (l->state == TCP_LANE_UP && !l->send_err && tcp_lane_has_output_locked(l)) {
 		struct msghdr msg = { .msg_iov = iov };
 		uint64_t off = l->sq_off;
 		uint32_t n_iov = 0, n_rep;
@@ -548,12 +549,20 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 		}
 		if (err == EPIPE || err == ECONNRESET)
 			l->peer_closed = true;
+		if ((err == EPIPE || err == ECONNRESET) && l->hs != TCP_HS_READY) {
+			/* Its answer first: a refusal queued before the reset says why. */
+			l->send_err = err;
+			l->send_err_ns = tcp_now_ns();
+			l->rx_want = true;
+			read_answer = true;
+			break;
+		}
 		tcp_lane_fail_locked(l, TE_ERR_CONN_RESET,
 				     TCP_NAME ": send to %s (%s) lane %u failed: %s", l->peer->name,
 				     l->peer->addr_text, l->index, strerror(err));
 	}
 	l->sending = false;
-	kick = l->state == TCP_LANE_BROKEN;
+	kick = l->state == TCP_LANE_BROKEN || read_answer;
 	pthread_mutex_unlock(&l->lock);
 	if (kick)
 		tcp_kick_lane(l);
@@ -576,6 +585,7 @@ void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l)
 	l->connect_start_ns = tcp_now_ns();
 	l->refused = false;
 	l->peer_closed = false;
+	l->send_err = 0;
 	l->hs = TCP_HS_HELLO;
 	l->epoch++;
 	tcp_stat_add(&l->st_connects, 1);
