@@ -206,6 +206,24 @@ static long long raw_exists(redisContext *c, const char *key)
 }
 
 /* A loopback port nobody listens on (bound, then closed). */
+/*
+ * A publisher @a of "seg" (its value returned) under the watch of @w, which reports to @q:
+ * both opened on @s, the watch's first event for it seen.
+ */
+static char *watched_seg(struct mdserver *s, struct logcap_sink *l, struct md *a, struct md *w,
+			 GAsyncQueue *q)
+{
+	g_autofree char *err = NULL;
+	char *ja = desc("seg", "1111", "127.0.0.1:7001", NULL);
+
+	md_open(a, l, s->url);
+	md_open(w, l, s->url);
+	g_assert_cmpint(ops->watch(w->st, watch_fn, q, &err), ==, TE_OK);
+	publish_ok(a, "seg", ja);
+	g_assert_true(wait_event(q, "seg", ja, false, 3000));
+	return ja;
+}
+
 static struct mdserver *server(const char *const *extra)
 {
 	if (!mdserver_available(MDSERVER_REDIS)) {
@@ -347,12 +365,7 @@ static void test_expiry(void)
 	if (!s)
 		return;
 	logcap_sink_init(&l);
-	md_open(&a, &l, s->url);
-	md_open(&w, &l, s->url);
-	g_assert_cmpint(ops->watch(w.st, watch_fn, q, &err), ==, TE_OK);
-	ja = desc("seg", "1111", "127.0.0.1:7001", NULL);
-	publish_ok(&a, "seg", ja);
-	g_assert_true(wait_event(q, "seg", ja, false, 3000));
+	ja = watched_seg(s, &l, &a, &w, q);
 	/* Kept alive past its TTL by the refresh. */
 	g_usleep((TTL_S * 1000 + 700) * 1000);
 	assert_get(&w, "seg", ja);
@@ -480,12 +493,7 @@ static void test_restart(void)
 	if (!s)
 		return;
 	logcap_sink_init(&l);
-	md_open(&a, &l, s->url);
-	md_open(&w, &l, s->url);
-	g_assert_cmpint(ops->watch(w.st, watch_fn, q, &err), ==, TE_OK);
-	ja = desc("seg", "1111", "127.0.0.1:7001", NULL);
-	publish_ok(&a, "seg", ja);
-	g_assert_true(wait_event(q, "seg", ja, false, 3000));
+	ja = watched_seg(s, &l, &a, &w, q);
 
 	mdserver_stop(s, true);
 	/* Down for a while: the keeper and the watch fail, log once, do not spin. */
@@ -541,12 +549,7 @@ static void restart_owner_gone(const char *const *extra)
 		return;
 	}
 	logcap_sink_init(&l);
-	md_open(&a, &l, s->url);
-	md_open(&w, &l, s->url);
-	g_assert_cmpint(ops->watch(w.st, watch_fn, q, &err), ==, TE_OK);
-	ja = desc("seg", "1111", "127.0.0.1:7001", NULL);
-	publish_ok(&a, "seg", ja);
-	g_assert_true(wait_event(q, "seg", ja, false, 3000));
+	ja = watched_seg(s, &l, &a, &w, q);
 	mdserver_stop(s, true);
 	md_close(&a); /* gone while the server was down: nobody writes "seg" again */
 	mdserver_restart(s);
