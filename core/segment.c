@@ -525,8 +525,14 @@ void segment_watch_event(struct engine *e, const char *backend, const char *name
 	g_rw_lock_writer_lock(&e->seg_lock);
 	s = segment_find_name_locked(e, name);
 	open = s != NULL;
-	if (s && !json && !s->departed && resync && !s->absent_until_ns) {
-		/* The owner's next refresh writes it again if it lives: one TTL and a second. */
+	if (s && !json && !s->departed && !resync) {
+		s->departed = g_strdup_printf("its descriptor left the %s store (the engine "
+					      "stopped, or its TTL of %u s ran out: it died or "
+					      "lost the store)",
+					      backend, e->cfg->metadata_ttl_s);
+		ENGINE_LOG(e, TE_LOG_INFO, "segment %s: %s", name, s->departed);
+	} else if (s && !json && !s->departed && !s->absent_until_ns) {
+		/* Inferred: the owner's next refresh writes it again if it lives (a TTL + 1 s). */
 		uint32_t grace_s = e->cfg->metadata_ttl_s + 1;
 
 		s->absent_until_ns = engine_now_ns() + grace_s * 1000000000ull;
@@ -540,12 +546,6 @@ void segment_watch_event(struct engine *e, const char *backend, const char *name
 			   "it stays usable for %u s (a store that lost its data gets it back "
 			   "from its owner), then it is gone",
 			   name, backend, grace_s);
-	} else if (s && !json && !s->departed && !resync) {
-		s->departed = g_strdup_printf("its descriptor left the %s store (the engine "
-					      "stopped, or its TTL of %u s ran out: it died or "
-					      "lost the store)",
-					      backend, e->cfg->metadata_ttl_s);
-		ENGINE_LOG(e, TE_LOG_INFO, "segment %s: %s", name, s->departed);
 	}
 	g_rw_lock_writer_unlock(&e->seg_lock);
 	if (!open || !json)

@@ -281,7 +281,7 @@ static void metadata_on_change(void *user, const char *name, const char *json, s
 	if (strcmp(name, e->name) == 0)
 		return; /* our own key: the backend keeps it published */
 	g_mutex_lock(&md->change_lock);
-	if (!md->quiet && !atomic_load(&e->stopping))
+	if (!md->quiet) /* set first thing in engine_destroy */
 		md->on_change(e, md->ops->name, name, json, len, resync);
 	g_mutex_unlock(&md->change_lock);
 }

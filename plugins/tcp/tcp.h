@@ -780,6 +780,8 @@ void *tcp_worker_main(void *arg);
 void tcp_report_priv(struct tcp_inst *ti, struct te_plugin_slice *s);
 void tcp_lane_fail_locked(struct tcp_lane *l, enum te_status st, const char *fmt, ...)
 	TE_PLUGIN_PRINTF(3, 4);
+/* Fail @l for a send that failed with errno @err ("send to ... failed: ..."). */
+void tcp_lane_send_failed_locked(struct tcp_lane *l, int err);
 uint32_t tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r);
 void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tcp_rlist *out);
 void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, const char *detail);

@@ -469,6 +469,12 @@ static void tcp_lane_listen_locked(struct tcp_lane *l, bool on)
  * sender at a time (l->sending), others leave their requests to it. The socket stays open
  * while l->sending is set because only the worker closes it, and only when nobody sends.
  */
+void tcp_lane_send_failed_locked(struct tcp_lane *l, int err)
+{
+	tcp_lane_fail_locked(l, TE_ERR_CONN_RESET, TCP_NAME ": send to %s (%s) lane %u failed: %s",
+			     l->peer->name, l->peer->addr_text, l->index, strerror(err));
+}
+
 static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 {
 	struct iovec iov[TCP_LANE_IOV];
@@ -557,9 +563,7 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 			read_answer = true;
 			break;
 		}
-		tcp_lane_fail_locked(l, TE_ERR_CONN_RESET,
-				     TCP_NAME ": send to %s (%s) lane %u failed: %s", l->peer->name,
-				     l->peer->addr_text, l->index, strerror(err));
+		tcp_lane_send_failed_locked(l, err);
 	}
 	l->sending = false;
 	kick = l->state == TCP_LANE_BROKEN || read_answer;

@@ -211,10 +211,7 @@ static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 		} else if (l->state == TCP_LANE_UP && l->send_err &&
 			   now - l->send_err_ns > TCP_TICK_MS * 1000000ull) {
 			/* The receive side found no answer to read (tcp_lane_flush). */
-			tcp_lane_fail_locked(l, TE_ERR_CONN_RESET,
-					     TCP_NAME ": send to %s (%s) lane %u failed: %s",
-					     l->peer->name, l->peer->addr_text, l->index,
-					     strerror(l->send_err));
+			tcp_lane_send_failed_locked(l, l->send_err);
 			bad = true;
 		} else if (l->state == TCP_LANE_BROKEN && !l->sending) {
 			bad = true; /* normally handled by a kick already */
