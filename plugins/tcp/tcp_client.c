@@ -464,17 +464,17 @@ static void tcp_lane_listen_locked(struct tcp_lane *l, bool on)
 	}
 }
 
-/*
- * Send what is queued on @l until the queue is empty or the socket is full. Any thread; one
- * sender at a time (l->sending), others leave their requests to it. The socket stays open
- * while l->sending is set because only the worker closes it, and only when nobody sends.
- */
 void tcp_lane_send_failed_locked(struct tcp_lane *l, int err)
 {
 	tcp_lane_fail_locked(l, TE_ERR_CONN_RESET, TCP_NAME ": send to %s (%s) lane %u failed: %s",
 			     l->peer->name, l->peer->addr_text, l->index, strerror(err));
 }
 
+/*
+ * Send what is queued on @l until the queue is empty or the socket is full. Any thread; one
+ * sender at a time (l->sending), others leave their requests to it. The socket stays open
+ * while l->sending is set because only the worker closes it, and only when nobody sends.
+ */
 static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 {
 	struct iovec iov[TCP_LANE_IOV];

@@ -250,6 +250,12 @@ static long rss_slack_kb(void)
 #endif
 }
 
+/* RSS growth allowed over a case: RSS_BOUND_KB, plus a sanitizer's quarantine. */
+static long rss_bound_kb(void)
+{
+	return (long)RSS_BOUND_KB + rss_slack_kb();
+}
+
 static int proc_fds(const char *pid)
 {
 	g_autofree char *path = g_strdup_printf("/proc/%s/fd", pid);
@@ -853,9 +859,9 @@ static struct sample target_settle(struct rig *r, const struct sample *before, u
 	      "the target holds %d descriptors %u s after the fault ended, baseline %d (+%d "
 	      "allowed); %d data-port connections (%d before)",
 	      after.fds, ms / 1000, before->fds, FD_SLACK, after.data_conns, before->data_conns);
-	check(after.rss_kb <= before->rss_kb + (long)RSS_BOUND_KB + rss_slack_kb(),
+	check(after.rss_kb <= before->rss_kb + rss_bound_kb(),
 	      "the target's RSS grew from %ld to %ld KiB (bound +%ld KiB)", before->rss_kb,
-	      after.rss_kb, (long)RSS_BOUND_KB + rss_slack_kb());
+	      after.rss_kb, rss_bound_kb());
 	return after;
 }
 
@@ -962,8 +968,8 @@ static void case_sigkill(void)
 	rss1 = proc_rss_kb("self");
 	check(fds1 <= fds0 + FD_SLACK,
 	      "the initiator holds %d descriptors after the kill, %d before", fds1, fds0);
-	check(rss1 <= rss0 + (long)RSS_BOUND_KB + rss_slack_kb(),
-	      "the initiator's RSS grew from %ld to %ld KiB", rss0, rss1);
+	check(rss1 <= rss0 + rss_bound_kb(), "the initiator's RSS grew from %ld to %ld KiB", rss0,
+	      rss1);
 	fig("statuses=%s bytes_verified=%" PRIu64
 	    " honest_served=- who=initiator rss_kb_before=%ld rss_kb_after=%ld fds_before=%d "
 	    "fds_after=%d",
@@ -1156,8 +1162,8 @@ static void case_restart(void)
 	      "the initiator holds %d descriptors after the restart, %d before (old lanes not "
 	      "closed?)",
 	      fds1, fds0);
-	check(rss1 <= rss0 + (long)RSS_BOUND_KB + rss_slack_kb(),
-	      "the initiator's RSS grew from %ld to %ld KiB", rss0, rss1);
+	check(rss1 <= rss0 + rss_bound_kb(), "the initiator's RSS grew from %ld to %ld KiB", rss0,
+	      rss1);
 	fig("statuses=%s reached_at_attempt=%u "
 	    "bytes_verified=%" PRIu64 " honest_served=%u/%u who=initiator rss_kb_before=%ld "
 	    "rss_kb_after=%ld fds_before=%d fds_after=%d new_target_fds=%d/%d",
