@@ -37,7 +37,10 @@ window_size=$((256 << 20))
 [ -x "$memcpy_bin" ] || die "$memcpy_bin is not built (run: ninja -C $build)"
 cxl_so=$(find "$build/plugins" -name cxl.so -print -quit 2>/dev/null || true)
 [ -n "$cxl_so" ] || die "the cxl plugin is not built (no cxl.so under $build/plugins); it is what this script measures"
-"$bench" --help 2>&1 | grep -q -- --target-file ||
+# The whole help first: grep -q stops reading at the match, and under pipefail a te-bench
+# still writing its help (more than one stdio buffer) then fails the pipeline on SIGPIPE.
+bench_help=$("$bench" --help 2>&1 || true)
+grep -q -- --target-file <<<"$bench_help" ||
 	die "$bench has no --target-file/--location options: it cannot put its target buffer in a window (see 'te-bench and the window' in plugins/cxl/README.md)"
 command -v python3 >/dev/null || die "python3 is needed to read the JSON results"
 export TE_PLUGIN_PATH="$(dirname "$cxl_so")${TE_PLUGIN_PATH:+:$TE_PLUGIN_PATH}"
