@@ -266,8 +266,12 @@ static inline bool tcp_rx_may_stop(const struct tcp_rx *rx, bool short_read)
 	       !atomic_load_explicit(&rx->hup, memory_order_relaxed);
 }
 
-/* Per-slice plugin state, in slice->priv. */
-#define TCP_PRIV_DETAIL 176
+/*
+ * Per-slice plugin state, in slice->priv. The detail takes what is left of the core's 256
+ * bytes: a lane's failure wraps the server's refusal (up to 200 bytes on the wire, about 110
+ * in practice) in the peer's name and address.
+ */
+#define TCP_PRIV_DETAIL 192
 struct tcp_spriv {
 	struct te_plugin_slice *next; /* send queue, deferred-failure, fence or report list */
 	/* Read by cancel without the lane lock: a slice's lane only changes between attempts. */

@@ -723,8 +723,11 @@ static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l
 					  "instance %016" PRIx64 ")",
 				 peer->name, peer->addr_text, peer->nonce);
 		else
+			/* The server's text starts with our name too: once is enough. */
 			snprintf(why, why_len, TCP_NAME ": %s (%s) refused the connection: %s",
-				 peer->name, peer->addr_text, text);
+				 peer->name, peer->addr_text,
+				 text + (strncmp(text, TCP_NAME ": ", strlen(TCP_NAME ": ")) ? 0
+									: strlen(TCP_NAME ": ")));
 		return TCP_PARSE_FAIL;
 	}
 	if (want == TCP_OP_HELLO && (te_plugin_get_u32(b) & TCP_HELLO_SECRET)) {

@@ -2922,6 +2922,51 @@ static int hello_answered(const struct endpoint *ep, const struct lane_id *id, s
 }
 
 /*
+ * The client's side of that refusal: a lane the server refuses for want of room moves its
+ * requests to the peer's other lanes (the task succeeds), and the warning carries the
+ * server's reason whole, with a peer name of 32 characters (it used to end
+ * "kept for other engin": the slice's detail held 176 bytes).
+ */
+static void test_limit_refusal_text(void)
+{
+	static const char *const name = "B-a-segment-name-of-32-chars-xyz";
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct logcap lc;
+	struct te_request r;
+	g_autofree char *text = NULL;
+	const char *line;
+
+	logcap_init(&lc);
+	p.a = engine_logged("A", "lanes: 4, stripe_min: 64K", default_transfer, &lc);
+	p.b = engine_logged(name, "max_conns_per_host: 4", default_transfer, &lc);
+	itest_buf_new(&la, 4 * MiB, GUARD, 0xa1);
+	itest_buf_new(&rb, 4 * MiB, GUARD, 0xb1);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	/* One 4 MiB READ striped over the 4 lanes; the server serves 3 of them. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 4 * MiB };
+	run_ok(&p, &r, 1);
+	g_assert_cmpmem(la.data, 4 * MiB, rb.data, 4 * MiB);
+	g_assert_true(logcap_wait(&lc, 1, "failed before the server accepted it", NULL));
+	text = logcap_text(&lc);
+	line = strstr(text, "failed before the server accepted it");
+	g_assert_nonnull(line);
+	line = strstr(line, "refused the connection: ");
+	g_assert_nonnull(line);
+	/* The server's own "tcp: " prefix is dropped; its text ends inside the parenthesis. */
+	g_assert_true(g_str_has_prefix(line, "refused the connection: lane "));
+	assert_contains(line, " refused: 3 connections from this host, the last 1 of "
+			      "max_conns_per_host (4) kept for other engines); its ");
+	assert_contains(text, name);
+	itest_pair_free(&p);
+	logcap_clear(&lc);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/*
  * The last quarter of max_conns_per_host (here 1 of 4) is for engines with no connection from
  * the host yet: a client's extra lanes are refused (TE_ERR_AGAIN, with the reason) before it;
  * another engine's first lane gets in; a lane served before reconnects whatever the count.
@@ -3355,6 +3400,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/lanes/spread-writes", test_spread_writes);
 	g_test_add_func("/tcp/lanes/refused-lane-moves", test_refused_lane_moves);
 	g_test_add_func("/tcp/limits/room-for-first-lanes", test_limit_leaves_room);
+	g_test_add_func("/tcp/limits/refusal-text", test_limit_refusal_text);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves", test_full_host_lane_moves);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves-auth", test_full_host_lane_moves_auth);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
