@@ -717,17 +717,20 @@ static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l
 			l->full_refused = true;
 			pthread_mutex_unlock(&l->lock);
 		}
-		if (*st == TE_ERR_PEER_RESTARTED)
+		if (*st == TE_ERR_PEER_RESTARTED) {
 			snprintf(why, why_len,
 				 TCP_NAME ": %s (%s) is another instance now (restarted; expected "
 					  "instance %016" PRIx64 ")",
 				 peer->name, peer->addr_text, peer->nonce);
-		else
+		} else {
 			/* The server's text starts with our name too: once is enough. */
+			const char *reason = text;
+
+			if (!strncmp(reason, TCP_NAME ": ", strlen(TCP_NAME ": ")))
+				reason += strlen(TCP_NAME ": ");
 			snprintf(why, why_len, TCP_NAME ": %s (%s) refused the connection: %s",
-				 peer->name, peer->addr_text,
-				 text + (strncmp(text, TCP_NAME ": ", strlen(TCP_NAME ": ")) ? 0
-									: strlen(TCP_NAME ": ")));
+				 peer->name, peer->addr_text, reason);
+		}
 		return TCP_PARSE_FAIL;
 	}
 	if (want == TCP_OP_HELLO && (te_plugin_get_u32(b) & TCP_HELLO_SECRET)) {
