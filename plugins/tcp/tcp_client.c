@@ -724,10 +724,11 @@ static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l
 				 peer->name, peer->addr_text, peer->nonce);
 		} else {
 			/* The server's text starts with our name too: once is enough. */
+			static const char own[] = TCP_NAME ": ";
 			const char *reason = text;
 
-			if (!strncmp(reason, TCP_NAME ": ", strlen(TCP_NAME ": ")))
-				reason += strlen(TCP_NAME ": ");
+			if (!strncmp(reason, own, sizeof(own) - 1))
+				reason += sizeof(own) - 1;
 			snprintf(why, why_len, TCP_NAME ": %s (%s) refused the connection: %s",
 				 peer->name, peer->addr_text, reason);
 		}

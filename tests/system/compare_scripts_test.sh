@@ -46,19 +46,18 @@ for line in open(path):
     c = line.split()
     if kind == "cxl" and len(c) >= 13 and c[0] == "64K":
         # block op batch memcpy te1 te/memcpy te2 te2/1 memcpy2 memcpy2/1 steal... transport
-        figures = [c[3], c[4], c[5], c[6], c[7], c[8], c[9]]
+        op, figures = c[1], c[3:10]
         if c[-1] != "cxl":
             sys.exit(f"transport is not cxl: {line}")
     elif kind == "efa" and len(c) >= 8 and c[0] == "shm" and c[1] == "64K":
         # provider block op raw te te/raw min..max best steal
-        c = c[1:]
-        figures = [c[2], c[3], c[4], c[6]]
+        op, figures = c[2], [c[3], c[4], c[5], c[7]]
     else:
         continue
     for f in figures:
         if not num.fullmatch(f) or float(f) <= 0:
             sys.exit(f"not a figure above 0 ({f!r}): {line}")
-    seen.add(c[1])
+    seen.add(op)
 if seen != {"read", "write"}:
     sys.exit(f"rows for 64K read and write: got {sorted(seen)}")
 print(f"{kind}: table ok")
