@@ -680,7 +680,11 @@ static enum te_status tcp_dereg_mem(struct te_plugin_inst *inst, struct te_plugi
 		pthread_rwlock_unlock(&ti->reg_lock);
 		return TE_ERR_INVALID_HANDLE;
 	}
-	/* relaxed: readers load it under the read lock, which orders it */
+	/*
+	 * relaxed: readers load it under the read lock, which orders it, or without it to
+	 * trust a connection's kept region (tcp_conn_lookup), where a stale value is caught by
+	 * the re-check under the lock before any byte moves.
+	 */
 	atomic_fetch_add_explicit(&ti->reg_ver, 1, memory_order_relaxed);
 	pthread_rwlock_unlock(&ti->reg_lock);
 	free(m);

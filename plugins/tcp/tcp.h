@@ -572,6 +572,14 @@ struct tcp_conn {
 	uint64_t frames;	   /* complete frames so far */
 	uint32_t ctl_len, ctl_off; /* of ctl: handshake answers, sent before any response */
 	struct tcp_rx rx;
+	/*
+	 * The region the last request fell in, copied from the table at region version hot_ver:
+	 * the next requests usually fall in it too, and are checked against it without the
+	 * region lock while the version holds (tcp_conn_lookup). hot_end 0: none.
+	 */
+	uint64_t hot_ver, hot_start, hot_end;
+	uint32_t hot_access, hot_type;
+	int32_t hot_dev;
 	/* The WRITE whose payload is being received. */
 	uint32_t cur;	   /* its ring index */
 	uint64_t cur_ver;  /* region table version its destination was checked at */

@@ -560,6 +560,45 @@ static enum tcp_srv tcp_conn_handshake(struct tcp_inst *ti, struct tcp_conn *c,
 }
 
 /*
+ * Whether [@addr, +@len) lies in one registered region that allows @need; *@ver: the region
+ * table version it was checked at (the answer re-checks under the lock if it changed before
+ * the bytes move). The region found is kept in @c (hot_*): a request that falls in it while
+ * the version holds is answered without the region lock, which both serving workers would
+ * otherwise take and release per request (a cache line that moves between CPUs twice per
+ * request). A deregistration bumps the version under the write lock; one that runs while a
+ * request is checked against the kept region is seen by the re-check before the bytes move
+ * (READ answers and WRITE payloads take the read lock and compare versions), as when the
+ * region was found under the lock and deregistered right after.
+ */
+static bool tcp_conn_lookup(struct tcp_inst *ti, struct tcp_conn *c, uint64_t addr, uint64_t len,
+			    uint32_t need, uint64_t *ver)
+{
+	const struct te_plugin_region *reg;
+	const struct tcp_mem *m;
+	uint64_t now = atomic_load_explicit(&ti->reg_ver, memory_order_acquire);
+
+	if (now == c->hot_ver && addr >= c->hot_start && addr < c->hot_end &&
+	    len <= c->hot_end - addr && (c->hot_access & need) == need) {
+		*ver = now;
+		return true;
+	}
+	pthread_rwlock_rdlock(&ti->reg_lock);
+	reg = te_plugin_regions_find(&ti->regions, addr, len, need);
+	*ver = atomic_load_explicit(&ti->reg_ver, memory_order_relaxed);
+	if (reg) {
+		m = (const struct tcp_mem *)reg->mem;
+		c->hot_ver = *ver;
+		c->hot_start = reg->start;
+		c->hot_end = reg->end;
+		c->hot_access = reg->access;
+		c->hot_type = m->mem_type;
+		c->hot_dev = m->dev;
+	}
+	pthread_rwlock_unlock(&ti->reg_lock);
+	return reg != NULL;
+}
+
+/*
  * Handle every complete request in @c's buffer. Every header field is checked; anything
  * malformed closes this connection only. Requests for memory outside the registered,
  * remote-accessible regions are answered with TE_ERR_REMOTE_ACCESS (a WRITE's payload is
@@ -573,13 +612,12 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 	while (!c->closing) {
 		uint32_t avail = rx->end - rx->pos, idx;
 		char detail[TCP_DETAIL_WIRE];
-		const struct te_plugin_region *reg;
 		struct tcp_resp *e;
 		struct tcp_hdr h;
 		uint64_t ver;
 		uint32_t need_access, stype = TE_PLUGIN_MEM_CPU;
 		int32_t sdev = -1;
-		bool ok, staged;
+		bool found, ok, staged;
 
 		if (avail < TCP_HDR_LEN) {
 			*need = TCP_HDR_LEN - avail;
@@ -612,16 +650,13 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 		}
 		need_access = h.op == TCP_OP_READ ? TE_PLUGIN_ACCESS_REMOTE_READ
 						  : TE_PLUGIN_ACCESS_REMOTE_WRITE;
-		pthread_rwlock_rdlock(&ti->reg_lock);
-		reg = te_plugin_regions_find(&ti->regions, h.addr, h.length, need_access);
-		ok = reg != NULL;
-		staged = ok && ((const struct tcp_mem *)reg->mem)->mem_type != TE_PLUGIN_MEM_CPU;
+		found = tcp_conn_lookup(ti, c, h.addr, h.length, need_access, &ver);
+		ok = found;
+		staged = ok && c->hot_type != TE_PLUGIN_MEM_CPU;
 		if (staged) {
-			stype = ((const struct tcp_mem *)reg->mem)->mem_type;
-			sdev = ((const struct tcp_mem *)reg->mem)->dev;
+			stype = c->hot_type;
+			sdev = c->hot_dev;
 		}
-		ver = atomic_load_explicit(&ti->reg_ver, memory_order_relaxed);
-		pthread_rwlock_unlock(&ti->reg_lock);
 		e = tcp_conn_reserve(c, &idx);
 		e->addr = h.addr;
 		/* GPU memory is reached through a staging buffer of this connection. */
@@ -639,7 +674,7 @@ static enum tcp_srv tcp_conn_parse(struct tcp_inst *ti, struct tcp_conn *c, size
 				tcp_resp_error(e, h.op, h.req_id, TE_ERR_NOMEM, detail);
 			}
 		}
-		if (!reg) {
+		if (!found) {
 			tcp_region_detail(ti, detail, sizeof(detail), h.op, h.addr, h.length, "");
 			tcp_resp_error(e, h.op, h.req_id, TE_ERR_REMOTE_ACCESS, detail);
 			tcp_log(ti, TE_PLUGIN_LOG_DEBUG, "request from %s rejected: %s", c->who,

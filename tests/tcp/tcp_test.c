@@ -745,6 +745,77 @@ static void test_hostile_ranges(void)
 	itest_buf_free(&ro);
 }
 
+/*
+ * The server keeps the region a connection's last request fell in and checks the next ones
+ * against it without the region lock: a buffer unregistered and registered again smaller and
+ * read-only must not be reached through the old one, on the same connection (a request that
+ * the kept region allowed is refused, naming the range), and what the new one allows moves.
+ */
+static void test_region_cache(void)
+{
+	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
+	struct itest_buf rw;
+	struct endpoint ep;
+	uint8_t h[W_HDR], payload[4096], got[256];
+	struct reply rep;
+	uint64_t base;
+	int fd;
+
+	itest_buf_new(&rw, 65536, GUARD, 0x30);
+	itest_buf_register(&rw, b, TE_MEM_REMOTE);
+	base = (uint64_t)(uintptr_t)rw.data;
+	ep = endpoint_of(b);
+	fd = raw_hello(&ep);
+	memset(payload, 0x5a, sizeof(payload));
+
+	/* A READ and a WRITE inside the whole buffer: served (the region is kept). */
+	frame(h, W_MAGIC, W_VERSION, W_READ, 1, base + 8192, sizeof(got));
+	send_all(fd, h, sizeof(h));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_true(recv_all(fd, got, sizeof(got)));
+	g_assert_cmpmem(got, sizeof(got), rw.data + 8192, sizeof(got));
+	frame(h, W_MAGIC, W_VERSION, W_WRITE, 2, base + 16384, sizeof(payload));
+	send_all(fd, h, sizeof(h));
+	send_all(fd, payload, sizeof(payload));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpuint(rep.req_id, ==, 2);
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_cmpmem(rw.data + 16384, sizeof(payload), payload, sizeof(payload));
+
+	/* Registered again: its first 4 KiB only, and read-only. */
+	assert_ok(te_mem_unregister(b, rw.base));
+	assert_ok(te_mem_register(b, rw.data, 4096, "cpu", TE_MEM_REMOTE_READ));
+	itest_buf_fill(&rw);
+
+	frame(h, W_MAGIC, W_VERSION, W_READ, 3, base + 8192, 16);
+	send_all(fd, h, sizeof(h));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpuint(rep.req_id, ==, 3);
+	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+	assert_contains(rep.detail, "remote-readable");
+	frame(h, W_MAGIC, W_VERSION, W_WRITE, 4, base, sizeof(payload));
+	send_all(fd, h, sizeof(h));
+	send_all(fd, payload, sizeof(payload));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpuint(rep.req_id, ==, 4);
+	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+	assert_contains(rep.detail, "remote-writable");
+
+	/* What the new registration allows is served, with its bytes. */
+	frame(h, W_MAGIC, W_VERSION, W_READ, 5, base + 100, sizeof(got));
+	send_all(fd, h, sizeof(h));
+	g_assert_true(recv_reply(fd, &rep));
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_true(recv_all(fd, got, sizeof(got)));
+	g_assert_cmpmem(got, sizeof(got), rw.data + 100, sizeof(got));
+	close(fd);
+	te_engine_free(b);
+	/* The refused WRITE landed nowhere. */
+	g_assert_true(itest_untouched_outside(&rw, NULL, NULL, 0));
+	itest_buf_free(&rw);
+}
+
 /* Register @la with A (local) and @rb and @extra with B (remote), then connect A to B. */
 static void pair_register_connect(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
 				  struct itest_buf *extra)
@@ -3372,6 +3443,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/ipv6", test_ipv6);
 	g_test_add_func("/tcp/access/out-of-range-at-submit", test_out_of_range_at_submit);
 	g_test_add_func("/tcp/access/hostile-ranges", test_hostile_ranges);
+	g_test_add_func("/tcp/access/region-cache", test_region_cache);
 	g_test_add_func("/tcp/access/stale-hello", test_hello_stale);
 	g_test_add_func("/tcp/access/stale-descriptor", test_stale_descriptor);
 	for (size_t i = 0; i < G_N_ELEMENTS(bad_streams); i++) {
