@@ -745,6 +745,33 @@ static void test_hostile_ranges(void)
 	itest_buf_free(&ro);
 }
 
+/* Send one READ (@addr, @len) or WRITE (@len bytes of @payload) frame on @fd; its answer in @rep. */
+static void raw_request(int fd, uint8_t op, uint32_t id, uint64_t addr, const uint8_t *payload,
+			size_t len, struct reply *rep)
+{
+	uint8_t h[W_HDR];
+
+	frame(h, W_MAGIC, W_VERSION, op, id, addr, len);
+	send_all(fd, h, sizeof(h));
+	if (op == W_WRITE)
+		send_all(fd, payload, len);
+	g_assert_true(recv_reply(fd, rep));
+	g_assert_cmpuint(rep->req_id, ==, id);
+}
+
+/* A READ of @len bytes at @addr on @fd, answered OK with the bytes of @want. */
+static void raw_read_ok(int fd, uint32_t id, uint64_t addr, const uint8_t *want, size_t len)
+{
+	uint8_t got[4096];
+	struct reply rep;
+
+	g_assert_cmpuint(len, <=, sizeof(got));
+	raw_request(fd, W_READ, id, addr, NULL, len, &rep);
+	g_assert_cmpint(rep.status, ==, 0);
+	g_assert_true(recv_all(fd, got, len));
+	g_assert_cmpmem(got, len, want, len);
+}
+
 /*
  * The server keeps the region a connection's last request fell in and checks the next ones
  * against it without the region lock: a buffer unregistered and registered again smaller and
@@ -756,7 +783,7 @@ static void test_region_cache(void)
 	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
 	struct itest_buf rw;
 	struct endpoint ep;
-	uint8_t h[W_HDR], payload[4096], got[256];
+	uint8_t payload[4096];
 	struct reply rep;
 	uint64_t base;
 	int fd;
@@ -769,17 +796,8 @@ static void test_region_cache(void)
 	memset(payload, 0x5a, sizeof(payload));
 
 	/* A READ and a WRITE inside the whole buffer: served (the region is kept). */
-	frame(h, W_MAGIC, W_VERSION, W_READ, 1, base + 8192, sizeof(got));
-	send_all(fd, h, sizeof(h));
-	g_assert_true(recv_reply(fd, &rep));
-	g_assert_cmpint(rep.status, ==, 0);
-	g_assert_true(recv_all(fd, got, sizeof(got)));
-	g_assert_cmpmem(got, sizeof(got), rw.data + 8192, sizeof(got));
-	frame(h, W_MAGIC, W_VERSION, W_WRITE, 2, base + 16384, sizeof(payload));
-	send_all(fd, h, sizeof(h));
-	send_all(fd, payload, sizeof(payload));
-	g_assert_true(recv_reply(fd, &rep));
-	g_assert_cmpuint(rep.req_id, ==, 2);
+	raw_read_ok(fd, 1, base + 8192, rw.data + 8192, 256);
+	raw_request(fd, W_WRITE, 2, base + 16384, payload, sizeof(payload), &rep);
 	g_assert_cmpint(rep.status, ==, 0);
 	g_assert_cmpmem(rw.data + 16384, sizeof(payload), payload, sizeof(payload));
 
@@ -788,27 +806,15 @@ static void test_region_cache(void)
 	assert_ok(te_mem_register(b, rw.data, 4096, "cpu", TE_MEM_REMOTE_READ));
 	itest_buf_fill(&rw);
 
-	frame(h, W_MAGIC, W_VERSION, W_READ, 3, base + 8192, 16);
-	send_all(fd, h, sizeof(h));
-	g_assert_true(recv_reply(fd, &rep));
-	g_assert_cmpuint(rep.req_id, ==, 3);
+	raw_request(fd, W_READ, 3, base + 8192, NULL, 16, &rep);
 	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
 	assert_contains(rep.detail, "remote-readable");
-	frame(h, W_MAGIC, W_VERSION, W_WRITE, 4, base, sizeof(payload));
-	send_all(fd, h, sizeof(h));
-	send_all(fd, payload, sizeof(payload));
-	g_assert_true(recv_reply(fd, &rep));
-	g_assert_cmpuint(rep.req_id, ==, 4);
+	raw_request(fd, W_WRITE, 4, base, payload, sizeof(payload), &rep);
 	g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
 	assert_contains(rep.detail, "remote-writable");
 
 	/* What the new registration allows is served, with its bytes. */
-	frame(h, W_MAGIC, W_VERSION, W_READ, 5, base + 100, sizeof(got));
-	send_all(fd, h, sizeof(h));
-	g_assert_true(recv_reply(fd, &rep));
-	g_assert_cmpint(rep.status, ==, 0);
-	g_assert_true(recv_all(fd, got, sizeof(got)));
-	g_assert_cmpmem(got, sizeof(got), rw.data + 100, sizeof(got));
+	raw_read_ok(fd, 5, base + 100, rw.data + 100, 256);
 	close(fd);
 	te_engine_free(b);
 	/* The refused WRITE landed nowhere. */
