@@ -21,8 +21,10 @@
 #   time during the run, te-bench's steal_pct). Per-round lines go to stderr as they come.
 #   Load average before and after, and the host's TCP congestion control. --congestion NAME:
 #   the raw loop's connections use NAME (tcp-raw-loop --congestion); a te variant gets it
-#   from its @CONFIG (tcp option congestion: NAME). Exit 1 when a run failed (its round counts for none of
-#   the ratios), 2 on a usage error.
+#   from its @CONFIG (tcp option congestion: NAME). A variant whose te-bench ran a smaller
+#   batch than asked (its --loopback target buffer holds at most 256 MiB) gets a note under
+#   the table and on stderr: its working set is not the raw loop's. Exit 1 when a run failed
+#   (its round counts for none of the ratios), 2 on a usage error.
 set -euo pipefail
 
 me=compare-builds.sh
@@ -83,7 +85,7 @@ for spec in a.te:
     plugdirs = sorted(r for r, _, fs in os.walk(os.path.join(d, "plugins"))
                       if any(f.endswith(".so") for f in fs))
     variants.append(dict(name=name, exe=exe, cfg=os.path.abspath(cfg) if at else None,
-                         plug=plugdirs, ops=[], gbps=[], steal=[], fails=0))
+                         plug=plugdirs, ops=[], gbps=[], steal=[], fails=0, reduced=None))
 for x in ("--json", "-j", "--loopback", "--initiator", "--target", "--core", "--config", "-c"):
     if x in bench_args:
         usage(f"'{x}' is set by this script; give a configuration as --te NAME=DIR@CONFIG")
@@ -162,6 +164,11 @@ for r in range(a.rounds):
             print(f"compare-builds.sh: round {r + 1}: {v['name']} failed ({why})", file=sys.stderr)
             line.append(f"{v['name']} FAILED")
             continue
+        ran, asked = row.get("batch"), row.get("batch_requested")
+        if v["name"] != "raw" and ran and asked and ran < asked and not v["reduced"]:
+            v["reduced"] = (asked, ran)
+            print(f"compare-builds.sh: {v['name']} ran batch {ran}, not {asked} (its target "
+                  "buffer is full): the working sets differ", file=sys.stderr)
         got[v["name"]] = row["ops_per_s"]
         v["ops"].append(row["ops_per_s"])
         v["gbps"].append(row.get("gbps") or 0.0)
@@ -192,6 +199,14 @@ for v in allv:
     lines.append(f"| {v['name']} | {med(v['ops'], 0)} | {med(v['gbps'], 3)} | {vs_first} | "
                  f"{vs_raw} | {med(v['steal'], 0)} | {v['fails']} |")
 lines.append("")
+for v in variants:
+    if v["reduced"]:
+        asked, ran = v["reduced"]
+        differ = f"; the raw loop ran {asked}, so the working sets differ" if raw else ""
+        lines.append(f"Note: {v['name']} ran batch {ran}, not the {asked} asked: te-bench "
+                     "--loopback's target buffer (at most 256 MiB) must hold threads x depth x "
+                     f"batch x block twice{differ}. Give --batch {ran} (or fewer threads, a "
+                     "smaller block) to compare like with like.")
 for v in variants:
     lines.append(f"{v['name']}: {v['exe']}" + (f" with {v['cfg']}" if v["cfg"] else "")
                  + f"; plugins from {', '.join(v['plug']) or '(none found in its tree)'}")
