@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <te/te_plugin_util.h>
+
 #include "core/batch.h"
 #include "core/control.h"
 #include "core/engine.h"
@@ -112,21 +114,6 @@ static char *control_advertise(const struct engine *e)
 	if (strchr(host, ':') && host[0] != '[')
 		return g_strdup_printf("[%s]%s", host, colon);
 	return g_strdup_printf("%s%s", host, colon);
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 0; i < 8; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
 }
 
 /* --- serving ------------------------------------------------------------------ */
@@ -256,7 +243,7 @@ static enum te_status control_serve_notify(struct engine *e, const struct rpc_re
 	/* The source address is part of the key: a client cannot mark another host's
 	 * notifies as already delivered by using its sender name. */
 	key = g_strdup_printf("%s/%s/%016" PRIx64 "/%" PRIu64, req->host, req->name,
-			      get_u64(req->payload), get_u64(req->payload + 8));
+			      te_plugin_get_u64(req->payload), te_plugin_get_u64(req->payload + 8));
 	sender_key = quota_sender_key(req->host, req->name);
 	g_mutex_lock(&e->notify_lock);
 	if (g_hash_table_contains(e->inbox_seen, key)) {
@@ -586,8 +573,8 @@ void control_queue_notify(struct engine *e, const char *addr, GBytes *msg)
 	gsize len = 0;
 	const void *data = g_bytes_get_data(msg, &len);
 
-	put_u64(hdr, e->generation);
-	put_u64(hdr + 8, seq);
+	te_plugin_put_u64(hdr, e->generation);
+	te_plugin_put_u64(hdr + 8, seq);
 	g_byte_array_append(payload, hdr, sizeof(hdr));
 	if (len)
 		g_byte_array_append(payload, data, (guint)len);

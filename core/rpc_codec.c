@@ -9,50 +9,9 @@
 #include <glib.h>
 
 #include <te/te.h>
+#include <te/te_plugin_util.h>
 
 #include "core/rpc_codec.h"
-
-static uint16_t rpc_get_le16(const uint8_t *p)
-{
-	uint16_t v;
-
-	memcpy(&v, p, sizeof(v));
-	return GUINT16_FROM_LE(v);
-}
-
-static uint32_t rpc_get_le32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, sizeof(v));
-	return GUINT32_FROM_LE(v);
-}
-
-static uint64_t rpc_get_le64(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, sizeof(v));
-	return GUINT64_FROM_LE(v);
-}
-
-static void rpc_put_le16(uint8_t *p, uint16_t v)
-{
-	v = GUINT16_TO_LE(v);
-	memcpy(p, &v, sizeof(v));
-}
-
-static void rpc_put_le32(uint8_t *p, uint32_t v)
-{
-	v = GUINT32_TO_LE(v);
-	memcpy(p, &v, sizeof(v));
-}
-
-static void rpc_put_le64(uint8_t *p, uint64_t v)
-{
-	v = GUINT64_TO_LE(v);
-	memcpy(p, &v, sizeof(v));
-}
 
 const char *rpc_type_str(unsigned int type)
 {
@@ -116,13 +75,13 @@ void rpc_frame_append(GByteArray *out, uint8_t type, uint64_t request_id, int32_
 	uint8_t hdr[RPC_HEADER_SIZE];
 
 	assert(len <= UINT32_MAX && (body || !len));
-	rpc_put_le32(hdr, RPC_MAGIC);
+	te_plugin_put_u32(hdr, RPC_MAGIC);
 	hdr[4] = RPC_VERSION;
 	hdr[5] = type;
-	rpc_put_le16(hdr + 6, 0);
-	rpc_put_le64(hdr + 8, request_id);
-	rpc_put_le32(hdr + 16, (uint32_t)status);
-	rpc_put_le32(hdr + 20, (uint32_t)len);
+	te_plugin_put_u16(hdr + 6, 0);
+	te_plugin_put_u64(hdr + 8, request_id);
+	te_plugin_put_u32(hdr + 16, (uint32_t)status);
+	te_plugin_put_u32(hdr + 20, (uint32_t)len);
 	g_byte_array_append(out, hdr, sizeof(hdr));
 	if (len)
 		g_byte_array_append(out, body, (guint)len);
@@ -149,24 +108,24 @@ enum te_status rpc_header_decode(const uint8_t *buf, size_t len, size_t max_body
 		return rpc_fail(TE_ERR_PROTOCOL, err_out, "bad magic 0x%0*" PRIx32, (int)(2 * len),
 				v);
 	}
-	if (len >= 4 && rpc_get_le32(buf) != RPC_MAGIC)
+	if (len >= 4 && te_plugin_get_u32(buf) != RPC_MAGIC)
 		return rpc_fail(TE_ERR_PROTOCOL, err_out, "bad magic 0x%08" PRIx32,
-				rpc_get_le32(buf));
+				te_plugin_get_u32(buf));
 	if (len >= 5 && buf[4] != RPC_VERSION)
 		return rpc_fail(TE_ERR_PROTOCOL, err_out, "unsupported version %u", buf[4]);
 	if (len >= 6 && !rpc_type_known(buf[5]))
 		return rpc_fail(TE_ERR_PROTOCOL, err_out, "unknown type %u", buf[5]);
-	if (len >= 8 && (flags = rpc_get_le16(buf + 6)) != 0)
+	if (len >= 8 && (flags = te_plugin_get_u16(buf + 6)) != 0)
 		return rpc_fail(TE_ERR_PROTOCOL, err_out, "unknown flags 0x%04x", flags);
 	if (len < RPC_HEADER_SIZE)
 		return TE_INPROGRESS;
-	body_len = rpc_get_le32(buf + 20);
+	body_len = te_plugin_get_u32(buf + 20);
 	if (body_len > max_body)
 		return rpc_fail(TE_ERR_PROTOCOL, err_out, "body length %" PRIu32 " over limit %zu",
 				body_len, max_body);
 	hdr.type = buf[5];
-	hdr.request_id = rpc_get_le64(buf + 8);
-	hdr.status = (int32_t)rpc_get_le32(buf + 16);
+	hdr.request_id = te_plugin_get_u64(buf + 8);
+	hdr.status = (int32_t)te_plugin_get_u32(buf + 16);
 	hdr.body_len = body_len;
 	*hdr_out = hdr;
 	return TE_OK;
