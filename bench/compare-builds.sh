@@ -21,10 +21,13 @@
 #   time during the run, te-bench's steal_pct). Per-round lines go to stderr as they come.
 #   Load average before and after, and the host's TCP congestion control. --congestion NAME:
 #   the raw loop's connections use NAME (tcp-raw-loop --congestion); a te variant gets it
-#   from its @CONFIG (tcp option congestion: NAME). A variant whose te-bench ran a smaller
-#   batch than asked (its --loopback target buffer holds at most 256 MiB) gets a note under
-#   the table and on stderr: its working set is not the raw loop's. Exit 1 when a run failed
-#   (its round counts for none of the ratios), 2 on a usage error.
+#   from its @CONFIG (tcp option congestion: NAME). te-bench --loopback's target buffer
+#   holds at most 256 MiB unless told (--buffer-size); a cell that needs more (threads x depth
+#   x batch x block, twice) gets a --buffer-size that fits it when none is given and it fits
+#   in a third of MemAvailable (said on stderr), so te and the raw loop run the same batch. A
+#   variant whose te-bench still ran a smaller batch than asked gets a note under the table
+#   and on stderr: its working set is not the raw loop's. Exit 1 when a run failed (its round
+#   counts for none of the ratios), 2 on a usage error.
 set -euo pipefail
 
 me=compare-builds.sh
@@ -35,7 +38,7 @@ command -v python3 >/dev/null || die "python3 is needed to run the measurements 
 
 prog=$(
 	cat <<'PY'
-import argparse, os, subprocess, sys
+import argparse, os, re, subprocess, sys
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
@@ -139,6 +142,44 @@ def run(cmd, env):
     return row, None
 
 
+
+
+def size_bytes(v):
+    """A te-bench SIZE (K/M/G powers of 2, optional i and B) in bytes, or None."""
+    m = re.fullmatch(r"(\d+)([kKmMgG]?)[iI]?[bB]?", v or "")
+    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()] if m else None
+
+
+def mem_available():
+    try:
+        for l in open("/proc/meminfo"):
+            if l.startswith("MemAvailable:"):
+                return int(l.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+# te-bench --loopback sizes its target buffer for the batch asked, but at most 256 MiB; the raw
+# loop's has no such cap. Beyond it, give te-bench the buffer the cell needs (both halves,
+# threads x depth x batch x block each, as te-bench computes it), so that both run the batch
+# asked, while that fits in a third of the memory available (the initiator holds as much).
+LOOPBACK_MAX = 256 << 20
+multi = any(x in bench_args or any(y.startswith(x + "=") for y in bench_args)
+            for x in ("--buffer-size", "-S", "--sizes", "-s", "--sweep", "--batches"))
+if not multi:
+    ints = [size_bytes(opt(["-b", "--block-size"], "64K")), opt(["-B", "--batch"], "128"),
+            opt(["-D", "--depth"], "1"), opt(["-t", "--threads"], "1")]
+    ints = [x if isinstance(x, int) else int(x) if x.isdigit() else None for x in ints]
+    if None not in ints:
+        block, batch, depth, thr = ints
+        need = (2 * thr * depth * batch * block + 2 * 4096 + (1 << 20) - 1) & ~((1 << 20) - 1)
+        if need > LOOPBACK_MAX and need <= mem_available() // 3:
+            bench_args += ["--buffer-size", str(need)]
+            print(f"compare-builds.sh: te-bench gets --buffer-size {need} (the batch asked needs "
+                  f"more than the {LOOPBACK_MAX >> 20} MiB its --loopback target holds by "
+                  "default; the raw loop sizes its own)", file=sys.stderr)
+
 load0 = loadavg()
 entries = [dict(name="raw", ops=[], gbps=[], steal=[], fails=0)] if raw else []
 allv = variants + entries
@@ -204,9 +245,10 @@ for v in variants:
         asked, ran = v["reduced"]
         differ = f"; the raw loop ran {asked}, so the working sets differ" if raw else ""
         lines.append(f"Note: {v['name']} ran batch {ran}, not the {asked} asked: te-bench "
-                     "--loopback's target buffer (at most 256 MiB) must hold threads x depth x "
-                     f"batch x block twice{differ}. Give --batch {ran} (or fewer threads, a "
-                     "smaller block) to compare like with like.")
+                     "--loopback's target buffer (--buffer-size, by default at most 256 MiB) "
+                     f"must hold threads x depth x batch x block twice{differ}. Give --batch "
+                     f"{ran} or a larger --buffer-size (or fewer threads, a smaller block) to "
+                     "compare like with like.")
 for v in variants:
     lines.append(f"{v['name']}: {v['exe']}" + (f" with {v['cfg']}" if v["cfg"] else "")
                  + f"; plugins from {', '.join(v['plug']) or '(none found in its tree)'}")
