@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchlib.py: what the bench scripts' Python parts share (compare-tcp.sh, compare-builds.sh):
-a run's JSON row, the load average, a median (min-max) cell, and writing a table to stdout and
---md FILE."""
+a run's JSON row, sizes as te-bench writes them, the load average, a median (min-max) cell, and
+writing a table to stdout and --md FILE."""
 import json
+import re
 import statistics
 import sys
 
@@ -15,6 +16,15 @@ def last_json(text):
         except ValueError:
             continue
     return None
+
+
+def size_of(s):
+    """A size as te-bench takes it (4096, 4K, 1M, 2GiB: powers of 2) in bytes; ValueError if
+    it is not one."""
+    m = re.fullmatch(r"(\d+)([KMG]?)(?:i?B)?", s.strip(), re.I)
+    if not m:
+        raise ValueError(f"not a size: '{s.strip()}' (e.g. 4K, 1M)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
 
 
 def loadavg():

@@ -38,11 +38,11 @@ command -v python3 >/dev/null || die "python3 is needed to run the measurements 
 
 prog=$(
 	cat <<'PY'
-import argparse, os, re, subprocess, sys
+import argparse, os, subprocess, sys
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, host_cc, last_json, loadavg, med
+from benchlib import emit, host_cc, last_json, loadavg, med, size_of
 argv = sys.argv[3:]
 bench_args = []
 if "--" in argv:
@@ -142,19 +142,13 @@ def run(cmd, env):
     return row, None
 
 
-
-
-def size_bytes(v):
-    """A te-bench SIZE (K/M/G powers of 2, optional i and B) in bytes, or None."""
-    m = re.fullmatch(r"(\d+)([kKmMgG]?)[iI]?[bB]?", v or "")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()] if m else None
-
-
 def mem_available():
+    """MemAvailable in bytes (0 when unknown)."""
     try:
-        for l in open("/proc/meminfo"):
-            if l.startswith("MemAvailable:"):
-                return int(l.split()[1]) * 1024
+        with open("/proc/meminfo") as f:
+            for l in f:
+                if l.startswith("MemAvailable:"):
+                    return int(l.split()[1]) * 1024
     except OSError:
         pass
     return 0
@@ -165,20 +159,22 @@ def mem_available():
 # threads x depth x batch x block each, as te-bench computes it), so that both run the batch
 # asked, while that fits in a third of the memory available (the initiator holds as much).
 LOOPBACK_MAX = 256 << 20
-multi = any(x in bench_args or any(y.startswith(x + "=") for y in bench_args)
+own = any(x in bench_args or any(y.startswith(x + "=") for y in bench_args)
             for x in ("--buffer-size", "-S", "--sizes", "-s", "--sweep", "--batches"))
-if not multi:
-    ints = [size_bytes(opt(["-b", "--block-size"], "64K")), opt(["-B", "--batch"], "128"),
-            opt(["-D", "--depth"], "1"), opt(["-t", "--threads"], "1")]
-    ints = [x if isinstance(x, int) else int(x) if x.isdigit() else None for x in ints]
-    if None not in ints:
-        block, batch, depth, thr = ints
-        need = (2 * thr * depth * batch * block + 2 * 4096 + (1 << 20) - 1) & ~((1 << 20) - 1)
-        if need > LOOPBACK_MAX and need <= mem_available() // 3:
-            bench_args += ["--buffer-size", str(need)]
-            print(f"compare-builds.sh: te-bench gets --buffer-size {need} (the batch asked needs "
-                  f"more than the {LOOPBACK_MAX >> 20} MiB its --loopback target holds by "
-                  "default; the raw loop sizes its own)", file=sys.stderr)
+try:
+    block = size_of(opt(["-b", "--block-size"], "64K"))
+    batch, depth, thr = (int(opt(n, d)) for n, d in ((["-B", "--batch"], "128"),
+                                                      (["-D", "--depth"], "1"),
+                                                      (["-t", "--threads"], "1")))
+except ValueError:
+    own = True  # te-bench itself says what is wrong with them
+if not own:  # neither a buffer given nor several cells
+    need = (2 * thr * depth * batch * block + 2 * 4096 + (1 << 20) - 1) & ~((1 << 20) - 1)
+    if LOOPBACK_MAX < need <= mem_available() // 3:
+        bench_args += ["--buffer-size", str(need)]
+        print(f"compare-builds.sh: te-bench gets --buffer-size {need} (the batch asked needs "
+              f"more than the {LOOPBACK_MAX >> 20} MiB its --loopback target holds by "
+              "default; the raw loop sizes its own)", file=sys.stderr)
 
 load0 = loadavg()
 entries = [dict(name="raw", ops=[], gbps=[], steal=[], fails=0)] if raw else []

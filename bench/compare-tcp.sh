@@ -67,20 +67,12 @@ import argparse, json, os, re, resource, socket, statistics, subprocess, sys, th
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, host_cc, last_json, loadavg, med
+from benchlib import emit, host_cc, last_json, loadavg, med, size_of
 TE = os.path.join(build, "tools", "te-bench")
 RAW = os.path.join(build, "bench", "tcp-raw-loop")
 IPERF3_MAX_LEN = 1 << 20
 MAX_BATCH = 65536
 CLK = os.sysconf("SC_CLK_TCK")
-
-
-def size_of(s):
-    s = s.strip()
-    m = re.fullmatch(r"(\d+)([KMG]?)(?:i?B)?", s, re.I)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: '{s}' (e.g. 4K, 1M)")
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
 
 
 def size_str(v):
@@ -134,7 +126,7 @@ try:
     sizes = [size_of(x) for x in split(a.sizes or dflt["sizes"])]
     wss = [size_of(x) for x in split(a.working_sets or dflt["ws"])]
     threads = [int(x) for x in split(a.threads or dflt["threads"])]
-except (argparse.ArgumentTypeError, ValueError) as e:
+except ValueError as e:
     usage(str(e))
 ops = split(a.ops or dflt["ops"])
 rounds = a.rounds if a.rounds is not None else 5

@@ -14,10 +14,11 @@
 #   builds:  compare-builds.sh: usage errors exit 2 naming the problem; two variants (the build,
 #            and the build with a configuration) and the raw loop, 2 rounds: exit 0, a row each
 #            with figures, ratios against the first variant and the raw loop, none failed,
-#            --md FILE equal to stdout; a batch too large for te-bench's 256 MiB loopback target:
-#            a note under the table and on stderr that it ran a smaller one (none otherwise); a
-#            variant whose configuration is malformed: exit 1, its runs counted failed and the
-#            reason (te-bench's error) on stderr.
+#            --md FILE equal to stdout; a batch too large for te-bench's default 256 MiB loopback
+#            target: te-bench gets the --buffer-size it needs and runs the batch asked; with a
+#            --buffer-size given too small: a note under the table and on stderr that it ran a
+#            smaller one (none otherwise); a variant whose configuration is malformed: exit 1,
+#            its runs counted failed and the reason (te-bench's error) on stderr.
 # Never asserts on speed. Needs python3, and TE_SOURCE_ROOT / TE_BUILD_ROOT (meson sets them).
 set -uo pipefail
 
