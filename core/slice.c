@@ -8,6 +8,7 @@
 #include "core/batch.h"
 #include "core/engine.h"
 #include "core/mem.h"
+#include "core/memkind.h"
 #include "core/retry.h"
 #include "core/segment.h"
 #include "core/slice.h"
@@ -397,6 +398,40 @@ static const char *slice_unfit(struct engine *e, struct segview *v, unsigned t, 
 }
 
 /*
+ * The device kinds (GPU memory) a request touches: the local region's and the remote
+ * buffer's, as TE_PLUGIN_MEM_* bits; 0 for host memory on both sides.
+ */
+static uint32_t choice_device_kinds(const struct segview *v, size_t buf_index,
+				    const struct mem_region *region)
+{
+	const char *rloc = v->desc->buffers[buf_index].location;
+	uint32_t kinds = region->mem_type != TE_PLUGIN_MEM_CPU ? region->mem_type : 0;
+	uint32_t rtype;
+	int32_t rdev;
+
+	if (rloc && *rloc && strncmp(rloc, "cpu", 3) != 0 &&
+	    memkind_parse_location(rloc, &rtype, &rdev) == TE_OK && rtype != TE_PLUGIN_MEM_CPU)
+		kinds |= rtype;
+	return kinds;
+}
+
+/*
+ * Round @round of the choice for device kinds @kinds: 0 takes same-host transports that move
+ * every kind themselves, 1 any transport that does (a GPU plugin with cross-host handles,
+ * rdma or efa with GPUDirect), 2 any (the peer's tcp serving its GPU memory through its own
+ * staging, say). Host memory on both sides starts at round 2: the YAML order alone.
+ */
+static bool choice_round_takes(const struct transport *tp, int round, uint32_t kinds)
+{
+	if (round >= 2)
+		return true;
+	if ((tp->caps.mem_types & kinds) != kinds)
+		return false;
+	return round == 1 ||
+	       (tp->caps.flags & (TE_PLUGIN_CAP_SAME_HOST_ONLY | TE_PLUGIN_CAP_SAME_PROCESS_ONLY));
+}
+
+/*
  * Pick the transport for one request: the first in priority order that fits.
  * A quarantined peer stops the search unless transfer.fallback allows a lower
  * priority transport. On failure writes every candidate's reason into @why.
@@ -410,21 +445,18 @@ static int select_transport(struct engine *e, struct segview *v, size_t buf_inde
 
 	/*
 	 * Memory a transport moves itself beats memory it would get through host staging; for
-	 * device memory (a GPU's) on either side, a transport made for this host (nvlink, hip)
-	 * comes first. Within each round the YAML order decides. Host memory on both sides: the
-	 * YAML order alone.
+	 * device memory (a GPU's) on either side, a transport that moves that memory itself on
+	 * both sides comes first, one made for this host (nvlink, hip) before the others, and
+	 * only then one the peer serves through its own staging. Within each round the YAML
+	 * order decides. Host memory on both sides: the YAML order alone.
 	 */
-	const char *rloc = v->desc->buffers[buf_index].location;
-	bool device =
-		region->mem_type != TE_PLUGIN_MEM_CPU || (rloc && *rloc && strncmp(rloc, "cpu", 3));
+	uint32_t kinds = choice_device_kinds(v, buf_index, region);
 
-	for (int round = device ? 0 : 1; round < 2; round++) {
+	for (int round = kinds ? 0 : 2; round < 3; round++) {
 		for (unsigned t = 0; t < e->n_tps; t++) {
 			enum te_status tst = TE_ERR_NO_TRANSPORT;
-			const struct te_plugin_caps *c = &e->tps[t]->caps;
 
-			if (round == 0 && !(c->flags & (TE_PLUGIN_CAP_SAME_HOST_ONLY |
-							TE_PLUGIN_CAP_SAME_PROCESS_ONLY)))
+			if (!choice_round_takes(e->tps[t], round, kinds))
 				continue;
 			if (!slice_unfit(e, v, t, buf_index, region, opcode, now, false, &tst)) {
 				*staged_out = false;
@@ -467,14 +499,29 @@ static void log_choice(struct engine *e, struct segview *v, size_t buf_index,
 		       bool staged, uint64_t now, te_batch_id id, size_t task)
 {
 	g_autoptr(GString) why = g_string_new(NULL);
+	uint32_t kinds = choice_device_kinds(v, buf_index, region);
 
 	for (int t = 0; t < tpi; t++) {
 		enum te_status tst = TE_ERR_NO_TRANSPORT;
 		const char *u = slice_unfit(e, v, (unsigned)t, buf_index, region, r->opcode, now,
 					    staged, &tst);
 
-		g_string_append_printf(why, "; %s: %s", e->tps[t]->plugin->name,
-				       u ? u : "fits, but device memory prefers a same-host one");
+		g_string_append_printf(
+			why, "; %s: %s", e->tps[t]->plugin->name,
+			u ? u : "fits, but one that moves the device memory itself comes first");
+	}
+	/* Later in the YAML but tried first (the choice does not): it moves the device memory. */
+	for (unsigned t = (unsigned)tpi + 1;
+	     kinds && !choice_round_takes(e->tps[tpi], 1, kinds) && t < e->n_tps; t++) {
+		enum te_status tst = TE_ERR_NO_TRANSPORT;
+		const char *u;
+
+		if (!choice_round_takes(e->tps[t], 1, kinds))
+			continue;
+		u = slice_unfit(e, v, t, buf_index, region, r->opcode, now, false, &tst);
+		g_string_append_printf(why, "; %s (moves %s memory itself, tried first): %s",
+				       e->tps[t]->plugin->name, memkind_name(kinds & -kinds),
+				       u ? u : "fits");
 	}
 	ENGINE_LOG(e, TE_LOG_DEBUG,
 		   "batch 0x%" PRIx64 " task %zu: %s %" PRIu64 " B to '%s' at 0x%" PRIx64

@@ -68,7 +68,7 @@ extern "C" {
 #define TE_PLUGIN_GPU_MAX_DEV TE_PLUGIN_MAX_DEVICES /* GPUs per instance: the core's limit */
 #define TE_PLUGIN_GPU_WIRE_VERSION 1u
 #define TE_PLUGIN_GPU_PAGE 4096ull
-#define TE_PLUGIN_GPU_DEF_SLICE (8ull << 20)
+#define TE_PLUGIN_GPU_DEF_SLICE (64ull << 20)
 /* A launch group: at most this many slices and bytes (a larger slice is a group of its own). */
 #define TE_PLUGIN_GPU_GROUP_MAX 32u
 #define TE_PLUGIN_GPU_GROUP_BYTES (256u << 10)

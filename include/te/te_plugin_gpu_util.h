@@ -370,7 +370,7 @@ te_plugin_gpu_ident_where(const struct te_plugin_gpu_ident *self,
 				     "streams per GPU that copies are spread over"),               \
 		TE_PLUGIN_OPTION_INT("window", "256", 1, 4096,                                     \
 				     "copies in flight per stream; beyond, back-pressure"),        \
-		TE_PLUGIN_OPTION_SIZE("slice_size", "8M", 4096, 1ll << 40,                         \
+		TE_PLUGIN_OPTION_SIZE("slice_size", "64M", 4096, 1ll << 40,                        \
 				      "slice size advertised to the core (transfer.slice_size "    \
 				      "overrides)"),                                               \
 		TE_PLUGIN_OPTION_BOOL("pin_host", "true",                                          \

@@ -1485,10 +1485,18 @@ static void test_tcp_cancel(void)
 	tcp_slow(true);
 }
 
-/* 1000 staged requests from device memory here; SIGKILL of the target: every task ends. */
+/*
+ * 1000 staged requests from device memory here; SIGKILL of the target: every task ends. The
+ * fake driver slows its copies so the kill lands mid-batch; a real GPU's are fast, so there the
+ * requests are 1 MiB each (1 GiB staged over tcp, well over the 100 ms before the kill).
+ */
 static void test_tcp_kill(void)
 {
-	struct node *n = gnode_start(NULL, gpu0, tcp_entry);
+	const uint64_t len = real_driver ? MIB : 4096;
+	g_autofree char *y = yaml_for(NULL, NULL, tcp_entry);
+	g_autofree char *size = g_strdup_printf("%" PRIu64, 1000 * len);
+	const char *argv[] = { node_path, "--yaml", y, "--location", gpu0, "--size", size, NULL };
+	struct node *n;
 	const uint32_t count = 1000;
 	struct te_request *r = g_new0(struct te_request, count);
 	uint32_t states[7];
@@ -1498,15 +1506,17 @@ static void test_tcp_kill(void)
 	te_batch_id b;
 	enum te_status st;
 
+	step("start te-node at %s with %s bytes", gpu0, size);
+	n = node_start_argv(argv);
 	fake_setenv("COPY_DELAY_US", "2000");
 	fake_setenv("SYNC_FAULTS", "1");
 	e = tcp_initiator("timeout_ms: 20000");
 	seg = open_node(e, n);
-	gbuf_new(&l, e, count * 4096, gpu0);
+	gbuf_new(&l, e, count * len, gpu0);
 	for (uint32_t i = 0; i < count; i++)
-		r[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, seg, l.dev + i * 4096,
-					    n->buf + i * 4096, 4096 };
-	step("1000 staged requests, then SIGKILL of the target");
+		r[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, seg, l.dev + i * len,
+					    n->buf + i * len, len };
+	step("1000 staged requests of %" PRIu64 " bytes, then SIGKILL of the target", len);
 	assert_ok(te_batch_new(e, count, &b));
 	assert_ok(te_batch_submit(e, b, r, count));
 	sleep_ms(100);
@@ -1615,9 +1625,12 @@ static void assert_moved_by(struct te_engine *e, te_segment_id seg, void *local,
 /*
  * tcp first in the YAML, the plugin second: GPU memory on either side of one host still goes over
  * the plugin; host memory on both sides follows the YAML order; GPU memory here to host memory
- * there (no plugin key for host memory) goes over tcp, staged.
+ * there (no plugin key for host memory) goes over tcp, staged. With FABRIC handles (/sys/prefer-fabric) the
+ * plugin also reaches other hosts, so it is no longer flagged same-host only: it must still come
+ * first, because it moves GPU memory itself (tcp only through the peer's staging). NVIDIA's
+ * driver on an H200 offers FABRIC handles: the real-GPU run found this case.
  */
-static void test_sys_prefer(void)
+static void prefer_run(void)
 {
 	g_autofree char *tail = g_strdup_printf("  - name: %s\n"
 						"    required: true\n"
@@ -1655,6 +1668,18 @@ static void test_sys_prefer(void)
 	assert_fake_clean("after the initiator");
 	node_close_free(cpu, 10000, false);
 	node_close_free(gpu, 10000, false);
+}
+
+static void test_sys_prefer(void)
+{
+	prefer_run();
+}
+
+static void test_sys_prefer_fabric(void)
+{
+	fake_setenv("FABRIC", "1"); /* inherited by the targets */
+	prefer_run();
+	fake_unsetenv("FABRIC");
 }
 
 /*
@@ -1808,6 +1833,8 @@ int main(int argc, char **argv)
 	add("/sys/kill-mid-batch", test_sys_kill);
 	add_fake("/sys/fault-copy", test_sys_fault_copy);
 	add("/sys/prefer", test_sys_prefer);
+	if (V->has_alloc)
+		add_fake("/sys/prefer-fabric", test_sys_prefer_fabric);
 	add("/sys/tcp-staged/sizes", test_tcp_sizes);
 	add("/sys/tcp-staged/batch-1000", test_tcp_batch);
 	add_fake("/sys/tcp-staged/deadline", test_tcp_deadline);

@@ -12,6 +12,9 @@
 # passed (cases that need the fake driver's faults skip) and both bandwidth figures were taken;
 # 1 otherwise. Every step has a time limit: the whole run stays under 5 minutes.
 #
+# On a GPU machine without te's build dependencies, carry a bundle (tests/hw-gpu/bundle.sh
+# BUILD OUT) and run: LD_LIBRARY_PATH=OUT/lib TE_HW_GPU_NO_BUILD=1 tests/hw-gpu/run.sh OUT/build
+#
 # Environment: TE_CUDA_LIBRARY  the driver to load [libcuda.so.1] (a fake's path smoke-tests
 #                               this script on a machine without a GPU)
 #              TE_HW_GPU_SECONDS seconds per bandwidth run [3]
@@ -88,6 +91,8 @@ FAKECUDA_LIB=$lib TE_NVLINK_REAL=1 TE_NVLINK_GPUS=$gpus TE_GPU_WATCHDOG_S=150 \
 rc=$?
 grep -E '^(ok|not ok)' "$tmp/tests.tap"
 if [ $rc -ne 0 ] || grep -q '^not ok' "$tmp/tests.tap"; then
+	# The failing case's steps and messages (TAP comments), then its error.
+	grep '^#' "$tmp/tests.tap" | tail -30
 	tail -40 "$tmp/tests.err"
 	echo "nvlink tests: FAILED (exit $rc)"
 	status=1
