@@ -90,7 +90,10 @@
 /* Untimed batches per thread before each run: connections, registrations, caches warm up. */
 #define BENCH_DEF_WARMUP 8
 #define BENCH_DEF_TARGET_BUFFER BENCH_GIB
-/* --loopback sizes its target to the runs, within these bounds (first touch is ~4 s/GiB). */
+/*
+ * --loopback sizes its target to the runs, within these bounds (first touch is ~4 s/GiB); a run
+ * that needs more than the upper one gets it while it fits in a third of MemAvailable.
+ */
 #define BENCH_LOOPBACK_MIN_BUFFER (64 * BENCH_MIB)
 #define BENCH_LOOPBACK_MAX_BUFFER (256 * BENCH_MIB)
 #define BENCH_DEF_TIMEOUT 120.0
@@ -2035,10 +2038,32 @@ static int bench_reap(GPid pid, uint64_t timeout_ns)
 	return -1;
 }
 
-/* Target buffer for --loopback: room for the largest run, within bounds. */
+/* MemAvailable of /proc/meminfo in bytes; 0 when unknown. */
+static uint64_t bench_mem_available(void)
+{
+	g_autofree char *text = NULL;
+	const char *line;
+	unsigned long long kib;
+
+	if (!g_file_get_contents("/proc/meminfo", &text, NULL, NULL))
+		return 0;
+	line = strstr(text, "MemAvailable:");
+	if (!line || sscanf(line, "MemAvailable: %llu kB", &kib) != 1)
+		return 0;
+	return (uint64_t)kib * 1024;
+}
+
+/*
+ * Target buffer for --loopback: room for the largest run (both halves of every thread's
+ * batches in flight, each run's areas distinct), at least 64 MiB; beyond 256 MiB only while it
+ * fits in a third of MemAvailable, said in a note. A run that still does not fit runs at a
+ * smaller batch, with its own note.
+ */
 static uint64_t bench_loopback_buffer(const struct bench_opts *o)
 {
-	uint64_t need = 0;
+	uint64_t need = 0, cap = BENCH_LOOPBACK_MAX_BUFFER, avail;
+	g_autofree char *avail_s = NULL;
+	char sz[32], sz2[32];
 
 	if (o->buffer_size)
 		return o->buffer_size;
@@ -2047,8 +2072,26 @@ static uint64_t bench_loopback_buffer(const struct bench_opts *o)
 			need = MAX(need, 2 * (uint64_t)o->threads * o->depth * o->batches[j] *
 							 o->sizes[i] +
 						 2 * 4096);
-	need = CLAMP(need, BENCH_LOOPBACK_MIN_BUFFER, BENCH_LOOPBACK_MAX_BUFFER);
-	return (need + BENCH_MIB - 1) & ~(BENCH_MIB - 1);
+	need = (MAX(need, BENCH_LOOPBACK_MIN_BUFFER) + BENCH_MIB - 1) & ~(BENCH_MIB - 1);
+	if (need <= cap)
+		return need;
+	avail = bench_mem_available();
+	avail_s = g_format_size_full(avail, G_FORMAT_SIZE_IEC_UNITS);
+	cap = MIN(MAX(cap, (avail / 3) & ~(BENCH_MIB - 1)), BENCH_MAX_BUFFER);
+	if (need <= cap) {
+		bench_note(
+			o,
+			"target buffer %s for the largest run (more than the usual 256M: it fits "
+			"in a third of the %s available; filling it takes about 4 s per GiB)",
+			bench_size_str(need, sz, sizeof(sz)), avail_s);
+		return need;
+	}
+	bench_note(o,
+		   "target buffer %s (a third of the %s available) where the largest run needs "
+		   "%s: such runs get a smaller batch (--buffer-size sets the buffer)",
+		   bench_size_str(cap, sz, sizeof(sz)), avail_s,
+		   bench_size_str(need, sz2, sizeof(sz2)));
+	return cap;
 }
 
 static int bench_loopback(const struct bench_opts *o)
@@ -2745,7 +2788,8 @@ static int bench_parse_args(int argc, char **argv, struct bench_opts *o, char **
 		{ "verify", 'v', 0, G_OPTION_ARG_NONE, &verify,
 		  "Check every byte moved against the pattern of its offset", NULL },
 		{ "buffer-size", 0, 0, G_OPTION_ARG_STRING, &buffer,
-		  "Target buffer [1G; --loopback: what the runs need, 64M to 256M]", "SIZE" },
+		  "Target buffer [1G; --loopback: what the runs need, 64M up, beyond 256M within a third of MemAvailable]",
+		  "SIZE" },
 		{ "target-file", 0, 0, G_OPTION_ARG_FILENAME, &target_file,
 		  "Map the target buffer from FILE, shared (e.g. a CXL window file or DAX device) "
 		  "[anonymous memory]",

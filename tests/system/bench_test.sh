@@ -197,6 +197,23 @@ r = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 sys.exit(not (r["depth"] == 3 and r["batches"] == 7 and r["requests"] == 28 and r["bytes"] == 28 * 4096))' \
 		"$tmp/loop-depth.out" || fail "--depth 3 --iterations 7 --batch 4 did not move 7 batches of 4 x 4K"
 
+	# A run needing more than 256 MiB of target: it gets it (a third of MemAvailable allows),
+	# said in a note, and runs the batch asked; else the note says why the batch is smaller.
+	run loop-big --loopback --op read --block-size 1M --batch 300 --iterations 2 --warmup 1 --verify --json
+	[ "$rc" = 0 ] || fail "--loopback --batch 300 --block-size 1M: status $rc"
+	avail_mib=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
+	if [ "$((avail_mib / 3))" -ge 601 ]; then
+		grep -q "note: target buffer 601M for the largest run (more than the usual 256M" "$tmp/loop-big.err" ||
+			fail "--batch 300 x 1M: no note of the 601M target buffer"
+		check_rows "$tmp/loop-big.out" 1 "r['batch'] == 300 and r['batch_requested'] == 300 and r['requests'] == 600" ||
+			fail "--batch 300 x 1M: not run at batch 300"
+	else
+		grep -q "where the largest run needs 601M: such runs get a smaller batch" "$tmp/loop-big.err" ||
+			fail "--batch 300 x 1M with ${avail_mib} MiB available: no note of the capped buffer"
+		check_rows "$tmp/loop-big.out" 1 "r['batch'] < 300 and r['batch_requested'] == 300" ||
+			fail "--batch 300 x 1M with ${avail_mib} MiB available: batch not reduced"
+	fi
+
 	# READ and WRITE in one sweep over custom sizes and batches: rows per size, then batch,
 	# ops innermost; each timed exactly --iterations batches after its warm-up.
 	run loop-both --loopback --op both --sizes 4K-16K,64K --batches 1,4 --iterations 3 \
