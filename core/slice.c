@@ -531,10 +531,33 @@ static void log_choice(struct engine *e, struct segview *v, size_t buf_index,
 		   why->str);
 }
 
-/* Slice size for a task of @length on transport @t (caps, YAML, max slices). */
-static uint64_t task_slice_size(struct engine *e, unsigned t, uint64_t length, uint32_t *n_out)
+/*
+ * Slice size on transport @t for a submit of @total bytes: the transport's (caps or YAML),
+ * doubled while the submit still makes SLICE_GROW_MIN_SLICES slices of it, up to
+ * SLICE_GROW_MAX (and 8 times the transport's, and its max_slice_size). Many large requests at
+ * once keep every lane busy with fewer, larger frames; a few keep their slices small enough
+ * to spread over the lanes. Not when the YAML sets transfer.slice_size, nor for staged slices
+ * (their bounce buffers are the transport's slice size).
+ */
+#define SLICE_GROW_MIN_SLICES 8
+#define SLICE_GROW_MAX (8ull << 20)
+static uint64_t slice_size_for(const struct engine *e, unsigned t, uint64_t total, bool staged)
 {
-	uint64_t ss = e->slice_size[t];
+	uint64_t ss = e->slice_size[t], cap = MIN(SLICE_GROW_MAX, ss * 8);
+	uint64_t max = e->tps[t]->caps.max_slice_size;
+
+	if (e->cfg->slice_size || staged)
+		return ss;
+	if (max && cap > max)
+		cap = max;
+	while (ss * 2 <= cap && total / (ss * 2) >= SLICE_GROW_MIN_SLICES)
+		ss *= 2;
+	return ss;
+}
+
+/* Slice size for a task of @length in slices of at most @ss (max slices per task). */
+static uint64_t task_slice_size(struct engine *e, uint64_t ss, uint64_t length, uint32_t *n_out)
+{
 	uint64_t n = (length + ss - 1) / ss;
 
 	if (n > e->cfg->max_slices_per_task) {
@@ -630,7 +653,7 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 	enum te_status first_err = TE_OK;
 	struct slice_chunk *chunk = NULL;
 	uint32_t base, si = 0, n_rejected = 0;
-	uint64_t total_slices = 0, now, deadline;
+	uint64_t total_slices = 0, submit_bytes = 0, now, deadline;
 	struct segview *local_view = NULL, *last_view = NULL;
 	const struct descriptor_buffer *last_db = NULL;
 	struct mem_region *last_region = NULL;
@@ -689,6 +712,11 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 	}
 	now = engine_now_ns();
 	deadline = now + e->cfg->timeout_ms * 1000000ull;
+	/* Bytes asked for (rejected requests too: a hint for the slice size, same in both passes). */
+	for (i = 0; i < n; i++)
+		submit_bytes = reqs[i].length > UINT64_MAX - submit_bytes
+				       ? UINT64_MAX
+				       : submit_bytes + reqs[i].length;
 
 	/* Pass 1: validate, choose transports, count slices. */
 	g_rw_lock_reader_lock(&e->mem.lock);
@@ -703,6 +731,7 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 		const char *gone;
 		char why[TE_DETAIL_MAX - 64];
 		enum te_status sst;
+		uint64_t tss;
 		uint32_t bi, ns;
 		int tpi;
 
@@ -886,10 +915,11 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 		t->region = region;
 		t->view = v;
 		t->seg = seg;
-		if (r->length <= e->slice_size[tpi])
+		tss = slice_size_for(e, (unsigned)tpi, submit_bytes, t->staged);
+		if (r->length <= tss)
 			ns = 1;
 		else
-			task_slice_size(e, (unsigned)tpi, r->length, &ns);
+			task_slice_size(e, tss, r->length, &ns);
 		t->n_slices = ns;
 		/* Remember which buffer: reuse last_device as scratch until posting. */
 		atomic_store_explicit(&t->last_device, bi, memory_order_relaxed);
@@ -976,7 +1006,8 @@ rejected:
 			ss = length;
 			ns = 1;
 		} else {
-			ss = task_slice_size(e, cur_tpi, length, &ns);
+			ss = task_slice_size(e, slice_size_for(e, cur_tpi, submit_bytes, staged),
+					     length, &ns);
 		}
 		for (uint32_t k = 0; k < ns; k++, si++) {
 			struct slice *s = SLICE_AT(chunk, si);

@@ -9,7 +9,7 @@
 #include "fake.h"
 #include "itest.h"
 
-static char buf[1 << 20];
+static char buf[4 << 20];
 
 struct rig {
 	struct te_engine *te;
@@ -17,13 +17,18 @@ struct rig {
 	te_batch_id id;
 };
 
-static void rig_start(struct rig *r, const char *transfer)
+static void rig_start_opts(struct rig *r, const char *options, const char *transfer)
 {
-	r->te = itest_engine1("A", "loopback", NULL, transfer);
+	r->te = itest_engine1("A", "loopback", options, transfer);
 	r->e = fake_engine(r->te);
 	fake_take_over(r->e->tps[0]);
 	g_assert_cmpint(te_mem_register(r->te, buf, sizeof(buf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
 	g_assert_cmpint(te_batch_new(r->te, 8, &r->id), ==, TE_OK);
+}
+
+static void rig_start(struct rig *r, const char *transfer)
+{
+	rig_start_opts(r, NULL, transfer);
 }
 
 static enum te_status rig_write(struct rig *r, uint64_t len)
@@ -189,6 +194,45 @@ static void test_queue_order(void)
 	te_engine_free(te);
 }
 
+/*
+ * Slice sizes grow with the submit: the transport's (64K here) doubles while the submit still
+ * makes 8 slices, up to 8 times it (and 8 MiB, and the transport's max_slice_size); not when
+ * the YAML sets transfer.slice_size. @len bytes in one request; the slices the fake saw.
+ */
+static uint32_t slices_for(const char *options, const char *transfer, uint64_t len)
+{
+	struct rig r;
+	struct te_task_info ti;
+	uint32_t n;
+
+	fake_reset();
+	rig_start_opts(&r, options, transfer);
+	if (rig_write(&r, len) != TE_OK)
+		g_error("submit of %" G_GUINT64_FORMAT " bytes: %s", len, te_last_error());
+	g_assert_cmpint(te_batch_wait(r.te, r.id, 5000000000ll), ==, TE_OK);
+	g_assert_cmpint(te_task_status(r.te, r.id, 0, &ti), ==, TE_OK);
+	g_assert_cmpint(ti.state, ==, TE_STATE_COMPLETED);
+	g_assert_cmpuint(ti.bytes, ==, len);
+	n = atomic_load(&fake.submitted);
+	rig_stop(&r);
+	return n;
+}
+
+static void test_slice_grow(void)
+{
+	/* 2 MiB: 256K slices (2M / 256K = 8), not 32 of 64K. */
+	g_assert_cmpuint(slices_for("slice_size: 64K", NULL, 2 << 20), ==, 8);
+	/* 512K: 512K / 128K is 4, under 8: the transport's 64K. */
+	g_assert_cmpuint(slices_for("slice_size: 64K", NULL, 512 << 10), ==, 8);
+	/* 16K slices: at most 8 times them (128K), so 16 slices of 2 MiB (256K would make 8). */
+	g_assert_cmpuint(slices_for("slice_size: 16K", NULL, 2 << 20), ==, 16);
+	/* The transport's max_slice_size bounds the growth. */
+	g_assert_cmpuint(slices_for("slice_size: 64K, max_slice_size: 128K", NULL, 2 << 20), ==,
+			 16);
+	/* transfer.slice_size in the YAML is taken as it is. */
+	g_assert_cmpuint(slices_for("slice_size: 64K", "slice_size: 65536", 2 << 20), ==, 32);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
@@ -199,5 +243,6 @@ int main(int argc, char **argv)
 	g_test_add_func("/retry/deadline", test_deadline);
 	g_test_add_func("/retry/cancel", test_cancel);
 	g_test_add_func("/retry/queue-order", test_queue_order);
+	g_test_add_func("/slices/grow", test_slice_grow);
 	return g_test_run();
 }
