@@ -555,6 +555,19 @@ static uint64_t slice_size_for(const struct engine *e, unsigned t, uint64_t tota
 	return ss;
 }
 
+/*
+ * Bytes @reqs ask for, saturating: the submit's size for slice_size_for (rejected requests
+ * count too; a hint). Summed only when a request is larger than its transport's slice size.
+ */
+static uint64_t requests_bytes(const struct te_request *reqs, size_t n)
+{
+	uint64_t sum = 0;
+
+	for (size_t i = 0; i < n; i++)
+		sum = reqs[i].length > UINT64_MAX - sum ? UINT64_MAX : sum + reqs[i].length;
+	return sum;
+}
+
 /* Slice size for a task of @length in slices of at most @ss (max slices per task). */
 static uint64_t task_slice_size(struct engine *e, uint64_t ss, uint64_t length, uint32_t *n_out)
 {
@@ -712,12 +725,6 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 	}
 	now = engine_now_ns();
 	deadline = now + e->cfg->timeout_ms * 1000000ull;
-	/* Bytes asked for (rejected requests too: a hint for the slice size, same in both passes). */
-	for (i = 0; i < n; i++)
-		submit_bytes = reqs[i].length > UINT64_MAX - submit_bytes
-				       ? UINT64_MAX
-				       : submit_bytes + reqs[i].length;
-
 	/* Pass 1: validate, choose transports, count slices. */
 	g_rw_lock_reader_lock(&e->mem.lock);
 	segment_read_lock(e);
@@ -731,7 +738,6 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 		const char *gone;
 		char why[TE_DETAIL_MAX - 64];
 		enum te_status sst;
-		uint64_t tss;
 		uint32_t bi, ns;
 		int tpi;
 
@@ -915,11 +921,15 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 		t->region = region;
 		t->view = v;
 		t->seg = seg;
-		tss = slice_size_for(e, (unsigned)tpi, submit_bytes, t->staged);
-		if (r->length <= tss)
-			ns = 1;
-		else
-			task_slice_size(e, tss, r->length, &ns);
+		if (r->length <= e->slice_size[tpi]) {
+			ns = 1; /* growth only makes slices larger */
+		} else {
+			if (!submit_bytes)
+				submit_bytes = requests_bytes(reqs, n);
+			task_slice_size(e,
+					slice_size_for(e, (unsigned)tpi, submit_bytes, t->staged),
+					r->length, &ns);
+		}
 		t->n_slices = ns;
 		/* Remember which buffer: reuse last_device as scratch until posting. */
 		atomic_store_explicit(&t->last_device, bi, memory_order_relaxed);
@@ -1006,6 +1016,7 @@ rejected:
 			ss = length;
 			ns = 1;
 		} else {
+			/* Larger than the slice size: pass 1 summed submit_bytes. */
 			ss = task_slice_size(e, slice_size_for(e, cur_tpi, submit_bytes, staged),
 					     length, &ns);
 		}

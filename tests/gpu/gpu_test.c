@@ -440,13 +440,22 @@ static void gxfer_batch(struct te_engine *e, te_segment_id seg, struct node *n, 
 /* --- nodes ---------------------------------------------------------------------------------- */
 
 /* A te-node target whose buffer is device memory at @location. */
-static struct node *gnode_start(const char *opts, const char *location, const char *extra)
+/* te-node with its buffer at @location, of @size bytes (NULL: te-node's default). */
+static struct node *gnode_start_sized(const char *opts, const char *location, const char *extra,
+				      const char *size)
 {
 	g_autofree char *y = yaml_for(opts, NULL, extra);
-	const char *argv[] = { node_path, "--yaml", y, "--location", location, NULL };
+	const char *argv[] = { node_path,    "--yaml", y,
+			       "--location", location, size ? "--size" : NULL,
+			       size,	     NULL };
 
-	step("start te-node at %s", location);
+	step("start te-node at %s%s%s", location, size ? " with bytes: " : "", size ? size : "");
 	return node_start_argv(argv);
+}
+
+static struct node *gnode_start(const char *opts, const char *location, const char *extra)
+{
+	return gnode_start_sized(opts, location, extra, NULL);
 }
 
 static char *node_descriptor(struct node *n)
@@ -1493,10 +1502,8 @@ static void test_tcp_cancel(void)
 static void test_tcp_kill(void)
 {
 	const uint64_t len = real_driver ? MIB : 4096;
-	g_autofree char *y = yaml_for(NULL, NULL, tcp_entry);
 	g_autofree char *size = g_strdup_printf("%" PRIu64, 1000 * len);
-	const char *argv[] = { node_path, "--yaml", y, "--location", gpu0, "--size", size, NULL };
-	struct node *n;
+	struct node *n = gnode_start_sized(NULL, gpu0, tcp_entry, size);
 	const uint32_t count = 1000;
 	struct te_request *r = g_new0(struct te_request, count);
 	uint32_t states[7];
@@ -1506,8 +1513,6 @@ static void test_tcp_kill(void)
 	te_batch_id b;
 	enum te_status st;
 
-	step("start te-node at %s with %s bytes", gpu0, size);
-	n = node_start_argv(argv);
 	fake_setenv("COPY_DELAY_US", "2000");
 	fake_setenv("SYNC_FAULTS", "1");
 	e = tcp_initiator("timeout_ms: 20000");
@@ -1630,7 +1635,7 @@ static void assert_moved_by(struct te_engine *e, te_segment_id seg, void *local,
  * first, because it moves GPU memory itself (tcp only through the peer's staging). NVIDIA's
  * driver on an H200 offers FABRIC handles: the real-GPU run found this case.
  */
-static void prefer_run(void)
+static void test_sys_prefer(void)
 {
 	g_autofree char *tail = g_strdup_printf("  - name: %s\n"
 						"    required: true\n"
@@ -1670,15 +1675,10 @@ static void prefer_run(void)
 	node_close_free(gpu, 10000, false);
 }
 
-static void test_sys_prefer(void)
-{
-	prefer_run();
-}
-
 static void test_sys_prefer_fabric(void)
 {
 	fake_setenv("FABRIC", "1"); /* inherited by the targets */
-	prefer_run();
+	test_sys_prefer();
 	fake_unsetenv("FABRIC");
 }
 
