@@ -554,6 +554,48 @@ static bool scenario_qp_error(struct ctx *c)
 }
 
 /*
+ * Which bytes a failed read-back of the failover scenario holds, per 64 KiB chunk (the
+ * first 4 bad ones): still POISON (the READ reported done placed nothing), the previous
+ * round's pattern or the target's initial one (a WRITE reported done did not land), the
+ * expected pattern, or other bytes. @dev/@retries: per chunk, the device and retries of
+ * the last copy's WRITE and of the read-back READ. Returns the bad chunks.
+ */
+struct fo_chunk {
+	char wdev[24], rdev[24];
+	uint32_t wretries, rretries;
+};
+
+static uint32_t explain_chunks(const uint8_t *p, size_t n, uint64_t seed, uint64_t half,
+			       const struct fo_chunk *ch)
+{
+	uint32_t bad = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		const uint8_t *q = p + i * 65536;
+		uint64_t roff = half + (i * 65536) % (half - 65536);
+		uint32_t poison = 0, want = 0, prev = 0, init = 0;
+		int64_t first = check(q, 65536, seed, i * 65536);
+
+		if (first < 0)
+			continue;
+		for (uint64_t j = 0; j < 65536; j++) {
+			poison += q[j] == POISON;
+			want += q[j] == pat(seed, i * 65536 + j);
+			prev += q[j] == pat(seed - 1, i * 65536 + j);
+			init += q[j] == pat(TARGET_SEED, roff + j);
+		}
+		if (bad++ < 4)
+			say("  chunk %zu (remote +%" PRIu64 "): first bad byte at +%" PRId64
+			    "; of 65536 bytes %u expected, %u POISON, %u the previous round's, "
+			    "%u the target's initial; WRITE via %s (%u retries), READ via %s "
+			    "(%u retries)",
+			    i, roff, first, want, poison, prev, init, ch[i].wdev, ch[i].wretries,
+			    ch[i].rdev, ch[i].rretries);
+	}
+	return bad;
+}
+
+/*
  * Takes the link down once part of the batch has moved (from its own thread).
  * The command is `ip -batch -` started beforehand: spawning ip under TCG takes
  * longer than a batch, so only "link set DEV down" is written to it at the
@@ -611,6 +653,7 @@ static bool scenario_failover(struct ctx *c, const char *down_if)
 		 */
 		size_t copies = k == down_round ? 4 : 1;
 		g_autofree struct te_request *r = g_new(struct te_request, n);
+		g_autofree struct fo_chunk *ch = g_new0(struct fo_chunk, n);
 		te_batch_id bids[4];
 		uint64_t half = c->rlen / 2, seed = 0x900 + k;
 		struct downer dn = { .c = c, .n = n, .dev = down_if, .ip_in = -1 };
@@ -665,6 +708,8 @@ static bool scenario_failover(struct ctx *c, const char *down_if)
 					snprintf(first, sizeof(first), "%s", ti.device);
 				on_first += !strcmp(ti.device, first);
 				retried += ti.retries > 0;
+				snprintf(ch[i].wdev, sizeof(ch[i].wdev), "%s", ti.device);
+				ch[i].wretries = ti.retries;
 			}
 			batch_free(c, bids[b]);
 		}
@@ -687,9 +732,36 @@ static bool scenario_failover(struct ctx *c, const char *down_if)
 			(void)batch_ok(c, bid, n, "read-back");
 			failed = 1;
 		}
+		for (uint32_t i = 0; i < n; i++) {
+			struct te_task_info ti;
+
+			if (te_task_status(c->e, bid, i, &ti) == TE_OK) {
+				snprintf(ch[i].rdev, sizeof(ch[i].rdev), "%s", ti.device);
+				ch[i].rretries = ti.retries;
+			}
+		}
 		batch_free(c, bid);
 		if (failed || check(c->loc + c->llen / 2, n * 65536, seed, 0) >= 0) {
-			say("  round %zu: data NOT verified", k);
+			uint32_t bad = explain_chunks(c->loc + c->llen / 2, n, seed, half, ch);
+
+			say("  round %zu: data NOT verified (%u of %zu chunks wrong)", k, bad, n);
+			/*
+			 * Read it all again: right now means the first read-back's READs were
+			 * reported done without their bytes; wrong again means WRITEs reported
+			 * done did not land.
+			 */
+			memset(c->loc + c->llen / 2, POISON, n * 65536);
+			if (batch(c, r, n, &bid, WAIT_NS) != TE_OK)
+				(void)batch_ok(c, bid, n, "second read-back");
+			else if (check(c->loc + c->llen / 2, n * 65536, seed, 0) >= 0)
+				say("  round %zu: a second read-back is wrong too (%u chunks): "
+				    "WRITEs reported done did not land",
+				    k, explain_chunks(c->loc + c->llen / 2, n, seed, half, ch));
+			else
+				say("  round %zu: a second read-back is right: the first one's "
+				    "READs were reported done without their bytes",
+				    k);
+			batch_free(c, bid);
 			ok = false;
 		}
 		say("  round %2zu: %zu x 64 KiB written, %zu read back and verified; %u on "
