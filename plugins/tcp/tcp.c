@@ -796,6 +796,7 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		l->slots = calloc(ti->max_inflight, sizeof(*l->slots));
 		l->free_ids = malloc(ti->max_inflight * sizeof(*l->free_ids));
 		l->rx.buf = malloc(TCP_RBUF_BIG);
+		l->txh = malloc(TCP_TXH_FRAMES * TCP_HDR_LEN);
 		l->rx.cap = TCP_RBUF_BIG;
 		l->rx.gulp = TCP_GULP;
 		/* Lowest ids on top: a lightly used lane keeps touching the same slots. */
@@ -806,7 +807,7 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 	for (uint32_t i = 0; i < peer->n_lanes; i++) {
 		struct tcp_lane *l = &peer->lanes[i];
 
-		if (!peer->name || !l->slots || !l->free_ids || !l->rx.buf) {
+		if (!peer->name || !l->slots || !l->free_ids || !l->rx.buf || !l->txh) {
 			/* Not yet visible to anyone: free it directly. */
 			for (uint32_t k = 0; k < peer->n_lanes; k++) {
 				pthread_mutex_destroy(&peer->lanes[k].lock);
@@ -814,6 +815,7 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 				free(peer->lanes[k].slots);
 				free(peer->lanes[k].free_ids);
 				free(peer->lanes[k].rx.buf);
+				free(peer->lanes[k].txh);
 			}
 			free(peer->name);
 			free(peer);

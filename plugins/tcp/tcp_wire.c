@@ -17,18 +17,6 @@ static void tcp_hdr_encode(uint8_t *p, const struct tcp_hdr *h)
 	te_plugin_put_u64(p + 24, h->length);
 }
 
-void tcp_hdr_decode(const uint8_t *p, struct tcp_hdr *h)
-{
-	h->magic = te_plugin_get_u32(p);
-	h->version = p[4];
-	h->op = p[5];
-	h->flags = te_plugin_get_u16(p + 6);
-	h->req_id = te_plugin_get_u32(p + 8);
-	h->status = (int32_t)te_plugin_get_u32(p + 12);
-	h->addr = te_plugin_get_u64(p + 16);
-	h->length = te_plugin_get_u64(p + 24);
-}
-
 void tcp_encode(uint8_t *p, uint8_t op, uint32_t req_id, int32_t status, uint64_t addr,
 		uint64_t length)
 {
