@@ -478,6 +478,7 @@ void tcp_lane_send_failed_locked(struct tcp_lane *l, int err)
 static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 {
 	struct iovec iov[TCP_LANE_IOV];
+	/* A sendmsg ends at most the frames it gathered: TCP_LANE_IOV (headers share iovecs). */
 	struct te_plugin_slice *rep[TCP_LANE_IOV];
 	bool kick, read_answer = false;
 
@@ -496,7 +497,7 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 	while (l->state == TCP_LANE_UP && !l->send_err && tcp_lane_has_output_locked(l)) {
 		struct msghdr msg = { .msg_iov = iov };
 		uint64_t off = l->sq_off;
-		uint32_t n_iov = 0, n_rep, n_txh = 0;
+		uint32_t n_iov = 0, n_rep, n_txh = 0, n_frames = 0;
 		bool txh_open = false; /* the last iovec ends in txh: the next header extends it */
 		int fd = l->fd, err;
 		ssize_t r;
@@ -506,7 +507,8 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 			iov[n_iov++] =
 				(struct iovec){ l->ctl + l->ctl_off, l->ctl_len - l->ctl_off };
 		for (struct te_plugin_slice *s = l->hs != TCP_HS_HELLO ? l->sq_head : NULL;
-		     s && n_iov + 2 <= TCP_LANE_IOV; s = tcp_priv(s)->next) {
+		     s && n_iov + 2 <= TCP_LANE_IOV && n_frames < TCP_LANE_IOV;
+		     s = tcp_priv(s)->next, n_frames++) {
 			struct tcp_spriv *p = tcp_priv(s);
 			uint32_t id = atomic_load_explicit(&p->slot, memory_order_relaxed);
 
