@@ -135,6 +135,7 @@
 #ifndef TCP_GULP
 #define TCP_GULP (16u << 10)
 #endif
+#define TCP_SOCKBUF_MIN (64u << 10) /* option sockbuf: 0 or at least this */
 #define TCP_CTL 256u /* handshake bytes queued per connection (>= 2 frames, or 1 + detail) */
 #define TCP_SCRATCH (256u << 10)  /* per worker: where discarded payloads go */
 #define TCP_LANE_IOV 512u	  /* iovecs per client sendmsg (<= UIO_MAXIOV) */

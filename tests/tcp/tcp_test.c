@@ -3180,6 +3180,7 @@ static void test_bad_options(void)
 		  "options.congestion: 'nosuchcc' is not available on this host" },
 		{ "congestion: averyveryverylongname", "'averyveryverylongname' is too long" },
 		{ "scatter: sometimes", "scatter" },
+		{ "sockbuf: 8K", "options.sockbuf: 8192 bytes is below the minimum of 64K" },
 	};
 
 	for (size_t i = 0; i < G_N_ELEMENTS(bad); i++) {
@@ -3341,11 +3342,11 @@ static void test_scatter_option(void)
 
 static void test_good_options(void)
 {
-	struct te_engine *e =
-		itest_engine1("X", "tcp",
-			      "bind: \"0.0.0.0\", advertise: \"127.0.0.1\", lanes: 4, workers: 1, "
-			      "max_inflight: 8, slice_size: 256K, connect_timeout_ms: 500",
-			      NULL);
+	struct te_engine *e = itest_engine1(
+		"X", "tcp",
+		"bind: \"0.0.0.0\", advertise: \"127.0.0.1\", lanes: 4, workers: 1, "
+		"max_inflight: 8, slice_size: 256K, connect_timeout_ms: 500, sockbuf: 64K",
+		NULL);
 	struct endpoint ep = endpoint_of(e);
 
 	g_assert_cmpint(ep.family, ==, AF_INET);
