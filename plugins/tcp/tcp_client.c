@@ -498,7 +498,7 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 		struct msghdr msg = { .msg_iov = iov };
 		uint64_t off = l->sq_off;
 		uint32_t n_iov = 0, n_rep, n_txh = 0, n_frames = 0;
-		bool txh_open = false; /* the last iovec ends in txh: the next header extends it */
+		uint8_t *txe = l->txh; /* end of the header copies so far */
 		int fd = l->fd, err;
 		ssize_t r;
 
@@ -518,26 +518,24 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 			/* Stamped while no byte of the frame left (again, to the same value). */
 			if (off == 0)
 				te_plugin_put_u32(p->hdr + 12, tcp_deadline_field(l, s));
-			if (off < TCP_HDR_LEN && n_txh < TCP_TXH_FRAMES) {
+			if (off < TCP_HDR_LEN && n_txh++ < TCP_TXH_FRAMES) {
 				/* A copy beside the previous one: one iovec for a run of them. */
-				uint8_t *h = l->txh + (size_t)n_txh++ * TCP_HDR_LEN;
+				struct iovec *last = n_iov ? &iov[n_iov - 1] : NULL;
 
-				memcpy(h, p->hdr + off, TCP_HDR_LEN - off);
-				if (txh_open)
-					iov[n_iov - 1].iov_len += TCP_HDR_LEN - off;
+				memcpy(txe, p->hdr + off, TCP_HDR_LEN - off);
+				if (last && (uint8_t *)last->iov_base + last->iov_len == txe)
+					last->iov_len += TCP_HDR_LEN - off;
 				else
-					iov[n_iov++] = (struct iovec){ h, TCP_HDR_LEN - off };
-				txh_open = off == 0;
+					iov[n_iov++] = (struct iovec){ txe, TCP_HDR_LEN - off };
+				txe += TCP_HDR_LEN - off;
 			} else if (off < TCP_HDR_LEN) {
 				iov[n_iov++] = (struct iovec){ p->hdr + off, TCP_HDR_LEN - off };
-				txh_open = false;
 			}
 			if (s->opcode == TE_PLUGIN_OP_WRITE) {
 				uint64_t skip = off > TCP_HDR_LEN ? off - TCP_HDR_LEN : 0;
 
 				iov[n_iov++] = (struct iovec){ (uint8_t *)s->local + skip,
 							       s->length - skip };
-				txh_open = false;
 			}
 			off = 0;
 		}
