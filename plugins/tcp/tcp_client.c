@@ -45,7 +45,7 @@ static struct te_plugin_slice *tcp_slot_finish_locked(struct tcp_lane *l, uint32
 
 	if (s && (slot->flags & TCP_SLOT_CANCELED)) {
 		tcp_priv(s)->status = TE_ERR_CANCELED;
-		snprintf(tcp_priv(s)->detail, TCP_PRIV_DETAIL, TCP_NAME ": canceled");
+		tcp_priv_detail(s, TCP_NAME ": canceled");
 	}
 	tcp_slot_free_locked(l, id);
 	return s;
@@ -65,15 +65,22 @@ static struct te_plugin_slice *tcp_slot_orphan_locked(struct tcp_lane *l, uint32
 	l->n_orphan++;
 	slot->slice = NULL;
 	tcp_priv(s)->status = TE_ERR_CANCELED;
-	snprintf(tcp_priv(s)->detail, TCP_PRIV_DETAIL, TCP_NAME ": canceled while in flight");
+	tcp_priv_detail(s, TCP_NAME ": canceled while in flight");
 	return s;
 }
 
+/*
+ * Report @s with the status and text its priv holds. The text is taken out before the report
+ * (the core copies it during the call; the slice is not ours after it) and freed after.
+ */
 void tcp_report_priv(struct tcp_inst *ti, struct te_plugin_slice *s)
 {
 	struct tcp_spriv *p = tcp_priv(s);
+	char *detail = p->detail;
 
-	tcp_report(ti, s, (enum te_status)p->status, p->detail);
+	p->detail = NULL;
+	tcp_report(ti, s, (enum te_status)p->status, detail);
+	free(detail);
 }
 
 /*
@@ -199,7 +206,7 @@ static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp
 void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, const char *detail)
 {
 	struct tcp_rlist now_list = { 0 }, move_list = { 0 };
-	char why[TCP_PRIV_DETAIL];
+	char why[TCP_DETAIL_MAX];
 	uint32_t n = 0, fenced = 0;
 	uint64_t now = tcp_now_ns();
 	struct te_plugin_slice *partial;
@@ -268,8 +275,7 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 			continue; /* orphan: already reported */
 		n++;
 		tcp_priv(s)->status = canceled ? TE_ERR_CANCELED : rst;
-		snprintf(tcp_priv(s)->detail, TCP_PRIV_DETAIL, "%s",
-			 canceled ? TCP_NAME ": canceled while in flight" : why);
+		tcp_priv_detail(s, "%s", canceled ? TCP_NAME ": canceled while in flight" : why);
 		if (on_wire && !gone && !full && now < s->deadline_ns) {
 			tcp_fence_add_locked(l, s);
 			fenced++;
@@ -928,11 +934,9 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 			continue;
 		}
 		if (h.status != TE_OK && slot->slice) {
-			struct tcp_spriv *p = tcp_priv(slot->slice);
-
-			p->status = h.status;
-			tcp_copy_detail(p->detail, sizeof(p->detail),
-					rx->buf + rx->pos + TCP_HDR_LEN, (size_t)h.length);
+			tcp_priv(slot->slice)->status = h.status;
+			tcp_priv_detail_peer(slot->slice, rx->buf + rx->pos + TCP_HDR_LEN,
+					     (size_t)h.length);
 		}
 		tcp_lane_expect_locked(l, id);
 		slot->flags |= TCP_SLOT_ANSWERED;
@@ -1316,7 +1320,7 @@ static void tcp_lane_rx_failed(struct tcp_inst *ti, struct tcp_lane *l, enum te_
 void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l)
 {
 	enum te_status st = TE_ERR_CONN_RESET;
-	char why[TCP_PRIV_DETAIL];
+	char why[TCP_DETAIL_MAX];
 	enum tcp_rx_end end;
 	uint32_t n = 0;
 	bool again;
@@ -1564,7 +1568,10 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 	p->fencing = false;
 	p->req_id = (uint32_t)slot->gen << 16 | id;
 	p->status = TE_OK;
-	p->detail[0] = '\0';
+	if (p->detail) { /* zeroed for a first attempt, taken by a report; set by a lane's break */
+		free(p->detail);
+		p->detail = NULL;
+	}
 	/* relaxed: cancel reads these under the lane lock, which it takes before trusting them */
 	atomic_store_explicit(&p->slot, id, memory_order_relaxed);
 	atomic_store_explicit(&p->lane, l, memory_order_relaxed);
@@ -1788,7 +1795,7 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		struct te_plugin_slice *s = slices[i];
 		struct tcp_peer *peer = s ? (struct tcp_peer *)s->peer : NULL;
 		struct tcp_lane *l = NULL;
-		char why[TCP_PRIV_DETAIL];
+		char why[TCP_DETAIL_MAX];
 		enum te_status bad;
 		uint32_t start, own, t;
 		bool stripe, spread;
@@ -1957,9 +1964,8 @@ enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s
 				prev = q;
 			tcp_fence_unlink_locked(l, prev, s);
 			p->status = TE_ERR_CANCELED;
-			snprintf(p->detail, sizeof(p->detail),
-				 TCP_NAME ": canceled; its deadline passed before the server "
-					  "could be reached to fence it");
+			tcp_priv_detail(s, TCP_NAME ": canceled; its deadline passed before the "
+						    "server could be reached to fence it");
 			report = s;
 		}
 		pthread_mutex_unlock(&l->lock);
@@ -1995,7 +2001,7 @@ enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s
 			l->sq_tail = prev;
 		tcp_slot_free_locked(l, id);
 		p->status = TE_ERR_CANCELED;
-		snprintf(p->detail, sizeof(p->detail), TCP_NAME ": canceled before it was sent");
+		tcp_priv_detail(s, TCP_NAME ": canceled before it was sent");
 		report = s;
 	} else if (slot->op == TCP_OP_WRITE) {
 		/*
@@ -2117,7 +2123,7 @@ static uint32_t tcp_drv_lane(struct tcp_inst *ti, struct tcp_lane *l, int fd, ui
 			     uint32_t limit)
 {
 	enum te_status st = TE_ERR_CONN_RESET;
-	char why[TCP_PRIV_DETAIL];
+	char why[TCP_DETAIL_MAX];
 	enum tcp_rx_end end;
 	uint32_t n = 0, counted = 0;
 	bool again, kick, out;

@@ -61,6 +61,34 @@ void tcp_copy_detail(char *dst, size_t cap, const uint8_t *src, size_t len)
 	dst[n] = '\0';
 }
 
+/* Set @s's failure text (tcp_spriv.detail), replacing one set before. Without memory: none. */
+void tcp_priv_detail(struct te_plugin_slice *s, const char *fmt, ...)
+{
+	struct tcp_spriv *p = tcp_priv(s);
+	char *d = malloc(TCP_DETAIL_MAX);
+	va_list ap;
+
+	if (d) {
+		va_start(ap, fmt);
+		vsnprintf(d, TCP_DETAIL_MAX, fmt, ap);
+		va_end(ap);
+	}
+	free(p->detail);
+	p->detail = d;
+}
+
+/* Set @s's failure text to a printable copy of the peer's @len bytes at @src. */
+void tcp_priv_detail_peer(struct te_plugin_slice *s, const uint8_t *src, size_t len)
+{
+	struct tcp_spriv *p = tcp_priv(s);
+	char *d = malloc(TCP_DETAIL_MAX);
+
+	if (d)
+		tcp_copy_detail(d, TCP_DETAIL_MAX, src, len);
+	free(p->detail);
+	p->detail = d;
+}
+
 /* Fresh random bytes (nonces, client ids); false when the kernel cannot give them. */
 bool tcp_random(void *buf, size_t len)
 {

@@ -62,7 +62,7 @@ void tcp_defer_fail(struct tcp_worker *w, struct te_plugin_slice *s, enum te_sta
 	struct tcp_spriv *p = tcp_priv(s);
 
 	p->status = st;
-	snprintf(p->detail, sizeof(p->detail), "%s", detail);
+	tcp_priv_detail(s, "%s", detail);
 	p->next = NULL;
 	atomic_store_explicit(&p->lane, NULL, memory_order_relaxed);
 	pthread_mutex_lock(&w->lock);
