@@ -1124,8 +1124,12 @@ static void test_peer_freed_mid_batch(void)
 	for (uint32_t i = 0; i < N; i++) {
 		ti = itest_task(p.a, bid, i);
 		if (ti.state == TE_STATE_FAILED &&
-		    (ti.status == TE_ERR_PEER_UNREACHABLE || ti.status == TE_ERR_CONN_RESET))
+		    (ti.status == TE_ERR_PEER_UNREACHABLE || ti.status == TE_ERR_CONN_RESET)) {
 			saw_conn_failure = true;
+			/* tcp's own text (allocated when the slice failed), not the bare status. */
+			assert_contains(ti.detail, "tcp: ");
+			assert_contains(ti.detail, "B (127.0.0.1:");
+		}
 	}
 	assert_ok(te_batch_free(p.a, bid));
 	/* Nothing is left dangling: a new batch to the dead peer fails too, promptly. */
