@@ -61,30 +61,43 @@ void tcp_copy_detail(char *dst, size_t cap, const uint8_t *src, size_t len)
 	dst[n] = '\0';
 }
 
-/* Set @s's failure text (tcp_spriv.detail), replacing one set before. Without memory: none. */
+/*
+ * Set @s's failure text (tcp_spriv.detail) to the formatted @fmt, at most TCP_DETAIL_MAX - 1
+ * bytes, in an allocation of its own size; it replaces one set before. Without memory: none.
+ */
 void tcp_priv_detail(struct te_plugin_slice *s, const char *fmt, ...)
 {
 	struct tcp_spriv *p = tcp_priv(s);
-	char *d = malloc(TCP_DETAIL_MAX);
+	char *d = NULL;
 	va_list ap;
+	int n;
 
-	if (d) {
-		va_start(ap, fmt);
-		vsnprintf(d, TCP_DETAIL_MAX, fmt, ap);
-		va_end(ap);
+	va_start(ap, fmt);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n >= 0) {
+		size_t cap = TCP_MIN((size_t)n + 1, (size_t)TCP_DETAIL_MAX);
+
+		d = malloc(cap);
+		if (d) {
+			va_start(ap, fmt);
+			vsnprintf(d, cap, fmt, ap);
+			va_end(ap);
+		}
 	}
 	free(p->detail);
 	p->detail = d;
 }
 
-/* Set @s's failure text to a printable copy of the peer's @len bytes at @src. */
+/* Set @s's failure text to a printable copy of the peer's @len bytes at @src (as above). */
 void tcp_priv_detail_peer(struct te_plugin_slice *s, const uint8_t *src, size_t len)
 {
 	struct tcp_spriv *p = tcp_priv(s);
-	char *d = malloc(TCP_DETAIL_MAX);
+	size_t cap = TCP_MIN(len + 1, (size_t)TCP_DETAIL_MAX);
+	char *d = malloc(cap);
 
 	if (d)
-		tcp_copy_detail(d, TCP_DETAIL_MAX, src, len);
+		tcp_copy_detail(d, cap, src, len);
 	free(p->detail);
 	p->detail = d;
 }

@@ -167,11 +167,44 @@ static void test_payload(void)
 	pair_down(&p);
 }
 
+/*
+ * A slice's failure text (tcp_priv_detail): formatted, at most TCP_DETAIL_MAX - 1 bytes, each
+ * replacing the last; the peer's text made printable and cut the same way; a report takes it.
+ */
+static void test_priv_detail(void)
+{
+	struct {
+		struct te_plugin_slice s;
+		struct tcp_spriv p;
+	} sl = { 0 };
+	char big[400];
+	uint8_t peer[300];
+
+	sl.s.priv = &sl.p;
+	tcp_priv_detail(&sl.s, "tcp: %s %d", "connect to B failed", 7);
+	g_assert_cmpstr(sl.p.detail, ==, "tcp: connect to B failed 7");
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	tcp_priv_detail(&sl.s, "%s", big); /* replaces (and frees) the first: ASan checks */
+	g_assert_cmpuint(strlen(sl.p.detail), ==, TCP_DETAIL_MAX - 1);
+	g_assert_true(strspn(sl.p.detail, "x") == TCP_DETAIL_MAX - 1);
+	for (size_t i = 0; i < sizeof(peer); i++)
+		peer[i] = i % 2 ? 'a' : 0x07;
+	tcp_priv_detail_peer(&sl.s, peer, 4);
+	g_assert_cmpstr(sl.p.detail, ==, "?a?a");
+	tcp_priv_detail_peer(&sl.s, peer, sizeof(peer));
+	g_assert_cmpuint(strlen(sl.p.detail), ==, TCP_DETAIL_MAX - 1);
+	tcp_priv_detail_peer(&sl.s, peer, 0);
+	g_assert_cmpstr(sl.p.detail, ==, "");
+	free(sl.p.detail);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/tcp/wire/rx-read/bulk", test_bulk);
 	g_test_add_func("/tcp/wire/rx-read/need", test_need);
 	g_test_add_func("/tcp/wire/rx-read/payload", test_payload);
+	g_test_add_func("/tcp/wire/priv-detail", test_priv_detail);
 	return g_test_run();
 }
