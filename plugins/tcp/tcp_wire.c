@@ -61,45 +61,34 @@ void tcp_copy_detail(char *dst, size_t cap, const uint8_t *src, size_t len)
 	dst[n] = '\0';
 }
 
-/*
- * Set @s's failure text (tcp_spriv.detail) to the formatted @fmt, at most TCP_DETAIL_MAX - 1
- * bytes, in an allocation of its own size; it replaces one set before. Without memory: none.
- */
-void tcp_priv_detail(struct te_plugin_slice *s, const char *fmt, ...)
+/* Make @d (malloc'd, or NULL: without memory) @s's failure text, freeing the one before. */
+static void tcp_priv_detail_set(struct te_plugin_slice *s, char *d)
 {
 	struct tcp_spriv *p = tcp_priv(s);
-	char *d = NULL;
-	va_list ap;
-	int n;
 
-	va_start(ap, fmt);
-	n = vsnprintf(NULL, 0, fmt, ap);
-	va_end(ap);
-	if (n >= 0) {
-		size_t cap = TCP_MIN((size_t)n + 1, (size_t)TCP_DETAIL_MAX);
-
-		d = malloc(cap);
-		if (d) {
-			va_start(ap, fmt);
-			vsnprintf(d, cap, fmt, ap);
-			va_end(ap);
-		}
-	}
 	free(p->detail);
 	p->detail = d;
 }
 
-/* Set @s's failure text to a printable copy of the peer's @len bytes at @src (as above). */
+/* Set @s's failure text to the formatted @fmt, cut to TCP_DETAIL_MAX - 1 bytes. */
+void tcp_priv_detail(struct te_plugin_slice *s, const char *fmt, ...)
+{
+	char buf[TCP_DETAIL_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	tcp_priv_detail_set(s, strdup(buf));
+}
+
+/* Set @s's failure text to a printable copy of the peer's @len bytes at @src (cut the same). */
 void tcp_priv_detail_peer(struct te_plugin_slice *s, const uint8_t *src, size_t len)
 {
-	struct tcp_spriv *p = tcp_priv(s);
-	size_t cap = TCP_MIN(len + 1, (size_t)TCP_DETAIL_MAX);
-	char *d = malloc(cap);
+	char buf[TCP_DETAIL_MAX];
 
-	if (d)
-		tcp_copy_detail(d, cap, src, len);
-	free(p->detail);
-	p->detail = d;
+	tcp_copy_detail(buf, sizeof(buf), src, len);
+	tcp_priv_detail_set(s, strdup(buf));
 }
 
 /* Fresh random bytes (nonces, client ids); false when the kernel cannot give them. */
