@@ -17,8 +17,10 @@
 #   raw loop alone); without TE-BENCH-ARGS: te-bench's defaults (READ, 64K, batch 128).
 #   Table (Markdown, stdout and --md FILE): per variant the median (min-max) requests/s and
 #   GB/s over rounds; the median (min-max) of the per-round ratios against the first variant
-#   and against the raw loop; the median steal (the hypervisor's share of the machine's CPU
-#   time during the run, te-bench's steal_pct). Per-round lines go to stderr as they come.
+#   and against the raw loop; CPU microseconds per request of initiator + target over the
+#   timed loops (both tools' cpu_s_initiator + cpu_s_target; '-' for a te-bench too old to
+#   report them); the median steal (the hypervisor's share of the machine's CPU time during
+#   the run, te-bench's steal_pct). Per-round lines go to stderr as they come.
 #   Load average before and after, and the host's TCP congestion control. --congestion NAME:
 #   the raw loop's connections use NAME (tcp-raw-loop --congestion); a te variant gets it
 #   from its @CONFIG (tcp option congestion: NAME). te-bench --loopback's target buffer
@@ -88,7 +90,8 @@ for spec in a.te:
     plugdirs = sorted(r for r, _, fs in os.walk(os.path.join(d, "plugins"))
                       if any(f.endswith(".so") for f in fs))
     variants.append(dict(name=name, exe=exe, cfg=os.path.abspath(cfg) if at else None,
-                         plug=plugdirs, ops=[], gbps=[], steal=[], fails=0, reduced=None))
+                         plug=plugdirs, ops=[], gbps=[], steal=[], cpu=[], fails=0,
+                         reduced=None))
 for x in ("--json", "-j", "--loopback", "--initiator", "--target", "--core", "--config", "-c"):
     if x in bench_args:
         usage(f"'{x}' is set by this script; give a configuration as --te NAME=DIR@CONFIG")
@@ -142,6 +145,16 @@ def run(cmd, env):
     return row, None
 
 
+def cpu_per_request(row):
+    """Microseconds of CPU per request, initiator + target, over the timed loops (te-bench's
+    and tcp-raw-loop's cpu_s_initiator and cpu_s_target); None when a row lacks either (a
+    te-bench from before they were reported)."""
+    ci, ct, n = row.get("cpu_s_initiator"), row.get("cpu_s_target"), row.get("requests")
+    if ci is None or ct is None or not n:
+        return None
+    return (ci + ct) / n * 1e6
+
+
 def mem_available():
     """MemAvailable in bytes (0 when unknown)."""
     try:
@@ -177,7 +190,7 @@ if not own:  # neither a buffer given nor several cells
               "default; the raw loop sizes its own)", file=sys.stderr)
 
 load0 = loadavg()
-entries = [dict(name="raw", ops=[], gbps=[], steal=[], fails=0)] if raw else []
+entries = [dict(name="raw", ops=[], gbps=[], steal=[], cpu=[], fails=0)] if raw else []
 allv = variants + entries
 per_round = []  # {name: ops/s or None}
 failed_any = False
@@ -211,6 +224,9 @@ for r in range(a.rounds):
         v["gbps"].append(row.get("gbps") or 0.0)
         if row.get("steal_pct") is not None:
             v["steal"].append(row["steal_pct"])
+        cpu = cpu_per_request(row)
+        if cpu is not None:
+            v["cpu"].append(cpu)
         line.append(f"{v['name']} {row['ops_per_s'] / 1000:.1f}k")
     per_round.append(got)
     print(f"round {r + 1}/{a.rounds}: " + "  ".join(line), file=sys.stderr, flush=True)
@@ -227,14 +243,16 @@ lines = [f"te-bench --loopback {' '.join(bench_args)}"
          + f"; {a.rounds} round(s), interleaved; load average {load0} before, {load1} after; "
          f"host TCP congestion control {host_cc()}.", "",
          "Requests/s and GB/s: median (min-max) over rounds; ratios: median (min-max) of the "
-         "per-round ratios (rounds where both ran); steal %: median of the runs' steal_pct.", "",
-         f"| variant | requests/s | GB/s | vs {first} | vs raw | steal % | failed |",
-         "|---|---:|---:|---:|---:|---:|---:|"]
+         "per-round ratios (rounds where both ran); CPU us/req: CPU time of initiator + target "
+         "per request over the timed loops (user + system, all threads), median (min-max); "
+         "steal %: median of the runs' steal_pct.", "",
+         f"| variant | requests/s | GB/s | vs {first} | vs raw | CPU us/req | steal % | failed |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
 for v in allv:
     vs_first = med(ratios(v["name"], first), 3) if v["name"] != first else "1"
     vs_raw = (med(ratios(v["name"], "raw"), 3) if v["name"] != "raw" else "1") if raw else "-"
     lines.append(f"| {v['name']} | {med(v['ops'], 0)} | {med(v['gbps'], 3)} | {vs_first} | "
-                 f"{vs_raw} | {med(v['steal'], 0)} | {v['fails']} |")
+                 f"{vs_raw} | {med(v['cpu'], 3)} | {med(v['steal'], 0)} | {v['fails']} |")
 lines.append("")
 for v in variants:
     if v["reduced"]:

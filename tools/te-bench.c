@@ -311,6 +311,28 @@ static double bench_cpu_s(int who)
 	       (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
+/*
+ * CPU time (user + system, all threads) of another process of ours, in seconds, from
+ * /proc/<pid>/stat (clock ticks: 10 ms steps at the usual 100 Hz); negative when unreadable.
+ */
+static double bench_proc_cpu_s(pid_t pid)
+{
+	g_autofree char *path = g_strdup_printf("/proc/%d/stat", (int)pid);
+	g_autofree char *text = NULL;
+	unsigned long long ut, st;
+	long hz = sysconf(_SC_CLK_TCK);
+	const char *p;
+
+	if (hz <= 0 || !g_file_get_contents(path, &text, NULL, NULL))
+		return -1.0;
+	/* After the command name, which may hold spaces and parentheses: state is field 3. */
+	p = strrchr(text, ')');
+	if (!p ||
+	    sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+		return -1.0;
+	return (double)(ut + st) / (double)hz;
+}
+
 static const char *bench_op_str(enum bench_op op)
 {
 	switch (op) {
@@ -641,6 +663,12 @@ struct bench_row {
 	 * (warm-up included; /proc/stat's steal), in percent; negative when unknown.
 	 */
 	double steal_pct;
+	/*
+	 * CPU seconds (user + system, all threads) over the timed loops, from when every thread
+	 * had warmed up until they had all ended: this process's, and --loopback's target
+	 * process's (negative: unknown, as for --initiator).
+	 */
+	double cpu_s_initiator, cpu_s_target;
 	bool verify;
 	bool verified;
 	bool failed;
@@ -770,6 +798,16 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 		else
 			json_builder_add_null_value(b);
 		bench_json_steal(b, r->steal_pct);
+		json_builder_set_member_name(b, "cpu_s_initiator");
+		if (r->cpu_s_initiator >= 0.0)
+			json_builder_add_double_value(b, r->cpu_s_initiator);
+		else
+			json_builder_add_null_value(b);
+		json_builder_set_member_name(b, "cpu_s_target");
+		if (r->cpu_s_target >= 0.0)
+			json_builder_add_double_value(b, r->cpu_s_target);
+		else
+			json_builder_add_null_value(b);
 		bench_json_bool(b, "verify", r->verify);
 		bench_json_bool(b, "verified", r->verified);
 		bench_json_bool(b, "failed", r->failed);
@@ -1097,6 +1135,9 @@ struct bench_init {
 	uint32_t threads;
 	uint64_t duration_ns; /* 0: none */
 	uint64_t salt_base;   /* random per run: WRITE data never repeats an earlier run's */
+	pid_t target_pid;     /* --loopback's target process (0: none of ours) */
+	/* CPU seconds of this process and of the target when the timed loops began (< 0: none). */
+	double cpu0_initiator, cpu0_target;
 
 	struct bench_gate gate;
 	atomic_bool stop;
@@ -1390,6 +1431,11 @@ static gpointer bench_worker_main(gpointer data)
 		atomic_store_explicit(&c->stop, true, memory_order_relaxed);
 	}
 	bench_gate_arrive(&c->gate);
+	/* Every thread has warmed up: the timed loops' CPU counts from here. */
+	if (w->idx == 0) {
+		c->cpu0_initiator = bench_cpu_s(RUSAGE_SELF);
+		c->cpu0_target = c->target_pid ? bench_proc_cpu_s(c->target_pid) : -1.0;
+	}
 	if (w->failed)
 		goto end;
 	w->t_start = now = bench_now_ns();
@@ -1552,6 +1598,7 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	struct steal_mark steal0 = steal_mark_now();
 
 	bench_gate_init(&c->gate, c->threads);
+	c->cpu0_initiator = c->cpu0_target = -1.0;
 	c->salt_base = (uint64_t)g_random_int() << 32 | g_random_int();
 	atomic_store(&c->stop, false);
 	atomic_store(&c->finished, 0);
@@ -1591,6 +1638,16 @@ static bool bench_run(struct bench_init *c, struct bench_row *r)
 	for (uint32_t t = 0; t < started; t++)
 		g_thread_join(ws[t].thread);
 	r->steal_pct = steal_pct_since(steal0);
+	/* Thread 0 marked the start (joined: its stores are visible); none when it never got there. */
+	r->cpu_s_initiator = r->cpu_s_target = -1.0;
+	if (c->cpu0_initiator >= 0.0)
+		r->cpu_s_initiator = MAX(bench_cpu_s(RUSAGE_SELF) - c->cpu0_initiator, 0.0);
+	if (c->cpu0_target >= 0.0) {
+		double t1 = bench_proc_cpu_s(c->target_pid);
+
+		if (t1 >= 0.0)
+			r->cpu_s_target = MAX(t1 - c->cpu0_target, 0.0);
+	}
 
 	r->op = c->op;
 	r->block = c->block;
@@ -1663,7 +1720,7 @@ static bool bench_open_segment(struct bench_init *c, const char *segment, const 
 }
 
 static int bench_initiator(const struct bench_opts *o, const char *mode, const char *segment,
-			   const char *descriptor)
+			   const char *descriptor, pid_t target_pid)
 {
 	struct bench_init c;
 	struct te_buffer_info rb;
@@ -1676,6 +1733,7 @@ static int bench_initiator(const struct bench_opts *o, const char *mode, const c
 
 	memset(&c, 0, sizeof(c));
 	c.o = o;
+	c.target_pid = target_pid;
 	c.threads = o->threads;
 	c.timeout_ns = (int64_t)(o->timeout_s * 1e9);
 
@@ -2158,7 +2216,7 @@ static int bench_loopback(const struct bench_opts *o)
 						       : " (it exited; see its messages above)");
 		rc = bench_signalled ? BENCH_EXIT_SIGNAL : BENCH_EXIT_FAIL;
 	} else {
-		rc = bench_initiator(o, "loopback", name, descriptor);
+		rc = bench_initiator(o, "loopback", name, descriptor, pid);
 	}
 	/* EOF on its stdin tells the target to finish. */
 	close(in_fd);
@@ -3054,7 +3112,7 @@ int main(int argc, char **argv)
 			rc = bench_target(&o);
 			break;
 		case BENCH_MODE_INITIATOR:
-			rc = bench_initiator(&o, "initiator", o.segment, NULL);
+			rc = bench_initiator(&o, "initiator", o.segment, NULL, 0);
 			break;
 		case BENCH_MODE_LOOPBACK:
 			rc = bench_loopback(&o);

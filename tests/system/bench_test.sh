@@ -53,7 +53,7 @@ run() {
 # verified true, and the python expression CHECK (over row r) true.
 check_rows() {
 	python3 - "$@" <<'PY'
-import json, sys
+import json, os, sys
 path, min_rows, check = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 required = ["op", "block_size", "batch", "threads", "transport", "bytes", "seconds", "gbps",
             "ops_per_s", "verified"]
@@ -71,7 +71,7 @@ for r in rows:
         sys.exit(f"row lacks {missing}: {r}")
     if r["verified"] is not True:
         sys.exit(f"row not verified: {r}")
-    if not eval(check, {}, {"r": r}):
+    if not eval(check, {"os": os}, {"r": r}):
         sys.exit(f"row fails {check}: {r}")
 PY
 }
@@ -188,6 +188,12 @@ loopback)
 		check_rows "$tmp/loop-$op.out" 1 \
 			"r['bytes'] > 0 and r['block_size'] == 65536 and r['transport'] != '' and r['op'] == '$op' and isinstance(r.get('steal_pct'), (int, float)) and 0 <= r['steal_pct'] <= 100" ||
 			fail "--loopback --op $op: bad JSON row"
+		# CPU of both processes over the timed loops: both worked, and together they used no
+		# more than the machine's CPUs had in that time
+		check_rows "$tmp/loop-$op.out" 1 \
+			"r['cpu_s_initiator'] > 0 and r['cpu_s_target'] > 0 and r['cpu_s_initiator'] + r['cpu_s_target'] <= r['seconds'] * os.cpu_count() * 1.1 + 0.05" ||
+			fail "--loopback --op $op: cpu_s_initiator/cpu_s_target"
+
 	done
 	# --depth keeps batches in flight and still runs exactly --iterations of them.
 	run loop-depth --loopback --op mix --depth 3 --iterations 7 --batch 4 --block-size 4K --json

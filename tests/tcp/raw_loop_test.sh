@@ -332,13 +332,17 @@ for l in text.splitlines():
 if sorted(rows) != ["a", "b", "raw"]:
     sys.exit(f"rows {sorted(rows)}, want a, b, raw")
 for name, c in rows.items():
-    if len(c) != 7:
+    if len(c) != 8:
         sys.exit(f"{name}: {len(c)} columns")
-    ops, gbps, vs_a, vs_raw, steal, failed = c[1:]
+    ops, gbps, vs_a, vs_raw, cpu, steal, failed = c[1:]
     for what, v in (("requests/s", ops), ("GB/s", gbps), ("vs a", vs_a), ("vs raw", vs_raw),
-                    ("steal", steal)):
+                    ("CPU us/req", cpu), ("steal", steal)):
         if not re.fullmatch(num, v):
             sys.exit(f"{name}: {what} is not a figure: '{v}'")
+    # initiator + target CPU of the timed loops, per request: something, and not absurd
+    # (30 batches of 4 x 64K on loopback take well under a CPU-millisecond per request)
+    if not 0 < float(cpu.split()[0]) < 1000:
+        sys.exit(f"{name}: CPU us/req {cpu}")
     if failed != "0":
         sys.exit(f"{name}: {failed} runs failed")
 if rows["a"][3] != "1" or rows["raw"][4] != "1":
@@ -392,7 +396,7 @@ PY
 	[ "$rc" = 1 ] || fail "a failing variant: exit $rc, want 1"
 	grep -q "round 1: bad failed (exit [1-9][0-9]*: .*bad.yaml:2:1: .*syntax error" "$tmp/f.err" ||
 		fail "no reason for the failed run: $(cat "$tmp/f.err")"
-	grep -q '^| bad | - | - | - | - | - | 1 |$' "$tmp/f.out" || fail "bad's row: $(cat "$tmp/f.out")"
+	grep -q '^| bad | - | - | - | - | - | - | 1 |$' "$tmp/f.out" || fail "bad's row: $(cat "$tmp/f.out")"
 	grep -q '^| a | [0-9]' "$tmp/f.out" || fail "a's row: $(cat "$tmp/f.out")"
 	echo "PASS: compare-builds.sh"
 }
