@@ -1358,8 +1358,11 @@ static void rl_print(const struct rl_opts *o, const struct rl_run *c, const stru
 		printf("\"connections\":%" PRIu32 ",\"working_set\":%" PRIu64
 		       ",\"pingpong\":%s,\"cpu_s_initiator\":%.6f",
 		       o->conns, c->ws, o->pingpong ? "true" : "false", r->cpu_init_s);
+		/* null as in te-bench's rows: the server did not say (an older one, or it failed) */
 		if (r->cpu_target_s >= 0)
 			printf(",\"cpu_s_target\":%.6f", r->cpu_target_s);
+		else
+			printf(",\"cpu_s_target\":null");
 		if (r->steal_pct >= 0)
 			printf(",\"steal_pct\":%.3f", r->steal_pct);
 		else

@@ -73,7 +73,7 @@ keys = ["mode", "segment", "opened", "op", "block_size", "batch", "batch_request
         "depth", "warmup", "transport", "device", "bytes", "requests", "batches", "samples",
         "seconds", "gbps", "ops_per_s", "lat_us_avg", "lat_us_p50", "lat_us_p99", "lat_us_p999",
         "lat_us_max", "lanes", "lanes_used", "verify", "verified", "failed", "interrupted", "version", "connections",
-        "working_set", "pingpong", "cpu_s_initiator", "steal_pct"]
+        "working_set", "pingpong", "cpu_s_initiator", "cpu_s_target", "steal_pct"]
 bad = 0
 args = sys.argv[2:]
 # te-bench's own row, when there is one: every key it has, ours has too.
@@ -189,7 +189,7 @@ r['block_size'] == 4096 and r['op'] == 'read' and r['batches'] == r['requests']"
 				--op write --block-size 16K
 			[ "$rc" = 0 ] || fail "--client exited $rc"
 			check_json "$tmp/client.out" "r['mode'] == 'client' and r['verified'] and \
-r['segment'] == '127.0.0.1:$port' and r.get('cpu_s_target', -1) >= 0" "--client"
+r['segment'] == '127.0.0.1:$port' and r['cpu_s_target'] is not None and r['cpu_s_target'] >= 0" "--client"
 		fi
 		# EOF on its stdin ends the server.
 		eval "exec ${srv[1]}>&-"
