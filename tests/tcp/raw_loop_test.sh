@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # raw_loop_test.sh: bench/tcp-raw-loop end to end, bench/compare-tcp.sh's quick table and
-# bench/compare-builds.sh.
+# bench/compare-builds.sh, bench/insn-tcp.sh.
 #
-# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds
+# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds|insn
 #   loop:    usage errors exit 2; `--loopback --verify --json` for read and write, 4K and 1M,
 #            (JSON keys: te-bench's, checked against a te-bench row when te-bench and tcp.so exist)
 #            1 and 2 connections, exits 0 with verified rows whose counts add up; the text row;
@@ -19,11 +19,15 @@
 #            --buffer-size given too small: a note under the table and on stderr that it ran a
 #            smaller one (none otherwise); a variant whose configuration is malformed: exit 1,
 #            its runs counted failed and the reason (te-bench's error) on stderr.
+#   insn:    insn-tcp.sh: usage errors exit 2 naming the problem; two variants and the raw loop
+#            (callgrind, 40 and 20 batches of 32): exit 0, a row each with instruction counts, the first
+#            variant's ratio 1.000, each variant's top functions (te's and the raw loop's own);
+#            a variant whose te-bench fails: exit 1 with its log. Skipped without valgrind.
 # Never asserts on speed. Needs python3, and TE_SOURCE_ROOT / TE_BUILD_ROOT (meson sets them).
 set -uo pipefail
 
-raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds}
-part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds}
+raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds|insn}
+part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds|insn}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-raw-loop-test.XXXXXX")
 server_pid=""
 cleanup() {
@@ -401,10 +405,103 @@ PY
 	echo "PASS: compare-builds.sh"
 }
 
+insn_part() {
+	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} it want args rc
+	it=$src/bench/insn-tcp.sh
+
+	if [ ! -e "$build/plugins/tcp/tcp.so" ] || [ ! -x "$build/tools/te-bench" ]; then
+		echo "SKIP: the tcp plugin or te-bench is not built"
+		exit 77
+	fi
+	if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/null; then
+		echo "SKIP: valgrind is not installed"
+		exit 77
+	fi
+	while IFS='|' read -r want args; do
+		# shellcheck disable=SC2086 # word splitting intended
+		"$it" -C "$build" $args >"$tmp/u.out" 2>"$tmp/u.err"
+		rc=$?
+		[ "$rc" = 2 ] || fail "insn-tcp.sh $args exited $rc, want 2"
+		grep -q -- "$want" "$tmp/u.err" ||
+			fail "insn-tcp.sh $args: no '$want' in: $(cat "$tmp/u.err")"
+		echo "ok: $args -> $(head -1 "$tmp/u.err")"
+	done <<USAGE
+want NAME=DIR|--te nothing
+is not built|--te a=$tmp/nowhere
+is taken|--te raw=$build
+is taken|--te a=$build --te a=$build
+--iterations: 2 to 100000|--iterations 1
+--iterations: 2 to 100000|--iterations x
+--top: 0 to 1000|--top -1
+is set by this script|-- --json
+is set by this script|-- --duration 1
+raw loop runs --op read or write|-- --op mix
+unknown argument 'what'|what
+USAGE
+	echo "+ insn-tcp.sh --te a=BUILD --te b=BUILD --iterations 40 --top 3 -- --batch 32 --block-size 4K"
+	timeout 600 "$it" -C "$build" --te "a=$build" --te "b=$build" --iterations 40 --top 3 -- \
+		--op read --batch 32 --block-size 4K >"$tmp/i.out" 2>"$tmp/i.err"
+	rc=$?
+	cat "$tmp/i.out"
+	[ "$rc" = 0 ] || fail "insn-tcp.sh exited $rc: $(tail -5 "$tmp/i.err")"
+	python3 - "$tmp/i.out" <<'PY' || fail "insn-tcp.sh's table: see above"
+import re, sys
+text = open(sys.argv[1]).read()
+rows, tops, cur = {}, {}, None
+for l in text.splitlines():
+    m = re.match(r"(\w+): the initiator's functions", l)
+    if m:
+        cur = m.group(1)
+        tops[cur] = []
+        continue
+    c = [x.strip() for x in l.strip("|").split("|")] if l.startswith("| ") else []
+    if not c or c[0] in ("variant", "function"):
+        continue
+    if cur:
+        tops[cur].append(c)
+    else:
+        rows[c[0]] = c
+if sorted(rows) != ["a", "b", "raw"]:
+    sys.exit(f"rows {sorted(rows)}, want a, b, raw")
+for name, c in rows.items():
+    if len(c) != 7:
+        sys.exit(f"{name}: {len(c)} columns")
+    # requests: 20 more batches of 32 in the longer run; instructions: positive counts
+    if c[1] != "640":
+        sys.exit(f"{name}: {c[1]} requests counted, want 640 (20 batches of 32)")
+    for what, v in zip(("initiator", "target", "both"), c[2:5]):
+        if not re.fullmatch(r"\d+", v) or int(v) <= 0:
+            sys.exit(f"{name}: {what} is not a positive count: '{v}'")
+    if int(c[4]) != int(c[2]) + int(c[3]) and abs(int(c[4]) - int(c[2]) - int(c[3])) > 1:
+        sys.exit(f"{name}: both {c[4]} is not initiator + target")
+if rows["a"][5] != "1.000":
+    sys.exit(f"a against itself: {rows['a'][5]}")
+if sorted(tops) != ["a", "b", "raw"] or any(len(v) != 3 for v in tops.values()):
+    sys.exit(f"top functions: {tops}")
+te_fns = {f[0].split(".")[0] for f in tops["a"]}
+if not te_fns & {"slice_submit_requests", "tcp_submit", "tcp_lane_rx_scatter", "tcp_lane_flush",
+                 "slice_done", "tcp_lane_enqueue_locked"}:
+    sys.exit(f"te's top functions are not te's: {te_fns}")
+if not any(f[0].startswith("rl_") for f in tops["raw"]):
+    sys.exit(f"the raw loop's top functions are not its own: {tops['raw']}")
+print("table: a, b and raw with counts, each with its own top functions")
+PY
+	# a variant whose te-bench fails (a malformed configuration): exit 1, its log shown
+	printf 'transports: [\n' >"$tmp/bad.yaml"
+	timeout 300 "$it" -C "$build" --no-raw --iterations 2 -- --config "$tmp/bad.yaml" \
+		>"$tmp/f.out" 2>"$tmp/f.err"
+	rc=$?
+	[ "$rc" = 1 ] || fail "a failing te-bench: exit $rc, want 1"
+	grep -q "failed under callgrind" "$tmp/f.err" && grep -q "bad.yaml:2:1" "$tmp/f.err" ||
+		fail "no reason for the failed run: $(cat "$tmp/f.err")"
+	echo "PASS: insn-tcp.sh"
+}
+
 case "$part" in
 loop) loop_part ;;
 compare) compare_part ;;
 builds) builds_part ;;
+insn) insn_part ;;
 *)
 	echo "raw_loop_test.sh: unknown part '$part'"
 	exit 2
