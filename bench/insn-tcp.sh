@@ -128,6 +128,14 @@ for spec in "${specs[@]}"; do
 	dirs+=("$dir")
 done
 
+# sanitized EXE: whether EXE is built with a sanitizer's runtime, which valgrind cannot run.
+sanitized() {
+	ldd "$1" 2>/dev/null | grep -Eq 'lib(a|t|ub)san'
+}
+for exe in ${dirs[@]+"${dirs[@]/%//tools/te-bench}"} ${raw_args[@]+"$build/bench/tcp-raw-loop"}; do
+	! sanitized "$exe" || die "$exe is built with a sanitizer, which valgrind cannot run: use a plain build"
+done
+
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-insn-tcp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 

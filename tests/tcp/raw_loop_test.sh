@@ -22,7 +22,8 @@
 #   insn:    insn-tcp.sh: usage errors exit 2 naming the problem; two variants and the raw loop
 #            (callgrind, 40 and 20 batches of 32): exit 0, a row each with instruction counts, the first
 #            variant's ratio 1.000, each variant's top functions (te's and the raw loop's own);
-#            a variant whose te-bench fails: exit 1 with its log. Skipped without valgrind.
+#            a variant whose te-bench fails: exit 1 with its log. Skipped without valgrind,
+#            and in a sanitizer build (insn-tcp.sh refuses those: exit 1, saying why).
 # Never asserts on speed. Needs python3, and TE_SOURCE_ROOT / TE_BUILD_ROOT (meson sets them).
 set -uo pipefail
 
@@ -415,6 +416,10 @@ insn_part() {
 	fi
 	if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/null; then
 		echo "SKIP: valgrind is not installed"
+		exit 77
+	fi
+	if ldd "$build/tools/te-bench" 2>/dev/null | grep -Eq 'lib(a|t|ub)san'; then
+		echo "SKIP: a sanitizer build (valgrind cannot run it)"
 		exit 77
 	fi
 	while IFS='|' read -r want args; do
