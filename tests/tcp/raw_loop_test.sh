@@ -292,24 +292,32 @@ PY
 	echo "PASS: compare-tcp.sh --quick"
 }
 
+# usage_errors SCRIPT: for each line WANT|ARGS on stdin, `SCRIPT -C $build ARGS` (the
+# caller's build) must exit 2 with WANT in what it says on stderr.
+usage_errors() {
+	local script=$1 name want args rc
+
+	name=$(basename "$script")
+	while IFS='|' read -r want args; do
+		# shellcheck disable=SC2086 # word splitting intended
+		"$script" -C "$build" $args >"$tmp/u.out" 2>"$tmp/u.err"
+		rc=$?
+		[ "$rc" = 2 ] || fail "$name $args exited $rc, want 2"
+		grep -q -- "$want" "$tmp/u.err" ||
+			fail "$name $args: no '$want' in: $(cat "$tmp/u.err")"
+		echo "ok: $args -> $(head -1 "$tmp/u.err")"
+	done
+}
+
 builds_part() {
-	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} cb want args
+	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} cb rc
 	cb=$src/bench/compare-builds.sh
 
 	if [ ! -e "$build/plugins/tcp/tcp.so" ] || [ ! -x "$build/tools/te-bench" ]; then
 		echo "SKIP: the tcp plugin or te-bench is not built"
 		exit 77
 	fi
-	# usage errors: exit 2 and say what is wrong
-	while IFS='|' read -r want args; do
-		# shellcheck disable=SC2086 # word splitting intended
-		"$cb" -C "$build" $args >"$tmp/u.out" 2>"$tmp/u.err"
-		rc=$?
-		[ "$rc" = 2 ] || fail "compare-builds.sh $args exited $rc, want 2"
-		grep -q -- "$want" "$tmp/u.err" ||
-			fail "compare-builds.sh $args: no '$want' in: $(cat "$tmp/u.err")"
-		echo "ok: $args -> $(head -1 "$tmp/u.err")"
-	done <<USAGE
+	usage_errors "$cb" <<USAGE
 want NAME=DIR|--te nothing
 is not built|--te a=$tmp/nowhere
 is taken|--te raw=$build
@@ -407,7 +415,7 @@ PY
 }
 
 insn_part() {
-	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} it want args rc
+	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} it rc
 	it=$src/bench/insn-tcp.sh
 
 	if [ ! -e "$build/plugins/tcp/tcp.so" ] || [ ! -x "$build/tools/te-bench" ]; then
@@ -422,15 +430,7 @@ insn_part() {
 		echo "SKIP: a sanitizer build (valgrind cannot run it)"
 		exit 77
 	fi
-	while IFS='|' read -r want args; do
-		# shellcheck disable=SC2086 # word splitting intended
-		"$it" -C "$build" $args >"$tmp/u.out" 2>"$tmp/u.err"
-		rc=$?
-		[ "$rc" = 2 ] || fail "insn-tcp.sh $args exited $rc, want 2"
-		grep -q -- "$want" "$tmp/u.err" ||
-			fail "insn-tcp.sh $args: no '$want' in: $(cat "$tmp/u.err")"
-		echo "ok: $args -> $(head -1 "$tmp/u.err")"
-	done <<USAGE
+	usage_errors "$it" <<USAGE
 want NAME=DIR|--te nothing
 is not built|--te a=$tmp/nowhere
 is taken|--te raw=$build
