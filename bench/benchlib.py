@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""benchlib.py: what the bench scripts' Python parts share (compare-tcp.sh, compare-builds.sh):
-a run's JSON row, sizes as te-bench writes them, the load average, a median (min-max) cell, and
-writing a table to stdout and --md FILE."""
+"""benchlib.py: what the bench scripts' Python parts share (compare-tcp.sh, compare-builds.sh,
+insn-tcp.sh): a run's JSON row, sizes as te-bench writes them, te-bench's options mapped onto
+tcp-raw-loop's, the load average, a median (min-max) cell, and writing a table to stdout and
+--md FILE."""
 import json
 import re
 import statistics
@@ -25,6 +26,41 @@ def size_of(s):
     if not m:
         raise ValueError(f"not a size: '{s.strip()}' (e.g. 4K, 1M)")
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def te_bench_opt(bench_args, names, default):
+    """The value of a te-bench option (any of @names) in @bench_args, as given (last one
+    wins), or @default."""
+    v = default
+    for i, x in enumerate(bench_args):
+        for n in names:
+            if x == n and i + 1 < len(bench_args):
+                v = bench_args[i + 1]
+            elif n.startswith("--") and x.startswith(n + "="):
+                v = x[len(n) + 1:]
+    return v
+
+
+# te-bench's options of a cell, the tcp-raw-loop flag each maps onto, and the default.
+RAW_CELL = ((["-o", "--op"], "--op", "read"),
+            (["-b", "--block-size"], "--block-size", "64K"),
+            (["-B", "--batch"], "--batch", "128"),
+            (["-D", "--depth"], "--depth", "1"),
+            (["-t", "--threads"], "--connections", "1"))
+
+
+def raw_loop_args(bench_args, extra=()):
+    """tcp-raw-loop's arguments for the cell that te-bench's @bench_args describe: op, block
+    size, batch, depth and threads (one connection each), then @extra's ((te-bench names,
+    raw flag, default or None: left out), ...). ValueError unless the op is read or write."""
+    if te_bench_opt(bench_args, ["-o", "--op"], "read") not in ("read", "write"):
+        raise ValueError("the raw loop runs --op read or write (or give --no-raw)")
+    out = []
+    for names, flag, default in RAW_CELL + tuple(extra):
+        v = te_bench_opt(bench_args, names, default)
+        if v is not None:
+            out += [flag, v]
+    return out
 
 
 def loadavg():
@@ -63,3 +99,12 @@ def emit(lines, md=None):
     if md:
         with open(md, "w") as f:
             f.write(text)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["raw-loop-args"]:
+    # For shell scripts: `python3 benchlib.py raw-loop-args TE-BENCH-ARGS...`, one per line.
+    try:
+        print("\n".join(raw_loop_args(sys.argv[2:])))
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)

@@ -44,7 +44,7 @@ import argparse, os, subprocess, sys
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, host_cc, last_json, loadavg, med, size_of
+from benchlib import emit, host_cc, last_json, loadavg, med, raw_loop_args, size_of, te_bench_opt
 argv = sys.argv[3:]
 bench_args = []
 if "--" in argv:
@@ -99,14 +99,7 @@ for x in ("--json", "-j", "--loopback", "--initiator", "--target", "--core", "--
 
 def opt(names, default):
     """The value of a te-bench option in bench_args (last one wins), as given."""
-    v = default
-    for i, x in enumerate(bench_args):
-        for n in names:
-            if x == n and i + 1 < len(bench_args):
-                v = bench_args[i + 1]
-            elif n.startswith("--") and x.startswith(n + "="):
-                v = x[len(n) + 1:]
-    return v
+    return te_bench_opt(bench_args, names, default)
 
 
 iters = opt(["-n", "--iterations"], None)
@@ -118,19 +111,13 @@ if raw and not os.access(raw_exe, os.X_OK):
     usage(f"{raw_exe} is not built (or give --no-raw)")
 raw_args = []
 if raw:
-    for names, flag, default in ((["-o", "--op"], "--op", "read"),
-                                 (["-b", "--block-size"], "--block-size", "64K"),
-                                 (["-B", "--batch"], "--batch", "128"),
-                                 (["-D", "--depth"], "--depth", "1"),
-                                 (["-t", "--threads"], "--connections", "1"),
-                                 (["-d", "--duration"], "--duration", None if iters else "1"),
-                                 (["-n", "--iterations"], "--iterations", None),
-                                 (["-w", "--warmup"], "--warmup", None)):
-        v = opt(names, default)
-        if v is not None:
-            raw_args += [flag, v]
-    if opt(["-o", "--op"], "read") not in ("read", "write"):
-        usage("the raw loop runs --op read or write (or give --no-raw)")
+    try:
+        raw_args = raw_loop_args(bench_args,
+                                 ((["-d", "--duration"], "--duration", None if iters else "1"),
+                                  (["-n", "--iterations"], "--iterations", None),
+                                  (["-w", "--warmup"], "--warmup", None)))
+    except ValueError as e:
+        usage(str(e))
     if a.congestion:
         raw_args += ["--congestion", a.congestion]
 

@@ -76,37 +76,13 @@ done
 [ ${#bench_args[@]} -gt 0 ] || bench_args=(--op read --block-size 4K --batch 128 --threads 2)
 [ ${#specs[@]} -gt 0 ] || specs=("te=$build")
 
-# The raw loop's arguments: the cell's op, block size, batch, depth and threads (last one wins).
+# The raw loop's arguments: the cell's op, block size, batch, depth and threads (benchlib.py).
 raw_args=()
 if [ "$raw" = 1 ]; then
 	[ -x "$build/bench/tcp-raw-loop" ] || usage "$build/bench/tcp-raw-loop is not built (or give --no-raw)"
-	declare -A cell=([--op]=read [--block-size]=64K [--batch]=128 [--depth]=1 [--connections]=1)
-	set -- "${bench_args[@]}"
-	while [ $# -gt 0 ]; do
-		key=${1%%=*}
-		case "$key" in
-		-o | --op) k=--op ;;
-		-b | --block-size) k=--block-size ;;
-		-B | --batch) k=--batch ;;
-		-D | --depth) k=--depth ;;
-		-t | --threads) k=--connections ;;
-		*) k= ;;
-		esac
-		if [ -n "$k" ] && [ "$key" != "$1" ]; then
-			cell[$k]=${1#*=}
-		elif [ -n "$k" ] && [ $# -ge 2 ]; then
-			cell[$k]=$2
-			shift
-		fi
-		shift
-	done
-	case "${cell[--op]}" in
-	read | write) ;;
-	*) usage "the raw loop runs --op read or write (or give --no-raw)" ;;
-	esac
-	for k in --op --block-size --batch --depth --connections; do
-		raw_args+=("$k" "${cell[$k]}")
-	done
+	mapped=$(python3 "$top/bench/benchlib.py" raw-loop-args "${bench_args[@]}" 2>&1) ||
+		usage "$mapped"
+	mapfile -t raw_args <<<"$mapped"
 fi
 
 names=()

@@ -729,12 +729,12 @@ static void bench_json_dbl(JsonBuilder *b, const char *key, double v)
 	json_builder_add_double_value(b, v);
 }
 
-/* steal_pct: the run's steal in percent, null when unknown (negative). */
-static void bench_json_steal(JsonBuilder *b, double steal_pct)
+/* A measurement that may be unknown (negative): null then (steal_pct, cpu_s_*). */
+static void bench_json_known(JsonBuilder *b, const char *key, double v)
 {
-	json_builder_set_member_name(b, "steal_pct");
-	if (steal_pct >= 0.0)
-		json_builder_add_double_value(b, steal_pct);
+	json_builder_set_member_name(b, key);
+	if (v >= 0.0)
+		json_builder_add_double_value(b, v);
 	else
 		json_builder_add_null_value(b);
 }
@@ -797,17 +797,9 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 			json_builder_add_int_value(b, r->lanes_used);
 		else
 			json_builder_add_null_value(b);
-		bench_json_steal(b, r->steal_pct);
-		json_builder_set_member_name(b, "cpu_s_initiator");
-		if (r->cpu_s_initiator >= 0.0)
-			json_builder_add_double_value(b, r->cpu_s_initiator);
-		else
-			json_builder_add_null_value(b);
-		json_builder_set_member_name(b, "cpu_s_target");
-		if (r->cpu_s_target >= 0.0)
-			json_builder_add_double_value(b, r->cpu_s_target);
-		else
-			json_builder_add_null_value(b);
+		bench_json_known(b, "steal_pct", r->steal_pct);
+		bench_json_known(b, "cpu_s_initiator", r->cpu_s_initiator);
+		bench_json_known(b, "cpu_s_target", r->cpu_s_target);
 		bench_json_bool(b, "verify", r->verify);
 		bench_json_bool(b, "verified", r->verified);
 		bench_json_bool(b, "failed", r->failed);
@@ -2444,7 +2436,7 @@ static void bench_core_report(const struct bench_opts *o, const struct te_task_i
 		bench_json_dbl(b, "slices_per_cpu_s", spc);
 		bench_json_dbl(b, "gbps", bench_rate((double)(requests * o->block), seconds) / 1e9);
 		bench_json_dbl(b, "ops_per_s", bench_rate((double)requests, seconds));
-		bench_json_steal(b, steal_pct);
+		bench_json_known(b, "steal_pct", steal_pct);
 		bench_json_bool(b, "verify", o->verify);
 		bench_json_bool(b, "verified", verified);
 		bench_json_str(b, "version", TE_VERSION);
