@@ -4,7 +4,9 @@
 #
 # Usage: mesh_test.sh TE_MESH TCP_RAW_LOOP
 #   Usage errors of te-mesh and mesh.sh exit 2 naming the bad value; a member handed a list
-#   that names another process as itself exits 1 saying so. `mesh.sh --engines 4 --duration 2`
+#   that names another process as itself exits 1 saying so; one handed a list with two peers
+#   swapped reports the bytes it reads from them as differing (the checks can fail) and exits
+#   1. `mesh.sh --engines 4 --duration 2`
 #   exits 0 and its JSON shows: every member opened and used its 3 peers, moved and checked
 #   bytes, no failed task and no verification failure, exit status 0; its data descriptors
 #   (tcp lanes) back to the count before any peer was opened once all closed, none left
@@ -68,6 +70,76 @@ if ! grep -q '^segment: ' "$tmp/w.out" || ! grep -qx ready "$tmp/w.out"; then
 	fail "te-mesh did not print segment and ready: $(cat "$tmp/w.out")"
 fi
 echo "ok: a list naming another process as this member -> 1 ($(head -n 1 "$tmp/w.err"))"
+
+# The byte checks can fail: member 0 is handed a list with members 1 and 2 swapped, so it
+# checks what it reads from each against the other's pattern. It must report bytes that
+# differ, count them in its JSON and exit 1; the two others, given the true list, pass.
+echo "+ 3 te-mesh members, member 0 told that 1 is 2 and 2 is 1"
+python3 - "$mesh" "$tmp" <<'PY' || exit 1
+import json, os, select, subprocess, sys, time
+mesh, tmp = sys.argv[1], sys.argv[2]
+procs, bufs = [], {}
+for i in range(3):
+    procs.append(subprocess.Popen(
+        [mesh, "--id", str(i), "--engines", "3", "--depth", "2", "--sizes", "64K",
+         "--duration", "1", "--warmup", "2"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=open(os.path.join(tmp, f"swap-{i}.err"), "w"), bufsize=0))
+def wait_for(p, word):
+    """stdout lines of p up to the first that starts with word (120 s at most)."""
+    deadline, got = time.monotonic() + 120, []
+    fd = p.stdout.fileno()
+    while time.monotonic() < deadline:
+        while b"\n" in bufs.get(fd, b""):
+            line, bufs[fd] = bufs[fd].split(b"\n", 1)
+            got.append(line.decode(errors="replace"))
+            if got[-1].startswith(word):
+                return got
+        r, _, _ = select.select([fd], [], [], 1.0)
+        if r:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            bufs[fd] = bufs.get(fd, b"") + chunk
+    for q in procs:
+        q.kill()
+    sys.exit(f"FAIL: a member did not print '{word}' (exit {p.poll()}): {got}")
+def send(p, text):
+    p.stdin.write(text.encode())
+names = []
+for p in procs:
+    lines = wait_for(p, "ready")
+    names.append([l for l in lines if l.startswith("segment: ")][0][len("segment: "):])
+true = "".join(f"member {k} {names[k]}\n" for k in range(3))
+swapped = f"member 0 {names[0]}\nmember 1 {names[2]}\nmember 2 {names[1]}\n"
+for i, p in enumerate(procs):
+    send(p, (swapped if i == 0 else true) + "open\n")
+for word, cmd in (("opened", "go"), ("loaded", "close"), ("closed", "end"), ("result", None)):
+    res = [wait_for(p, word) for p in procs]
+    if cmd:
+        for p in procs:
+            send(p, cmd + "\n")
+rows = [json.loads(r[-1][len("result: "):]) for r in res]
+for p in procs:
+    p.stdin.close()
+    p.wait(timeout=60)
+errs = [open(os.path.join(tmp, f"swap-{i}.err")).read() for i in range(3)]
+bad = []
+def check(cond, what):
+    print(("ok: " if cond else "FAIL: ") + what)
+    if not cond:
+        bad.append(what)
+check(procs[0].returncode == 1, f"member 0 exits 1 ({procs[0].returncode})")
+check(rows[0]["verify_failures"] > 0, f"member 0 counts verification failures ({rows[0]['verify_failures']})")
+check("bytes differ at its buffer offset" in errs[0] and "READ from" in errs[0],
+      "member 0 says which READ differed and where: "
+      + next((l for l in errs[0].splitlines() if "bytes differ" in l), "(no such line)"))
+check(rows[0]["failed_tasks"] == 0, "member 0: the transfers themselves completed")
+for i in (1, 2):
+    check(procs[i].returncode == 0 and rows[i]["verify_failures"] == 0
+          and rows[i]["verified_bytes"] > 0, f"member {i} (true list) exits 0, all bytes match")
+sys.exit(1 if bad else 0)
+PY
 
 echo "+ mesh.sh -C $build --engines 4 --duration 2 --json mesh.json"
 timeout 200 "$script" -C "$build" --engines 4 --duration 2 --json "$tmp/mesh.json" >"$tmp/mesh.out" 2>&1
