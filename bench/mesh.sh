@@ -22,7 +22,10 @@
 #   streams (same ops, sizes, requests per batch, requests in flight, byte checks) over
 #   plain pipelined TCP. te pays for what the raw loop does not have: N-1 peers per member
 #   (a random one per batch, 4 lanes each), an engine per process, N processes instead of
-#   one client/server pair per class.
+#   one client/server pair per class, and a larger memory footprint: a te stream's READs
+#   range over the N-1 peers' read areas and its WRITEs over N-1 write areas, where a raw
+#   connection with --verify reuses one batch area (a te-mesh member's buffer is 36 MiB at
+#   32 engines).
 #   --rounds R: R te rounds and R raw rounds, interleaved (te first in odd rounds, raw first
 #   in even ones); GB/s and te/raw are the median over rounds (min-max when R > 1).
 #   Table: startup (member: main() to engine up and buffer registered, plus opening all N-1
