@@ -581,7 +581,14 @@ struct tcp_conn {
 	uint64_t cid, epoch;
 	uint32_t lane;
 	uint64_t accept_ns; /* HELLO/AUTH must complete within hello_timeout_ms of it */
-	uint64_t base_ns;   /* when the HELLO answer was built: request deadlines count from it */
+	/*
+	 * Request deadlines count from it: when the HELLO was read, then again right before the
+	 * first byte of its answer is sent (base_at_send). Either comes before the client's
+	 * base (the answer's arrival there); the second keeps a stall of this side between
+	 * reading the HELLO and answering it out of every deadline of the connection.
+	 */
+	uint64_t base_ns;
+	bool base_at_send;
 	uint64_t frame_start_ns;   /* first byte of the frame being received; 0: none */
 	uint64_t active_ns;	   /* last complete frame (idle timeout) */
 	uint64_t frames;	   /* complete frames so far */

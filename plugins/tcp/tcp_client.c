@@ -432,8 +432,8 @@ static bool tcp_lane_has_output_locked(const struct tcp_lane *l)
 
 /*
  * The request deadline field of @s on @l: milliseconds from the connection's base (when its
- * HELLO answer arrived here), rounded down. The server counts them from when it built that
- * answer, which is earlier in real time, so the server's deadline falls at or before the
+ * HELLO answer arrived here), rounded down. The server counts them from right before it sent
+ * that answer, which is earlier in real time, so the server's deadline falls at or before the
  * slice's: a WRITE byte it takes in before its deadline was taken in before the slice's.
  */
 static uint32_t tcp_deadline_field(const struct tcp_lane *l, const struct te_plugin_slice *s)

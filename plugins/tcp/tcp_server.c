@@ -535,6 +535,7 @@ static enum tcp_srv tcp_conn_handshake(struct tcp_inst *ti, struct tcp_conn *c,
 		return tcp_conn_unauth(ti, c, h, why, why_len,
 				       "HELLO without a client id or epoch");
 	c->base_ns = tcp_now_ns();
+	c->base_at_send = true;
 	if (ti->auth) {
 		uint8_t body[TCP_HELLO_ANS] = { 0 };
 
@@ -732,6 +733,11 @@ static bool tcp_conn_tx_ctl(struct tcp_inst *ti, struct tcp_worker *w, struct tc
 			    bool *blocked)
 {
 	*blocked = false;
+	if (c->base_at_send && c->ctl_off < c->ctl_len) {
+		/* Before the HELLO answer's first byte can reach the client (see base_ns). */
+		c->base_ns = tcp_now_ns();
+		c->base_at_send = false;
+	}
 	while (c->ctl_off < c->ctl_len) {
 		ssize_t r = send(c->fd, c->ctl + c->ctl_off, c->ctl_len - c->ctl_off,
 				 MSG_NOSIGNAL | MSG_DONTWAIT);
