@@ -868,7 +868,17 @@ static void rdma_path_work(struct rdma_inst *ri, struct rdma_path *path)
 	}
 	rdma_path_set_fail(path, st, why, ri->host->now_ns());
 	rdma_log(ri, TE_PLUGIN_LOG_WARN, "%s", rdma_unprefixed(why));
-	if (st == TE_ERR_PEER_UNREACHABLE || st == TE_ERR_TIMEOUT || st == TE_ERR_PEER_RESTARTED)
+	/*
+	 * The core may have unloaded the peer while the handshake ran (its segment closed):
+	 * its handle must not be named to the host after that. Checked again here, not only
+	 * before the handshake, which can take as long as a connect to a dead host. Waiting in
+	 * unload_peer for this call instead would close the race entirely, but unload_peer must
+	 * not block (it runs inside slice_done, and at engine teardown under the segment table's
+	 * write lock, which mark_failed takes for reading).
+	 */
+	if ((st == TE_ERR_PEER_UNREACHABLE || st == TE_ERR_TIMEOUT ||
+	     st == TE_ERR_PEER_RESTARTED) &&
+	    !atomic_load(&peer->closing))
 		ri->host->mark_failed(ri->ctx, TE_PLUGIN_FAIL_PEER, path->l,
 				      (struct te_plugin_peer *)peer, why);
 }
