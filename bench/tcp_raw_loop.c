@@ -70,6 +70,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pattern.h"
 #include "steal.h"
 
 #define RL_EXIT_OK 0
@@ -275,69 +276,6 @@ static const char *rl_size_str(uint64_t v, char *buf, size_t len)
 static const char *rl_op_str(uint8_t op)
 {
 	return op == RL_OP_WRITE ? "write" : "read";
-}
-
-/* --- te-bench's pattern -------------------------------------------------------------------- */
-
-/*
- * Byte o of a buffer is byte o % 8 of mix((o / 8) XOR salt), little-endian; the server's own
- * pattern has salt 0. The same function as te-bench's (tools/te-bench.c), so the bytes each
- * side holds are the same in both programs.
- */
-static uint64_t rl_salt(uint64_t iteration)
-{
-	/* Odd multiplier: distinct iterations give distinct salts; iteration 0 gives 0. */
-	return iteration * UINT64_C(0xd6e8feb86659fd93);
-}
-
-static inline uint64_t rl_word(uint64_t word_index, uint64_t salt)
-{
-	uint64_t x = (word_index ^ salt) * UINT64_C(0x9e3779b97f4a7c15);
-
-	return htole64(x ^ (x >> 29));
-}
-
-static inline uint8_t rl_byte(uint64_t off, uint64_t salt)
-{
-	uint64_t w = le64toh(rl_word(off >> 3, salt));
-
-	return (uint8_t)(w >> (8 * (off & 7)));
-}
-
-static void rl_fill(uint8_t *p, uint64_t off, uint64_t len, uint64_t salt)
-{
-	uint64_t i = 0;
-
-	for (; i < len && ((off + i) & 7); i++)
-		p[i] = rl_byte(off + i, salt);
-	for (; i + 8 <= len; i += 8) {
-		uint64_t w = rl_word((off + i) >> 3, salt);
-
-		memcpy(p + i, &w, 8);
-	}
-	for (; i < len; i++)
-		p[i] = rl_byte(off + i, salt);
-}
-
-/* Index of the first byte of p that differs from the pattern of [off, off + len), or len. */
-static uint64_t rl_check(const uint8_t *p, uint64_t off, uint64_t len, uint64_t salt)
-{
-	uint64_t i = 0;
-
-	for (; i < len && ((off + i) & 7); i++)
-		if (p[i] != rl_byte(off + i, salt))
-			return i;
-	for (; i + 8 <= len; i += 8) {
-		uint64_t w = rl_word((off + i) >> 3, salt), got;
-
-		memcpy(&got, p + i, 8);
-		if (got != w)
-			break;
-	}
-	for (; i < len; i++)
-		if (p[i] != rl_byte(off + i, salt))
-			return i;
-	return len;
 }
 
 static uint8_t *rl_map(uint64_t len)
@@ -656,7 +594,7 @@ static int rl_server(const char *addr, const char *port, uint64_t len, FILE *rep
 		goto out;
 	t0 = rl_now_ns();
 	/* Touches every page before anyone measures, and lays down the pattern. */
-	rl_fill(r.base, 0, len, 0);
+	pattern_fill(r.base, 0, len, 0);
 	lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (lfd < 0) {
 		rl_err("socket: %s", strerror(errno));
@@ -1090,12 +1028,12 @@ static void rl_verify_failed(struct rl_worker *w, const char *what, const uint8_
 		"verify failed after %s: remote offset 0x%" PRIx64 " (request %" PRIu64
 		", byte %" PRIu64 "): got 0x%02x, want 0x%02x",
 		what, off + at, at / w->c->o->block, at % w->c->o->block, p[at],
-		rl_byte(off + at, salt));
+		pattern_byte(off + at, salt));
 }
 
 static uint64_t rl_write_salt(const struct rl_run *c, uint64_t i)
 {
-	return rl_salt(c->salt_base + i + 1);
+	return pattern_salt(c->salt_base + i + 1);
 }
 
 /* --verify (depth 1, one batch area): poison or fill, move, check (WRITE: read back first). */
@@ -1111,14 +1049,14 @@ static void rl_worker_verified(struct rl_worker *w)
 		uint64_t at;
 
 		if (wr)
-			rl_fill(w->data, w->woff, bb, rl_write_salt(c, i));
+			pattern_fill(w->data, w->woff, bb, rl_write_salt(c, i));
 		else
 			memset(w->data, RL_POISON, bb);
 		rl_issue_main(w);
 		if (!rl_drive(w))
 			return;
 		if (!wr) {
-			at = rl_check(w->data, w->roff, bb, 0);
+			at = pattern_check(w->data, w->roff, bb, 0);
 			if (at < bb) {
 				rl_verify_failed(w, "READ", w->data, w->roff, at, 0);
 				return;
@@ -1129,7 +1067,7 @@ static void rl_worker_verified(struct rl_worker *w)
 		rl_issue(w, RL_OP_READ, w->back, w->woff, RL_BATCH_CHECK);
 		if (!rl_drive(w))
 			return;
-		at = rl_check(w->back, w->woff, bb, rl_write_salt(c, i));
+		at = pattern_check(w->back, w->woff, bb, rl_write_salt(c, i));
 		if (at < bb) {
 			rl_verify_failed(w, "WRITE and read-back", w->back, w->woff, at,
 					 rl_write_salt(c, i));

@@ -63,6 +63,8 @@
 
 #include <te/te.h>
 
+#include "pattern.h"
+
 #define MESH_EXIT_OK 0
 #define MESH_EXIT_FAIL 1
 #define MESH_EXIT_USAGE 2
@@ -266,20 +268,11 @@ static bool mesh_may_report(struct mesh *m)
 /* --- pattern ----------------------------------------------------------------------------- */
 
 /*
- * Word i (the 8 bytes at buffer offset 8i) of a region with salt s: i ^ s times an odd
- * constant, then one xorshift (both bijections, so no two words of a region are alike),
- * stored in host order (every member runs on this host). The same cost per word as
- * tcp-raw-loop's pattern, which the raw round checks its bytes against: the two rounds spend
- * the same CPU on checking and differ only in what moves the bytes. The owner's read area
- * has salt mesh_owner_salt(owner); each WRITE batch a fresh salt (mesh_mix).
+ * Regions are filled and checked with bench/pattern.h's pattern, the one tcp-raw-loop checks
+ * the raw round's bytes against, so the two rounds spend the same CPU on checking and differ
+ * only in what moves the bytes. The owner's read area has salt mesh_owner_salt(owner); each
+ * WRITE batch a fresh salt (mesh_mix).
  */
-static inline uint64_t mesh_word(uint64_t i, uint64_t salt)
-{
-	uint64_t x = (i ^ salt) * UINT64_C(0x9e3779b97f4a7c15);
-
-	return x ^ (x >> 29);
-}
-
 /* A full 64-bit mix (splitmix64's finalizer) for seeds and salts, not per word. */
 static inline uint64_t mesh_mix(uint64_t i, uint64_t salt)
 {
@@ -293,29 +286,6 @@ static inline uint64_t mesh_mix(uint64_t i, uint64_t salt)
 static uint64_t mesh_owner_salt(uint32_t owner)
 {
 	return ((uint64_t)owner + 1) * UINT64_C(0x9e3779b97f4a7c15);
-}
-
-/* Offsets and lengths are multiples of 8 (checked at parse time). */
-static void mesh_fill(uint8_t *p, uint64_t off, uint64_t len, uint64_t salt)
-{
-	for (uint64_t i = 0; i < len; i += 8) {
-		uint64_t w = mesh_word((off + i) >> 3, salt);
-
-		memcpy(p + i, &w, 8);
-	}
-}
-
-/* Offset in p of the first word that differs from the pattern, or len. */
-static uint64_t mesh_check(const uint8_t *p, uint64_t off, uint64_t len, uint64_t salt)
-{
-	for (uint64_t i = 0; i < len; i += 8) {
-		uint64_t w = mesh_word((off + i) >> 3, salt), got;
-
-		memcpy(&got, p + i, 8);
-		if (got != w)
-			return i;
-	}
-	return len;
 }
 
 static uint64_t mesh_rand(uint64_t *s)
@@ -850,7 +820,7 @@ static int mesh_engine_up(struct mesh *m)
 	printf("segment: %s\n", m->name);
 	fflush(stdout);
 	/* Touch every page before any sample: RSS deltas then show the engine's own memory. */
-	mesh_fill(m->buf, 0, m->o.read_area, mesh_owner_salt(m->o.id));
+	pattern_fill(m->buf, 0, m->o.read_area, mesh_owner_salt(m->o.id));
 	memset(m->buf + m->o.read_area, 0, m->buf_len - m->o.read_area);
 	memset(m->local, MESH_POISON, m->local_len);
 	m->t_filled = mesh_now_ns();
@@ -1066,12 +1036,15 @@ static void mesh_verify_failed(struct mesh_slot *s, uint32_t peer, const char *w
 			       const uint8_t *p, uint64_t remote_off, uint64_t at, uint64_t salt)
 {
 	struct mesh *m = s->m;
-	uint64_t want = mesh_word((remote_off + at) >> 3, salt), got;
+	uint64_t want, got;
 
 	s->verify_failures++;
 	if (!mesh_may_report(m))
 		return;
+	/* The word that holds the first byte that differs (offsets are multiples of 8). */
+	at &= ~UINT64_C(7);
 	memcpy(&got, p + at, 8);
+	want = pattern_word((remote_off + at) >> 3, salt);
 	mesh_err(m,
 		 "slot %" PRIu32 ": %s from %s (member %" PRIu32 "): bytes differ at its buffer "
 		 "offset %" PRIu64 ": 0x%016" PRIx64 ", expected 0x%016" PRIx64,
@@ -1123,7 +1096,7 @@ static void mesh_read_step(struct mesh_slot *s, uint32_t peer, bool counted)
 	mesh_requests(s, TE_OP_READ, peer, s->data, off);
 	if (!mesh_batch(s, peer, "READ", counted))
 		return;
-	at = mesh_check(s->data, off, s->bb, salt);
+	at = pattern_check(s->data, off, s->bb, salt);
 	if (at < s->bb)
 		mesh_verify_failed(s, peer, "READ", s->data, off, at, salt);
 	else
@@ -1142,7 +1115,7 @@ static void mesh_write_step(struct mesh_slot *s, uint32_t peer, bool counted)
 	uint64_t salt = mesh_mix(++s->seq, ((uint64_t)m->o.id << 32 | s->index) ^ m->o.seed) | 1;
 	uint64_t at;
 
-	mesh_fill(s->data, s->woff, s->bb, salt);
+	pattern_fill(s->data, s->woff, s->bb, salt);
 	mesh_requests(s, TE_OP_WRITE, peer, s->data, s->woff);
 	if (!mesh_batch(s, peer, "WRITE", counted))
 		return;
@@ -1157,7 +1130,7 @@ static void mesh_write_step(struct mesh_slot *s, uint32_t peer, bool counted)
 		return;
 	if (counted)
 		s->readback_bytes += s->bb;
-	at = mesh_check(s->back, s->woff, s->bb, salt);
+	at = pattern_check(s->back, s->woff, s->bb, salt);
 	if (at < s->bb)
 		mesh_verify_failed(s, peer, "WRITE and read-back", s->back, s->woff, at, salt);
 	else

@@ -54,6 +54,7 @@
 #include <te/te.h>
 #include <te/te_plugin.h>
 
+#include "pattern.h"
 #include "steal.h"
 #include "te_build_config.h"
 
@@ -345,64 +346,7 @@ static const char *bench_op_str(enum bench_op op)
 	}
 }
 
-/* --- pattern and memory -------------------------------------------------------------------- */
-
-static uint64_t bench_salt(uint64_t iteration)
-{
-	/* Odd multiplier: distinct iterations give distinct salts; iteration 0 gives 0. */
-	return iteration * UINT64_C(0xd6e8feb86659fd93);
-}
-
-static inline uint64_t bench_word(uint64_t word_index, uint64_t salt)
-{
-	uint64_t x = (word_index ^ salt) * UINT64_C(0x9e3779b97f4a7c15);
-
-	return GUINT64_TO_LE(x ^ (x >> 29));
-}
-
-static inline uint8_t bench_byte(uint64_t off, uint64_t salt)
-{
-	uint64_t w = GUINT64_FROM_LE(bench_word(off >> 3, salt));
-
-	return (uint8_t)(w >> (8 * (off & 7)));
-}
-
-/* Write the pattern of offsets [off, off + len) into p. */
-static void bench_fill(uint8_t *p, uint64_t off, uint64_t len, uint64_t salt)
-{
-	uint64_t i = 0;
-
-	for (; i < len && ((off + i) & 7); i++)
-		p[i] = bench_byte(off + i, salt);
-	for (; i + 8 <= len; i += 8) {
-		uint64_t w = bench_word((off + i) >> 3, salt);
-
-		memcpy(p + i, &w, 8);
-	}
-	for (; i < len; i++)
-		p[i] = bench_byte(off + i, salt);
-}
-
-/* Index of the first byte of p that differs from the pattern of [off, off + len), or len. */
-static uint64_t bench_check(const uint8_t *p, uint64_t off, uint64_t len, uint64_t salt)
-{
-	uint64_t i = 0;
-
-	for (; i < len && ((off + i) & 7); i++)
-		if (p[i] != bench_byte(off + i, salt))
-			return i;
-	for (; i + 8 <= len; i += 8) {
-		uint64_t w = bench_word((off + i) >> 3, salt), got;
-
-		memcpy(&got, p + i, 8);
-		if (got != w)
-			break;
-	}
-	for (; i < len; i++)
-		if (p[i] != bench_byte(off + i, salt))
-			return i;
-	return len;
-}
+/* --- memory (the pattern: bench/pattern.h) -------------------------------------------------- */
 
 /* Anonymous memory, not yet touched (the caller touches it before timing). */
 static uint8_t *bench_map(uint64_t len)
@@ -507,7 +451,7 @@ static bool bench_put(struct te_engine *e, const char *loc, uint8_t *p, uint64_t
 		if (salt == UINT64_MAX)
 			memset(p, byte, len);
 		else
-			bench_fill(p, off, len, salt);
+			pattern_fill(p, off, len, salt);
 		return true;
 	}
 	bounce = g_malloc(MIN(len, BENCH_STAGE));
@@ -518,7 +462,7 @@ static bool bench_put(struct te_engine *e, const char *loc, uint8_t *p, uint64_t
 		if (salt == UINT64_MAX)
 			memset(bounce, byte, k);
 		else
-			bench_fill(bounce, off + at, k, salt);
+			pattern_fill(bounce, off + at, k, salt);
 		st = te_mem_copy(e, p + at, bounce, k);
 		if (st != TE_OK) {
 			bench_err("te_mem_copy to %s: %s: %s", loc, te_status_str(st),
@@ -530,7 +474,7 @@ static bool bench_put(struct te_engine *e, const char *loc, uint8_t *p, uint64_t
 }
 
 /*
- * bench_check of @p (at @loc): the index of the first byte that differs from the pattern, or
+ * pattern_check of @p (at @loc): the index of the first byte that differs from the pattern, or
  * @len; *got_out is that byte. A failing te_mem_copy counts as a difference at its chunk.
  */
 static uint64_t bench_check_at(struct te_engine *e, const char *loc, const uint8_t *p, uint64_t off,
@@ -539,7 +483,7 @@ static uint64_t bench_check_at(struct te_engine *e, const char *loc, const uint8
 	g_autofree uint8_t *bounce = NULL;
 
 	if (!bench_on_device(loc)) {
-		uint64_t at = bench_check(p, off, len, salt);
+		uint64_t at = pattern_check(p, off, len, salt);
 
 		if (at < len)
 			*got_out = p[at];
@@ -556,7 +500,7 @@ static uint64_t bench_check_at(struct te_engine *e, const char *loc, const uint8
 			*got_out = 0;
 			return at;
 		}
-		bad = bench_check(bounce, off + at, k, salt);
+		bad = pattern_check(bounce, off + at, k, salt);
 		if (bad < k) {
 			*got_out = bounce[bad];
 			return at + bad;
@@ -1291,13 +1235,13 @@ static void bench_verify_failed(struct bench_worker *w, const char *what, uint8_
 	bench_err("thread %" PRIu32 ": verify failed after %s: remote offset 0x%" PRIx64
 		  " (request %" PRIu64 ", byte %" PRIu64 "): got 0x%02x, want 0x%02x",
 		  w->idx, what, zone_off + at, at / block, at % block, got,
-		  bench_byte(zone_off + at, salt));
+		  pattern_byte(zone_off + at, salt));
 }
 
 /* Salt of the data a WRITE sends in iteration @i: differs between iterations and runs. */
 static uint64_t bench_write_salt(const struct bench_init *c, uint64_t i)
 {
-	return bench_salt(c->salt_base + i + 1);
+	return pattern_salt(c->salt_base + i + 1);
 }
 
 /* Check the data a batch of iteration @i moved; for WRITE, read it back first. */
@@ -2384,7 +2328,7 @@ static bool bench_core_verify(struct bench_core *c)
 	/* WRITE moved A's data (salt 1) into B; READ and MIX leave B's pattern in both. */
 	bool wr = o->op == BENCH_OP_WRITE;
 	const uint8_t *p = wr ? c->bbuf : c->abuf;
-	uint64_t salt = wr ? bench_salt(1) : 0;
+	uint64_t salt = wr ? pattern_salt(1) : 0;
 	uint8_t got = 0;
 	uint64_t at = bench_check_at(wr ? c->b : c->a, wr ? o->location : o->local_location, p, 0,
 				     c->len, salt, &got);
@@ -2392,7 +2336,7 @@ static bool bench_core_verify(struct bench_core *c)
 	if (at == c->len)
 		return true;
 	bench_err("core: verify failed at offset 0x%" PRIx64 ": got 0x%02x, want 0x%02x", at, got,
-		  bench_byte(at, salt));
+		  pattern_byte(at, salt));
 	return false;
 }
 
@@ -2487,7 +2431,7 @@ static bool bench_core_setup(struct bench_core *c)
 	if (!c->abuf || !c->bbuf)
 		return false;
 	if (!bench_put(c->b, o->location, c->bbuf, 0, c->len, 0, 0) ||
-	    !bench_put(c->a, o->local_location, c->abuf, 0, c->len, bench_salt(1), 0))
+	    !bench_put(c->a, o->local_location, c->abuf, 0, c->len, pattern_salt(1), 0))
 		return false;
 	st = te_mem_register(c->b, c->bbuf, c->len, o->location ? o->location : "cpu",
 			     TE_MEM_REMOTE);
@@ -2558,7 +2502,7 @@ static int bench_core_run(const struct bench_opts *o)
 		goto out;
 	/* Undo what the probe moved, so verify sees only the loop's work. */
 	if (!bench_put(c.b, o->location, c.bbuf, 0, c.len, 0, 0) ||
-	    !bench_put(c.a, o->local_location, c.abuf, 0, c.len, bench_salt(1), 0))
+	    !bench_put(c.a, o->local_location, c.abuf, 0, c.len, pattern_salt(1), 0))
 		goto out;
 
 	for (uint32_t t = 0; t < o->threads; t++, started++) {
