@@ -128,7 +128,12 @@ struct batch {
 	_Atomic uint32_t tasks_released; /* regions/segments/views let go (once) */
 	/* 1 for the user handle + 1 per slice not yet released + temporary users. */
 	_Atomic int64_t refs;
-	struct slice_chunk *chunks;
+	/*
+	 * Slice chunks, newest first. A submit links its chunk only once its slices are built
+	 * and its tasks counted (n_tasks): cancel and the deadline check walk the list from any
+	 * thread (seq_cst, with b->canceled).
+	 */
+	struct slice_chunk *_Atomic chunks;
 	/* Notify armed by te_batch_submit_notify: 0 none, 1 armed, 2 fired or dropped. */
 	_Atomic uint32_t notify_state;
 	GBytes *notify_msg;

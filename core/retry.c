@@ -240,7 +240,7 @@ static void abort_slices(struct batch *b, enum te_status status, uint64_t now, b
 	 * other slices while canceling one (tcp aborts the connection that carries it) reports
 	 * slices that already carry the core's outcome, not a FAILED of its own.
 	 */
-	for (struct slice_chunk *c = b->chunks; c; c = c->next) {
+	for (struct slice_chunk *c = atomic_load(&b->chunks); c; c = c->next) {
 		for (uint32_t i = 0; i < c->n; i++) {
 			struct slice *s = SLICE_AT(c, i);
 			int32_t expect = 0;
@@ -256,7 +256,7 @@ static void abort_slices(struct batch *b, enum te_status status, uint64_t now, b
 				atomic_store_explicit(&s->abort_ns, stamp, memory_order_relaxed);
 		}
 	}
-	for (struct slice_chunk *c = b->chunks; c; c = c->next) {
+	for (struct slice_chunk *c = atomic_load(&b->chunks); c; c = c->next) {
 		for (uint32_t i = 0; i < c->n; i++) {
 			struct slice *s = SLICE_AT(c, i);
 			char why[TE_DETAIL_MAX];

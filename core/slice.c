@@ -981,8 +981,7 @@ rejected:
 		}
 		chunk->n = (uint32_t)total_slices;
 		chunk->stride = e->slice_stride;
-		chunk->next = b->chunks;
-		b->chunks = chunk;
+		/* Linked into b->chunks once built (below), not before: cancel walks it. */
 	}
 
 	/* Pass 2: build slices (the values of the task before while bi is TASK_SAME_TARGET). */
@@ -1056,11 +1055,27 @@ rejected:
 		}
 	}
 
-	/* Publish: from here completions may race with the rest of this function. */
+	/*
+	 * Publish: from here completions may race with the rest of this function. The tasks
+	 * are counted (n_tasks) before the chunk is linked where te_batch_cancel and the
+	 * deadline check find its slices: a slice they end is then counted against all of
+	 * the batch's tasks, and never ends the batch early.
+	 */
 	atomic_fetch_add_explicit(&b->refs, (int64_t)total_slices, memory_order_relaxed);
 	atomic_min_u64(&b->min_deadline_ns, deadline);
 	retry_note_deadline(e, deadline);
 	atomic_store_explicit(&b->n_tasks, base + (uint32_t)n, memory_order_release);
+	if (chunk) {
+		chunk->next = atomic_load_explicit(&b->chunks, memory_order_relaxed);
+		/*
+		 * seq_cst, then the load of canceled: with te_batch_cancel's store of canceled,
+		 * then its load of chunks, one of the two sees the other. A cancel that walked
+		 * the chunks before this one was linked is repeated for it here.
+		 */
+		atomic_store(&b->chunks, chunk);
+		if (atomic_load(&b->canceled))
+			(void)retry_cancel(e, id);
+	}
 	for (i = 0; n_rejected && i < n; i++)
 		if (b->tasks[base + i].invalid)
 			task_terminal(&b->tasks[base + i]);
