@@ -813,9 +813,10 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		l->txh = malloc(TCP_TXH_FRAMES * TCP_HDR_LEN);
 		l->rx.cap = TCP_RBUF_BIG;
 		l->rx.gulp = TCP_GULP;
-		/* Lowest ids on top: a lightly used lane keeps touching the same slots. */
 		for (uint32_t k = 0; l->free_ids && k < ti->max_inflight; k++)
-			l->free_ids[k] = ti->max_inflight - 1 - k;
+			l->free_ids[k] = k;
+		l->free_head = 0;
+		l->free_cap = ti->max_inflight;
 		l->n_free = ti->max_inflight;
 	}
 	for (uint32_t i = 0; i < peer->n_lanes; i++) {

@@ -417,7 +417,17 @@ struct tcp_lane {
 	bool full_refused;
 
 	struct tcp_slot *slots;
+	/*
+	 * Free slot ids, a ring: taken at free_head, given back behind the n_free there (cap:
+	 * max_inflight). First in, first out, so that a lane's slots are taken in id order and
+	 * the answer chain of a long run of requests walks the slot table forwards, not in
+	 * the scrambled order a stack of freed ids falls into (READ 4K x32768 from 2 threads:
+	 * the chain walk 0.073 -> 0.042 us per answer, 1.07x the requests/s; bench/README.md).
+	 * It also leaves a freed id unused for as long as possible before its generation moves.
+	 */
 	uint32_t *free_ids;
+	uint32_t free_head;
+	uint32_t free_cap;
 	uint32_t n_free;
 	uint32_t n_orphan;
 	uint32_t n_canceled;

@@ -18,6 +18,7 @@ static void tcp_report(struct tcp_inst *ti, struct te_plugin_slice *s, enum te_s
 static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 {
 	struct tcp_slot *slot = &l->slots[id];
+	uint32_t tail;
 
 	if (slot->flags & TCP_SLOT_CANCELED)
 		l->n_canceled--;
@@ -30,7 +31,9 @@ static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 	slot->owner = 0;
 	slot->slice = NULL;
 	slot->flags = 0;
-	l->free_ids[l->n_free++] = id;
+	tail = l->free_head + l->n_free;
+	l->free_ids[tail >= l->free_cap ? tail - l->free_cap : tail] = id;
+	l->n_free++;
 	tcp_used_add(l, -1);
 }
 
@@ -1550,9 +1553,11 @@ static enum te_status tcp_check_slice(const struct te_plugin_slice *s, char *why
 static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, uint32_t owner)
 {
 	struct tcp_spriv *p = tcp_priv(s);
-	uint32_t id = l->free_ids[--l->n_free];
+	uint32_t id = l->free_ids[l->free_head];
 	struct tcp_slot *slot = &l->slots[id];
 
+	l->free_head = l->free_head + 1 == l->free_cap ? 0 : l->free_head + 1;
+	l->n_free--;
 	tcp_used_add(l, 1);
 	if (s->length >= TCP_DRV_MAX_SLICE)
 		l->n_big++;
