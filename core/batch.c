@@ -215,6 +215,16 @@ static bool batch_plugin_holds_slices(struct batch *b)
 	return false;
 }
 
+/* Put @b (reset for reuse) into the engine's cache of batches. */
+static void batch_cache_put(struct engine *e, struct batch *b)
+{
+	g_mutex_lock(&e->cache_lock);
+	b->cache_next = e->cache;
+	e->cache = b;
+	e->n_cached++;
+	g_mutex_unlock(&e->cache_lock);
+}
+
 /*
  * Keep a few finished batches, their task arrays and largest slice chunk for
  * reuse: te_batch_new + submit then allocate nothing in a steady loop. Returns
@@ -257,11 +267,7 @@ static bool batch_recycle(struct batch *b)
 	g_free(b->notify_addr);
 	b->notify_addr = NULL;
 	atomic_fetch_sub(&e->live_batches, 1);
-	g_mutex_lock(&e->cache_lock);
-	b->cache_next = e->cache;
-	e->cache = b;
-	e->n_cached++;
-	g_mutex_unlock(&e->cache_lock);
+	batch_cache_put(e, b);
 	return true;
 }
 
@@ -347,6 +353,7 @@ enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_ou
 {
 	struct batch *b;
 	uint32_t slot;
+	bool cached;
 
 	if (!id_out)
 		return log_error(TE_ERR_INVALID_ARG, "te_batch_new: batch_out is NULL");
@@ -357,6 +364,7 @@ enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_ou
 				 "te_batch_new: capacity %u exceeds transfer.max_batch_size %u",
 				 capacity, e->cfg->max_batch_size);
 	b = batch_from_cache(e, capacity);
+	cached = b != NULL;
 	if (!b) {
 		b = g_try_new0(struct batch, 1);
 		if (!b)
@@ -379,10 +387,11 @@ enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_ou
 	g_mutex_lock(&e->slot_lock);
 	if (e->free_head == UINT32_MAX) {
 		g_mutex_unlock(&e->slot_lock);
-		g_mutex_clear(&b->wait_lock);
-		g_cond_clear(&b->wait_cond);
-		g_free(b->tasks);
-		g_free(b);
+		/* One from the cache goes back there, its slice chunk with it (it leaked). */
+		if (cached)
+			batch_cache_put(e, b);
+		else
+			batch_free_cached(b);
 		return log_error(TE_ERR_BUSY,
 				 "te_batch_new: all %u batch slots are in use "
 				 "(transfer.max_batches)",

@@ -74,6 +74,61 @@ static void test_cache(void)
 	te_engine_free(te);
 }
 
+/*
+ * batch_new with every slot in use (TE_ERR_BUSY) after taking a batch from the cache puts it
+ * back, with the slice chunk it keeps; it freed the batch and lost the chunk before. Then
+ * the next batch_new of that size gets it, and it moves data as a fresh one.
+ */
+static void test_cache_busy(void)
+{
+	struct te_engine *te = itest_engine1("A", "loopback", NULL, "max_batches: 2");
+	struct engine *e = fake_engine(te);
+	static char buf[1 << 16];
+	struct te_request r = { .opcode = TE_OP_WRITE,
+				.segment = TE_SEGMENT_LOCAL,
+				.local = buf,
+				.remote = (uintptr_t)(buf + sizeof(buf) / 2),
+				.length = sizeof(buf) / 2 };
+	te_batch_id big, small1, small2, again;
+	struct batch *first, *got;
+	void *spare;
+
+	fake_reset();
+	fake_take_over(e->tps[0]);
+	g_assert_cmpint(te_mem_register(te, buf, sizeof(buf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
+	/* A batch of 256 that moved data: freed, it goes to the cache with its slice chunk. */
+	g_assert_cmpint(batch_new(e, 256, &big), ==, TE_OK);
+	g_assert_cmpint(te_batch_submit(te, big, &r, 1), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(te, big, 5000000000ll), ==, TE_OK);
+	g_assert_cmpint(batch_get(e, big, &first), ==, TE_OK);
+	batch_unref(first);
+	g_assert_cmpint(batch_free(e, big), ==, TE_OK);
+	g_assert_cmpuint(e->n_cached, ==, 1);
+	g_assert_nonnull(first->spare);
+	spare = first->spare;
+	/* Both slots taken by batches too small for the cached one. */
+	g_assert_cmpint(batch_new(e, 4, &small1), ==, TE_OK);
+	g_assert_cmpint(batch_new(e, 4, &small2), ==, TE_OK);
+	g_assert_cmpuint(e->n_cached, ==, 1);
+	/* No slot: the cached batch is taken, then given back with its chunk. */
+	g_assert_cmpint(batch_new(e, 256, &again), ==, TE_ERR_BUSY);
+	g_assert_cmpstr(te_last_error(), !=, NULL);
+	g_assert_nonnull(strstr(te_last_error(), "batch slots are in use"));
+	g_assert_cmpuint(e->n_cached, ==, 1);
+	g_assert_true(e->cache == first);
+	g_assert_true(first->spare == spare);
+	g_assert_cmpint(batch_free(e, small1), ==, TE_OK);
+	g_assert_cmpint(batch_new(e, 256, &again), ==, TE_OK);
+	g_assert_cmpint(batch_get(e, again, &got), ==, TE_OK);
+	g_assert_true(got == first);
+	batch_unref(got);
+	g_assert_cmpint(te_batch_submit(te, again, &r, 1), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(te, again, 5000000000ll), ==, TE_OK);
+	g_assert_cmpint(batch_free(e, again), ==, TE_OK);
+	g_assert_cmpint(batch_free(e, small2), ==, TE_OK);
+	te_engine_free(te);
+}
+
 /* Engine teardown with slices a transport still holds: canceled, handed back, freed. */
 static void test_teardown_held(void)
 {
@@ -298,6 +353,7 @@ int main(int argc, char **argv)
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/batch/handles", test_handles);
 	g_test_add_func("/batch/cache", test_cache);
+	g_test_add_func("/batch/cache-busy", test_cache_busy);
 	g_test_add_func("/batch/teardown-held", test_teardown_held);
 	g_test_add_func("/batch/wait-hybrid", test_wait_hybrid);
 	g_test_add_func("/batch/wait-auto", test_wait_auto);
