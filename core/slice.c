@@ -1326,7 +1326,7 @@ enum te_status slice_submit_notify(struct engine *e, te_batch_id id, const struc
 
 	if (len > TE_NOTIFY_MAX || (len && !msg) || (n && !reqs))
 		return log_error(TE_ERR_INVALID_ARG,
-				 "te_slice_submit_notify: message of %zu bytes (max %u) or NULL "
+				 "te_batch_submit_notify: message of %zu bytes (max %u) or NULL "
 				 "argument",
 				 len, TE_NOTIFY_MAX);
 	for (size_t i = 0; i < n; i++) {
@@ -1334,16 +1334,16 @@ enum te_status slice_submit_notify(struct engine *e, te_batch_id id, const struc
 			seg = reqs[i].segment;
 		if (reqs[i].segment != seg || seg == TE_SEGMENT_LOCAL)
 			return log_error(TE_ERR_INVALID_ARG,
-					 "te_slice_submit_notify: request %zu: all requests must "
+					 "te_batch_submit_notify: request %zu: all requests must "
 					 "target one remote segment",
 					 i);
 	}
 	if (n == 0)
-		return log_error(TE_ERR_INVALID_ARG, "te_slice_submit_notify: no requests");
+		return log_error(TE_ERR_INVALID_ARG, "te_batch_submit_notify: no requests");
 	addr = segment_rpc_address(e, seg);
 	if (!addr)
 		return log_error(TE_ERR_UNKNOWN_SEGMENT,
-				 "te_slice_submit_notify: segment %u is not open or has no "
+				 "te_batch_submit_notify: segment %u is not open or has no "
 				 "control-plane address",
 				 seg);
 	st = batch_get(e, id, &b);
@@ -1351,7 +1351,7 @@ enum te_status slice_submit_notify(struct engine *e, te_batch_id id, const struc
 		return st;
 	if (b->notify_msg) {
 		batch_unref(b);
-		return log_error(TE_ERR_EXISTS, "te_slice_submit_notify: batch already has a "
+		return log_error(TE_ERR_EXISTS, "te_batch_submit_notify: batch already has a "
 						"notify");
 	}
 	b->notify_msg = g_bytes_new(msg, len);

@@ -1907,15 +1907,60 @@ static void test_notify(void)
 	g_assert_cmpuint(g_strv_length(v), ==, 1);
 	g_strfreev(v);
 
+	/* Bad input: refused, nothing appended, the error names the call and the cause. */
+	{
+		struct te_request q = { TE_OP_WRITE, seg, l.p, n->buf + 10, 4096 };
+		struct te_request local = { TE_OP_WRITE, TE_SEGMENT_LOCAL, l.p, 0, 4096 };
+		struct te_batch_info bi;
+		te_batch_id b;
+
+		local.remote = (uintptr_t)l.p + 8192;
+		assert_ok(te_batch_new(e, 2, &b));
+		g_assert_cmpint(te_batch_submit_notify(e, b, &q, 1, msg3, TE_NOTIFY_MAX + 1), ==,
+				TE_ERR_INVALID_ARG);
+		g_assert_nonnull(
+			strstr(te_last_error(), "te_batch_submit_notify: message of 4097"));
+		g_assert_cmpint(te_batch_submit_notify(e, b, &local, 1, "x", 1), ==,
+				TE_ERR_INVALID_ARG);
+		g_assert_nonnull(strstr(te_last_error(),
+					"te_batch_submit_notify: request 0: all "
+					"requests must target one remote segment"));
+		g_assert_cmpint(te_batch_submit_notify(e, b, &q, 0, "x", 1), ==,
+				TE_ERR_INVALID_ARG);
+		g_assert_nonnull(strstr(te_last_error(), "te_batch_submit_notify: no requests"));
+		assert_ok(te_batch_status(e, b, &bi));
+		g_assert_cmpuint(bi.tasks, ==, 0);
+		/* One notify per batch. */
+		assert_ok(te_batch_submit_notify(e, b, &q, 1, "once", 4));
+		g_assert_cmpint(te_batch_submit_notify(e, b, &q, 1, "twice", 5), ==, TE_ERR_EXISTS);
+		g_assert_nonnull(strstr(te_last_error(),
+					"te_batch_submit_notify: batch already has a notify"));
+		watchdog_arm(BATCH_WAIT_NS / S_NS + 30, "te_batch_wait (notify, bad input)");
+		assert_ok(te_batch_wait(e, b, BATCH_WAIT_NS));
+		watchdog_disarm();
+		assert_ok(te_batch_status(e, b, &bi));
+		g_assert_cmpuint(bi.tasks, ==, 1);
+		assert_ok(te_batch_free(e, b));
+	}
+	{
+		g_autofree char *want_once = NULL;
+
+		want_once = g_strdup_printf("notify %s 4 %s", te_engine_name(e), "6f6e6365");
+		v = notifies_wait(n, 2);
+		g_assert_cmpuint(g_strv_length(v), ==, 2);
+		g_assert_cmpstr(v[1], ==, want_once);
+		g_strfreev(v);
+	}
+
 	/* The next completed batch delivers its own, the largest allowed. */
 	notify_batch(e, seg, n, &l, msg3, TE_NOTIFY_MAX, false, TE_OK);
-	v = notifies_wait(n, 2);
-	g_assert_cmpuint(g_strv_length(v), ==, 2);
-	g_assert_cmpstr(v[1], ==, want3);
+	v = notifies_wait(n, 3);
+	g_assert_cmpuint(g_strv_length(v), ==, 3);
+	g_assert_cmpstr(v[2], ==, want3);
 	g_strfreev(v);
 	sleep_ms(1000);
 	v = node_notifies(n);
-	g_assert_cmpuint(g_strv_length(v), ==, 2);
+	g_assert_cmpuint(g_strv_length(v), ==, 3);
 	g_strfreev(v);
 
 	lbuf_free(&l, e);
