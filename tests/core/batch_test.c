@@ -51,6 +51,18 @@ static void test_handles(void)
 	te_engine_free(te);
 }
 
+static char wbuf[1 << 16];
+
+/* A local WRITE of the first half of wbuf to its second half. */
+static struct te_request half_write(void)
+{
+	return (struct te_request){ .opcode = TE_OP_WRITE,
+				    .segment = TE_SEGMENT_LOCAL,
+				    .local = wbuf,
+				    .remote = (uintptr_t)(wbuf + sizeof(wbuf) / 2),
+				    .length = sizeof(wbuf) / 2 };
+}
+
 /* A freed batch goes to the cache and comes back for the next batch_new of its size. */
 static void test_cache(void)
 {
@@ -83,19 +95,14 @@ static void test_cache_busy(void)
 {
 	struct te_engine *te = itest_engine1("A", "loopback", NULL, "max_batches: 2");
 	struct engine *e = fake_engine(te);
-	static char buf[1 << 16];
-	struct te_request r = { .opcode = TE_OP_WRITE,
-				.segment = TE_SEGMENT_LOCAL,
-				.local = buf,
-				.remote = (uintptr_t)(buf + sizeof(buf) / 2),
-				.length = sizeof(buf) / 2 };
+	struct te_request r = half_write();
 	te_batch_id big, small1, small2, again;
 	struct batch *first, *got;
 	void *spare;
 
 	fake_reset();
 	fake_take_over(e->tps[0]);
-	g_assert_cmpint(te_mem_register(te, buf, sizeof(buf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
+	g_assert_cmpint(te_mem_register(te, wbuf, sizeof(wbuf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
 	/* A batch of 256 that moved data: freed, it goes to the cache with its slice chunk. */
 	g_assert_cmpint(batch_new(e, 256, &big), ==, TE_OK);
 	g_assert_cmpint(te_batch_submit(te, big, &r, 1), ==, TE_OK);
@@ -134,19 +141,14 @@ static void test_teardown_held(void)
 {
 	struct te_engine *te = itest_engine1("A", "loopback", NULL, NULL);
 	struct engine *e = fake_engine(te);
-	static char buf[1 << 16];
-	struct te_request r = { .opcode = TE_OP_WRITE,
-				.segment = TE_SEGMENT_LOCAL,
-				.local = buf,
-				.remote = (uintptr_t)(buf + sizeof(buf) / 2),
-				.length = sizeof(buf) / 2 };
+	struct te_request r = half_write();
 	struct te_batch_info info;
 	te_batch_id id;
 
 	fake_reset();
 	fake.hold = true;
 	fake_take_over(e->tps[0]);
-	g_assert_cmpint(te_mem_register(te, buf, sizeof(buf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
+	g_assert_cmpint(te_mem_register(te, wbuf, sizeof(wbuf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
 	g_assert_cmpint(te_batch_new(te, 4, &id), ==, TE_OK);
 	g_assert_cmpint(te_batch_submit(te, id, &r, 1), ==, TE_OK);
 	g_assert_cmpuint(fake.n_held, >, 0);
