@@ -436,6 +436,135 @@ static void test_cancel_storm(gconstpointer data)
 	g_free(s);
 }
 
+/*
+ * Segment churn: each thread opens the target's segment (te_segment_import of its
+ * descriptor: the same id while anyone holds it, reference counted), moves a batch of 1-32
+ * READs and WRITEs through it, frees the batch and closes the segment again, while another
+ * thread cancels live batches at random. When every thread has closed at once, the peer is
+ * unloaded (its tcp lanes closed) and the next import loads it again, while other threads'
+ * canceled slices may still be coming back. Every batch ends OK or CANCELED with each task
+ * counted; a close of a segment whose last batch was freed succeeds, or says BUSY while a
+ * transport still holds that batch's slices, and succeeds once it lets go.
+ */
+struct churn2 {
+	struct storm st;
+	char *json;
+	size_t len;
+	_Atomic uint32_t imports, busy_closes, reloads;
+};
+
+static gpointer churn2_user(gpointer data)
+{
+	struct storm_worker *w = data;
+	struct churn2 *c = (struct churn2 *)(void *)w->st;
+	struct shared *s = c->st.s;
+	GRand *rnd = g_rand_new_with_seed(200 + (guint32)w->idx);
+	struct te_request r[32];
+
+	while (!atomic_load(&c->st.stop)) {
+		uint32_t n = 1 + g_rand_int_range(rnd, 0, 32);
+		struct te_batch_info bi;
+		te_segment_id seg;
+		te_batch_id bid;
+		enum te_status rc;
+		int tries = 0;
+
+		rc = te_segment_import(s->p.a, c->json, c->len, &seg);
+		if (rc != TE_OK) {
+			g_test_message("import: %s: %s", te_status_str(rc), te_last_error());
+			atomic_fetch_add(&s->failures, 1);
+			break;
+		}
+		atomic_fetch_add(&c->imports, 1);
+		for (uint32_t i = 0; i < n; i++) {
+			size_t off = region(w->idx) + (size_t)i * STRIDE;
+
+			r[i] = (struct te_request){ g_rand_boolean(rnd) ? TE_OP_WRITE : TE_OP_READ,
+						    seg, s->la.data + off, itest_raddr(&s->rb, off),
+						    req_len(i) };
+		}
+		if (te_batch_new(s->p.a, n, &bid) != TE_OK) {
+			atomic_fetch_add(&s->failures, 1);
+			break;
+		}
+		atomic_store(&c->st.live[w->idx], bid);
+		rc = te_batch_submit(s->p.a, bid, r, n);
+		if (rc != TE_OK && rc != TE_ERR_CANCELED) {
+			g_test_message("submit: %s: %s", te_status_str(rc), te_last_error());
+			atomic_fetch_add(&s->failures, 1);
+		}
+		rc = te_batch_wait(s->p.a, bid, ITEST_WAIT_NS);
+		if (te_batch_status(s->p.a, bid, &bi) != TE_OK ||
+		    (rc != TE_OK && rc != TE_ERR_CANCELED) ||
+		    bi.completed + bi.canceled != bi.tasks || bi.failed || bi.timed_out) {
+			g_test_message("batch of %u: wait %s, %u completed, %u canceled, %u failed "
+				       "(%s)",
+				       n, te_status_str(rc), bi.completed, bi.canceled, bi.failed,
+				       te_last_error());
+			atomic_fetch_add(&s->failures, 1);
+		}
+		atomic_store(&c->st.live[w->idx], 0);
+		atomic_fetch_add(&c->st.batches, 1);
+		atomic_fetch_add(&c->st.canceled_batches, bi.canceled > 0);
+		if (te_batch_free(s->p.a, bid) != TE_OK)
+			atomic_fetch_add(&s->failures, 1);
+		/* BUSY while a transport still holds slices of the freed batch: let go soon. */
+		while ((rc = te_segment_close(s->p.a, seg)) == TE_ERR_BUSY && tries++ < 5000) {
+			atomic_fetch_add(&c->busy_closes, 1);
+			g_usleep(200);
+		}
+		if (rc != TE_OK) {
+			g_test_message("close: %s: %s", te_status_str(rc), te_last_error());
+			atomic_fetch_add(&s->failures, 1);
+			break;
+		}
+	}
+	g_rand_free(rnd);
+	return NULL;
+}
+
+static void test_segment_churn(gconstpointer data)
+{
+	const char *plugin = data;
+	struct shared *s = g_new0(struct shared, 1);
+	struct churn2 *c = g_new0(struct churn2, 1);
+	struct storm_worker w[THREADS];
+	GThread *th[THREADS], *ct;
+	te_segment_id seg;
+
+	itest_pair_new(&s->p, plugin, NULL, "timeout_ms: 60000");
+	itest_buf_new(&s->la, region(THREADS), 0, 0x10);
+	itest_buf_new(&s->rb, region(THREADS), 0, 0x11);
+	itest_buf_register(&s->la, s->p.a, TE_MEM_LOCAL);
+	itest_buf_register(&s->rb, s->p.b, TE_MEM_REMOTE);
+	assert_ok(te_segment_export(s->p.b, &c->json, &c->len));
+	c->st.s = s;
+	ct = g_thread_new("canceller", storm_canceller, &c->st);
+	for (int t = 0; t < THREADS; t++) {
+		w[t] = (struct storm_worker){ &c->st, t };
+		th[t] = g_thread_new("user", churn2_user, &w[t]);
+	}
+	g_usleep(STORM_MS * 1000);
+	atomic_store(&c->st.stop, true);
+	for (int t = 0; t < THREADS; t++)
+		g_thread_join(th[t]);
+	g_thread_join(ct);
+	g_test_message("%u batches, %u with canceled tasks; %u imports, %u closes said BUSY first",
+		       atomic_load(&c->st.batches), atomic_load(&c->st.canceled_batches),
+		       atomic_load(&c->imports), atomic_load(&c->busy_closes));
+	g_assert_cmpint(atomic_load(&s->failures), ==, 0);
+	g_assert_cmpuint(atomic_load(&c->st.batches), >, 0);
+	/* Every thread closed what it opened: the name is gone, a new import gets it again. */
+	assert_ok(te_segment_import(s->p.a, c->json, c->len, &seg));
+	assert_ok(te_segment_close(s->p.a, seg));
+	te_free(c->json);
+	itest_pair_free(&s->p);
+	itest_buf_free(&s->la);
+	itest_buf_free(&s->rb);
+	g_free(c);
+	g_free(s);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
@@ -447,5 +576,7 @@ int main(int argc, char **argv)
 	g_test_add_data_func("/concurrency/churn/auto", "auto", test_churn);
 	g_test_add_data_func("/concurrency/cancel-storm/loopback", "loopback", test_cancel_storm);
 	g_test_add_data_func("/concurrency/cancel-storm/tcp", "tcp", test_cancel_storm);
+	g_test_add_data_func("/concurrency/segment-churn/loopback", "loopback", test_segment_churn);
+	g_test_add_data_func("/concurrency/segment-churn/tcp", "tcp", test_segment_churn);
 	return g_test_run();
 }
