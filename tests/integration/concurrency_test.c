@@ -565,6 +565,125 @@ static void test_segment_churn(gconstpointer data)
 	g_free(s);
 }
 
+/*
+ * A target unregisters a buffer while peers keep WRITEing into it: once te_mem_unregister
+ * has returned, no byte may land there (a serving thread that checked the range before the
+ * unregister must not move its payload after it). The target flips the buffer between
+ * registered and not; each time it is unregistered it is filled with a canary that must
+ * survive 3 ms of WRITEs aimed at it. Writes complete while it is registered and fail with
+ * TE_ERR_REMOTE_ACCESS while it is not; nothing else. With the tcp server's region check
+ * made to ignore the table's version (by hand, not kept), every round's 64 KiB changed.
+ */
+enum {
+	FLIP_LEN = 64 << 10,
+	FLIP_ROUNDS = 150,
+	FLIP_CANARY = 0x5c
+};
+
+struct flip {
+	struct itest_pair p;
+	struct itest_buf la;
+	uint8_t *x; /* the target's flipping buffer */
+	_Atomic uint32_t completed, rejected, other, landed_late;
+	atomic_bool stop;
+};
+
+static gpointer flip_writer(gpointer data)
+{
+	struct flip *f = data;
+	GRand *rnd = g_rand_new_with_seed(300);
+	struct te_request r[8];
+
+	while (!atomic_load(&f->stop)) {
+		te_batch_id bid;
+
+		for (int i = 0; i < 8; i++) {
+			size_t off = (size_t)g_rand_int_range(rnd, 0, FLIP_LEN / 4096) * 4096;
+
+			r[i] = (struct te_request){ TE_OP_WRITE, f->p.seg, f->la.data + off,
+						    (uint64_t)(uintptr_t)f->x + off, 4096 };
+		}
+		if (te_batch_new(f->p.a, 8, &bid) != TE_OK) {
+			atomic_fetch_add(&f->other, 1);
+			break;
+		}
+		/*
+		 * The statuses are read per task below: a submit may refuse some at once (a
+		 * refreshed descriptor lacks the buffer) and go on with the others; a wait
+		 * reports the first failure.
+		 */
+		if (te_batch_submit(f->p.a, bid, r, 8) == TE_ERR_BATCH_FULL ||
+		    te_batch_wait(f->p.a, bid, ITEST_WAIT_NS) == TE_INPROGRESS)
+			atomic_fetch_add(&f->other, 1);
+		for (uint32_t i = 0; i < 8; i++) {
+			struct te_task_info ti;
+
+			if (te_task_status(f->p.a, bid, i, &ti) != TE_OK)
+				atomic_fetch_add(&f->other, 1);
+			else if (ti.state == TE_STATE_COMPLETED)
+				atomic_fetch_add(&f->completed, 1);
+			else if (ti.status == TE_ERR_REMOTE_ACCESS)
+				atomic_fetch_add(&f->rejected, 1);
+			else {
+				g_test_message("WRITE: %s: %s", te_status_str(ti.status),
+					       ti.detail);
+				atomic_fetch_add(&f->other, 1);
+			}
+		}
+		if (te_batch_free(f->p.a, bid) != TE_OK)
+			atomic_fetch_add(&f->other, 1);
+	}
+	g_rand_free(rnd);
+	return NULL;
+}
+
+static void test_unregister_under_writes(gconstpointer data)
+{
+	const char *plugin = data;
+	struct flip *f = g_new0(struct flip, 1);
+	GThread *th[2];
+
+	itest_pair_new(&f->p, plugin, NULL, "timeout_ms: 60000");
+	itest_buf_new(&f->la, FLIP_LEN, 0, 0x12);
+	memset(f->la.data, 0xab, FLIP_LEN);
+	itest_buf_register(&f->la, f->p.a, TE_MEM_LOCAL);
+	f->x = g_malloc(FLIP_LEN);
+	assert_ok(te_mem_register(f->p.b, f->x, FLIP_LEN, "cpu", TE_MEM_REMOTE));
+	itest_pair_connect(&f->p);
+	for (int t = 0; t < 2; t++)
+		th[t] = g_thread_new("writer", flip_writer, f);
+	for (int round = 0; round < FLIP_ROUNDS; round++) {
+		size_t bad = 0;
+
+		g_usleep(2000);
+		assert_ok(te_mem_unregister(f->p.b, f->x));
+		memset(f->x, FLIP_CANARY, FLIP_LEN);
+		g_usleep(3000);
+		for (size_t i = 0; i < FLIP_LEN; i++)
+			bad += f->x[i] != FLIP_CANARY;
+		if (bad) {
+			g_test_message("round %d: %zu bytes changed after te_mem_unregister", round,
+				       bad);
+			atomic_fetch_add(&f->landed_late, 1);
+		}
+		assert_ok(te_mem_register(f->p.b, f->x, FLIP_LEN, "cpu", TE_MEM_REMOTE));
+	}
+	atomic_store(&f->stop, true);
+	for (int t = 0; t < 2; t++)
+		g_thread_join(th[t]);
+	g_test_message("%d flips: %u WRITEs completed, %u rejected, %u otherwise", FLIP_ROUNDS,
+		       atomic_load(&f->completed), atomic_load(&f->rejected),
+		       atomic_load(&f->other));
+	g_assert_cmpuint(atomic_load(&f->landed_late), ==, 0);
+	g_assert_cmpuint(atomic_load(&f->other), ==, 0);
+	g_assert_cmpuint(atomic_load(&f->completed), >, 0);
+	g_assert_cmpuint(atomic_load(&f->rejected), >, 0);
+	itest_pair_free(&f->p);
+	itest_buf_free(&f->la);
+	g_free(f->x);
+	g_free(f);
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
@@ -578,5 +697,7 @@ int main(int argc, char **argv)
 	g_test_add_data_func("/concurrency/cancel-storm/tcp", "tcp", test_cancel_storm);
 	g_test_add_data_func("/concurrency/segment-churn/loopback", "loopback", test_segment_churn);
 	g_test_add_data_func("/concurrency/segment-churn/tcp", "tcp", test_segment_churn);
+	g_test_add_data_func("/concurrency/unregister-under-writes/tcp", "tcp",
+			     test_unregister_under_writes);
 	return g_test_run();
 }
