@@ -566,32 +566,39 @@ static void test_segment_churn(gconstpointer data)
 }
 
 /*
- * A target unregisters a buffer while peers keep WRITEing into it: once te_mem_unregister
- * has returned, no byte may land there (a serving thread that checked the range before the
- * unregister must not move its payload after it). The target flips the buffer between
- * registered and not; each time it is unregistered it is filled with a canary that must
- * survive 3 ms of WRITEs aimed at it. Writes complete while it is registered and fail with
- * TE_ERR_REMOTE_ACCESS while it is not; nothing else. With the tcp server's region check
- * made to ignore the table's version (by hand, not kept), every round's 64 KiB changed.
+ * A target unregisters a buffer while peers keep moving data to or from it: once
+ * te_mem_unregister has returned, no byte may land there and none may be read from it (a
+ * serving thread that checked the range before the unregister must not move bytes after
+ * it). The target flips the buffer between registered (holding FLIP_LIVE) and not; each
+ * time it is unregistered it is filled with a canary, which must survive 3 ms of WRITEs
+ * aimed at it, and which no READ may return. Requests complete while it is registered and
+ * fail with TE_ERR_REMOTE_ACCESS while it is not; nothing else. With the tcp server's region
+ * check made to ignore the table's version (by hand, not kept), every round's 64 KiB changed
+ * under the WRITEs, and READs returned the canary.
  */
 enum {
 	FLIP_LEN = 64 << 10,
 	FLIP_ROUNDS = 150,
-	FLIP_CANARY = 0x5c
+	FLIP_CANARY = 0x5c,
+	FLIP_LIVE = 0x3c
 };
 
 struct flip {
 	struct itest_pair p;
 	struct itest_buf la;
 	uint8_t *x; /* the target's flipping buffer */
-	_Atomic uint32_t completed, rejected, other, landed_late;
+	enum te_opcode op;
+	_Atomic uint32_t completed, rejected, other, landed_late, read_late, next_worker;
 	atomic_bool stop;
 };
 
-static gpointer flip_writer(gpointer data)
+static gpointer flip_worker(gpointer data)
 {
 	struct flip *f = data;
-	GRand *rnd = g_rand_new_with_seed(300);
+	uint32_t idx = atomic_fetch_add(&f->next_worker, 1);
+	GRand *rnd = g_rand_new_with_seed(300 + idx);
+	/* Each worker its own half of the local buffer: 8 areas of 4 KiB. */
+	uint8_t *mine = f->la.data + (size_t)idx * (FLIP_LEN / 2);
 	struct te_request r[8];
 
 	while (!atomic_load(&f->stop)) {
@@ -600,9 +607,11 @@ static gpointer flip_writer(gpointer data)
 		for (int i = 0; i < 8; i++) {
 			size_t off = (size_t)g_rand_int_range(rnd, 0, FLIP_LEN / 4096) * 4096;
 
-			r[i] = (struct te_request){ TE_OP_WRITE, f->p.seg, f->la.data + off,
+			r[i] = (struct te_request){ f->op, f->p.seg, mine + (size_t)i * 4096,
 						    (uint64_t)(uintptr_t)f->x + off, 4096 };
 		}
+		if (f->op == TE_OP_READ)
+			memset(mine, 0, FLIP_LEN / 2);
 		if (te_batch_new(f->p.a, 8, &bid) != TE_OK) {
 			atomic_fetch_add(&f->other, 1);
 			break;
@@ -618,15 +627,25 @@ static gpointer flip_writer(gpointer data)
 		for (uint32_t i = 0; i < 8; i++) {
 			struct te_task_info ti;
 
-			if (te_task_status(f->p.a, bid, i, &ti) != TE_OK)
+			if (te_task_status(f->p.a, bid, i, &ti) != TE_OK) {
 				atomic_fetch_add(&f->other, 1);
-			else if (ti.state == TE_STATE_COMPLETED)
+			} else if (ti.state == TE_STATE_COMPLETED) {
 				atomic_fetch_add(&f->completed, 1);
-			else if (ti.status == TE_ERR_REMOTE_ACCESS)
+				/* A READ returns what the buffer held while registered. */
+				for (size_t k = 0; f->op == TE_OP_READ && k < 4096; k++) {
+					if (mine[i * 4096 + k] != FLIP_LIVE) {
+						g_test_message("READ returned 0x%02x, not 0x%02x",
+							       mine[i * 4096 + k], FLIP_LIVE);
+						atomic_fetch_add(&f->read_late, 1);
+						break;
+					}
+				}
+			} else if (ti.status == TE_ERR_REMOTE_ACCESS) {
 				atomic_fetch_add(&f->rejected, 1);
-			else {
-				g_test_message("WRITE: %s: %s", te_status_str(ti.status),
-					       ti.detail);
+			} else {
+				g_test_message("%s: %s: %s",
+					       (f->op == TE_OP_READ ? "READ" : "WRITE"),
+					       te_status_str(ti.status), ti.detail);
 				atomic_fetch_add(&f->other, 1);
 			}
 		}
@@ -637,21 +656,22 @@ static gpointer flip_writer(gpointer data)
 	return NULL;
 }
 
-static void test_unregister_under_writes(gconstpointer data)
+static void test_unregister_under_traffic(gconstpointer data)
 {
-	const char *plugin = data;
 	struct flip *f = g_new0(struct flip, 1);
 	GThread *th[2];
 
-	itest_pair_new(&f->p, plugin, NULL, "timeout_ms: 60000");
+	f->op = strcmp(data, "read") ? TE_OP_WRITE : TE_OP_READ;
+	itest_pair_new(&f->p, "tcp", NULL, "timeout_ms: 60000");
 	itest_buf_new(&f->la, FLIP_LEN, 0, 0x12);
-	memset(f->la.data, 0xab, FLIP_LEN);
+	memset(f->la.data, FLIP_LIVE, FLIP_LEN);
 	itest_buf_register(&f->la, f->p.a, TE_MEM_LOCAL);
 	f->x = g_malloc(FLIP_LEN);
+	memset(f->x, FLIP_LIVE, FLIP_LEN);
 	assert_ok(te_mem_register(f->p.b, f->x, FLIP_LEN, "cpu", TE_MEM_REMOTE));
 	itest_pair_connect(&f->p);
 	for (int t = 0; t < 2; t++)
-		th[t] = g_thread_new("writer", flip_writer, f);
+		th[t] = g_thread_new("worker", flip_worker, f);
 	for (int round = 0; round < FLIP_ROUNDS; round++) {
 		size_t bad = 0;
 
@@ -666,15 +686,17 @@ static void test_unregister_under_writes(gconstpointer data)
 				       bad);
 			atomic_fetch_add(&f->landed_late, 1);
 		}
+		memset(f->x, FLIP_LIVE, FLIP_LEN);
 		assert_ok(te_mem_register(f->p.b, f->x, FLIP_LEN, "cpu", TE_MEM_REMOTE));
 	}
 	atomic_store(&f->stop, true);
 	for (int t = 0; t < 2; t++)
 		g_thread_join(th[t]);
-	g_test_message("%d flips: %u WRITEs completed, %u rejected, %u otherwise", FLIP_ROUNDS,
-		       atomic_load(&f->completed), atomic_load(&f->rejected),
-		       atomic_load(&f->other));
+	g_test_message("%d flips: %u %ss completed, %u rejected, %u otherwise", FLIP_ROUNDS,
+		       atomic_load(&f->completed), (f->op == TE_OP_READ ? "READ" : "WRITE"),
+		       atomic_load(&f->rejected), atomic_load(&f->other));
 	g_assert_cmpuint(atomic_load(&f->landed_late), ==, 0);
+	g_assert_cmpuint(atomic_load(&f->read_late), ==, 0);
 	g_assert_cmpuint(atomic_load(&f->other), ==, 0);
 	g_assert_cmpuint(atomic_load(&f->completed), >, 0);
 	g_assert_cmpuint(atomic_load(&f->rejected), >, 0);
@@ -697,7 +719,9 @@ int main(int argc, char **argv)
 	g_test_add_data_func("/concurrency/cancel-storm/tcp", "tcp", test_cancel_storm);
 	g_test_add_data_func("/concurrency/segment-churn/loopback", "loopback", test_segment_churn);
 	g_test_add_data_func("/concurrency/segment-churn/tcp", "tcp", test_segment_churn);
-	g_test_add_data_func("/concurrency/unregister-under-writes/tcp", "tcp",
-			     test_unregister_under_writes);
+	g_test_add_data_func("/concurrency/unregister-under-traffic/tcp/write", "write",
+			     test_unregister_under_traffic);
+	g_test_add_data_func("/concurrency/unregister-under-traffic/tcp/read", "read",
+			     test_unregister_under_traffic);
 	return g_test_run();
 }
