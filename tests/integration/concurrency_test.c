@@ -36,6 +36,31 @@ static size_t req_len(size_t i)
 	return 1 + (i * 131) % (STRIDE - 1);
 }
 
+/*
+ * A pair over @plugin with a local buffer on a and a remote one on b, region(THREADS) bytes
+ * each (seeds @seed and @seed + 1), connected; shared_free undoes it.
+ */
+static struct shared *shared_new(const char *plugin, const char *options, const char *transfer,
+				 size_t guard, uint32_t seed)
+{
+	struct shared *s = g_new0(struct shared, 1);
+
+	itest_pair_new(&s->p, plugin, options, transfer);
+	itest_buf_new(&s->la, region(THREADS), guard, seed);
+	itest_buf_new(&s->rb, region(THREADS), guard, seed + 1);
+	itest_buf_register(&s->la, s->p.a, TE_MEM_LOCAL);
+	itest_buf_register(&s->rb, s->p.b, TE_MEM_REMOTE);
+	return s;
+}
+
+static void shared_free(struct shared *s)
+{
+	itest_pair_free(&s->p);
+	itest_buf_free(&s->la);
+	itest_buf_free(&s->rb);
+	g_free(s);
+}
+
 static gpointer submitter(gpointer data)
 {
 	struct worker *w = data;
@@ -102,15 +127,11 @@ static void test_threads_one_segment(gconstpointer data)
 {
 	const char *progress = data;
 	g_autofree char *opts = g_strdup_printf("progress: %s", progress);
-	struct shared *s = g_new0(struct shared, 1);
+	struct shared *s =
+		shared_new("loopback", opts, "slice_size: 1024, timeout_ms: 60000", 4096, 0xa);
 	struct worker w[THREADS];
 	GThread *th[THREADS], *pt;
 
-	itest_pair_new(&s->p, "loopback", opts, "slice_size: 1024, timeout_ms: 60000");
-	itest_buf_new(&s->la, region(THREADS), 4096, 0xa);
-	itest_buf_new(&s->rb, region(THREADS), 4096, 0xb);
-	itest_buf_register(&s->la, s->p.a, TE_MEM_LOCAL);
-	itest_buf_register(&s->rb, s->p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&s->p);
 	for (int t = 0; t < THREADS; t++)
 		assert_ok(te_batch_new(s->p.a, REQS, &s->bid[t]));
@@ -143,10 +164,7 @@ static void test_threads_one_segment(gconstpointer data)
 		}
 		assert_ok(te_batch_free(s->p.a, s->bid[t]));
 	}
-	itest_pair_free(&s->p);
-	itest_buf_free(&s->la);
-	itest_buf_free(&s->rb);
-	g_free(s);
+	shared_free(s);
 }
 
 /* Churn: each thread creates, submits, waits and frees batches in a loop. */
@@ -207,15 +225,11 @@ static void test_churn(gconstpointer data)
 {
 	const char *progress = data;
 	g_autofree char *opts = g_strdup_printf("progress: %s", progress);
-	struct shared *s = g_new0(struct shared, 1);
+	struct shared *s =
+		shared_new("loopback", opts, "timeout_ms: 60000, max_batches: 8", 0, 0xc);
 	struct worker w[THREADS];
 	GThread *th[THREADS], *ft;
 
-	itest_pair_new(&s->p, "loopback", opts, "timeout_ms: 60000, max_batches: 8");
-	itest_buf_new(&s->la, region(THREADS), 0, 0xc);
-	itest_buf_new(&s->rb, region(THREADS), 0, 0xd);
-	itest_buf_register(&s->la, s->p.a, TE_MEM_LOCAL);
-	itest_buf_register(&s->rb, s->p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&s->p);
 
 	ft = g_thread_new("forger", forger, s);
@@ -238,10 +252,7 @@ static void test_churn(gconstpointer data)
 		else
 			g_assert_true(itest_range_is(&s->la, off, STRIDE, &s->rb, off));
 	}
-	itest_pair_free(&s->p);
-	itest_buf_free(&s->la);
-	itest_buf_free(&s->rb);
-	g_free(s);
+	shared_free(s);
 }
 
 /*
@@ -398,16 +409,11 @@ static gpointer storm_observer(gpointer data)
 static void test_cancel_storm(gconstpointer data)
 {
 	const char *plugin = data;
-	struct shared *s = g_new0(struct shared, 1);
+	struct shared *s = shared_new(plugin, NULL, "timeout_ms: 60000", 0, 0xe);
 	struct storm *st = g_new0(struct storm, 1);
 	struct storm_worker w[THREADS];
 	GThread *th[THREADS], *ct, *ot;
 
-	itest_pair_new(&s->p, plugin, NULL, "timeout_ms: 60000");
-	itest_buf_new(&s->la, region(THREADS), 0, 0xe);
-	itest_buf_new(&s->rb, region(THREADS), 0, 0xf);
-	itest_buf_register(&s->la, s->p.a, TE_MEM_LOCAL);
-	itest_buf_register(&s->rb, s->p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&s->p);
 	st->s = s;
 	ct = g_thread_new("canceller", storm_canceller, st);
@@ -429,11 +435,8 @@ static void test_cancel_storm(gconstpointer data)
 	g_assert_cmpuint(atomic_load(&st->batches), >, 0);
 	g_assert_cmpuint(atomic_load(&st->canceled_batches), >, 0);
 	g_assert_cmpuint(atomic_load(&st->canceled_batches), <, atomic_load(&st->batches));
-	itest_pair_free(&s->p);
-	itest_buf_free(&s->la);
-	itest_buf_free(&s->rb);
 	g_free(st);
-	g_free(s);
+	shared_free(s);
 }
 
 /*
@@ -526,17 +529,12 @@ static gpointer churn2_user(gpointer data)
 static void test_segment_churn(gconstpointer data)
 {
 	const char *plugin = data;
-	struct shared *s = g_new0(struct shared, 1);
+	struct shared *s = shared_new(plugin, NULL, "timeout_ms: 60000", 0, 0x10);
 	struct churn2 *c = g_new0(struct churn2, 1);
 	struct storm_worker w[THREADS];
 	GThread *th[THREADS], *ct;
 	te_segment_id seg;
 
-	itest_pair_new(&s->p, plugin, NULL, "timeout_ms: 60000");
-	itest_buf_new(&s->la, region(THREADS), 0, 0x10);
-	itest_buf_new(&s->rb, region(THREADS), 0, 0x11);
-	itest_buf_register(&s->la, s->p.a, TE_MEM_LOCAL);
-	itest_buf_register(&s->rb, s->p.b, TE_MEM_REMOTE);
 	assert_ok(te_segment_export(s->p.b, &c->json, &c->len));
 	c->st.s = s;
 	ct = g_thread_new("canceller", storm_canceller, &c->st);
@@ -558,11 +556,8 @@ static void test_segment_churn(gconstpointer data)
 	assert_ok(te_segment_import(s->p.a, c->json, c->len, &seg));
 	assert_ok(te_segment_close(s->p.a, seg));
 	te_free(c->json);
-	itest_pair_free(&s->p);
-	itest_buf_free(&s->la);
-	itest_buf_free(&s->rb);
 	g_free(c);
-	g_free(s);
+	shared_free(s);
 }
 
 /*
