@@ -449,17 +449,22 @@ static void test_cancel_storm(gconstpointer data)
  * counted; a close of a segment whose last batch was freed succeeds, or says BUSY while a
  * transport still holds that batch's slices, and succeeds once it lets go.
  */
-struct churn2 {
-	struct storm st;
+struct segchurn {
+	struct storm st; /* its workers' st: segchurn_of finds this */
 	char *json;
 	size_t len;
-	_Atomic uint32_t imports, busy_closes, reloads;
+	_Atomic uint32_t imports, busy_closes;
 };
 
-static gpointer churn2_user(gpointer data)
+static struct segchurn *segchurn_of(struct storm *st)
+{
+	return (struct segchurn *)(void *)((char *)st - offsetof(struct segchurn, st));
+}
+
+static gpointer segchurn_user(gpointer data)
 {
 	struct storm_worker *w = data;
-	struct churn2 *c = (struct churn2 *)(void *)w->st;
+	struct segchurn *c = segchurn_of(w->st);
 	struct shared *s = c->st.s;
 	GRand *rnd = g_rand_new_with_seed(200 + (guint32)w->idx);
 	struct te_request r[32];
@@ -530,7 +535,7 @@ static void test_segment_churn(gconstpointer data)
 {
 	const char *plugin = data;
 	struct shared *s = shared_new(plugin, NULL, "timeout_ms: 60000", 0, 0x10);
-	struct churn2 *c = g_new0(struct churn2, 1);
+	struct segchurn *c = g_new0(struct segchurn, 1);
 	struct storm_worker w[THREADS];
 	GThread *th[THREADS], *ct;
 	te_segment_id seg;
@@ -540,7 +545,7 @@ static void test_segment_churn(gconstpointer data)
 	ct = g_thread_new("canceller", storm_canceller, &c->st);
 	for (int t = 0; t < THREADS; t++) {
 		w[t] = (struct storm_worker){ &c->st, t };
-		th[t] = g_thread_new("user", churn2_user, &w[t]);
+		th[t] = g_thread_new("user", segchurn_user, &w[t]);
 	}
 	g_usleep(STORM_MS * 1000);
 	atomic_store(&c->st.stop, true);
