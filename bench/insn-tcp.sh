@@ -105,8 +105,13 @@ for spec in "${specs[@]}"; do
 done
 
 # sanitized EXE: whether EXE is built with a sanitizer's runtime, which valgrind cannot run.
+# ldd's output is taken whole, then matched: under pipefail, `ldd | grep -q` fails when grep
+# quits at an early match and ldd dies of SIGPIPE.
 sanitized() {
-	ldd "$1" 2>/dev/null | grep -Eq 'lib(a|t|ub)san'
+	local libs
+
+	libs=$(ldd "$1" 2>/dev/null) || true
+	[[ $libs =~ lib(a|t|ub)san ]]
 }
 for exe in ${dirs[@]+"${dirs[@]/%//tools/te-bench}"} ${raw_args[@]+"$build/bench/tcp-raw-loop"}; do
 	! sanitized "$exe" || die "$exe is built with a sanitizer, which valgrind cannot run: use a plain build"

@@ -36,7 +36,8 @@ wait_ready() {
 			tail -n 20 "$6" >&2
 			return 1
 		fi
-		if ask "$3" "$4" | grep -q "$5"; then
+		# Not grep -q: under pipefail an early match could fail the pipeline (SIGPIPE).
+		if ask "$3" "$4" | grep -- "$5" >/dev/null; then
 			return 0
 		fi
 		sleep 0.1
