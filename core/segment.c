@@ -577,6 +577,21 @@ void segment_mark_stale(struct engine *e, struct segment *s)
 		atomic_fetch_add(&e->refresh_pending, 1);
 }
 
+void segment_access_refused(struct engine *e, struct segment *s)
+{
+	uint64_t now, last;
+
+	if (!s)
+		return;
+	now = engine_now_ns();
+	last = atomic_load_explicit(&s->access_refresh_ns, memory_order_relaxed);
+	if (last && now < last + SEGMENT_ACCESS_REFRESH_NS)
+		return;
+	/* One marker per period, whoever wins. */
+	if (atomic_compare_exchange_strong(&s->access_refresh_ns, &last, now))
+		segment_mark_stale(e, s);
+}
+
 enum te_status te_segment_close(struct te_engine *engine, te_segment_id id)
 {
 	ENGINE_OR_FAIL(engine, "te_segment_close");

@@ -53,6 +53,8 @@ struct segment {
 	_Atomic int32_t busy;	  /* live batches that use it */
 	_Atomic uint32_t stale;	  /* a path failure asks for a descriptor refresh */
 	uint64_t last_refresh_ns; /* under engine->seg_lock (write) */
+	/* When a refused access last marked it stale (segment_access_refused); 0: never. */
+	_Atomic uint64_t access_refresh_ns;
 	/* Why the store says the segment left (its key deleted or expired); NULL: present. */
 	char *departed; /* under engine->seg_lock */
 	/*
@@ -93,6 +95,15 @@ void segment_refresh_stale(struct engine *e);
 
 /* A path towards @s failed: refresh its descriptor before the next submit uses it. */
 void segment_mark_stale(struct engine *e, struct segment *s);
+
+/*
+ * The peer behind @s refused an access its descriptor allowed: the descriptor may be stale
+ * (the buffer was registered again, under new keys). Marks @s stale, at most once per
+ * SEGMENT_ACCESS_REFRESH_NS, so that a peer refusing every request costs one descriptor
+ * fetch per period, not one per submit. NULL (the local segment): nothing.
+ */
+#define SEGMENT_ACCESS_REFRESH_NS 100000000ull
+void segment_access_refused(struct engine *e, struct segment *s);
 
 /*
  * segment_watch_event - the store's watch saw segment @name change: @json is its new value

@@ -1221,6 +1221,8 @@ static G_GNUC_NO_INLINE void slice_done_slow(struct transport *tp, struct slice 
 	if (status == TE_ERR_CONN_RESET || status == TE_ERR_PEER_UNREACHABLE ||
 	    status == TE_ERR_PEER_RESTARTED || status == TE_ERR_LINK_DOWN)
 		segment_mark_stale(e, t->seg); /* the peer may have restarted elsewhere */
+	else if (status == TE_ERR_REMOTE_ACCESS)
+		segment_access_refused(e, t->seg);
 	if (te_status_is_retryable(status) && retry_plan(e, s, status, detail))
 		return;
 	if (!atomic_load_explicit(&s->term, memory_order_acquire) &&

@@ -55,6 +55,87 @@ static void test_lookups(void)
 	itest_pair_free(&p);
 }
 
+/*
+ * A transport's TE_ERR_REMOTE_ACCESS for a range the descriptor lists says the descriptor
+ * may be stale (the peer registered the buffer again, under new keys): the segment is marked
+ * for a refresh, at most once per SEGMENT_ACCESS_REFRESH_NS, and the next submit fetches it.
+ */
+static enum te_status refused_write(struct itest_fx *f)
+{
+	struct te_request q = { TE_OP_WRITE, f->p.seg, f->la.data, itest_raddr(&f->rb, 0), 4096 };
+	struct te_task_info ti;
+	te_batch_id b;
+	enum te_status st;
+
+	assert_ok(te_batch_new(f->p.a, 1, &b));
+	assert_ok(te_batch_submit(f->p.a, b, &q, 1));
+	st = itest_wait(f->p.a, b);
+	ti = itest_task(f->p.a, b, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+	g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
+	assert_ok(te_batch_free(f->p.a, b));
+	return st;
+}
+
+static uint32_t seg_stale(struct engine *a, te_segment_id id)
+{
+	uint32_t v;
+
+	segment_read_lock(a);
+	v = atomic_load(&segment_get_locked(a, id)->stale);
+	segment_read_unlock(a);
+	return v;
+}
+
+static void set_access_refresh(struct engine *a, te_segment_id id, uint64_t ns)
+{
+	segment_read_lock(a);
+	atomic_store(&segment_get_locked(a, id)->access_refresh_ns, ns);
+	segment_read_unlock(a);
+}
+
+static void test_access_refused(void)
+{
+	struct itest_fx f;
+	struct engine *a;
+
+	itest_fx_new(&f, "loopback", NULL, NULL, 65536, 0);
+	a = fake_engine(f.p.a);
+	fake_reset();
+	fake_take_over(a->tps[0]);
+	fake.fail_first = TE_ERR_REMOTE_ACCESS;
+	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
+	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 1);
+	/*
+	 * The next submit fetches it again; a refusal within the period marks nothing (the
+	 * last mark is put in the future here, so that no clock decides the outcome).
+	 */
+	set_access_refresh(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
+	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
+	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	/* The period over: marked again. */
+	set_access_refresh(a, f.p.seg, 1);
+	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
+	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 1);
+	/* Other failures do not mark it (the submit itself fetches, clearing the mark). */
+	fake.fail_first = TE_ERR_DEVICE_FAILED;
+	set_access_refresh(a, f.p.seg, 1);
+	{
+		struct te_request q = { TE_OP_WRITE, f.p.seg, f.la.data, itest_raddr(&f.rb, 0),
+					4096 };
+		te_batch_id b;
+
+		assert_ok(te_batch_new(f.p.a, 1, &b));
+		assert_ok(te_batch_submit(f.p.a, b, &q, 1));
+		(void)itest_wait(f.p.a, b);
+		assert_ok(te_batch_free(f.p.a, b));
+		g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	}
+	fake_reset();
+	itest_fx_free(&f);
+}
+
 /* What the core told load_peer_ex last (the loopback plugin's own load_peer does the work). */
 static struct {
 	uint32_t calls, flags, pid;
@@ -178,5 +259,6 @@ int main(int argc, char **argv)
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/segment/lookups", test_lookups);
 	g_test_add_func("/segment/peer-info", test_peer_info);
+	g_test_add_func("/segment/access-refused", test_access_refused);
 	return g_test_run();
 }

@@ -1047,32 +1047,50 @@ static void test_out_of_range(void)
 	/*
 	 * The descriptor says the range is fine, the target no longer has it registered: the
 	 * target's own check must refuse it, as a FAILED task with detail, touching nothing.
+	 * Small requests, and ones whose payload is longer than the target reads at once, in
+	 * one batch: a refusal makes the core fetch the descriptor again (without the buffer),
+	 * and a request submitted after it would be refused at submit instead.
 	 */
 	node_send(n, "unregister");
 	s = node_expect(n, "ok", NODE_REPLY_MS);
-	/* Small requests, and ones whose payload is longer than the target reads at once. */
-	for (unsigned i = 0; i < 4; i++) {
-		uint64_t len = i < 2 ? 65536 : (1u << 20) + 3;
-		struct te_request q = { i % 2 ? TE_OP_READ : TE_OP_WRITE, seg, l.p + (i % 2) * len,
-					n->buf + 4096, len };
+	{
+		struct te_request q[4];
 		int64_t t0 = now_ns();
+		size_t n_bufs = 99;
 
-		b = run_batch(e, &q, 1, &sst, &wst);
+		for (unsigned i = 0; i < 4; i++) {
+			uint64_t len = i < 2 ? 65536 : (1u << 20) + 3;
+
+			q[i] = (struct te_request){ i % 2 ? TE_OP_READ : TE_OP_WRITE, seg,
+						    l.p + (i % 2) * len, n->buf + 4096, len };
+		}
+		b = run_batch(e, q, 4, &sst, &wst);
 		assert_ok(sst);
-		assert_ok(te_task_status(e, b, 0, &ti));
-		g_test_message("%s of %" PRIu64 " bytes of an unregistered range: %s, %s: \"%s\" "
-			       "after %.1f ms",
-			       i % 2 ? "READ" : "WRITE", len, te_state_str(ti.state),
-			       te_status_str(ti.status), ti.detail, (now_ns() - t0) / 1e6);
-		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
-		g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
-		g_assert_cmpstr(ti.detail, !=, "");
-		g_assert_cmpint(wst, ==, ti.status);
+		g_assert_cmpint(wst, ==, TE_ERR_REMOTE_ACCESS);
+		for (unsigned i = 0; i < 4; i++) {
+			assert_ok(te_task_status(e, b, i, &ti));
+			g_test_message("%s of %" PRIu64 " bytes of an unregistered range: %s, %s: "
+				       "\"%s\"",
+				       i % 2 ? "READ" : "WRITE", q[i].length,
+				       te_state_str(ti.state), te_status_str(ti.status), ti.detail);
+			g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+			g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
+			g_assert_cmpstr(ti.detail, !=, "");
+		}
 		/* Refused by the target, not left to run into the 5 s deadline. */
 		if (now_ns() - t0 > 2 * S_NS)
-			g_error("%s of %" PRIu64 " bytes of an unregistered range took %.1f ms to "
-				"fail: the target did not answer every slice",
-				i % 2 ? "READ" : "WRITE", len, (now_ns() - t0) / 1e6);
+			g_error("requests to an unregistered range took %.1f ms to fail: the "
+				"target did not answer every slice",
+				(now_ns() - t0) / 1e6);
+		assert_ok(te_batch_free(e, b));
+		/* The refusals led to a fetch: the fresh descriptor lists no buffer. */
+		assert_ok(te_segment_buffers(e, seg, NULL, 0, &n_bufs));
+		g_assert_cmpuint(n_bufs, ==, 0);
+		b = run_batch(e, q, 1, &sst, &wst);
+		g_assert_cmpint(sst, ==, TE_ERR_REMOTE_ACCESS);
+		assert_ok(te_task_status(e, b, 0, &ti));
+		g_assert_cmpint(ti.state, ==, TE_STATE_INVALID);
+		assert_contains(ti.detail, "outside the registered buffers");
 		assert_ok(te_batch_free(e, b));
 	}
 	assert_node_is(n, mirror, "after requests to an unregistered range");
