@@ -107,6 +107,10 @@ check lo-kill-peer 120 "$GUEST" --scenario kill --config /tmp/lo-kill.yaml \
 	--target-config /tmp/lo.yaml --deadline-ms 10000
 check lo-cancel 180 "$GUEST" --scenario cancel --config /tmp/lo.yaml \
 	--target-config /tmp/lo.yaml
+check lo-unregister-write 180 "$GUEST" --scenario unregister-write --config /tmp/lo.yaml \
+	--target-config /tmp/lo.yaml
+check lo-unregister-read 180 "$GUEST" --scenario unregister-read --config /tmp/lo.yaml \
+	--target-config /tmp/lo.yaml
 check veth-transfer 300 "$GUEST" --scenario transfer --config /tmp/veth-a.yaml \
 	--target-config /tmp/veth-b.yaml
 check te-bench-verify 120 "$BENCH" --loopback --config /tmp/lo.yaml --op mix --block-size 256K \

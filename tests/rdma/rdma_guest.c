@@ -3,9 +3,10 @@
  * hw-rxe checks. */
 
 /*
- *   rdma-guest --target --config FILE [--size BYTES]
+ *   rdma-guest --target --config FILE [--size BYTES] [--flip]
  *       registers a buffer filled with the target pattern, prints "segment:
- * NAME" and "descriptor: BASE64(JSON)", serves until its stdin reaches EOF.
+ * NAME" and "descriptor: BASE64(JSON)", serves until its stdin reaches EOF
+ * (--flip: and a flip buffer, flipped on "flip N" from stdin: target_flip).
  *   rdma-guest --scenario NAME --config FILE --target-config FILE [--down-if
  * DEV] starts a target child (the second te process) with --target-config,
  * imports its descriptor and runs one scenario; exit 0 when it passed: transfer
@@ -20,13 +21,19 @@
  * the second device; cancel  WRITEs of one pattern are canceled in flight: the
  * plugin stops the QPs that carry them before it reports them, WRITEs of another
  * pattern to the same range then complete, and 2 s later the range holds the new
- * pattern. The first half of the target buffer is only ever read (it keeps the
- * target pattern); writes go to the second half.
+ * pattern; unregister-write, unregister-read  (the target started with --flip) the
+ * target unregisters and registers again a 64 KiB buffer, 40 times, while two threads
+ * WRITE into it (READ from it): nothing lands after te_mem_unregister, no READ returns its
+ * canary, requests complete or are refused (TE_ERR_REMOTE_ACCESS, or flushed behind a
+ * refusal on every try), and after the last flip requests complete again under the new
+ * keys. The first half of the target buffer
+ * is only ever read (it keeps the target pattern); writes go to the second half.
  */
 
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,16 +125,71 @@ static struct te_engine *engine_open(const char *config, const char *who)
  * -----------------------------------------------------------------------------
  */
 
-static int run_target(const char *config, uint64_t size)
+/*
+ * The unregister scenarios' buffer on the target (--flip): FLIP_LEN bytes, FLIP_LIVE while
+ * registered. On "flip N" from the initiator, N rounds of: registered for FLIP_ON_MS, then
+ * unregistered and filled with FLIP_CANARY for FLIP_OFF_MS, which must survive the WRITEs
+ * aimed at it (no byte may land once te_mem_unregister has returned), then FLIP_LIVE and
+ * registered again (new keys). Prints "flipped: N rounds, L late" (L: rounds where the
+ * canary changed), or "flipped: error ...".
+ */
+enum {
+	FLIP_LEN = 64 << 10,
+	FLIP_CANARY = 0x5c,
+	FLIP_LIVE = 0x3c,
+	FLIP_ON_MS = 20,
+	FLIP_OFF_MS = 20
+};
+
+static void target_flip(struct te_engine *e, uint8_t *x, unsigned rounds)
+{
+	unsigned late = 0;
+	enum te_status st;
+
+	for (unsigned r = 0; r < rounds; r++) {
+		size_t bad = 0;
+
+		g_usleep(FLIP_ON_MS * 1000);
+		st = te_mem_unregister(e, x);
+		if (st != TE_OK) {
+			say("flipped: error in round %u: te_mem_unregister: %s: %s", r,
+			    te_status_str(st), te_last_error());
+			return;
+		}
+		memset(x, FLIP_CANARY, FLIP_LEN);
+		g_usleep(FLIP_OFF_MS * 1000);
+		for (size_t i = 0; i < FLIP_LEN; i++)
+			bad += x[i] != FLIP_CANARY;
+		if (bad) {
+			say("flip round %u: %zu bytes changed after te_mem_unregister", r, bad);
+			late++;
+		}
+		memset(x, FLIP_LIVE, FLIP_LEN);
+		st = te_mem_register(e, x, FLIP_LEN, "cpu", TE_MEM_REMOTE);
+		if (st != TE_OK) {
+			say("flipped: error in round %u: te_mem_register: %s: %s", r,
+			    te_status_str(st), te_last_error());
+			return;
+		}
+	}
+	say("flipped: %u rounds, %u late", rounds, late);
+}
+
+static int run_target(const char *config, uint64_t size, bool flip)
 {
 	struct te_engine *e = engine_open(config, "target");
-	uint8_t *buf = g_malloc(size);
+	uint8_t *buf = g_malloc(size), *x = NULL;
 	char *json = NULL, line[64];
 	size_t len = 0;
 	enum te_status st;
 
 	fill(buf, size, TARGET_SEED, 0);
 	st = te_mem_register(e, buf, size, "cpu", TE_MEM_REMOTE);
+	if (st == TE_OK && flip) {
+		x = g_malloc(FLIP_LEN);
+		memset(x, FLIP_LIVE, FLIP_LEN);
+		st = te_mem_register(e, x, FLIP_LEN, "cpu", TE_MEM_REMOTE);
+	}
 	if (st != TE_OK) {
 		say("target: te_mem_register: %s: %s", te_status_str(st), te_last_error());
 		return 2;
@@ -141,10 +203,15 @@ static int run_target(const char *config, uint64_t size)
 		say("descriptor: %s", b64);
 	}
 	te_free(json);
-	while (fgets(line, sizeof(line), stdin))
-		;
+	while (fgets(line, sizeof(line), stdin)) {
+		unsigned rounds;
+
+		if (x && sscanf(line, "flip %u", &rounds) == 1)
+			target_flip(e, x, rounds);
+	}
 	te_engine_free(e);
 	g_free(buf);
+	g_free(x);
 	return 0;
 }
 
@@ -159,17 +226,23 @@ struct ctx {
 	uint8_t *loc;	      /* local area: transfers in the first half, read-backs in the
                    second */
 	uint64_t llen;
+	uint64_t xaddr; /* the target's flip buffer (--flip), 0: none */
 	GPid child;
 	int child_in, child_out;
+	FILE *out; /* the target's stdout */
 };
 
-static bool start_target(struct ctx *c, const char *self, const char *tconfig, uint64_t size)
+static bool start_target(struct ctx *c, const char *self, const char *tconfig, uint64_t size,
+			 bool flip)
 {
 	g_autofree char *size_s = g_strdup_printf("%" PRIu64, size);
-	const char *argv[] = { self, "--target", "--config", tconfig, "--size", size_s, NULL };
+	const char *argv[] = {
+		self, "--target", "--config", tconfig, "--size", size_s, flip ? "--flip" : NULL,
+		NULL
+	};
 	g_autoptr(GError) err = NULL;
 	g_autofree guchar *json = NULL;
-	struct te_buffer_info bi;
+	struct te_buffer_info bi[2];
 	gsize jlen = 0;
 	size_t n = 0;
 	FILE *out;
@@ -181,7 +254,7 @@ static bool start_target(struct ctx *c, const char *self, const char *tconfig, u
 		say("cannot start the target: %s", err->message);
 		return false;
 	}
-	out = fdopen(c->child_out, "r");
+	out = c->out = fdopen(c->child_out, "r");
 	while (fgets(line, sizeof(line), out)) {
 		if (!strncmp(line, "descriptor: ", 12)) {
 			g_strchomp(line);
@@ -199,13 +272,20 @@ static bool start_target(struct ctx *c, const char *self, const char *tconfig, u
 		say("te_segment_import: %s: %s", te_status_str(st), te_last_error());
 		return false;
 	}
-	st = te_segment_buffers(c->e, c->seg, &bi, 1, &n);
-	if (st != TE_OK || n < 1) {
-		say("te_segment_buffers: %s", te_status_str(st));
+	st = te_segment_buffers(c->e, c->seg, bi, 2, &n);
+	if (st != TE_OK || n != (flip ? 2u : 1u)) {
+		say("te_segment_buffers: %s, %zu buffers", te_status_str(st), n);
 		return false;
 	}
-	c->raddr = bi.addr;
-	c->rlen = bi.length;
+	/* The flip buffer is the small one. */
+	if (n == 2 && bi[0].length == FLIP_LEN) {
+		c->xaddr = bi[0].addr;
+		bi[0] = bi[1];
+	} else if (n == 2) {
+		c->xaddr = bi[1].addr;
+	}
+	c->raddr = bi[0].addr;
+	c->rlen = bi[0].length;
 	return true;
 }
 
@@ -869,14 +949,177 @@ static bool scenario_cancel(struct ctx *c)
 	return ok;
 }
 
+/*
+ * unregister-write / unregister-read: the target flips its flip buffer between registered
+ * and not (target_flip) while two threads of the initiator WRITE into it (or READ from it)
+ * in batches of 8 x 4 KiB. Once te_mem_unregister has returned on the target, no byte may
+ * land there (its canary survives) and no READ may return it; every request completes or
+ * fails with TE_ERR_REMOTE_ACCESS (the device refuses the old key, or the core's fresh
+ * descriptor lacks the buffer), or with TE_ERR_TRANSIENT when each of its tries was flushed
+ * unexecuted because a refusal ahead of it put its QP in error (they all aim at the
+ * flipping buffer, most under a stale key); nothing else. Each re-registration brings new keys, so
+ * requests complete again only if a refusal makes the core fetch the descriptor again: after
+ * the last flip, a batch must complete within 3 tries.
+ */
+#define FLIP_ROUNDS 40u
+
+struct flipper {
+	struct ctx *c;
+	enum te_opcode op;
+	_Atomic uint32_t completed, rejected, flushed, other, read_late, next;
+	atomic_bool stop;
+};
+
+/* One batch of 8 x 4 KiB between @mine and random places of the flip buffer. */
+static te_batch_id flip_batch(struct flipper *f, GRand *rnd, uint8_t *mine)
+{
+	struct te_request r[8];
+	te_batch_id bid = 0;
+
+	for (int i = 0; i < 8; i++) {
+		uint64_t off = (uint64_t)g_rand_int_range(rnd, 0, FLIP_LEN / 4096) * 4096;
+
+		r[i] = (struct te_request){ f->op, f->c->seg, mine + (size_t)i * 4096,
+					    f->c->xaddr + off, 4096 };
+	}
+	if (f->op == TE_OP_READ)
+		memset(mine, 0, FLIP_LEN / 2);
+	if (te_batch_new(f->c->e, 8, &bid) != TE_OK) {
+		say("  te_batch_new: %s", te_last_error());
+		return 0;
+	}
+	/* Per-task statuses are read after: a submit may refuse some and go on. */
+	if (te_batch_submit(f->c->e, bid, r, 8) == TE_ERR_BATCH_FULL ||
+	    te_batch_wait(f->c->e, bid, WAIT_NS) == TE_INPROGRESS)
+		atomic_fetch_add(&f->other, 1);
+	return bid;
+}
+
+/* Count a finished flip batch's tasks; returns how many completed. */
+static uint32_t flip_count(struct flipper *f, te_batch_id bid, const uint8_t *mine)
+{
+	uint32_t done = 0;
+
+	for (uint32_t i = 0; i < 8; i++) {
+		struct te_task_info ti;
+
+		if (te_task_status(f->c->e, bid, i, &ti) != TE_OK) {
+			atomic_fetch_add(&f->other, 1);
+		} else if (ti.state == TE_STATE_COMPLETED) {
+			done++;
+			atomic_fetch_add(&f->completed, 1);
+			for (size_t k = 0; f->op == TE_OP_READ && k < 4096; k++) {
+				if (mine[i * 4096 + k] != FLIP_LIVE) {
+					say("  READ returned 0x%02x, not 0x%02x",
+					    mine[i * 4096 + k], FLIP_LIVE);
+					atomic_fetch_add(&f->read_late, 1);
+					break;
+				}
+			}
+		} else if (ti.status == TE_ERR_REMOTE_ACCESS) {
+			atomic_fetch_add(&f->rejected, 1);
+		} else if (ti.status == TE_ERR_TRANSIENT &&
+			   strstr(ti.detail, "Flushed Error after remote access error")) {
+			/* Never executed: flushed each try by a refusal ahead of it on its QP. */
+			atomic_fetch_add(&f->flushed, 1);
+		} else {
+			if (atomic_fetch_add(&f->other, 1) < 5)
+				say("  task: %s %s: %s", te_state_str(ti.state),
+				    te_status_str(ti.status), ti.detail);
+		}
+	}
+	batch_free(f->c, bid);
+	return done;
+}
+
+static gpointer flip_worker(gpointer data)
+{
+	struct flipper *f = data;
+	uint32_t idx = atomic_fetch_add(&f->next, 1);
+	GRand *rnd = g_rand_new_with_seed(300 + idx);
+	uint8_t *mine = f->c->loc + f->c->llen / 2 + (size_t)idx * (FLIP_LEN / 2);
+
+	while (!atomic_load(&f->stop)) {
+		te_batch_id bid = flip_batch(f, rnd, mine);
+
+		if (!bid) {
+			atomic_fetch_add(&f->other, 1);
+			break;
+		}
+		flip_count(f, bid, mine);
+	}
+	g_rand_free(rnd);
+	return NULL;
+}
+
+static bool scenario_unregister(struct ctx *c, enum te_opcode op)
+{
+	struct flipper f = { .c = c, .op = op };
+	GRand *rnd = g_rand_new_with_seed(7);
+	uint8_t *mine = c->loc + c->llen / 2 + FLIP_LEN;
+	GThread *th[2];
+	char line[256], cmd[32];
+	bool ok = true, flipped = false;
+	uint32_t tries = 0, late = UINT32_MAX;
+	int len;
+
+	/* WRITEs carry FLIP_LIVE: while registered the buffer keeps holding it. */
+	memset(c->loc + c->llen / 2, FLIP_LIVE, 2 * FLIP_LEN);
+	for (int t = 0; t < 2; t++)
+		th[t] = g_thread_new("flip", flip_worker, &f);
+	len = snprintf(cmd, sizeof(cmd), "flip %u\n", FLIP_ROUNDS);
+	if (write(c->child_in, cmd, (size_t)len) != len) {
+		say("  writing to the target failed: %s", strerror(errno));
+		ok = false;
+	}
+	while (ok && fgets(line, sizeof(line), c->out)) {
+		fputs(line, stdout);
+		if (!strncmp(line, "flipped: ", 9)) {
+			flipped = sscanf(line, "flipped: %*u rounds, %u late", &late) == 1;
+			break;
+		}
+	}
+	atomic_store(&f.stop, true);
+	for (int t = 0; t < 2; t++)
+		g_thread_join(th[t]);
+	say("  %u flips: %u %ss completed, %u refused (TE_ERR_REMOTE_ACCESS), %u flushed by "
+	    "refusals on every try, %u otherwise, %u READs returned the canary",
+	    FLIP_ROUNDS, atomic_load(&f.completed), op == TE_OP_READ ? "READ" : "WRITE",
+	    atomic_load(&f.rejected), atomic_load(&f.flushed), atomic_load(&f.other),
+	    atomic_load(&f.read_late));
+	/* Registered again for good, under keys the initiator has not seen yet. */
+	for (tries = 1; tries <= 3; tries++) {
+		te_batch_id bid;
+
+		g_usleep(150 * 1000); /* past SEGMENT_ACCESS_REFRESH_NS */
+		bid = flip_batch(&f, rnd, mine);
+		if (bid && flip_count(&f, bid, mine) == 8)
+			break;
+	}
+	if (tries <= 3)
+		say("  after the last flip: a whole batch completed at try %u", tries);
+	else
+		say("  after the last flip: no whole batch completed in 3 tries (the refusals did "
+		    "not lead to a fresh descriptor)");
+	g_rand_free(rnd);
+	if (!flipped) {
+		say("  the target reported no flips");
+		ok = false;
+	}
+	ok &= late == 0 && atomic_load(&f.read_late) == 0 && atomic_load(&f.other) == 0 &&
+	      atomic_load(&f.completed) > 0 && atomic_load(&f.rejected) > 0 && tries <= 3;
+	return ok;
+}
+
 int main(int argc, char **argv)
 {
 	g_autofree char *config = NULL, *tconfig = NULL, *scenario = NULL, *down = NULL;
 	gint64 size = 48 * MiB;
-	gboolean target = FALSE;
+	gboolean target = FALSE, flip = FALSE;
 	gint deadline_ms = 10000;
 	GOptionEntry entries[] = {
 		{ "target", 0, 0, G_OPTION_ARG_NONE, &target, "Serve a buffer", NULL },
+		{ "flip", 0, 0, G_OPTION_ARG_NONE, &flip, "target: and a flip buffer", NULL },
 		{ "config", 0, 0, G_OPTION_ARG_FILENAME, &config, "Engine configuration", "FILE" },
 		{ "target-config", 0, 0, G_OPTION_ARG_FILENAME, &tconfig, "Target's", "FILE" },
 		{ "size", 0, 0, G_OPTION_ARG_INT64, &size, "Target buffer bytes", "N" },
@@ -903,7 +1146,7 @@ int main(int argc, char **argv)
 	if (g_getenv("RDMA_GUEST_VERBOSE"))
 		verbose = 1;
 	if (target)
-		return run_target(config, (uint64_t)size);
+		return run_target(config, (uint64_t)size, flip);
 	if (!scenario || !tconfig) {
 		fprintf(stderr, "rdma-guest: --scenario and --target-config are required\n");
 		return 2;
@@ -916,7 +1159,8 @@ int main(int argc, char **argv)
 		say("te_mem_register: %s", te_last_error());
 		return 1;
 	}
-	if (!start_target(&c, argv[0], tconfig, (uint64_t)size))
+	if (!start_target(&c, argv[0], tconfig, (uint64_t)size,
+			  g_str_has_prefix(scenario, "unregister-")))
 		goto out;
 	if (!strcmp(scenario, "transfer"))
 		ok = scenario_transfer(&c);
@@ -928,6 +1172,10 @@ int main(int argc, char **argv)
 		ok = scenario_failover(&c, down);
 	else if (!strcmp(scenario, "cancel"))
 		ok = scenario_cancel(&c);
+	else if (!strcmp(scenario, "unregister-write"))
+		ok = scenario_unregister(&c, TE_OP_WRITE);
+	else if (!strcmp(scenario, "unregister-read"))
+		ok = scenario_unregister(&c, TE_OP_READ);
 	else
 		say("unknown scenario '%s' (or --down-if missing)", scenario);
 out:
