@@ -651,6 +651,100 @@ static void test_unregistered(void)
 	node_free(n);
 }
 
+/*
+ * The target registers its buffer again (te_mem_unregister, then te_mem_register: new keys)
+ * between two of the initiator's transfers, with no failure in between to make the core
+ * fetch the descriptor again. The cached descriptor still lists the range, with the old
+ * keys, so the first request after is refused by the provider (TE_ERR_REMOTE_ACCESS; under
+ * tcp;ofi_rxm TE_ERR_CONN_RESET, below). That failure must make the next submit fetch the
+ * descriptor again, so that a request soon completes. Without it every later request failed until the application imported the
+ * segment anew. shm checks no keys: skipped there.
+ */
+static void test_reregistered(void)
+{
+	const uint64_t len = 65536;
+	struct node *n;
+	struct te_engine *e;
+	te_segment_id seg;
+	uint8_t *mirror;
+	struct lbuf l;
+
+	if (!need_provider())
+		return;
+	if (strcmp(provider, "shm") == 0) {
+		g_test_skip("shm moves RMA with process_vm_readv/writev and checks no keys");
+		return;
+	}
+	n = target_start(30000);
+	e = initiator_new(KILL_TIMEOUT_MS);
+	seg = efa_open(e, n);
+	mirror = mirror_new(n);
+	lbuf_new(&l, e, 4 * len);
+	for (unsigned round = 0; round < 3; round++) {
+		uint64_t off = 4096 + round * len;
+		struct te_request w = { TE_OP_WRITE, seg, l.p, n->buf + off, len };
+		struct te_request r = { TE_OP_READ, seg, l.p + 2 * len, n->buf + off, len };
+		g_autofree char *s1 = NULL, *s2 = NULL;
+		struct te_task_info ti = { 0 };
+		unsigned attempt;
+
+		sysnode_fill(l.p, 0, len, 20 + round);
+		/* A refusal less than SEGMENT_ACCESS_REFRESH_NS after the last may mark nothing. */
+		sleep_ms(150);
+		efa_step("round %u: the target registers its buffer again", round);
+		node_send(n, "unregister");
+		s1 = node_expect(n, "ok", NODE_REPLY_MS);
+		node_send(n, "register");
+		s2 = node_expect(n, "ok", NODE_REPLY_MS);
+		for (attempt = 1; attempt <= 4; attempt++) {
+			te_batch_id b;
+
+			assert_ok(te_batch_new(e, 1, &b));
+			assert_ok(te_batch_submit(e, b, &w, 1));
+			watchdog_arm(60, "te_batch_wait (WRITE after the target registered again)");
+			g_assert_cmpint(te_batch_wait(e, b, 30 * S_NS), !=, TE_INPROGRESS);
+			watchdog_disarm();
+			assert_ok(te_task_status(e, b, 0, &ti));
+			assert_ok(te_batch_free(e, b));
+			g_test_message("round %u, attempt %u: WRITE %s %s%s%s", round, attempt,
+				       te_state_str(ti.state), te_status_str(ti.status),
+				       ti.detail[0] ? ": " : "", ti.detail);
+			if (ti.state == TE_STATE_COMPLETED)
+				break;
+			/*
+			 * The old key, refused by the target's provider: nothing written.
+			 * tcp;ofi_rxm closes the connection on it (TE_ERR_CONN_RESET once its
+			 * retries on new connections meet the same refusal), which also makes
+			 * the core fetch the descriptor again. The next request may still meet
+			 * the closed connection (the same error) before rxm connects again:
+			 * up to 4 tries, 100 ms apart.
+			 */
+			g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+			if (ti.status != TE_ERR_REMOTE_ACCESS && ti.status != TE_ERR_CONN_RESET)
+				g_error("round %u: WRITE under the old key: %s, expected %s or %s",
+					round, te_status_str(ti.status),
+					te_status_str(TE_ERR_REMOTE_ACCESS),
+					te_status_str(TE_ERR_CONN_RESET));
+			sleep_ms(100);
+		}
+		if (attempt > 4)
+			g_error("round %u: no WRITE completed in 4 attempts after the target "
+				"registered its buffer again: the failures did not lead to a fresh "
+				"descriptor",
+				round);
+		memcpy(mirror + n->guard + off, l.p, len);
+		memset(l.p + 2 * len, 0, len);
+		run_ok(e, &r, 1);
+		assert_bytes(l.p + 2 * len, l.p, len, "READ back after the new registration");
+	}
+	assert_node_is(n, mirror, "after the target registered its buffer again");
+	lbuf_free(&l, e);
+	assert_ok(te_segment_close(e, seg));
+	efa_free(e);
+	g_free(mirror);
+	node_free(n);
+}
+
 /* The thread that strikes once the batch has moved its first bytes. */
 struct fault {
 	struct te_engine *e;
@@ -1562,6 +1656,7 @@ int main(int argc, char **argv)
 	add_case("/efa/progress-modes", test_progress_modes);
 	add_case("/efa/out-of-range", test_out_of_range);
 	add_case("/efa/unregistered", test_unregistered);
+	add_case("/efa/reregistered", test_reregistered);
 	add_case("/efa/kill-mid-batch", test_kill_mid_batch);
 	add_case("/efa/freeze-mid-batch", test_freeze_mid_batch);
 	add_case("/efa/no-late-write", test_no_late_write);
