@@ -126,6 +126,10 @@ static const struct te_plugin_option rdma_options[] = {
 			     "time for a peer's QP exchange"),
 	TE_PLUGIN_OPTION_INT("reconnect_backoff_ms", "200", 0, 600000,
 			     "pause before reconnecting to a peer after a failure"),
+	TE_PLUGIN_OPTION_INT("key_refused_hold_ms", "1000", 0, 600000,
+			     "after the peer refused a region's remote key (unregistered, or "
+			     "registered again), requests under that key fail at once for this "
+			     "long instead of breaking QPs (0: never)"),
 	TE_PLUGIN_OPTION_INT("poll_spin_us", "50", 0, 10000000,
 			     "the poller spins this long before it sleeps"),
 	TE_PLUGIN_OPTION_INT("poll_nap_us", "1000", 0, 100000, "the sleeping poller's longest nap"),
@@ -197,6 +201,7 @@ static enum te_status rdma_parse_options(struct rdma_inst *ri)
 	ri->mtu_cap = mtus[te_plugin_opt_choice(h, ri->ctx, "mtu", rdma_mtus, 4)];
 	ri->handshake_timeout_ms = (uint32_t)rdma_opt(ri, "handshake_timeout_ms");
 	ri->reconnect_backoff_ms = (uint32_t)rdma_opt(ri, "reconnect_backoff_ms");
+	ri->key_refused_hold_ns = rdma_opt(ri, "key_refused_hold_ms") * 1000000ull;
 	ri->spin_ns = rdma_opt(ri, "poll_spin_us") * 1000;
 	ri->nap_ns = rdma_opt(ri, "poll_nap_us") * 1000;
 	ri->gpu_direct = (enum rdma_gpu_direct)te_plugin_opt_choice(h, ri->ctx, "gpu_direct",

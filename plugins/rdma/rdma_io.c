@@ -292,6 +292,14 @@ static void rdma_want_path(struct rdma_path *path)
 	rdma_conn_queue_path(path->peer->ri, path);
 }
 
+/* The peer refused @k's key less than key_refused_hold_ms ago (rdma_rkey.refused_ns). */
+static inline bool rdma_key_refused(struct rdma_inst *ri, const struct rdma_rkey *k)
+{
+	uint64_t at = atomic_load_explicit(&k->refused_ns, memory_order_relaxed);
+
+	return at != 0 && ri->host->now_ns() - at < ri->key_refused_hold_ns;
+}
+
 /*
  * Choose a QP for @s and reserve a slot on it. TE_OK: *q_out; TE_ERR_AGAIN: back-pressure
  * (nothing reserved); another status: the slice fails with it (@why says why).
@@ -321,6 +329,16 @@ static enum te_status rdma_route(struct rdma_inst *ri, struct te_plugin_slice *s
 			 RDMA_NAME ": local range [%p, +%" PRIu64 ") is outside its registration",
 			 s->local, s->length);
 		return TE_ERR_OUT_OF_RANGE;
+	}
+	if (rdma_key_refused(ri, k)) {
+		snprintf(why, wlen,
+			 RDMA_NAME
+			 ": the peer refused the remote key of [0x%" PRIx64 ", +%" PRIu64
+			 ") for an earlier request: it unregistered the buffer, or "
+			 "registered it again under new keys (the next submit fetches its "
+			 "descriptor again)",
+			 k->addr, k->length);
+		return TE_ERR_REMOTE_ACCESS;
 	}
 	if (s->remote < k->addr || s->length > k->length ||
 	    s->remote - k->addr > k->length - s->length || !(k->access & need)) {
@@ -731,6 +749,14 @@ static struct te_plugin_slice *rdma_complete(struct rdma_inst *ri, const struct 
 		int ready = RDMA_QP_READY;
 		bool first = atomic_compare_exchange_strong(&q->state, &ready, RDMA_QP_ERROR);
 
+		/* As posted (not altered by test_fault), the request was inside its key's region. */
+		if (wc->status == IBV_WC_REM_ACCESS_ERR && ri->key_refused_hold_ns &&
+		    slot->wr.wr.rdma.rkey == p->rkey && slot->wr.wr.rdma.remote_addr == s->remote) {
+			uint64_t now = ri->host->now_ns();
+
+			atomic_store_explicit(&((struct rdma_rkey *)s->rkey)->refused_ns,
+					      now ? now : 1, memory_order_relaxed);
+		}
 		if (first) {
 			snprintf(q->err, sizeof(q->err), "%s (vendor error 0x%x)",
 				 ibv_wc_status_str(wc->status), wc->vendor_err);
@@ -739,7 +765,19 @@ static struct te_plugin_slice *rdma_complete(struct rdma_inst *ri, const struct 
 				 ri->devs[path->l].name, peer->name, peer->rdev[path->r].name,
 				 q->qpn, rdma_op_text(wc, s), s->length, q->err);
 		}
-		if (wc->status == IBV_WC_WR_FLUSH_ERR && !first) {
+		if (wc->status == IBV_WC_WR_FLUSH_ERR &&
+		    rdma_key_refused(ri, (const struct rdma_rkey *)s->rkey)) {
+			/* Not executed, and it would be refused: retrying it only breaks a QP. */
+			st = TE_ERR_REMOTE_ACCESS;
+			cls = RDMA_FAIL_REMOTE;
+			snprintf(p->detail, sizeof(p->detail),
+				 RDMA_NAME
+				 ": %s %" PRIu64 " B %s -> %s/%s (QP 0x%x): not executed; "
+				 "the peer refused this region's remote key 0x%x for another "
+				 "request (unregistered, or registered again)",
+				 rdma_op_text(wc, s), s->length, ri->devs[path->l].name, peer->name,
+				 peer->rdev[path->r].name, q->qpn, p->rkey);
+		} else if (wc->status == IBV_WC_WR_FLUSH_ERR && !first) {
 			int ev = atomic_load(&q->err_event);
 
 			snprintf(p->detail, sizeof(p->detail),

@@ -282,6 +282,15 @@ struct rdma_rkey {
 	uint32_t n_pref;
 	uint8_t pref[RDMA_MAX_DEVS];
 	uint64_t valid_mask; /* the peer's devices that hold keys for the region */
+	/*
+	 * When (host now_ns) the peer refused one of these keys for a request inside the
+	 * region, as checked at submit; 0: never. The registration is gone there (unregistered,
+	 * or registered again under new keys): for key_refused_hold_ms, requests under it fail
+	 * at submit, and its flushed requests are not retried, instead of putting QP after QP
+	 * in error and flushing the other requests on them. A fresh descriptor brings a fresh
+	 * key object.
+	 */
+	_Atomic uint64_t refused_ns;
 	struct rdma_rkey *prev, *next;
 	uint32_t keys[]; /* [r * n_chunks + c] */
 };
@@ -372,8 +381,9 @@ struct rdma_inst {
 	enum ibv_mtu mtu_cap;
 	uint32_t handshake_timeout_ms;
 	uint32_t reconnect_backoff_ms;
-	uint64_t spin_ns; /* poll_spin_us */
-	uint64_t nap_ns;  /* poll_nap_us */
+	uint64_t key_refused_hold_ns; /* option key_refused_hold_ms */
+	uint64_t spin_ns;	      /* poll_spin_us */
+	uint64_t nap_ns;	      /* poll_nap_us */
 	struct rdma_topo topo[RDMA_MAX_TOPO];
 	uint32_t n_topo;
 	enum rdma_fault fault;

@@ -384,7 +384,9 @@ static void test_wc_status(gconstpointer data)
 	fakeverbs_add_device("a0", NULL);
 	fakeverbs_add_device("b0", NULL);
 	fakeverbs_add_device("b1", NULL);
-	fx_new(&f, "devices: a0", "devices: \"b0,b1\"", "timeout_ms: 20000, retries: 0", MiB);
+	/* key_refused_hold_ms: 0: other traffic to the region goes on (test_key_refused). */
+	fx_new(&f, "devices: a0, key_refused_hold_ms: 0", "devices: \"b0,b1\"",
+	       "timeout_ms: 20000, retries: 0", MiB);
 	fakeverbs_fail_wr("a0", 1, c->wc);
 	r[0] = req(&f, TE_OP_WRITE, 0, 0, 4096);
 	bid = run(&f, r, 1, &st);
@@ -404,7 +406,8 @@ static void test_wc_status(gconstpointer data)
 	fakeverbs_add_device("a0", NULL);
 	fakeverbs_add_device("b0", NULL);
 	fakeverbs_add_device("b1", NULL);
-	fx_new(&f, "devices: a0", "devices: \"b0,b1\"", "timeout_ms: 20000, retries: 3", MiB);
+	fx_new(&f, "devices: a0, key_refused_hold_ms: 0", "devices: \"b0,b1\"",
+	       "timeout_ms: 20000, retries: 3", MiB);
 	fakeverbs_fail_wr("a0", 1, c->wc);
 	r[0] = req(&f, TE_OP_READ, 0, 0, 4096);
 	bid = run(&f, r, 1, &st);
@@ -462,6 +465,57 @@ static void test_flush_in_flight(void)
 	g_assert_cmpuint(fakeverbs_qps_live("a0"), <=, 1);
 	g_assert_cmpuint(fakeverbs_qps_live("b0"), <=, 2);
 	g_free(r);
+	fx_free(&f);
+}
+
+/*
+ * The peer refuses a region's key for a request inside the region (its registration is gone
+ * there): the requests flushed behind it under the same key end TE_ERR_REMOTE_ACCESS at once
+ * rather than being retried (each retry would put another QP in error, and flush what else
+ * it carries), and for key_refused_hold_ms new requests under the key fail at submit,
+ * posting nothing. test_wc_status runs with key_refused_hold_ms: 0: retried and posted.
+ */
+static void test_key_refused(void)
+{
+	struct te_request r[16];
+	struct te_task_info ti;
+	enum te_status st;
+	te_batch_id bid;
+	uint64_t wrs;
+	struct fx f;
+
+	fakeverbs_add_device("a0", NULL);
+	fakeverbs_add_device("b0", NULL);
+	fx_new(&f, "devices: a0, qp_per_peer: 1, key_refused_hold_ms: 600000", "devices: b0",
+	       "timeout_ms: 20000, retries: 3", 4 * MiB);
+	roundtrip(&f, 4096, 4);
+	fakeverbs_hold(true);
+	fakeverbs_fail_wr("a0", 1, IBV_WC_REM_ACCESS_ERR);
+	for (size_t i = 0; i < 16; i++)
+		r[i] = req(&f, TE_OP_WRITE, i * 65536, i * 65536, 65536);
+	assert_ok(te_batch_new(f.a, 16, &bid));
+	assert_ok(te_batch_submit(f.a, bid, r, 16));
+	sleep_ms(50);
+	fakeverbs_hold(false);
+	assert_status(itest_wait(f.a, bid), TE_ERR_REMOTE_ACCESS);
+	for (uint32_t i = 0; i < 16; i++) {
+		ti = itest_task(f.a, bid, i);
+		g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+		g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
+		g_assert_cmpuint(ti.retries, ==, 0);
+		assert_contains(ti.detail, i == 0 ? "remote access error" : "not executed");
+	}
+	assert_ok(te_batch_free(f.a, bid));
+	/* Under the refused key: refused at submit, nothing posted. */
+	wrs = fakeverbs_wrs("a0");
+	r[0] = req(&f, TE_OP_READ, 0, 0, 4096);
+	bid = run(&f, r, 1, &st);
+	ti = itest_task(f.a, bid, 0);
+	g_assert_cmpint(ti.state, ==, TE_STATE_FAILED);
+	g_assert_cmpint(ti.status, ==, TE_ERR_REMOTE_ACCESS);
+	assert_contains(ti.detail, "refused the remote key");
+	g_assert_cmpuint(fakeverbs_wrs("a0"), ==, wrs);
+	assert_ok(te_batch_free(f.a, bid));
 	fx_free(&f);
 }
 
@@ -1373,6 +1427,7 @@ int main(int argc, char **argv)
 	}
 	g_test_add_func("/rdma/fake/flush-in-flight", test_flush_in_flight);
 	g_test_add_func("/rdma/fake/remote-access-isolated", test_remote_access_isolated);
+	g_test_add_func("/rdma/fake/key-refused", test_key_refused);
 	g_test_add_func("/rdma/fake/local-failover", test_local_failover);
 	g_test_add_func("/rdma/fake/post-send-error", test_post_send_error);
 	g_test_add_func("/rdma/fake/port-events", test_port_events);
