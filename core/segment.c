@@ -341,6 +341,11 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 			old->stale = true;
 			s->view = v;
 			v = NULL;
+			/*
+			 * A refusal just led somewhere new: the next one (the peer registering
+			 * again) may ask for a fetch at once (segment_access_refused).
+			 */
+			atomic_store_explicit(&s->access_refresh_ns, 0, memory_order_relaxed);
 		}
 		if (!refresh)
 			s->open_count++;

@@ -100,7 +100,8 @@ void segment_mark_stale(struct engine *e, struct segment *s);
  * The peer behind @s refused an access its descriptor allowed: the descriptor may be stale
  * (the buffer was registered again, under new keys). Marks @s stale, at most once per
  * SEGMENT_ACCESS_REFRESH_NS, so that a peer refusing every request costs one descriptor
- * fetch per period, not one per submit. NULL (the local segment): nothing.
+ * fetch per period, not one per submit; a fetch that changed the descriptor ends the
+ * period (segment_import_desc). NULL (the local segment): nothing.
  */
 #define SEGMENT_ACCESS_REFRESH_NS 100000000ull
 void segment_access_refused(struct engine *e, struct segment *s);

@@ -118,6 +118,25 @@ static void test_access_refused(void)
 	set_access_refresh(a, f.p.seg, 1);
 	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
 	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 1);
+	/*
+	 * A fetch that brings a changed descriptor (here: B registered one more buffer) ends
+	 * the period: the next refusal marks the segment at once.
+	 */
+	{
+		struct itest_buf more;
+		size_t n_bufs = 0;
+
+		itest_buf_new(&more, 4096, 0, 3);
+		itest_buf_register(&more, f.p.b, TE_MEM_REMOTE);
+		set_access_refresh(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
+		assert_ok(te_segment_buffers(f.p.a, f.p.seg, NULL, 0, &n_bufs));
+		g_assert_cmpuint(n_bufs, ==, 2);
+		g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+		g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
+		g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 1);
+		assert_ok(te_mem_unregister(f.p.b, more.base));
+		itest_buf_free(&more);
+	}
 	/* Other failures do not mark it (the submit itself fetches, clearing the mark). */
 	fake.fail_first = TE_ERR_DEVICE_FAILED;
 	set_access_refresh(a, f.p.seg, 1);
