@@ -1077,7 +1077,7 @@ static gpointer flip_bystander(gpointer data)
 		    te_batch_wait(c->e, bid, WAIT_NS) == TE_INPROGRESS)
 			say("  bystander: submit or wait: %s", te_last_error());
 		for (uint32_t i = 0; i < 8; i++) {
-			struct te_task_info ti;
+			struct te_task_info ti = { 0 }; /* printed below even if the call fails */
 
 			if (te_task_status(c->e, bid, i, &ti) == TE_OK &&
 			    ti.state == TE_STATE_COMPLETED) {
