@@ -84,6 +84,7 @@ struct engine {
 	struct rpc_client *rpc_client;
 	struct metadata *md;
 	_Atomic uint32_t refresh_pending; /* segments flagged stale */
+	_Atomic uint64_t refreshes;	  /* descriptors fetched for them (segment_refresh_stale) */
 	GMutex notify_lock;
 	GQueue *inbox;		/* struct inbox_msg * received (core/control.c) */
 	GHashTable *inbox_seen; /* dedup keys "host/sender/gen/seq" */

@@ -301,6 +301,9 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 		if (s && segment_same_view(s->view, desc, refresh)) {
 			if (!refresh)
 				s->open_count++;
+			else /* nothing new: misses and refusals wait (segment_refetch) */
+				atomic_store_explicit(&s->unchanged_ns, engine_now_ns(),
+						      memory_order_relaxed);
 			segment_present_locked(e, s);
 			*id_out = s->id;
 			g_rw_lock_writer_unlock(&e->seg_lock);
@@ -342,10 +345,13 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 			s->view = v;
 			v = NULL;
 			/*
-			 * A refusal just led somewhere new: the next one (the peer registering
-			 * again) may ask for a fetch at once (segment_access_refused).
+			 * A miss or refusal just led somewhere new: the next one (the peer
+			 * registering again) may ask for a fetch at once (segment_refetch).
 			 */
-			atomic_store_explicit(&s->access_refresh_ns, 0, memory_order_relaxed);
+			atomic_store_explicit(&s->unchanged_ns, 0, memory_order_relaxed);
+		} else if (refresh) {
+			atomic_store_explicit(&s->unchanged_ns, engine_now_ns(),
+					      memory_order_relaxed);
 		}
 		if (!refresh)
 			s->open_count++;
@@ -486,6 +492,7 @@ void segment_refresh_stale(struct engine *e)
 
 		uint64_t t0 = engine_now_ns();
 
+		atomic_fetch_add_explicit(&e->refreshes, 1, memory_order_relaxed);
 		if (metadata_fetch_descriptor(e, key, SEGMENT_REFRESH_TIMEOUT_MS, &d, &err) !=
 		    TE_OK) {
 			bool slow = engine_now_ns() - t0 > 100000000ull;
@@ -582,19 +589,21 @@ void segment_mark_stale(struct engine *e, struct segment *s)
 		atomic_fetch_add(&e->refresh_pending, 1);
 }
 
-void segment_access_refused(struct engine *e, struct segment *s)
+bool segment_refetch(struct engine *e, struct segment *s, uint64_t *ago_ms)
 {
 	uint64_t now, last;
 
 	if (!s)
-		return;
+		return false;
 	now = engine_now_ns();
-	last = atomic_load_explicit(&s->access_refresh_ns, memory_order_relaxed);
-	if (last && now < last + SEGMENT_ACCESS_REFRESH_NS)
-		return;
-	/* One marker per period, whoever wins. */
-	if (atomic_compare_exchange_strong(&s->access_refresh_ns, &last, now))
-		segment_mark_stale(e, s);
+	last = atomic_load_explicit(&s->unchanged_ns, memory_order_relaxed);
+	if (last && now < last + SEGMENT_REFETCH_NS) {
+		if (ago_ms)
+			*ago_ms = now > last ? (now - last) / 1000000u : 0;
+		return false;
+	}
+	segment_mark_stale(e, s);
+	return true;
 }
 
 enum te_status te_segment_close(struct te_engine *engine, te_segment_id id)

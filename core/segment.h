@@ -53,8 +53,12 @@ struct segment {
 	_Atomic int32_t busy;	  /* live batches that use it */
 	_Atomic uint32_t stale;	  /* a path failure asks for a descriptor refresh */
 	uint64_t last_refresh_ns; /* under engine->seg_lock (write) */
-	/* When a refused access last marked it stale (segment_access_refused); 0: never. */
-	_Atomic uint64_t access_refresh_ns;
+	/*
+	 * When a refresh last found the descriptor unchanged; 0: never, or a later one changed
+	 * it. Within SEGMENT_REFETCH_NS of it, refused or missing ranges fetch nothing
+	 * (segment_refetch).
+	 */
+	_Atomic uint64_t unchanged_ns;
 	/* Why the store says the segment left (its key deleted or expired); NULL: present. */
 	char *departed; /* under engine->seg_lock */
 	/*
@@ -97,14 +101,18 @@ void segment_refresh_stale(struct engine *e);
 void segment_mark_stale(struct engine *e, struct segment *s);
 
 /*
- * The peer behind @s refused an access its descriptor allowed: the descriptor may be stale
- * (the buffer was registered again, under new keys). Marks @s stale, at most once per
- * SEGMENT_ACCESS_REFRESH_NS, so that a peer refusing every request costs one descriptor
- * fetch per period, not one per submit; a fetch that changed the descriptor ends the
- * period (segment_import_desc). NULL (the local segment): nothing.
+ * segment_refetch - @s's descriptor may be stale: a request fell outside its buffers (the
+ * peer may have registered one since), or the peer refused an access it allows (the buffer
+ * was registered again, under new keys). Marks @s stale and returns true, unless a refresh
+ * found the descriptor unchanged less than SEGMENT_REFETCH_NS ago: then false, and the
+ * milliseconds since in *@ago_ms (may be NULL). So a client that keeps asking for ranges
+ * the peer never registered, or a peer that refuses every request, costs the peer (or the
+ * store) one fetch per period and submitting thread at most, not one or two per submit; a
+ * fetch that finds the descriptor changed ends the period (segment_import_desc). NULL (the
+ * local segment): false.
  */
-#define SEGMENT_ACCESS_REFRESH_NS 100000000ull
-void segment_access_refused(struct engine *e, struct segment *s);
+#define SEGMENT_REFETCH_NS 100000000ull
+bool segment_refetch(struct engine *e, struct segment *s, uint64_t *ago_ms);
 
 /*
  * segment_watch_event - the store's watch saw segment @name change: @json is its new value

@@ -862,13 +862,30 @@ static enum te_status slice_submit_requests(struct engine *e, te_batch_id id,
 			else
 				db = descriptor_find_buffer(v->desc, r->remote, r->length);
 			if (!db) {
+				uint64_t ago_ms = 0;
+
 				/*
 				 * The peer may have registered it since its descriptor was fetched (or
-				 * restarted elsewhere): the next submit fetches a fresh one.
+				 * restarted elsewhere): fetch a fresh one and try again (the caller),
+				 * unless a fetch found it unchanged a moment ago (segment_refetch).
 				 */
-				if (seg) {
-					segment_mark_stale(e, seg);
-					*missed = true;
+				if (seg && may_refresh) {
+					if (segment_refetch(e, seg, &ago_ms)) {
+						*missed = true;
+					} else {
+						task_reject(
+							t, TE_ERR_REMOTE_ACCESS,
+							"request %zu: remote range [0x%" PRIx64
+							", +%" PRIu64 ") is outside the registered "
+							"buffers of segment '%s' (unchanged when "
+							"fetched %" PRIu64 " ms ago; fetched again "
+							"%llu ms after that at the earliest)",
+							i, r->remote, r->length, v->desc->name,
+							ago_ms,
+							(unsigned long long)(SEGMENT_REFETCH_NS /
+									     1000000u));
+						goto rejected;
+					}
 				}
 				task_reject(t, TE_ERR_REMOTE_ACCESS,
 					    "request %zu: remote range [0x%" PRIx64 ", +%" PRIu64
@@ -1109,14 +1126,14 @@ enum te_status slice_submit(struct engine *e, te_batch_id id, const struct te_re
 	 * A remote range outside the segment's descriptor: the peer may have registered it (or
 	 * restarted) since its descriptor was fetched. Fetch it now and validate the requests
 	 * against it once more: a buffer a peer registers after it was opened is reachable at
-	 * once (what is still outside is refused then, the others proceed).
+	 * once (what is still outside is refused then, the others proceed). Not again within
+	 * SEGMENT_REFETCH_NS of a fetch that found nothing new (segment_refetch): a client
+	 * hammering a range the peer never registered must not hammer its control plane too.
 	 */
 	if (st == (enum te_status)SUBMIT_REFRESH) {
 		segment_refresh_stale(e);
 		missed = false;
 		st = slice_submit_requests(e, id, reqs, n, false, &missed);
-		if (missed)
-			segment_refresh_stale(e);
 	}
 	return st;
 }
@@ -1222,7 +1239,7 @@ static G_GNUC_NO_INLINE void slice_done_slow(struct transport *tp, struct slice 
 	    status == TE_ERR_PEER_RESTARTED || status == TE_ERR_LINK_DOWN)
 		segment_mark_stale(e, t->seg); /* the peer may have restarted elsewhere */
 	else if (status == TE_ERR_REMOTE_ACCESS)
-		segment_access_refused(e, t->seg);
+		(void)segment_refetch(e, t->seg, NULL); /* the buffer registered again? */
 	if (te_status_is_retryable(status) && retry_plan(e, s, status, detail))
 		return;
 	if (!atomic_load_explicit(&s->term, memory_order_acquire) &&

@@ -322,7 +322,8 @@ TE_API TE_NODISCARD enum te_status te_batch_new(struct te_engine *engine, uint32
  * the return value is the first rejection's status (te_last_error names the
  * request index). A remote range outside the buffers the segment's descriptor lists makes
  * the call fetch the descriptor again once and validate anew (a buffer the peer registered
- * after the segment was opened is reachable at once). If the batch cannot hold all @n,
+ * after the segment was opened is reachable at once), unless a fetch found that descriptor
+ * unchanged less than 100 ms before: then it is refused at once. If the batch cannot hold all @n,
  * nothing is appended and TE_ERR_BATCH_FULL is returned. Serialize per batch; different batches may be
  * submitted from different threads.
  */

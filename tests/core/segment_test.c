@@ -58,7 +58,7 @@ static void test_lookups(void)
 /*
  * A transport's TE_ERR_REMOTE_ACCESS for a range the descriptor lists says the descriptor
  * may be stale (the peer registered the buffer again, under new keys): the segment is marked
- * for a refresh, at most once per SEGMENT_ACCESS_REFRESH_NS, and the next submit fetches it.
+ * for a refresh, at most once per SEGMENT_REFETCH_NS, and the next submit fetches it.
  */
 static enum te_status refused_write(struct itest_fx *f)
 {
@@ -87,10 +87,20 @@ static uint32_t seg_stale(struct engine *a, te_segment_id id)
 	return v;
 }
 
-static void set_access_refresh(struct engine *a, te_segment_id id, uint64_t ns)
+static uint64_t seg_unchanged(struct engine *a, te_segment_id id)
+{
+	uint64_t v;
+
+	segment_read_lock(a);
+	v = atomic_load(&segment_get_locked(a, id)->unchanged_ns);
+	segment_read_unlock(a);
+	return v;
+}
+
+static void set_unchanged(struct engine *a, te_segment_id id, uint64_t ns)
 {
 	segment_read_lock(a);
-	atomic_store(&segment_get_locked(a, id)->access_refresh_ns, ns);
+	atomic_store(&segment_get_locked(a, id)->unchanged_ns, ns);
 	segment_read_unlock(a);
 }
 
@@ -111,11 +121,11 @@ static void test_access_refused(void)
 	 * The next submit fetches it again; a refusal within the period marks nothing (the
 	 * last mark is put in the future here, so that no clock decides the outcome).
 	 */
-	set_access_refresh(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
+	set_unchanged(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
 	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
 	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
 	/* The period over: marked again. */
-	set_access_refresh(a, f.p.seg, 1);
+	set_unchanged(a, f.p.seg, 1);
 	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
 	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 1);
 	/*
@@ -128,7 +138,7 @@ static void test_access_refused(void)
 
 		itest_buf_new(&more, 4096, 0, 3);
 		itest_buf_register(&more, f.p.b, TE_MEM_REMOTE);
-		set_access_refresh(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
+		set_unchanged(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
 		assert_ok(te_segment_buffers(f.p.a, f.p.seg, NULL, 0, &n_bufs));
 		g_assert_cmpuint(n_bufs, ==, 2);
 		g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
@@ -139,7 +149,7 @@ static void test_access_refused(void)
 	}
 	/* Other failures do not mark it (the submit itself fetches, clearing the mark). */
 	fake.fail_first = TE_ERR_DEVICE_FAILED;
-	set_access_refresh(a, f.p.seg, 1);
+	set_unchanged(a, f.p.seg, 1);
 	{
 		struct te_request q = { TE_OP_WRITE, f.p.seg, f.la.data, itest_raddr(&f.rb, 0),
 					4096 };
@@ -152,6 +162,80 @@ static void test_access_refused(void)
 		g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
 	}
 	fake_reset();
+	itest_fx_free(&f);
+}
+
+static char submit_err[1024]; /* te_last_error() after write_at's submit */
+
+/* te_batch_submit of one 4 KiB WRITE to @remote: its status (the task must be INVALID if not OK). */
+static enum te_status write_at(struct itest_fx *f, uint64_t remote)
+{
+	struct te_request q = { TE_OP_WRITE, f->p.seg, f->la.data, remote, 4096 };
+	struct te_task_info ti;
+	te_batch_id b;
+	enum te_status st;
+
+	assert_ok(te_batch_new(f->p.a, 1, &b));
+	st = te_batch_submit(f->p.a, b, &q, 1);
+	g_strlcpy(submit_err, te_last_error(), sizeof(submit_err));
+	if (st == TE_OK)
+		assert_ok(itest_wait(f->p.a, b));
+	ti = itest_task(f->p.a, b, 0);
+	g_assert_cmpint(ti.state, ==, st == TE_OK ? TE_STATE_COMPLETED : TE_STATE_INVALID);
+	assert_ok(te_batch_free(f->p.a, b));
+	return st;
+}
+
+/*
+ * A request outside the cached buffers makes the submit fetch the descriptor once (it used to
+ * fetch twice: again after the second validation), and not again within SEGMENT_REFETCH_NS of
+ * a fetch that found nothing new: a client asking over and over for a range the peer never
+ * registered costs the peer one fetch per period, not one per submit.
+ */
+static void test_range_missed(void)
+{
+	struct itest_fx f;
+	struct itest_buf late;
+	struct engine *a;
+	uint64_t n0, outside;
+
+	itest_fx_new(&f, "loopback", NULL, NULL, 65536, 0);
+	a = fake_engine(f.p.a);
+	outside = itest_raddr(&f.rb, 0) + (1ull << 30);
+	n0 = atomic_load(&a->refreshes);
+	g_assert_cmpint(write_at(&f, outside), ==, TE_ERR_REMOTE_ACCESS);
+	assert_contains(submit_err, "is outside the registered buffers of segment");
+	g_assert_null(strstr(submit_err, "unchanged when fetched"));
+	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 1);
+	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	/*
+	 * Within the period (the fetch's stamp is put in the future here, so that no clock
+	 * decides the outcome) misses fetch nothing and say why.
+	 */
+	set_unchanged(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
+	for (int i = 0; i < 50; i++)
+		g_assert_cmpint(write_at(&f, outside), ==, TE_ERR_REMOTE_ACCESS);
+	assert_contains(submit_err, "(unchanged when fetched 0 ms ago; fetched again 100 ms");
+	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 1);
+	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	/* Requests inside the cached buffers are not held up. */
+	assert_ok(write_at(&f, itest_raddr(&f.rb, 0)));
+	/* A buffer the peer registers within the period is reached once it is over. */
+	itest_buf_new(&late, 4096, 0, 7);
+	itest_buf_register(&late, f.p.b, TE_MEM_REMOTE);
+	g_assert_cmpint(write_at(&f, itest_raddr(&late, 0)), ==, TE_ERR_REMOTE_ACCESS);
+	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 1);
+	set_unchanged(a, f.p.seg, 1);
+	assert_ok(write_at(&f, itest_raddr(&late, 0)));
+	g_assert_true(itest_range_is(&late, 0, 4096, &f.la, 0));
+	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 2);
+	/* That fetch found something new: the next miss fetches at once, and starts a period. */
+	g_assert_cmpuint(seg_unchanged(a, f.p.seg), ==, 0);
+	g_assert_cmpint(write_at(&f, outside), ==, TE_ERR_REMOTE_ACCESS);
+	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 3);
+	g_assert_cmpuint(seg_unchanged(a, f.p.seg), >, 0);
+	assert_ok(te_mem_unregister(f.p.b, late.base));
+	itest_buf_free(&late);
 	itest_fx_free(&f);
 }
 
@@ -279,5 +363,6 @@ int main(int argc, char **argv)
 	g_test_add_func("/segment/lookups", test_lookups);
 	g_test_add_func("/segment/peer-info", test_peer_info);
 	g_test_add_func("/segment/access-refused", test_access_refused);
+	g_test_add_func("/segment/range-missed", test_range_missed);
 	return g_test_run();
 }

@@ -693,7 +693,7 @@ static void test_reregistered(void)
 		unsigned attempt;
 
 		sysnode_fill(l.p, 0, len, 20 + round);
-		/* A refusal less than SEGMENT_ACCESS_REFRESH_NS after the last may mark nothing. */
+		/* A refusal less than SEGMENT_REFETCH_NS after the last may mark nothing. */
 		sleep_ms(150);
 		efa_step("round %u: the target registers its buffer again", round);
 		node_send(n, "unregister");

@@ -1134,7 +1134,7 @@ static bool scenario_unregister(struct ctx *c, enum te_opcode op)
 	for (tries = 1; tries <= 3; tries++) {
 		te_batch_id bid;
 
-		g_usleep(150 * 1000); /* past SEGMENT_ACCESS_REFRESH_NS */
+		g_usleep(150 * 1000); /* past SEGMENT_REFETCH_NS */
 		bid = flip_batch(&f, rnd, mine);
 		if (bid && flip_count(&f, bid, mine) == 8)
 			break;
