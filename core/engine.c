@@ -21,6 +21,7 @@
 #include "core/slice.h"
 #include "core/stage.h"
 #include "core/transport.h"
+#include "te_build_config.h"
 
 static char *engine_read_host_id(void)
 {
@@ -364,6 +365,11 @@ void te_engine_free(struct te_engine *engine)
 {
 	if (engine)
 		engine_destroy((struct engine *)engine);
+}
+
+const char *te_version(void)
+{
+	return TE_VERSION;
 }
 
 const char *te_engine_name(const struct te_engine *engine)

@@ -15,6 +15,13 @@ extern "C" {
 #define TE_VERSION_MAJOR 0
 #define TE_VERSION_MINOR 1
 
+/*
+ * te_version - the version of the libte in use, "MAJOR.MINOR.PATCH" (the project version it
+ * was built from), for logs and for checking it against the TE_VERSION_MAJOR/MINOR of the
+ * header an application was built with. A constant string; any thread.
+ */
+TE_API const char *te_version(void);
+
 /* Longest detail text kept for a failure, including the NUL. */
 #define TE_DETAIL_MAX 256
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* status_test.c: status names are total and the retryable class is exactly -40..-59. */
 #include <glib.h>
+#include <string.h>
 
 #include <te/te.h>
 
@@ -49,11 +50,26 @@ static void test_states(void)
 	g_assert_true(te_state_is_terminal(TE_STATE_CANCELED));
 }
 
+/* The library's version agrees with the header's (meson's project version and te.h's macros). */
+static void test_version(void)
+{
+	g_autofree char *prefix = g_strdup_printf("%d.%d.", TE_VERSION_MAJOR, TE_VERSION_MINOR);
+	const char *v = te_version();
+
+	g_assert_nonnull(v);
+	g_assert_true(g_str_has_prefix(v, prefix));
+	g_assert_cmpuint(strlen(v), >, strlen(prefix));
+	for (const char *p = v + strlen(prefix); *p; p++)
+		g_assert_true(g_ascii_isdigit(*p));
+	g_assert_true(te_version() == v); /* one constant */
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/status/names", test_every_status_named);
 	g_test_add_func("/status/groups", test_groups);
 	g_test_add_func("/status/states", test_states);
+	g_test_add_func("/status/version", test_version);
 	return g_test_run();
 }
