@@ -22,8 +22,10 @@
 #   report them); the median steal (the hypervisor's share of the machine's CPU time during
 #   the run, te-bench's steal_pct). Per-round lines go to stderr as they come.
 #   Load average before and after, and the host's TCP congestion control. --congestion NAME:
-#   the raw loop's connections use NAME (tcp-raw-loop --congestion); a te variant gets it
-#   from its @CONFIG (tcp option congestion: NAME). te-bench --loopback's target buffer
+#   the raw loop's connections use NAME (tcp-raw-loop --congestion), and so do those of a te
+#   variant without @CONFIG (it runs the default configuration with the tcp option
+#   congestion: NAME); a variant with @CONFIG gets what its file says (a file that names no
+#   congestion is said on stderr: its te runs on the host's). te-bench --loopback's target buffer
 #   holds at most 256 MiB unless told (--buffer-size); a cell that needs more (threads x depth
 #   x batch x block, twice) gets a --buffer-size that fits it when none is given and it fits
 #   in a third of MemAvailable (said on stderr), so te and the raw loop run the same batch. A
@@ -40,7 +42,7 @@ command -v python3 >/dev/null || die "python3 is needed to run the measurements 
 
 prog=$(
 	cat <<'PY'
-import argparse, os, subprocess, sys
+import argparse, os, re, subprocess, sys, tempfile
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
@@ -120,6 +122,26 @@ if raw:
         usage(str(e))
     if a.congestion:
         raw_args += ["--congestion", a.congestion]
+if a.congestion is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", a.congestion):
+    usage(f"--congestion: '{a.congestion}' is not an algorithm name")
+tmpdir = None
+for v in variants if a.congestion else []:
+    if v["cfg"]:
+        with open(v["cfg"]) as f:
+            if not re.search(r"^\s*congestion\s*:", f.read(), re.M):
+                print(f"compare-builds.sh: variant {v['name']}: {v['cfg']} sets no congestion: its te "
+                      f"connections use the host's ({host_cc()}), the raw loop's "
+                      f"{a.congestion}", file=sys.stderr)
+        continue
+    # The default configuration, with the raw loop's congestion control (as compare-tcp.sh).
+    if tmpdir is None:
+        tmpdir = tempfile.TemporaryDirectory(prefix="te-compare-builds.")
+    v["cfg"] = os.path.join(tmpdir.name, f"congestion-{a.congestion}.yaml")
+    v["cfg_said"] = f"the default configuration with congestion: {a.congestion}"
+    with open(v["cfg"], "w") as f:
+        f.write('engine:\n  listen: "127.0.0.1:0"\nmetadata:\n  type: p2p\n'
+                "transports:\n  - name: tcp\n    required: true\n"
+                f"    options: {{congestion: {a.congestion}}}\n")
 
 
 def run(cmd, env):
@@ -251,7 +273,7 @@ for v in variants:
                      f"{ran} or a larger --buffer-size (or fewer threads, a smaller block) to "
                      "compare like with like.")
 for v in variants:
-    lines.append(f"{v['name']}: {v['exe']}" + (f" with {v['cfg']}" if v["cfg"] else "")
+    lines.append(f"{v['name']}: {v['exe']}" + (f" with {v.get('cfg_said') or v['cfg']}" if v["cfg"] else "")
                  + f"; plugins from {', '.join(v['plug']) or '(none found in its tree)'}")
 emit(lines, a.md)
 sys.exit(1 if failed_any else 0)
