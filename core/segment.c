@@ -282,8 +282,14 @@ const char *segment_gone_locked(const struct segment *s)
 	return NULL;
 }
 
-enum te_status segment_import_desc(struct engine *e, const char *key, struct descriptor *desc,
-				   bool refresh, te_segment_id *id_out)
+/*
+ * segment_import_desc, and with @fetched (segment_refresh_stale's own fetch, not a watch's
+ * news): a refresh that finds the view unchanged stamps unchanged_ns (segment_refetch). A
+ * watch's unchanged value (the owner writing its key again) does not: the store may already
+ * hold a newer one than the watch has delivered.
+ */
+static enum te_status segment_import(struct engine *e, const char *key, struct descriptor *desc,
+				     bool refresh, bool fetched, te_segment_id *id_out)
 {
 	struct segview *v = NULL, *old = NULL;
 	g_autofree char *err = NULL;
@@ -301,7 +307,7 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 		if (s && segment_same_view(s->view, desc, refresh)) {
 			if (!refresh)
 				s->open_count++;
-			else /* nothing new: misses and refusals wait (segment_refetch) */
+			else if (fetched) /* nothing new: misses and refusals wait */
 				atomic_store_explicit(&s->unchanged_ns, engine_now_ns(),
 						      memory_order_relaxed);
 			segment_present_locked(e, s);
@@ -349,7 +355,7 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 			 * registering again) may ask for a fetch at once (segment_refetch).
 			 */
 			atomic_store_explicit(&s->unchanged_ns, 0, memory_order_relaxed);
-		} else if (refresh) {
+		} else if (fetched) {
 			atomic_store_explicit(&s->unchanged_ns, engine_now_ns(),
 					      memory_order_relaxed);
 		}
@@ -381,6 +387,12 @@ enum te_status segment_import_desc(struct engine *e, const char *key, struct des
 	segview_unref(old);
 	segview_unref(v);
 	return TE_OK;
+}
+
+enum te_status segment_import_desc(struct engine *e, const char *key, struct descriptor *desc,
+				   bool refresh, te_segment_id *id_out)
+{
+	return segment_import(e, key, desc, refresh, false, id_out);
 }
 
 enum te_status te_segment_import(struct te_engine *engine, const char *json, size_t len,
@@ -519,7 +531,7 @@ void segment_refresh_stale(struct engine *e)
 			descriptor_free(d);
 			continue;
 		}
-		if (segment_import_desc(e, name, d, true, &id) != TE_OK)
+		if (segment_import(e, name, d, true, true, &id) != TE_OK)
 			ENGINE_LOG(e, TE_LOG_INFO, "segment %s: refresh failed: %s", name,
 				   te_last_error());
 	}

@@ -54,8 +54,8 @@ struct segment {
 	_Atomic uint32_t stale;	  /* a path failure asks for a descriptor refresh */
 	uint64_t last_refresh_ns; /* under engine->seg_lock (write) */
 	/*
-	 * When a refresh last found the descriptor unchanged; 0: never, or a later one changed
-	 * it. Within SEGMENT_REFETCH_NS of it, refused or missing ranges fetch nothing
+	 * When a fetch for a refresh last found the descriptor unchanged; 0: never, or a later
+	 * fetch or watch event changed it. Within SEGMENT_REFETCH_NS of it, refused or missing ranges fetch nothing
 	 * (segment_refetch).
 	 */
 	_Atomic uint64_t unchanged_ns;
@@ -103,7 +103,7 @@ void segment_mark_stale(struct engine *e, struct segment *s);
 /*
  * segment_refetch - @s's descriptor may be stale: a request fell outside its buffers (the
  * peer may have registered one since), or the peer refused an access it allows (the buffer
- * was registered again, under new keys). Marks @s stale and returns true, unless a refresh
+ * was registered again, under new keys). Marks @s stale and returns true, unless a fetch
  * found the descriptor unchanged less than SEGMENT_REFETCH_NS ago: then false, and the
  * milliseconds since in *@ago_ms (may be NULL). So a client that keeps asking for ranges
  * the peer never registered, or a peer that refuses every request, costs the peer (or the
