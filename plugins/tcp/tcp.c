@@ -23,7 +23,7 @@ static const struct te_plugin_option tcp_options[] = {
 				"address published to peers (default: the bind address; needed "
 				"when bind is a wildcard)"),
 	TE_PLUGIN_OPTION_INT("lanes", "4", 1, TCP_MAX_LANES, "TCP connections per peer"),
-	TE_PLUGIN_OPTION_INT("workers", "2", 1, TCP_MAX_WORKERS, "epoll threads"),
+	TE_PLUGIN_OPTION_INT("workers", "4", 1, TCP_MAX_WORKERS, "epoll threads"),
 	TE_PLUGIN_OPTION_CHOICE("progress", "caller", tcp_progress_modes,
 				"who reads answers while a thread waits in te_batch_wait: caller "
 				"(that thread), or threads (the epoll threads only)"),
