@@ -55,8 +55,8 @@ struct segment {
 	uint64_t last_refresh_ns; /* under engine->seg_lock (write) */
 	/*
 	 * When a fetch for a refresh last found the descriptor unchanged; 0: never, or a later
-	 * fetch or watch event changed it. Within SEGMENT_REFETCH_NS of it, refused or missing ranges fetch nothing
-	 * (segment_refetch).
+	 * fetch or watch event changed it. Within SEGMENT_REFETCH_NS of it, refused or
+	 * missing ranges fetch nothing (segment_refetch).
 	 */
 	_Atomic uint64_t unchanged_ns;
 	/* Why the store says the segment left (its key deleted or expired); NULL: present. */

@@ -167,7 +167,7 @@ static void test_access_refused(void)
 
 static char submit_err[1024]; /* te_last_error() after write_at's submit */
 
-/* te_batch_submit of one 4 KiB WRITE to @remote: its status (the task must be INVALID if not OK). */
+/* te_batch_submit of one 4 KiB WRITE to @remote: its status (the task is INVALID unless OK). */
 static enum te_status write_at(struct itest_fx *f, uint64_t remote)
 {
 	struct te_request q = { TE_OP_WRITE, f->p.seg, f->la.data, remote, 4096 };
