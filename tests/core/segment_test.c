@@ -77,24 +77,23 @@ static enum te_status refused_write(struct itest_fx *f)
 	return st;
 }
 
-static uint32_t seg_stale(struct engine *a, te_segment_id id)
+/* A segment's refresh marks, read under the table's lock. */
+struct seg_marks {
+	uint32_t stale;
+	uint64_t unchanged_ns;
+};
+
+static struct seg_marks seg_marks(struct engine *a, te_segment_id id)
 {
-	uint32_t v;
+	struct seg_marks m;
+	struct segment *s;
 
 	segment_read_lock(a);
-	v = atomic_load(&segment_get_locked(a, id)->stale);
+	s = segment_get_locked(a, id);
+	m.stale = atomic_load(&s->stale);
+	m.unchanged_ns = atomic_load(&s->unchanged_ns);
 	segment_read_unlock(a);
-	return v;
-}
-
-static uint64_t seg_unchanged(struct engine *a, te_segment_id id)
-{
-	uint64_t v;
-
-	segment_read_lock(a);
-	v = atomic_load(&segment_get_locked(a, id)->unchanged_ns);
-	segment_read_unlock(a);
-	return v;
+	return m;
 }
 
 static void set_unchanged(struct engine *a, te_segment_id id, uint64_t ns)
@@ -114,20 +113,20 @@ static void test_access_refused(void)
 	fake_reset();
 	fake_take_over(a->tps[0]);
 	fake.fail_first = TE_ERR_REMOTE_ACCESS;
-	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 0);
 	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
-	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 1);
+	g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 1);
 	/*
 	 * The next submit fetches it again; a refusal within the period marks nothing (the
 	 * last mark is put in the future here, so that no clock decides the outcome).
 	 */
 	set_unchanged(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
 	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
-	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 0);
 	/* The period over: marked again. */
 	set_unchanged(a, f.p.seg, 1);
 	g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
-	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 1);
+	g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 1);
 	/*
 	 * A fetch that brings a changed descriptor (here: B registered one more buffer) ends
 	 * the period: the next refusal marks the segment at once.
@@ -141,9 +140,9 @@ static void test_access_refused(void)
 		set_unchanged(a, f.p.seg, engine_now_ns() + 3600 * 1000000000ull);
 		assert_ok(te_segment_buffers(f.p.a, f.p.seg, NULL, 0, &n_bufs));
 		g_assert_cmpuint(n_bufs, ==, 2);
-		g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+		g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 0);
 		g_assert_cmpint(refused_write(&f), ==, TE_ERR_REMOTE_ACCESS);
-		g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 1);
+		g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 1);
 		assert_ok(te_mem_unregister(f.p.b, more.base));
 		itest_buf_free(&more);
 	}
@@ -159,7 +158,7 @@ static void test_access_refused(void)
 		assert_ok(te_batch_submit(f.p.a, b, &q, 1));
 		(void)itest_wait(f.p.a, b);
 		assert_ok(te_batch_free(f.p.a, b));
-		g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+		g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 0);
 	}
 	fake_reset();
 	itest_fx_free(&f);
@@ -213,14 +212,14 @@ static void test_range_missed(void)
 		assert_ok(te_segment_export(f.p.b, &json, &len));
 		segment_watch_event(a, "test", te_engine_name(f.p.b), json, len, false);
 		te_free(json);
-		g_assert_cmpuint(seg_unchanged(a, f.p.seg), ==, 0);
+		g_assert_cmpuint(seg_marks(a, f.p.seg).unchanged_ns, ==, 0);
 	}
 	n0 = atomic_load(&a->refreshes);
 	g_assert_cmpint(write_at(&f, outside), ==, TE_ERR_REMOTE_ACCESS);
 	assert_contains(submit_err, "is outside the registered buffers of segment");
 	g_assert_null(strstr(submit_err, "unchanged when fetched"));
 	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 1);
-	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 0);
 	/*
 	 * Within the period (the fetch's stamp is put in the future here, so that no clock
 	 * decides the outcome) misses fetch nothing and say why.
@@ -230,7 +229,7 @@ static void test_range_missed(void)
 		g_assert_cmpint(write_at(&f, outside), ==, TE_ERR_REMOTE_ACCESS);
 	assert_contains(submit_err, "(unchanged when fetched 0 ms ago; fetched again 100 ms");
 	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 1);
-	g_assert_cmpuint(seg_stale(a, f.p.seg), ==, 0);
+	g_assert_cmpuint(seg_marks(a, f.p.seg).stale, ==, 0);
 	/* Requests inside the cached buffers are not held up. */
 	assert_ok(write_at(&f, itest_raddr(&f.rb, 0)));
 	/* A buffer the peer registers within the period is reached once it is over. */
@@ -243,10 +242,10 @@ static void test_range_missed(void)
 	g_assert_true(itest_range_is(&late, 0, 4096, &f.la, 0));
 	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 2);
 	/* That fetch found something new: the next miss fetches at once, and starts a period. */
-	g_assert_cmpuint(seg_unchanged(a, f.p.seg), ==, 0);
+	g_assert_cmpuint(seg_marks(a, f.p.seg).unchanged_ns, ==, 0);
 	g_assert_cmpint(write_at(&f, outside), ==, TE_ERR_REMOTE_ACCESS);
 	g_assert_cmpuint(atomic_load(&a->refreshes), ==, n0 + 3);
-	g_assert_cmpuint(seg_unchanged(a, f.p.seg), >, 0);
+	g_assert_cmpuint(seg_marks(a, f.p.seg).unchanged_ns, >, 0);
 	assert_ok(te_mem_unregister(f.p.b, late.base));
 	itest_buf_free(&late);
 	itest_fx_free(&f);
