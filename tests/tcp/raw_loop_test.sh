@@ -326,6 +326,7 @@ no configuration file|--te a=$build@$tmp/none.yaml
 --rounds: 1 to 1000|--rounds 0
 is set by this script|-- --json
 is set by this script|-- --config x.yaml
+is not an algorithm name|--congestion Bad!
 USAGE
 	printf 'transports:\n  - name: tcp\n    required: true\n    options: {lanes: 1}\n' >"$tmp/one.yaml"
 	echo "+ compare-builds.sh --te a=BUILD --te b=BUILD@one.yaml --rounds 2"
@@ -400,6 +401,19 @@ PY
 		fail "no reduced-batch note under the table: $(cat "$tmp/r.out")"
 	grep -q "^Note:" "$tmp/t.out" && fail "a note where te ran the batch asked: $(cat "$tmp/t.out")"
 	echo "ok: a reduced batch is noted"
+	# --congestion reaches a variant without a configuration (the default one with the
+	# option); one whose own configuration names none is said on stderr
+	timeout 120 "$cb" -C "$build" --te "a=$build" --te "b=$build@$tmp/one.yaml" --rounds 1 \
+		--no-raw --congestion reno -- --iterations 5 >"$tmp/c.out" 2>"$tmp/c.err" ||
+		fail "--congestion reno: exit $?: $(cat "$tmp/c.err")"
+	grep -q "^a: .* with the default configuration with congestion: reno; plugins from" \
+		"$tmp/c.out" || fail "a did not get congestion reno: $(cat "$tmp/c.out")"
+	grep -q "^b: .* with $tmp/one.yaml; plugins from" "$tmp/c.out" ||
+		fail "b's configuration was replaced: $(cat "$tmp/c.out")"
+	grep -q "variant b: $tmp/one.yaml sets no congestion: its te connections use the host's" \
+		"$tmp/c.err" || fail "no word on b's congestion: $(cat "$tmp/c.err")"
+	grep -q "variant a:" "$tmp/c.err" && fail "a warned about: $(cat "$tmp/c.err")"
+	echo "ok: --congestion reaches te variants"
 	# a variant whose runs fail: exit 1, counted, the reason on stderr
 	printf 'transports: [\n' >"$tmp/bad.yaml"
 	timeout 120 "$cb" -C "$build" --te "a=$build" --te "bad=$build@$tmp/bad.yaml" --rounds 1 \
