@@ -215,34 +215,29 @@ static bool batch_plugin_holds_slices(struct batch *b)
 	return false;
 }
 
-/* Put @b (reset for reuse) into the engine's cache of batches. */
-static void batch_cache_put(struct engine *e, struct batch *b)
+/* Put @b (reset for reuse) into the engine's cache of batches; under cache_lock. */
+static void batch_cache_put_locked(struct engine *e, struct batch *b)
 {
-	g_mutex_lock(&e->cache_lock);
 	b->cache_next = e->cache;
 	e->cache = b;
 	e->n_cached++;
-	g_mutex_unlock(&e->cache_lock);
+	e->cache_bytes += b->cache_bytes;
 }
 
 /*
- * Keep a few finished batches, their task arrays and largest slice chunk for
- * reuse: te_batch_new + submit then allocate nothing in a steady loop. Returns
- * true when @b went to the cache.
+ * Keep finished batches, their task arrays and largest slice chunk for reuse, up to
+ * BATCH_CACHE_SIZE of them and BATCH_CACHE_MAX_BYTES together: te_batch_new + submit then
+ * allocate nothing in a steady loop, whatever the batch size. Returns true when @b went to
+ * the cache; else the caller frees what it holds.
  */
 static bool batch_recycle(struct batch *b)
 {
 	struct engine *e = b->engine;
 	struct slice_chunk *keep = NULL;
+	bool kept;
 
-	if (b->alloc_cap > BATCH_CACHE_MAX_CAP || atomic_load(&e->stopping))
+	if (atomic_load(&e->stopping))
 		return false;
-	g_mutex_lock(&e->cache_lock);
-	if (e->n_cached >= BATCH_CACHE_SIZE) {
-		g_mutex_unlock(&e->cache_lock);
-		return false;
-	}
-	g_mutex_unlock(&e->cache_lock);
 	while (b->chunks) {
 		struct slice_chunk *c = b->chunks;
 
@@ -261,14 +256,21 @@ static bool batch_recycle(struct batch *b)
 		g_free(b->spare);
 	}
 	b->spare = keep;
+	b->cache_bytes = (size_t)b->alloc_cap * sizeof(struct task) + (keep ? keep->cap : 0);
 	if (b->notify_msg)
 		g_bytes_unref(b->notify_msg);
 	b->notify_msg = NULL;
 	g_free(b->notify_addr);
 	b->notify_addr = NULL;
-	atomic_fetch_sub(&e->live_batches, 1);
-	batch_cache_put(e, b);
-	return true;
+	g_mutex_lock(&e->cache_lock);
+	kept = e->n_cached < BATCH_CACHE_SIZE &&
+	       e->cache_bytes + b->cache_bytes <= BATCH_CACHE_MAX_BYTES;
+	if (kept) {
+		atomic_fetch_sub(&e->live_batches, 1);
+		batch_cache_put_locked(e, b);
+	}
+	g_mutex_unlock(&e->cache_lock);
+	return kept;
 }
 
 /* Free a cached batch for good (engine teardown). */
@@ -327,13 +329,14 @@ static struct batch *batch_from_cache(struct engine *e, uint32_t capacity)
 			b = *pp;
 			*pp = b->cache_next;
 			e->n_cached--;
+			e->cache_bytes -= b->cache_bytes;
 			break;
 		}
 	}
 	g_mutex_unlock(&e->cache_lock);
 	if (!b)
 		return NULL;
-	/* Back to a new batch's state; tasks were zeroed when it was recycled. */
+	/* Back to a new batch's state; te_batch_submit sets every field of a task it takes. */
 	b->slot = 0;
 	b->chunks = NULL;
 	b->cache_next = NULL;
@@ -388,10 +391,13 @@ enum te_status batch_new(struct engine *e, uint32_t capacity, te_batch_id *id_ou
 	if (e->free_head == UINT32_MAX) {
 		g_mutex_unlock(&e->slot_lock);
 		/* One from the cache goes back there, its slice chunk with it (it leaked). */
-		if (cached)
-			batch_cache_put(e, b);
-		else
+		if (cached) {
+			g_mutex_lock(&e->cache_lock);
+			batch_cache_put_locked(e, b);
+			g_mutex_unlock(&e->cache_lock);
+		} else {
 			batch_free_cached(b);
+		}
 		return log_error(TE_ERR_BUSY,
 				 "te_batch_new: all %u batch slots are in use "
 				 "(transfer.max_batches)",

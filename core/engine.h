@@ -101,6 +101,7 @@ struct engine {
 	GMutex cache_lock;
 	struct batch *cache;
 	unsigned n_cached;
+	size_t cache_bytes; /* their task arrays and slice chunks: BATCH_CACHE_MAX_BYTES */
 
 	/* Batch handles (batch.c). */
 	GMutex slot_lock;

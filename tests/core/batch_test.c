@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* batch_test.c: the batch handle table, batch reuse, and engine teardown with slices held. */
+#include <inttypes.h>
 #include <string.h>
 
 #include <glib.h>
@@ -87,6 +88,25 @@ static void test_cache(void)
 }
 
 /*
+ * The engine's cached batches, once @want of them are there (at most 5 s): the last
+ * reference to a finished batch may drop on a plugin thread after te_batch_wait returned.
+ */
+static unsigned cached_within(struct engine *e, unsigned want)
+{
+	gint64 end = g_get_monotonic_time() + 5 * G_USEC_PER_SEC;
+	unsigned n;
+
+	for (;;) {
+		g_mutex_lock(&e->cache_lock);
+		n = e->n_cached;
+		g_mutex_unlock(&e->cache_lock);
+		if (n == want || g_get_monotonic_time() > end)
+			return n;
+		g_usleep(1000);
+	}
+}
+
+/*
  * batch_new with every slot in use (TE_ERR_BUSY) after taking a batch from the cache puts it
  * back, with the slice chunk it keeps; it freed the batch and lost the chunk before. Then
  * the next batch_new of that size gets it, and it moves data as a fresh one.
@@ -110,7 +130,7 @@ static void test_cache_busy(void)
 	g_assert_cmpint(batch_get(e, big, &first), ==, TE_OK);
 	batch_unref(first);
 	g_assert_cmpint(batch_free(e, big), ==, TE_OK);
-	g_assert_cmpuint(e->n_cached, ==, 1);
+	g_assert_cmpuint(cached_within(e, 1), ==, 1);
 	g_assert_nonnull(first->spare);
 	spare = first->spare;
 	/* Both slots taken by batches too small for the cached one. */
@@ -133,6 +153,97 @@ static void test_cache_busy(void)
 	g_assert_cmpint(te_batch_wait(te, again, 5000000000ll), ==, TE_OK);
 	g_assert_cmpint(batch_free(e, again), ==, TE_OK);
 	g_assert_cmpint(batch_free(e, small2), ==, TE_OK);
+	te_engine_free(te);
+}
+
+/*
+ * A batch of 32768 tasks goes to the cache with its slice chunk, like a small one (it was
+ * freed before, task array and chunk allocated and page-faulted again by the next batch of
+ * that size), comes back for the next batch_new of its size and moves data again on the
+ * chunk it kept.
+ */
+static void test_cache_large(void)
+{
+	struct te_engine *te = itest_engine1("A", "loopback", NULL, "max_batch_size: 65536");
+	struct engine *e = fake_engine(te);
+	const uint32_t n = sizeof(wbuf) / 2;
+	struct te_request *r = g_new(struct te_request, n);
+	struct batch *first = NULL, *got;
+	struct slice_chunk *spare = NULL;
+	te_batch_id id;
+
+	g_assert_cmpint(te_mem_register(te, wbuf, sizeof(wbuf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
+	for (uint32_t i = 0; i < n; i++)
+		r[i] = (struct te_request){ .opcode = TE_OP_WRITE,
+					    .segment = TE_SEGMENT_LOCAL,
+					    .local = wbuf + i,
+					    .remote = (uintptr_t)(wbuf + n + i),
+					    .length = 1 };
+	for (int round = 0; round < 2; round++) {
+		memset(wbuf, 'a' + round, n);
+		memset(wbuf + n, 0, n);
+		g_assert_cmpint(te_batch_new(te, n, &id), ==, TE_OK);
+		g_assert_cmpint(batch_get(e, id, &got), ==, TE_OK);
+		batch_unref(got);
+		if (round == 0) {
+			first = got;
+		} else {
+			/* The cached one, its chunk reused: nothing allocated for this batch. */
+			g_assert_true(got == first);
+			g_assert_cmpuint(e->n_cached, ==, 0);
+			g_assert_cmpuint(e->cache_bytes, ==, 0);
+		}
+		g_assert_cmpint(te_batch_submit(te, id, r, n), ==, TE_OK);
+		if (round == 1)
+			g_assert_true(got->chunks == spare);
+		g_assert_cmpint(te_batch_wait(te, id, 10000000000ll), ==, TE_OK);
+		for (uint32_t i = 0; i < n; i++)
+			g_assert_cmpint(wbuf[n + i], ==, 'a' + round);
+		g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
+		g_assert_cmpuint(cached_within(e, 1), ==, 1);
+		g_assert_true(e->cache == first);
+		spare = first->spare;
+		g_assert_nonnull(spare);
+		g_assert_cmpuint(spare->cap, >=, (size_t)n * e->slice_stride);
+		g_assert_cmpuint(e->cache_bytes, ==, (size_t)n * sizeof(struct task) + spare->cap);
+		g_assert_cmpuint(atomic_load(&e->live_batches), ==, 0);
+	}
+	g_free(r);
+	te_engine_free(te);
+}
+
+/*
+ * The cache holds at most BATCH_CACHE_MAX_BYTES: of two freed batches whose task arrays are
+ * each just over half of it, the first is kept and the second freed, its handle and count
+ * given back all the same.
+ */
+static void test_cache_bytes(void)
+{
+	uint32_t half = (uint32_t)(BATCH_CACHE_MAX_BYTES / sizeof(struct task) / 2 + 1);
+	g_autofree char *transfer = g_strdup_printf("max_batch_size: %" PRIu32, half);
+	struct te_engine *te = itest_engine1("A", "loopback", NULL, transfer);
+	struct engine *e = fake_engine(te);
+	te_batch_id a, b, again;
+	struct batch *kept, *got;
+
+	g_assert_cmpint(te_batch_new(te, half, &a), ==, TE_OK);
+	g_assert_cmpint(te_batch_new(te, half, &b), ==, TE_OK);
+	g_assert_cmpint(batch_get(e, a, &kept), ==, TE_OK);
+	batch_unref(kept);
+	g_assert_cmpint(te_batch_free(te, a), ==, TE_OK);
+	g_assert_cmpuint(e->n_cached, ==, 1);
+	g_assert_cmpuint(e->cache_bytes, ==, (size_t)half * sizeof(struct task));
+	g_assert_cmpint(te_batch_free(te, b), ==, TE_OK);
+	g_assert_cmpuint(e->n_cached, ==, 1);
+	g_assert_cmpuint(e->cache_bytes, ==, (size_t)half * sizeof(struct task));
+	g_assert_true(e->cache == kept);
+	g_assert_cmpuint(atomic_load(&e->live_batches), ==, 0);
+	g_assert_cmpint(te_batch_new(te, half, &again), ==, TE_OK);
+	g_assert_cmpint(batch_get(e, again, &got), ==, TE_OK);
+	batch_unref(got);
+	g_assert_true(got == kept);
+	g_assert_cmpuint(e->cache_bytes, ==, 0);
+	g_assert_cmpint(te_batch_free(te, again), ==, TE_OK);
 	te_engine_free(te);
 }
 
@@ -356,6 +467,8 @@ int main(int argc, char **argv)
 	g_test_add_func("/batch/handles", test_handles);
 	g_test_add_func("/batch/cache", test_cache);
 	g_test_add_func("/batch/cache-busy", test_cache_busy);
+	g_test_add_func("/batch/cache-large", test_cache_large);
+	g_test_add_func("/batch/cache-bytes", test_cache_bytes);
 	g_test_add_func("/batch/teardown-held", test_teardown_held);
 	g_test_add_func("/batch/wait-hybrid", test_wait_hybrid);
 	g_test_add_func("/batch/wait-auto", test_wait_auto);
