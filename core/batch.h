@@ -256,7 +256,7 @@ void batch_release_slice(struct slice *s);
  * Batches kept for reuse per engine, and the bytes they may hold together (task arrays and
  * slice chunks). A batch of 32768 4 KiB requests over tcp holds about 12 MiB: reused rather
  * than allocated and page-faulted again, READ 4K x32768 from 2 threads ran 1.04-1.09x
- * (bench/README.md, "Measured (issue 18), 2026-12-05 16:59").
+ * (bench/README.md, "Measured (issue 18), 2026-12-05 16:59-18:40").
  */
 #define BATCH_CACHE_SIZE 64
 #define BATCH_CACHE_MAX_BYTES ((size_t)64 << 20)
