@@ -81,6 +81,21 @@ def host_cc():
         return "?"
 
 
+def congestion_name_ok(name):
+    """Whether @name can be a TCP congestion control algorithm's name (--congestion)."""
+    return re.fullmatch(r"[a-z0-9_]{1,15}", name) is not None
+
+
+def write_tcp_config(path, opts):
+    """Write te's default configuration (p2p metadata, tcp on loopback) with the tcp options
+    @opts (a list of 'key: value') to @path; returns @path."""
+    with open(path, "w") as f:
+        f.write('engine:\n  listen: "127.0.0.1:0"\nmetadata:\n  type: p2p\n'
+                "transports:\n  - name: tcp\n    required: true\n"
+                f"    options: {{{', '.join(opts)}}}\n")
+    return path
+
+
 def med(v, digits=3):
     """'median (min-max)' of @v with @digits decimals; the median alone for one value, '-' for
     none."""

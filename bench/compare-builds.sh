@@ -46,7 +46,8 @@ import argparse, os, re, subprocess, sys, tempfile
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, host_cc, last_json, loadavg, med, raw_loop_args, size_of, te_bench_opt
+from benchlib import (congestion_name_ok, emit, host_cc, last_json, loadavg, med, raw_loop_args,
+                      size_of, te_bench_opt, write_tcp_config)
 argv = sys.argv[3:]
 bench_args = []
 if "--" in argv:
@@ -122,7 +123,7 @@ if raw:
         usage(str(e))
     if a.congestion:
         raw_args += ["--congestion", a.congestion]
-if a.congestion is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", a.congestion):
+if a.congestion is not None and not congestion_name_ok(a.congestion):
     usage(f"--congestion: '{a.congestion}' is not an algorithm name")
 tmpdir = None
 for v in variants if a.congestion else []:
@@ -136,12 +137,9 @@ for v in variants if a.congestion else []:
     # The default configuration, with the raw loop's congestion control (as compare-tcp.sh).
     if tmpdir is None:
         tmpdir = tempfile.TemporaryDirectory(prefix="te-compare-builds.")
-    v["cfg"] = os.path.join(tmpdir.name, f"congestion-{a.congestion}.yaml")
+    v["cfg"] = write_tcp_config(os.path.join(tmpdir.name, f"congestion-{a.congestion}.yaml"),
+                                [f"congestion: {a.congestion}"])
     v["cfg_said"] = f"the default configuration with congestion: {a.congestion}"
-    with open(v["cfg"], "w") as f:
-        f.write('engine:\n  listen: "127.0.0.1:0"\nmetadata:\n  type: p2p\n'
-                "transports:\n  - name: tcp\n    required: true\n"
-                f"    options: {{congestion: {a.congestion}}}\n")
 
 
 def run(cmd, env):

@@ -67,7 +67,7 @@ import argparse, json, os, re, resource, socket, statistics, subprocess, sys, th
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import emit, host_cc, last_json, loadavg, med, size_of
+from benchlib import congestion_name_ok, emit, host_cc, last_json, loadavg, med, size_of, write_tcp_config
 TE = os.path.join(build, "tools", "te-bench")
 RAW = os.path.join(build, "bench", "tcp-raw-loop")
 IPERF3_MAX_LEN = 1 << 20
@@ -149,7 +149,7 @@ if a.te_config and not os.path.isfile(a.te_config):
     usage(f"--te-config: no file '{a.te_config}'")
 if a.te_lanes and a.te_lanes != "threads" and not (a.te_lanes.isdigit() and 1 <= int(a.te_lanes) <= 64):
     usage("--te-lanes: 1 to 64, or 'threads'")
-if a.congestion is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", a.congestion):
+if a.congestion is not None and not congestion_name_ok(a.congestion):
     usage(f"--congestion: '{a.congestion}' is not an algorithm name")
 if a.congestion and a.te_config:
     usage("--congestion and --te-config exclude each other (put congestion: NAME in the "
@@ -413,10 +413,7 @@ def te_config(thr):
         tmpdir = tempfile.TemporaryDirectory(prefix="te-compare-tcp.")
     path = os.path.join(tmpdir.name, re.sub(r"[^a-z0-9]+", "-", "-".join(opts)) + ".yaml")
     if not os.path.exists(path):
-        with open(path, "w") as f:
-            f.write('engine:\n  listen: "127.0.0.1:0"\nmetadata:\n  type: p2p\n'
-                    f"transports:\n  - name: tcp\n    required: true\n"
-                    f"    options: {{{', '.join(opts)}}}\n")
+        write_tcp_config(path, opts)
     return path
 
 
