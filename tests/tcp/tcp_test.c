@@ -2229,7 +2229,10 @@ static void test_wait_hold(void)
  */
 static void test_scatter_unforeseen(gconstpointer data)
 {
-	const char *mode = data; /* option scatter: on, or off (no byte where it does not belong) */
+	/* option scatter: on, or off (no byte where it does not belong); ":BYTES" per READ */
+	const char *arg = data, *colon = strchr(arg, ':');
+	const size_t block = colon ? (size_t)g_ascii_strtoull(colon + 1, NULL, 10) : 4096;
+	g_autofree char *mode = g_strndup(arg, colon ? (size_t)(colon - arg) : strlen(arg));
 	enum {
 		N = 32,
 		BAD = 20
@@ -2255,13 +2258,13 @@ static void test_scatter_unforeseen(gconstpointer data)
 	order[9] = 8;
 	order[BAD] = BAD + 1;
 	order[BAD + 1] = BAD;
-	itest_buf_new(&la, (N + 1) * 4096, GUARD, 0x31);
-	itest_buf_new(&rb, N * 4096, GUARD, 0x42);
+	itest_buf_new(&la, (N + 1) * block, GUARD, 0x31);
+	itest_buf_new(&rb, N * block, GUARD, 0x42);
 	fake_pair_opts(&p, &f, &la, &rb, options, "timeout_ms: 60000, retries: 0");
 	/* READ i takes block N-1-i: a payload placed in the wrong destination shows. */
 	for (int i = 0; i < N; i++)
-		r[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + (size_t)i * 4096,
-					    itest_raddr(&rb, (size_t)(N - 1 - i) * 4096), 4096 };
+		r[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + (size_t)i * block,
+					    itest_raddr(&rb, (size_t)(N - 1 - i) * block), block };
 	assert_ok(te_batch_new(p.a, N, &bid));
 	assert_ok(te_batch_submit(p.a, bid, r, N));
 	fake_accept(&f);
@@ -2276,7 +2279,7 @@ static void test_scatter_unforeseen(gconstpointer data)
 	 * refusal makes the core fetch the descriptor again, and the fresh one names the real
 	 * engine, not this fake.)
 	 */
-	next = (struct te_request){ TE_OP_READ, p.seg, la.data + (size_t)N * 4096,
+	next = (struct te_request){ TE_OP_READ, p.seg, la.data + (size_t)N * block,
 				    itest_raddr(&rb, 100), 3000 };
 	assert_ok(te_batch_new(p.a, 1, &bid2));
 	assert_ok(te_batch_submit(p.a, bid2, &next, 1));
@@ -2304,8 +2307,8 @@ static void test_scatter_unforeseen(gconstpointer data)
 			continue;
 		}
 		g_assert_cmpint(ti.state, ==, TE_STATE_COMPLETED);
-		g_assert_true(itest_range_is(&la, (size_t)i * 4096, 4096, &rb,
-					     (size_t)(N - 1 - i) * 4096));
+		g_assert_true(itest_range_is(&la, (size_t)i * block, block, &rb,
+					     (size_t)(N - 1 - i) * block));
 	}
 	assert_ok(te_batch_free(p.a, bid));
 	if (on) {
@@ -2315,9 +2318,9 @@ static void test_scatter_unforeseen(gconstpointer data)
 		g_assert_cmpint(lane_stat(p.a, 0, "scattered"), ==, 0);
 		g_assert_cmpint(lane_stat(p.a, 0, "replayed"), ==, 0);
 		/* Read through the buffer: the failed READ's destination is untouched too. */
-		g_assert_true(
-			itest_untouched_outside(&la, (size_t[]){ 0, (BAD + 1) * 4096 },
-						(size_t[]){ BAD * 4096, (N - BAD - 1) * 4096 }, 2));
+		g_assert_true(itest_untouched_outside(
+			&la, (size_t[]){ 0, (BAD + 1) * block },
+			(size_t[]){ BAD * block, (N - BAD - 1) * block }, 2));
 	}
 
 	/* The stream is in step: the next READ gets its own bytes. */
@@ -2326,9 +2329,9 @@ static void test_scatter_unforeseen(gconstpointer data)
 	send_all(f.fd, out->data, out->len);
 	assert_ok(itest_wait(p.a, bid2));
 	assert_ok(te_batch_free(p.a, bid2));
-	g_assert_true(itest_range_is(&la, (size_t)N * 4096, 3000, &rb, 100));
+	g_assert_true(itest_range_is(&la, (size_t)N * block, 3000, &rb, 100));
 	g_assert_true(itest_untouched_outside(&la, (size_t[]){ 0 },
-					      (size_t[]){ (size_t)N * 4096 + 3000 }, 1));
+					      (size_t[]){ (size_t)N * block + 3000 }, 1));
 	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
 	itest_pair_free(&p);
 	fake_close(&f);
@@ -3359,7 +3362,7 @@ static int64_t scatter_max_of(const char *options, bool *made)
 }
 
 /*
- * Option scatter: off reads no answer by scatter; on up to 1 MiB per read; auto as on, but
+ * Option scatter: off reads no answer by scatter; on up to 4 MiB per read; auto as on, but
  * 64 KiB per read when the connections use bbr (measured: bench/README.md).
  */
 static void test_scatter_option(void)
@@ -3367,15 +3370,15 @@ static void test_scatter_option(void)
 	bool made;
 
 	g_assert_cmpint(scatter_max_of("scatter: off", &made), ==, 0);
-	g_assert_cmpint(scatter_max_of("scatter: on, congestion: reno", &made), ==, 1 << 20);
-	g_assert_cmpint(scatter_max_of("congestion: reno", &made), ==, 1 << 20);
-	g_assert_cmpint(scatter_max_of("scatter: auto, congestion: cubic", &made), ==, 1 << 20);
+	g_assert_cmpint(scatter_max_of("scatter: on, congestion: reno", &made), ==, 4 << 20);
+	g_assert_cmpint(scatter_max_of("congestion: reno", &made), ==, 4 << 20);
+	g_assert_cmpint(scatter_max_of("scatter: auto, congestion: cubic", &made), ==, 4 << 20);
 	if (scatter_max_of("congestion: bbr", &made) < 0 || !made) {
 		g_test_message("bbr is not available here: %s", te_last_error());
 		return;
 	}
 	g_assert_cmpint(scatter_max_of("congestion: bbr", &made), ==, 64 << 10);
-	g_assert_cmpint(scatter_max_of("scatter: on, congestion: bbr", &made), ==, 1 << 20);
+	g_assert_cmpint(scatter_max_of("scatter: on, congestion: bbr", &made), ==, 4 << 20);
 }
 
 static void test_good_options(void)
@@ -3523,6 +3526,9 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
 	g_test_add_data_func("/tcp/client/scatter-unforeseen", "on", test_scatter_unforeseen);
 	g_test_add_data_func("/tcp/client/scatter-off", "off", test_scatter_unforeseen);
+	/* 2 MiB of answers, which a read may take at once (up to 4 MiB); the error 1.25 MiB in. */
+	g_test_add_data_func("/tcp/client/scatter-unforeseen-64k", "on:65536",
+			     test_scatter_unforeseen);
 	g_test_add_func("/tcp/options/scatter", test_scatter_option);
 	g_test_add_func("/tcp/client/scatter-cancel", test_scatter_cancel);
 	g_test_add_data_func("/tcp/client/bad-reply/unknown-id",
