@@ -100,9 +100,8 @@ static void tcp_sysctl_line(const char *name, char *buf, size_t len)
  * connections use bbr (option 'congestion', else the host's default): measured, 4 KiB READs
  * at batch 128 from one thread ran 0.80x the plugin without scatter reads with 1 MiB or
  * 256 KiB per read and 1.07x with 64 KiB under bbr (no fq), while under cubic 1 MiB gave
- * 1.25x from 2 threads against 1.10x with 64 KiB (bench/README.md). 4 MiB rather than 1 MiB
- * (2026-12-05): a batch of 32 answers of 64 KiB in one readv instead of 3, and 64 KiB to
- * 1 MiB READs from 2 and 4 threads 0.97-1.08x, less CPU per request in 9 of 10 runs.
+ * 1.25x from 2 threads against 1.10x with 64 KiB (bench/README.md). Why 4 MiB, not 1 MiB:
+ * TCP_RX_CHAIN_BYTES.
  */
 static void tcp_scatter_setup(struct tcp_inst *ti)
 {

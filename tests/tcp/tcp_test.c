@@ -2219,6 +2219,15 @@ static void test_wait_hold(void)
 	}
 }
 
+/* test_scatter_unforeseen's cases */
+struct scatter_case {
+	const char *mode; /* option scatter: on, or off (no byte where it does not belong) */
+	size_t block;	  /* bytes per READ */
+};
+
+static const struct scatter_case scatter_on = { "on", 4096 }, scatter_off = { "off", 4096 },
+				 scatter_on_64k = { "on", 65536 };
+
 /*
  * Scatter reads foresee the answers in the order the requests went out, payloads straight
  * into their destinations. A server that answers out of order, and with an error in the
@@ -2229,10 +2238,9 @@ static void test_wait_hold(void)
  */
 static void test_scatter_unforeseen(gconstpointer data)
 {
-	/* option scatter: on, or off (no byte where it does not belong); ":BYTES" per READ */
-	const char *arg = data, *colon = strchr(arg, ':');
-	const size_t block = colon ? (size_t)g_ascii_strtoull(colon + 1, NULL, 10) : 4096;
-	g_autofree char *mode = g_strndup(arg, colon ? (size_t)(colon - arg) : strlen(arg));
+	const struct scatter_case *sc = data;
+	const char *mode = sc->mode;
+	const size_t block = sc->block;
 	enum {
 		N = 32,
 		BAD = 20
@@ -3524,10 +3532,11 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/lanes/full-host-lane-moves", test_full_host_lane_moves);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves-auth", test_full_host_lane_moves_auth);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
-	g_test_add_data_func("/tcp/client/scatter-unforeseen", "on", test_scatter_unforeseen);
-	g_test_add_data_func("/tcp/client/scatter-off", "off", test_scatter_unforeseen);
+	g_test_add_data_func("/tcp/client/scatter-unforeseen", &scatter_on,
+			     test_scatter_unforeseen);
+	g_test_add_data_func("/tcp/client/scatter-off", &scatter_off, test_scatter_unforeseen);
 	/* 2 MiB of answers, which a read may take at once (up to 4 MiB); the error 1.25 MiB in. */
-	g_test_add_data_func("/tcp/client/scatter-unforeseen-64k", "on:65536",
+	g_test_add_data_func("/tcp/client/scatter-unforeseen-64k", &scatter_on_64k,
 			     test_scatter_unforeseen);
 	g_test_add_func("/tcp/options/scatter", test_scatter_option);
 	g_test_add_func("/tcp/client/scatter-cancel", test_scatter_cancel);
