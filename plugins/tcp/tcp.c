@@ -994,10 +994,12 @@ static void tcp_out_str(struct tcp_out *o, const char *s)
 
 /*
  * {"lanes_per_peer": N, "peers": [{"name", "address", "lanes": [{"slices", "bytes",
- * "connects", "up"}...], "lanes_used", "slices", "bytes", "reconnects"}...]}: per peer
- * loaded now, the slices and payload bytes queued on each lane since the peer was loaded
- * (retries count again), connections opened (reconnects: all but each lane's first). A
- * lane is used when it carried at least one slice.
+ * "connects", ..., "in_flight", "owner_in_flight", "up"}...], "lanes_used", "slices",
+ * "bytes", "reconnects"}...]}: per peer loaded now, the slices and payload bytes queued on
+ * each lane since the peer was loaded (retries count again), connections opened
+ * (reconnects: all but each lane's first). A lane is used when it carried at least one
+ * slice. Now: in_flight, the lane's slots in use (orphans included); owner_in_flight, the
+ * requests in flight on any lane of the threads whose own lane this is.
  */
 static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t len,
 				size_t *needed_out)
@@ -1031,16 +1033,22 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 			uint64_t d = atomic_load_explicit(&l->st_driven, memory_order_relaxed);
 			uint64_t sc = atomic_load_explicit(&l->st_scattered, memory_order_relaxed);
 			uint64_t rp = atomic_load_explicit(&l->st_replayed, memory_order_relaxed);
+			uint32_t own = tcp_owner_busy(l);
+			uint32_t inflight;
 			bool up;
 
 			pthread_mutex_lock(&l->lock);
 			up = l->state == TCP_LANE_UP;
+			inflight = atomic_load_explicit(&l->used, memory_order_relaxed);
 			pthread_mutex_unlock(&l->lock);
 			tcp_out(&o,
 				"%s{\"slices\":%" PRIu64 ",\"bytes\":%" PRIu64
 				",\"connects\":%" PRIu64 ",\"driven\":%" PRIu64
-				",\"scattered\":%" PRIu64 ",\"replayed\":%" PRIu64 ",\"up\":%s}",
-				i ? "," : "", n, b, c, d, sc, rp, up ? "true" : "false");
+				",\"scattered\":%" PRIu64 ",\"replayed\":%" PRIu64
+				",\"in_flight\":%" PRIu32 ",\"owner_in_flight\":%" PRIu32
+				",\"up\":%s}",
+				i ? "," : "", n, b, c, d, sc, rp, inflight, own,
+				up ? "true" : "false");
 			slices += n;
 			bytes += b;
 			reconnects += c > 1 ? c - 1 : 0;

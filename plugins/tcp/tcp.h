@@ -323,7 +323,7 @@ struct tcp_slot {
 	uint16_t gen;
 	uint16_t flags;
 	uint8_t op;
-	uint8_t owner; /* 1 + the index of the submitting thread's own lane (owner_used); 0: none */
+	uint8_t owner; /* 1 + the index of the submitting thread's own lane (tcp_owner_add); 0: none */
 	uint32_t next; /* request id (TCP_SLOT_NEXT) */
 };
 
@@ -468,12 +468,18 @@ struct tcp_lane {
 	/*
 	 * When a thread whose own lane this is last submitted to this peer, on whatever lane
 	 * (relaxed: a hint): while another thread did so within TCP_OWNER_RECENT_NS, or has
-	 * requests in flight to it (owner_used), a thread does not stripe its large slices but
+	 * requests in flight to it (tcp_owner_busy), a thread does not stripe its large slices but
 	 * keeps them on its own lane.
 	 */
 	_Atomic uint64_t owner_ns;
-	/* Requests in flight to this peer, on any lane, of the threads whose own lane this is. */
-	_Atomic uint32_t owner_used;
+	/*
+	 * Requests in flight to this peer of the threads whose own lane this is
+	 * (tcp_owner_add, tcp_owner_busy): on this lane (owner_home: under this lane's lock,
+	 * one writer at a time), and on the peer's other lanes (owner_away: changed under each
+	 * of those lanes' locks, so by atomic adds).
+	 */
+	_Atomic uint32_t owner_home;
+	_Atomic uint32_t owner_away;
 
 	/*
 	 * Under lock: the order requests go out in (wired_last: the last one gathered, when
@@ -554,6 +560,30 @@ struct tcp_peer {
 	uint32_t n_lanes;
 	struct tcp_lane lanes[];
 };
+
+/*
+ * Count @d requests on @l (under its lock) into or out of flight for the threads whose own
+ * lane is the peer's lane @own. On @l itself a plain update (one writer: @l's lock holder);
+ * on another lane an atomic add, as every lane's lock holder may change that count at once
+ * (a load and a store there lost updates: the count stayed above 0 for good,
+ * /tcp/stats/owner-counts).
+ */
+static inline void tcp_owner_add(struct tcp_lane *l, uint32_t own, int d)
+{
+	struct tcp_lane *o = &l->peer->lanes[own];
+
+	if (o == l)
+		tcp_count_add(&l->owner_home, d);
+	else
+		atomic_fetch_add_explicit(&o->owner_away, (uint32_t)d, memory_order_relaxed);
+}
+
+/* Requests in flight of the threads whose own lane is @c (relaxed: a hint). */
+static inline uint32_t tcp_owner_busy(const struct tcp_lane *c)
+{
+	return atomic_load_explicit(&c->owner_home, memory_order_relaxed) +
+	       atomic_load_explicit(&c->owner_away, memory_order_relaxed);
+}
 
 /* One queued response of a server connection. */
 struct tcp_resp {

@@ -27,7 +27,7 @@ static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 	if (slot->length >= TCP_DRV_MAX_SLICE)
 		l->n_big--;
 	if (slot->owner)
-		tcp_count_add(&l->peer->lanes[slot->owner - 1].owner_used, -1);
+		tcp_owner_add(l, slot->owner - 1u, -1);
 	slot->owner = 0;
 	slot->slice = NULL;
 	slot->flags = 0;
@@ -1566,7 +1566,7 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 	slot->flags = TCP_SLOT_USED;
 	slot->owner = (uint8_t)owner;
 	if (owner)
-		tcp_count_add(&l->peer->lanes[owner - 1].owner_used, 1);
+		tcp_owner_add(l, owner - 1, 1);
 	slot->op = s->opcode == TE_PLUGIN_OP_READ ? TCP_OP_READ : TCP_OP_WRITE;
 	slot->length = s->length;
 	p->next = NULL;
@@ -1698,14 +1698,14 @@ static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp
 
 /*
  * Whether another thread moves data to @peer: one whose own lane is not @own and who has
- * requests in flight to @peer (owner_used), or submitted to it within TCP_OWNER_RECENT_NS.
+ * requests in flight to @peer (tcp_owner_busy), or submitted to it within TCP_OWNER_RECENT_NS.
  */
 static bool tcp_peer_others_active(const struct tcp_peer *peer, uint32_t own, uint64_t now)
 {
 	for (uint32_t k = 0; k < peer->n_lanes; k++) {
 		const struct tcp_lane *c = &peer->lanes[k];
 
-		if (k != own && (atomic_load_explicit(&c->owner_used, memory_order_relaxed) ||
+		if (k != own && (tcp_owner_busy(c) ||
 				 now - atomic_load_explicit(&c->owner_ns, memory_order_relaxed) <
 					 TCP_OWNER_RECENT_NS))
 			return true;
@@ -1877,7 +1877,7 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			if (now < atomic_load_explicit(&c->shun_until_ns, memory_order_relaxed))
 				continue;
 			if (stripe && k < peer->n_lanes && idx != own &&
-			    (atomic_load_explicit(&c->owner_used, memory_order_relaxed) ||
+			    (tcp_owner_busy(c) ||
 			     (spread &&
 			      now - atomic_load_explicit(&c->home_ns, memory_order_relaxed) <
 				      TCP_HOME_RECENT_NS)))

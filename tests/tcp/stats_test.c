@@ -331,6 +331,65 @@ static void test_thread_reuse(void)
 }
 
 /*
+ * The in-flight counts go back to 0 once everything is answered. One thread's small slices
+ * dealt round-robin over 4 lanes (stripe_min: 0): each lane's worker frees the slots of its
+ * own lane, and every one of those slots counts against the thread's own lane
+ * (owner_in_flight), while the thread submits more under another lane's lock. Counted with
+ * a plain load and store under each lane's own lock, updates from different lanes got lost
+ * (the count stayed above 0, or wrapped, for good, and kept every other thread's large
+ * slices off the lanes); 200 batches of 256 READs and WRITEs of 4 KiB. Then another thread's
+ * small slices are dealt over all lanes, as for a thread alone.
+ */
+static void test_owner_counts(void)
+{
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	g_autoptr(JsonParser) s = NULL;
+	JsonObject *peer;
+	int64_t slices = 0;
+
+	pair_up(&p, "lanes: 4, stripe_min: 0", &la, MiB, 0x3939, &rb, MiB, 0x9393);
+	for (int i = 0; i < 200; i++)
+		run_requests(&p, &la, &rb, 0, i % 2 ? TE_OP_WRITE : TE_OP_READ, 256, 4 * KiB);
+	g_assert_true(itest_range_is(&la, 0, MiB, &rb, 0));
+
+	s = stats_of(p.a);
+	peer = only_peer(tcp_of(s), "B");
+	g_assert_cmpint(json_object_get_int_member(peer, "lanes_used"), ==, 4);
+	for (guint k = 0; k < 4; k++) {
+		g_test_message("lane %u: %" PRId64 " slices, in flight %" PRId64
+			       ", of its owner %" PRId64,
+			       k, lane_int(peer, k, "slices"), lane_int(peer, k, "in_flight"),
+			       lane_int(peer, k, "owner_in_flight"));
+		slices += lane_int(peer, k, "slices");
+		g_assert_cmpint(lane_int(peer, k, "in_flight"), ==, 0);
+		g_assert_cmpint(lane_int(peer, k, "owner_in_flight"), ==, 0);
+	}
+	g_assert_cmpint(slices, ==, 200 * 256);
+
+	/*
+	 * Idle past TCP_OWNER_RECENT_NS (20 ms), this thread moves data no more: another
+	 * thread's 64 small READs are dealt over all 4 lanes (a count left above 0 kept them
+	 * all on that thread's own lane).
+	 */
+	g_usleep(50 * 1000);
+	{
+		struct lane_job job = { &p, &la, &rb, 0, 64, NULL };
+		g_autoptr(JsonParser) s2 = NULL;
+		JsonObject *peer2;
+
+		lane_jobs_run(&job, 1, NULL);
+		g_assert_true(itest_range_is(&la, 0, 64 * 4 * KiB, &rb, 0));
+		s2 = stats_of(p.a);
+		peer2 = only_peer(tcp_of(s2), "B");
+		for (guint k = 0; k < 4; k++)
+			g_assert_cmpint(lane_int(peer2, k, "slices") - lane_int(peer, k, "slices"),
+					==, 16);
+	}
+	pair_down(&p, &la, &rb);
+}
+
+/*
  * progress 'caller' (the default): the thread waiting in te_batch_wait reads answers on its
  * own lane itself (counted per lane as "driven"); 'threads': only the epoll threads do.
  * Rounds of 50 one-request batches, one at a time: the waiter starts polling microseconds
@@ -447,6 +506,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/stats/lane-counts", test_lane_counts);
 	g_test_add_func("/tcp/stats/thread-lanes", test_thread_lanes);
 	g_test_add_func("/tcp/stats/thread-reuse", test_thread_reuse);
+	g_test_add_func("/tcp/stats/owner-counts", test_owner_counts);
 	g_test_add_func("/tcp/stats/progress-modes", test_progress_modes);
 	g_test_add_func("/tcp/stats/deep-batch", test_deep_batch);
 	g_test_add_func("/tcp/stats/bad-input", test_bad_input);
