@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* tcp_test.c: the tcp transport between two engines of this process, and hostile raw clients. */
 #include "itest.h"
+#include "lanes_settle.h"
 #include "logcap.h"
 
 #include <errno.h>
@@ -1206,45 +1207,6 @@ static void test_peer_restarted(void)
 }
 
 /*
- * Every lane of every peer of @e gives its slots and in-flight counts back (te_engine_stats:
- * in_flight and owner_in_flight 0) within 5 s: requests that ended by cancel, failure or a
- * moved lane leave nothing behind (a leaked slot shrinks its lane for good).
- */
-static void assert_lanes_settle(struct te_engine *e)
-{
-	int64_t busy = -1;
-
-	for (int tries = 0; tries < 500 && busy; tries++) {
-		g_autoptr(JsonParser) parser = json_parser_new();
-		JsonObject *root;
-		JsonArray *peers;
-		char *json = NULL;
-
-		if (tries)
-			sleep_ms(10);
-		assert_ok(te_engine_stats(e, &json));
-		g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
-		te_free(json);
-		root = json_node_get_object(json_parser_get_root(parser));
-		peers = json_object_get_array_member(json_object_get_object_member(root, "tcp"),
-						     "peers");
-		busy = 0;
-		for (guint i = 0; i < json_array_get_length(peers); i++) {
-			JsonArray *lanes = json_object_get_array_member(
-				json_array_get_object_element(peers, i), "lanes");
-
-			for (guint k = 0; k < json_array_get_length(lanes); k++) {
-				JsonObject *l = json_array_get_object_element(lanes, k);
-
-				busy += json_object_get_int_member(l, "in_flight") +
-					json_object_get_int_member(l, "owner_in_flight");
-			}
-		}
-	}
-	g_assert_cmpint(busy, ==, 0);
-}
-
-/*
  * Cancel batches of large transfers in flight: each turns terminal and can be freed, no
  * byte of a canceled READ lands after the batch is terminal, and the lanes stay in sync.
  */
@@ -1293,7 +1255,7 @@ static void test_cancel_in_flight(void)
 					    itest_raddr(&rb, (size_t)(8 + i) * MiB), MiB };
 	run_ok(&p, r, 8);
 	g_assert_cmpmem(rb.data + 8 * MiB, 8 * MiB, la.data, 8 * MiB);
-	assert_lanes_settle(p.a);
+	tcp_lanes_settle(p.a);
 	itest_pair_free(&p);
 	logcap_check_free(&lc);
 	g_free(snap);
@@ -1571,7 +1533,7 @@ static void test_cancel_mid_payload(void)
 		/* Only what arrived before the cancel landed. */
 		g_assert_true(itest_untouched_outside(&la, offs, lens, 2));
 	}
-	assert_lanes_settle(p.a);
+	tcp_lanes_settle(p.a);
 	itest_pair_free(&p);
 	fake_close(&f);
 	g_free(junk);
@@ -1964,7 +1926,7 @@ static void test_refused_lane_moves(void)
 	assert_ok(itest_wait(p.a, bid));
 	assert_ok(te_batch_free(p.a, bid));
 	g_assert_cmpint(lane_stat(p.a, 1 - own, "connects"), ==, 2);
-	assert_lanes_settle(p.a);
+	tcp_lanes_settle(p.a);
 	itest_pair_free(&p);
 	close(f2.fd);
 	fake_close(&f);
@@ -2462,7 +2424,7 @@ static void test_scatter_cancel(void)
 	run_ok(&p, r, N);
 	g_assert_true(itest_range_is(&la, 0, N * 4096, &rb, 0));
 	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
-	assert_lanes_settle(p.a);
+	tcp_lanes_settle(p.a);
 	itest_pair_free(&p);
 	g_free(snap);
 	g_free(r);
@@ -2569,7 +2531,7 @@ static void test_bad_reply(gconstpointer data)
 	 * where the payload was foreseen: the destination of a READ that fails is undefined.
 	 */
 	g_assert_true(itest_untouched_outside(&la, (size_t[]){ 4096 }, (size_t[]){ 4096 }, 1));
-	assert_lanes_settle(p.a);
+	tcp_lanes_settle(p.a);
 	itest_pair_free(&p);
 	fake_close(&f);
 	itest_buf_free(&la);
@@ -2972,7 +2934,7 @@ static void test_cancel_write_fenced(void)
 		g_assert_cmpuint(drained, <=, 8 * MiB - sizeof(junk));
 		close(old_fd);
 	}
-	assert_lanes_settle(p.a);
+	tcp_lanes_settle(p.a);
 	itest_pair_free(&p);
 	fake_close(&f);
 	itest_buf_free(&la);
