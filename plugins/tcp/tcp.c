@@ -47,6 +47,10 @@ static const struct te_plugin_option tcp_options[] = {
 			      "slice size advertised to the core (transfer.slice_size overrides)"),
 	TE_PLUGIN_OPTION_INT("connect_timeout_ms", "3000", 1, 600000,
 			     "a slower connect fails its slices (TE_ERR_PEER_UNREACHABLE)"),
+	TE_PLUGIN_OPTION_INT("room_retry_ms", "10000", 10, 3600000,
+			     "a lane the server refused for want of room (its max_conns_per_host) "
+			     "is left alone this long, doubled for each refusal in a row (up to "
+			     "32 times), its requests going over the peer's other lanes"),
 	TE_PLUGIN_OPTION_SIZE("sockbuf", "0", 0, 1 << 30,
 			      "SO_SNDBUF/SO_RCVBUF, 0 or at least 64K; 0 keeps the kernel's "
 			      "autotuning"),
@@ -247,6 +251,7 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	ti->stripe_min = tcp_opt_size(ti, "stripe_min");
 	ti->wait_hold_ns = tcp_opt(ti, "wait_hold_us") * 1000ull;
 	ti->connect_timeout_ms = tcp_opt(ti, "connect_timeout_ms");
+	ti->room_retry_ns = tcp_opt(ti, "room_retry_ms") * 1000000ull;
 	ti->sockbuf = tcp_opt_size(ti, "sockbuf");
 	if (ti->sockbuf && ti->sockbuf < TCP_SOCKBUF_MIN) {
 		/*
@@ -993,13 +998,17 @@ static void tcp_out_str(struct tcp_out *o, const char *s)
 }
 
 /*
- * {"lanes_per_peer": N, "peers": [{"name", "address", "lanes": [{"slices", "bytes",
- * "connects", ..., "in_flight", "owner_in_flight", "up"}...], "lanes_used", "slices",
+ * {"lanes_per_peer": N, ..., "refused_for_room": N, "peers": [{"name", "address", "lanes":
+ * [{"slices", "bytes", "connects", ..., "in_flight", "owner_in_flight", "room_refused",
+ * "room_refusals_in_row", "room_wait_ms", "up"}...], "lanes_used", "slices",
  * "bytes", "reconnects"}...]}: per peer loaded now, the slices and payload bytes queued on
  * each lane since the peer was loaded (retries count again), connections opened
  * (reconnects: all but each lane's first). A lane is used when it carried at least one
  * slice. Now: in_flight, the lane's slots in use (orphans included); owner_in_flight, the
- * requests in flight on any lane of the threads whose own lane this is.
+ * requests in flight on any lane of the threads whose own lane this is; room_refused, the
+ * connections the peer refused for want of room, room_refusals_in_row and room_wait_ms those
+ * in a row since the lane was served and the wait the last one set. refused_for_room: lanes
+ * of other engines this one refused so (the serving side).
  */
 static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t len,
 				size_t *needed_out)
@@ -1012,8 +1021,9 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 		return TE_ERR_INVALID_ARG;
 	tcp_out(&o,
 		"{\"lanes_per_peer\":%" PRIu32 ",\"progress\":\"%s\",\"scatter_max\":%" PRIu32
-		",\"peers\":[",
-		ti->lanes, ti->hybrid ? "caller" : "threads", ti->scatter_max);
+		",\"refused_for_room\":%" PRIu64 ",\"peers\":[",
+		ti->lanes, ti->hybrid ? "caller" : "threads", ti->scatter_max,
+		(uint64_t)atomic_load_explicit(&ti->st_room_refused, memory_order_relaxed));
 	pthread_mutex_lock(&ti->lock);
 	for (struct tcp_peer *peer = ti->peers; peer; peer = peer->next) {
 		uint64_t slices = 0, bytes = 0, reconnects = 0;
@@ -1033,22 +1043,27 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 			uint64_t d = atomic_load_explicit(&l->st_driven, memory_order_relaxed);
 			uint64_t sc = atomic_load_explicit(&l->st_scattered, memory_order_relaxed);
 			uint64_t rp = atomic_load_explicit(&l->st_replayed, memory_order_relaxed);
+			uint64_t rr =
+				atomic_load_explicit(&l->st_room_refused, memory_order_relaxed);
 			uint32_t own = tcp_owner_busy(l);
-			uint32_t inflight;
+			uint32_t inflight, streak, wait_ms;
 			bool up;
 
 			pthread_mutex_lock(&l->lock);
 			up = l->state == TCP_LANE_UP;
 			inflight = atomic_load_explicit(&l->used, memory_order_relaxed);
+			streak = l->room_streak;
+			wait_ms = l->room_wait_ms;
 			pthread_mutex_unlock(&l->lock);
 			tcp_out(&o,
 				"%s{\"slices\":%" PRIu64 ",\"bytes\":%" PRIu64
 				",\"connects\":%" PRIu64 ",\"driven\":%" PRIu64
 				",\"scattered\":%" PRIu64 ",\"replayed\":%" PRIu64
 				",\"in_flight\":%" PRIu32 ",\"owner_in_flight\":%" PRIu32
-				",\"up\":%s}",
-				i ? "," : "", n, b, c, d, sc, rp, inflight, own,
-				up ? "true" : "false");
+				",\"room_refused\":%" PRIu64 ",\"room_refusals_in_row\":%" PRIu32
+				",\"room_wait_ms\":%" PRIu32 ",\"up\":%s}",
+				i ? "," : "", n, b, c, d, sc, rp, inflight, own, rr, streak,
+				wait_ms, up ? "true" : "false");
 			slices += n;
 			bytes += b;
 			reconnects += c > 1 ? c - 1 : 0;

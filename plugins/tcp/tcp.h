@@ -170,8 +170,14 @@
 #define TCP_STAGED_TYPES (TE_PLUGIN_MEM_CUDA | TE_PLUGIN_MEM_HIP)
 #define TCP_TICK_MS 100		  /* housekeeping period: connect timeouts, stalls */
 #define TCP_SHUN_NS 1000000000ull /* a lane whose requests moved away stays left alone */
-/* ... this long when the server said its host's connections are for others' first lanes */
-#define TCP_SHUN_FULL_NS 10000000000ull
+/*
+ * A lane the server refused for want of room (its host's last connections are kept for
+ * other engines' first lanes) stays left alone for option room_retry_ms, doubled for each
+ * such refusal in a row, up to this many times as long.
+ */
+#define TCP_ROOM_BACKOFF_MAX 32u
+/* The serving side warns of refusals for want of room at most once per this, with a count. */
+#define TCP_ROOM_WARN_NS 60000000000ull
 #define TCP_STALL_TICKS 3u /* ticks without progress that break a lane with cancels */
 #define TCP_EVENTS 64
 
@@ -417,6 +423,13 @@ struct tcp_lane {
 	 * room for the lane, so it served none of its requests (tcp_lane_break moves them all).
 	 */
 	bool full_refused;
+	/*
+	 * Under lock: such refusals in a row since the lane was last served, and how long the
+	 * last one left it alone (ms; 0 once served): statistics "room_refusals_in_row",
+	 * "room_wait_ms".
+	 */
+	uint32_t room_streak;
+	uint32_t room_wait_ms;
 
 	struct tcp_slot *slots;
 	/*
@@ -515,8 +528,9 @@ struct tcp_lane {
 	_Atomic uint64_t st_slices, st_bytes;
 	_Atomic uint64_t st_connects;
 	_Atomic uint64_t st_driven; /* slices whose answer a waiting thread read (tcp_progress) */
-	_Atomic uint64_t st_scattered; /* answers a scatter read put in place */
-	_Atomic uint64_t st_replayed;  /* scatter reads that met an answer not foreseen */
+	_Atomic uint64_t st_scattered;	  /* answers a scatter read put in place */
+	_Atomic uint64_t st_replayed;	  /* scatter reads that met an answer not foreseen */
+	_Atomic uint64_t st_room_refused; /* connections the server refused for want of room */
 
 	/* Cold: used once per connection. */
 	uint8_t nonce_c[TCP_NONCE];
@@ -740,6 +754,17 @@ struct tcp_inst {
 	/* Refused connections: one warning per second at most (accepting worker only). */
 	uint64_t refuse_log_ns;
 	uint32_t refused_quiet;
+	/*
+	 * Lanes refused for want of room: as the server, how many (statistics
+	 * "room_refused"), when the last warning was and how many went unwarned since
+	 * (tcp_warn_room); as the client, whether one was warned of yet (the others are
+	 * logged at info: one warning per engine tells the operator what to change).
+	 */
+	_Atomic uint64_t st_room_refused;
+	_Atomic uint64_t room_warn_ns;
+	atomic_uint room_quiet;
+	atomic_bool room_warned;
+	uint64_t room_retry_ns; /* option room_retry_ms */
 
 	pthread_mutex_t fence_lock;
 	struct tcp_fence *fences;

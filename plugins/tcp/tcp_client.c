@@ -243,6 +243,10 @@ void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, 
 	 * answer to the HELLO or, with a secret, the AUTH, behind which requests may have gone).
 	 */
 	full = l->full_refused;
+	if (full) {
+		l->room_streak++;
+		tcp_stat_add(&l->st_room_refused, 1);
+	}
 	unsent = !gone && ((l->hs == TCP_HS_HELLO &&
 			    (rst == TE_ERR_CONN_RESET || rst == TE_ERR_PEER_UNREACHABLE)) ||
 			   full);
@@ -807,6 +811,7 @@ static enum tcp_parse tcp_lane_handshake(struct tcp_inst *ti, struct tcp_lane *l
 			l->base_ns = tcp_now_ns();
 		l->hs = TCP_HS_READY;
 		l->full_noted = false; /* served: a later refusal is news again */
+		l->room_streak = l->room_wait_ms = 0;
 		tcp_fence_take_locked(l, true, 0, &fenced);
 		/* Its own instance answers again: a later restart is news again. */
 		atomic_store_explicit(&peer->restarted, false, memory_order_relaxed);
@@ -1612,18 +1617,33 @@ static void tcp_lane_push(struct tcp_inst *ti, struct tcp_lane *l, bool bulk)
 }
 
 /*
+ * How long a lane stays left alone after the @streak-th refusal in a row for want of room:
+ * option room_retry_ms, doubled each time, at most TCP_ROOM_BACKOFF_MAX times as long. Each
+ * try costs both ends a connection and a handshake, and the room rarely comes back soon
+ * (it is held by other engines' lanes, kept open).
+ */
+static uint64_t tcp_room_wait_ns(const struct tcp_inst *ti, uint32_t streak)
+{
+	uint64_t mult = 1;
+
+	for (uint32_t k = 1; k < streak && mult < TCP_ROOM_BACKOFF_MAX; k++)
+		mult *= 2;
+	return ti->room_retry_ns * mult;
+}
+
+/*
  * The requests of @from's connection that failed before the server accepted it (none was
  * sent): queue them on the peer's lanes that are up or connecting (requests wait there for
  * the server's answer to the HELLO, and move on again if that fails), and keep submit off
- * @from for TCP_SHUN_NS, or TCP_SHUN_FULL_NS when the server kept its host's last
- * connections for other engines (@full: TE_ERR_AGAIN); those that find no room go to @rest,
+ * @from for TCP_SHUN_NS, or when the server kept its host's last connections for other
+ * engines (@full: TE_ERR_AGAIN) for tcp_room_wait_ns; those that find no room go to @rest,
  * to be reported with the status and detail the break gave them (@why is its reason, for the
  * log). Not under a lock.
  */
 static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp_rlist *list,
 			  struct tcp_rlist *rest, const char *why, bool full)
 {
-	uint64_t shun_ns = full ? TCP_SHUN_FULL_NS : TCP_SHUN_NS;
+	uint64_t shun_ns = TCP_SHUN_NS;
 	struct tcp_peer *peer = from->peer;
 	struct te_plugin_slice *s = list->head;
 	bool touched[TCP_MAX_LANES] = { false };
@@ -1656,20 +1676,39 @@ static void tcp_lane_move(struct tcp_inst *ti, struct tcp_lane *from, struct tcp
 		s = next;
 	}
 	if (moved) {
+		enum te_plugin_log_level level = TE_PLUGIN_LOG_WARN;
+		const char *hint = "";
 		bool quiet;
 
 		pthread_mutex_lock(&from->lock);
+		if (full) {
+			shun_ns = tcp_room_wait_ns(ti, from->room_streak);
+			from->room_wait_ms = (uint32_t)TCP_MIN(shun_ns / 1000000u, UINT32_MAX);
+		}
 		quiet = full && from->full_noted;
 		from->full_noted |= full;
 		pthread_mutex_unlock(&from->lock);
 		atomic_store_explicit(&from->shun_until_ns, tcp_now_ns() + shun_ns,
 				      memory_order_relaxed);
-		tcp_log(ti, quiet ? TE_PLUGIN_LOG_DEBUG : TE_PLUGIN_LOG_WARN,
+		/*
+		 * For want of room: one warning per engine says what to change; each lane's
+		 * first refusal since it was served goes to info, its repeats to debug (a host
+		 * of 32 engines logged over 850 warnings in 8 s, one per lane).
+		 */
+		if (quiet)
+			level = TE_PLUGIN_LOG_DEBUG;
+		else if (full && atomic_exchange(&ti->room_warned, true))
+			level = TE_PLUGIN_LOG_INFO;
+		else if (full)
+			hint = "; raise the peer's max_conns_per_host, or lower lanes, to give "
+			       "every lane room (further refusals for want of room: at info; "
+			       "tcp statistics: room_refused per lane)";
+		tcp_log(ti, level,
 			"lane %u to %s failed before the server accepted it (%s); its %u "
 			"request(s) moved to the peer's other lanes, and it is left alone for "
-			"%llu ms",
+			"%llu ms%s",
 			from->index, peer->name, why, moved,
-			(unsigned long long)(shun_ns / 1000000));
+			(unsigned long long)(shun_ns / 1000000), hint);
 	}
 	for (uint32_t i = 0; i < peer->n_lanes; i++)
 		if (touched[i])

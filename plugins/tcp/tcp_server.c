@@ -427,6 +427,38 @@ static bool tcp_extra_lane_over(struct tcp_inst *ti, const struct tcp_conn *c, c
 	return true;
 }
 
+/*
+ * A lane refused for want of room (tcp_extra_lane_over): counted, and warned of at most once
+ * per TCP_ROOM_WARN_NS per engine with the count since, the rest at debug. Not one per
+ * worker and second: a host of 32 engines, all opening 4 lanes to each other, logged 390
+ * such warnings in 8 s, each engine's clients again as many (tcp_lane_move). Any worker.
+ */
+static void tcp_warn_room(struct tcp_inst *ti, const char *who, const char *text)
+{
+	uint64_t now = tcp_now_ns();
+	uint64_t last = atomic_load_explicit(&ti->room_warn_ns, memory_order_relaxed);
+	unsigned quiet;
+
+	tcp_stat_add(&ti->st_room_refused, 1);
+	if ((last && now - last < TCP_ROOM_WARN_NS) ||
+	    !atomic_compare_exchange_strong(&ti->room_warn_ns, &last, now)) {
+		atomic_fetch_add_explicit(&ti->room_quiet, 1, memory_order_relaxed);
+		tcp_log(ti, TE_PLUGIN_LOG_DEBUG, "connection from %s: %s", who, text);
+		return;
+	}
+	quiet = atomic_exchange_explicit(&ti->room_quiet, 0, memory_order_relaxed);
+	if (quiet)
+		tcp_log(ti, TE_PLUGIN_LOG_WARN,
+			"connection from %s: %s (and %u more refused for want of room in the last "
+			"%llu s; tcp statistics: refused_for_room)",
+			who, text, quiet, (unsigned long long)((now - last) / 1000000000u));
+	else
+		tcp_log(ti, TE_PLUGIN_LOG_WARN,
+			"connection from %s: %s (further ones: at most one warning a minute; tcp "
+			"statistics: refused_for_room)",
+			who, text);
+}
+
 /* The client proved itself (or no secret is configured): fence, then serve. */
 static enum tcp_srv tcp_conn_ready(struct tcp_inst *ti, struct tcp_conn *c, uint8_t op, char *why,
 				   size_t why_len)
@@ -453,7 +485,7 @@ static enum tcp_srv tcp_conn_ready(struct tcp_inst *ti, struct tcp_conn *c, uint
 		c->rx.gulp = TCP_GULP;
 	}
 	if (tcp_extra_lane_over(ti, c, text, sizeof(text))) {
-		tcp_warn_limited(ti, c->w, "connection from %s: %s", c->who, text);
+		tcp_warn_room(ti, c->who, text);
 		tcp_conn_refuse(c, op, TE_ERR_AGAIN, 0, text);
 		return TCP_SRV_NEXT;
 	}

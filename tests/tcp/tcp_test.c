@@ -3099,6 +3099,159 @@ static void test_limit_refusal_text(void)
 	itest_buf_free(&rb);
 }
 
+/* A lane's refusals for want of room, from @e's tcp statistics (peer @peer, lane @idx). */
+struct room_stats {
+	int64_t refused, in_row, wait_ms;
+	bool up;
+};
+
+static struct room_stats room_lane(struct te_engine *e, const char *peer, guint idx)
+{
+	g_autoptr(JsonParser) parser = json_parser_new();
+	struct room_stats rs = { 0 };
+	JsonArray *peers;
+	char *json = NULL;
+
+	assert_ok(te_engine_stats(e, &json));
+	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
+	te_free(json);
+	peers = json_object_get_array_member(
+		json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
+					      "tcp"),
+		"peers");
+	for (guint i = 0; i < json_array_get_length(peers); i++) {
+		JsonObject *po = json_array_get_object_element(peers, i);
+		JsonObject *l;
+
+		if (strcmp(json_object_get_string_member(po, "name"), peer) != 0)
+			continue;
+		l = json_array_get_object_element(json_object_get_array_member(po, "lanes"), idx);
+		rs.refused = json_object_get_int_member(l, "room_refused");
+		rs.in_row = json_object_get_int_member(l, "room_refusals_in_row");
+		rs.wait_ms = json_object_get_int_member(l, "room_wait_ms");
+		rs.up = json_object_get_boolean_member(l, "up");
+		return rs;
+	}
+	g_error("no tcp statistics for peer %s", peer);
+	return rs;
+}
+
+/* The serving side's count of lanes it refused for want of room. */
+static int64_t room_refused_served(struct te_engine *e)
+{
+	g_autoptr(JsonParser) parser = json_parser_new();
+	char *json = NULL;
+
+	assert_ok(te_engine_stats(e, &json));
+	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
+	te_free(json);
+	return json_object_get_int_member(
+		json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
+					      "tcp"),
+		"refused_for_room");
+}
+
+/*
+ * Refusals for want of room neither flood the log nor the servers: A (2 lanes) reads from B
+ * and C, each with max_conns_per_host 2 (one connection kept for other engines), so once
+ * A's own lane to a peer is served, its other lane is refused at each try. A warns once
+ * (with what to change), logs the other peer's first refusal at info and the repeats at
+ * debug; B warns once for its 7 refusals. The refused lane waits room_retry_ms (10 ms),
+ * doubled per refusal in a row, up to 32 times (320 ms); every READ completes over the
+ * served lane, and the statistics count it all.
+ */
+static void test_limit_room_backoff(void)
+{
+	static const int64_t waits[] = { 10, 20, 40, 80, 160, 320, 320 };
+	struct itest_pair p, q;
+	struct itest_buf la, rb, rc;
+	struct logcap lca, lcb, lcc;
+	struct te_request r;
+	struct room_stats own, other;
+	guint lane_own, lane_other;
+
+	logcap_init(&lca);
+	logcap_init(&lcb);
+	logcap_init(&lcc);
+	p.a = engine_logged("A", "lanes: 2, stripe_min: 64K, slice_size: 64K, room_retry_ms: 10",
+			    default_transfer, &lca);
+	p.b = engine_logged("B", "max_conns_per_host: 2", default_transfer, &lcb);
+	q.a = p.a;
+	q.b = engine_logged("C", "max_conns_per_host: 2", default_transfer, &lcc);
+	itest_buf_new(&la, 1 * MiB, GUARD, 0xa2);
+	itest_buf_new(&rb, 1 * MiB, GUARD, 0xb2);
+	itest_buf_new(&rc, 1 * MiB, GUARD, 0xc2);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_buf_register(&rc, q.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	itest_pair_connect(&q);
+
+	/* This thread's own lane to B is served first: a READ below stripe_min stays on it. */
+	r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
+	run_ok(&p, &r, 1);
+	lane_own = room_lane(p.a, "B", 0).up ? 0 : 1;
+	lane_other = 1 - lane_own;
+	g_assert_true(room_lane(p.a, "B", lane_own).up);
+	g_assert_false(room_lane(p.a, "B", lane_other).up);
+
+	for (guint i = 0; i < G_N_ELEMENTS(waits); i++) {
+		/* 16 slices of 64 KiB dealt over both lanes; the other lane's move to ours. */
+		memset(la.data, 0, 1 * MiB);
+		r = (struct te_request){ TE_OP_READ, p.seg, la.data, itest_raddr(&rb, 0), 1 * MiB };
+		run_ok(&p, &r, 1);
+		g_assert_cmpmem(la.data, 1 * MiB, rb.data, 1 * MiB);
+		other = room_lane(p.a, "B", lane_other);
+		own = room_lane(p.a, "B", lane_own);
+		g_assert_cmpint(other.refused, ==, (int64_t)i + 1);
+		g_assert_cmpint(other.in_row, ==, (int64_t)i + 1);
+		g_assert_cmpint(other.wait_ms, ==, waits[i]);
+		g_assert_false(other.up);
+		g_assert_cmpint(own.refused, ==, 0);
+		g_assert_cmpint(own.wait_ms, ==, 0);
+		g_assert_true(own.up);
+		/* Past the wait: the next READ tries the lane again. */
+		sleep_ms((unsigned)waits[i] + 50);
+	}
+	g_assert_cmpint(room_refused_served(p.b), ==, (int64_t)G_N_ELEMENTS(waits));
+
+	/* C: A's own lane first, then its other lane's first refusal, logged at info. */
+	r = (struct te_request){ TE_OP_READ, q.seg, la.data, itest_raddr(&rc, 0), 4096 };
+	run_ok(&q, &r, 1);
+	memset(la.data, 0, 1 * MiB);
+	r = (struct te_request){ TE_OP_READ, q.seg, la.data, itest_raddr(&rc, 0), 1 * MiB };
+	run_ok(&q, &r, 1);
+	g_assert_cmpmem(la.data, 1 * MiB, rc.data, 1 * MiB);
+	other = room_lane(p.a, "C", lane_other);
+	g_assert_cmpint(other.refused, ==, 1);
+	g_assert_cmpint(other.wait_ms, ==, 10);
+	g_assert_cmpint(room_refused_served(q.b), ==, 1);
+
+	/* A: one warning, saying what to change; C's lane at info; B's repeats at debug. */
+	g_assert_cmpuint(logcap_count_at(&lca, TE_LOG_WARN, "failed before the server accepted it"),
+			 ==, 1);
+	g_assert_cmpuint(logcap_count(&lca, "failed before the server accepted it",
+				      "raise the peer's max_conns_per_host, or lower lanes"),
+			 ==, 1);
+	g_assert_cmpuint(logcap_count_at(&lca, TE_LOG_INFO, "failed before the server accepted it"),
+			 ==, 1);
+	g_assert_cmpuint(logcap_count(&lca, "failed before the server accepted it", NULL), ==, 2);
+	/* B and C: one warning each (the rest at debug, not captured at info). */
+	g_assert_cmpuint(logcap_count_at(&lcb, TE_LOG_WARN, "kept for other engines"), ==, 1);
+	g_assert_cmpuint(logcap_count(&lcb, "kept for other engines", NULL), ==, 1);
+	g_assert_cmpuint(logcap_count_at(&lcc, TE_LOG_WARN, "kept for other engines"), ==, 1);
+	tcp_lanes_settle(p.a);
+
+	te_engine_free(q.b);
+	itest_pair_free(&p);
+	logcap_clear(&lca);
+	logcap_clear(&lcb);
+	logcap_clear(&lcc);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+	itest_buf_free(&rc);
+}
+
 /*
  * The last quarter of max_conns_per_host (here 1 of 4) is for engines with no connection from
  * the host yet: a client's extra lanes are refused (TE_ERR_AGAIN, with the reason) before it;
@@ -3536,6 +3689,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/lanes/refused-lane-moves", test_refused_lane_moves);
 	g_test_add_func("/tcp/limits/room-for-first-lanes", test_limit_leaves_room);
 	g_test_add_func("/tcp/limits/refusal-text", test_limit_refusal_text);
+	g_test_add_func("/tcp/limits/room-backoff", test_limit_room_backoff);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves", test_full_host_lane_moves);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves-auth", test_full_host_lane_moves_auth);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
