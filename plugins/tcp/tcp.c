@@ -5,6 +5,8 @@
  */
 #include "tcp.h"
 
+#include <sys/mman.h>
+
 /* --- options ------------------------------------------------------------------------- */
 
 /*
@@ -33,8 +35,9 @@ static const struct te_plugin_option tcp_options[] = {
 		"straight into their destinations (a READ that fails may find its "
 		"destination written): on (up to 4 MiB per read), auto (on; up to "
 		"64 KiB per read under bbr), off (through the receive buffer)"),
-	TE_PLUGIN_OPTION_INT("max_inflight", "2048", 1, TCP_MAX_INFLIGHT,
-			     "requests in flight per lane; beyond it, back-pressure"),
+	TE_PLUGIN_OPTION_INT("max_inflight", "65536", 1, TCP_MAX_INFLIGHT,
+			     "requests in flight per lane; beyond it, back-pressure (a lane's "
+			     "slot table grows to it as needed, from 2048)"),
 	TE_PLUGIN_OPTION_SIZE("stripe_min", "1M", 0, TCP_MAX_FRAME,
 			      "slices of at least this size go round-robin over the lanes; smaller "
 			      "ones stay on the submitting thread's own lane (0: all round-robin)"),
@@ -731,6 +734,24 @@ static enum te_status tcp_pack_key(struct te_plugin_inst *inst, struct te_plugin
 
 /* --- peers ------------------------------------------------------------------------- */
 
+/*
+ * A lane's slot table for @n slots: anonymous pages, zero and untouched until used (calloc
+ * may hand out heap memory it clears whole). NULL when it cannot be mapped.
+ */
+struct tcp_slot *tcp_slots_map(uint32_t n)
+{
+	void *p = mmap(NULL, (size_t)n * sizeof(struct tcp_slot), PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+void tcp_slots_unmap(struct tcp_slot *slots, uint32_t n)
+{
+	if (slots)
+		munmap(slots, (size_t)n * sizeof(struct tcp_slot));
+}
+
 static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *peer_name,
 				    const void *blob, size_t len, struct te_plugin_peer **peer_out)
 {
@@ -813,17 +834,17 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		l->w = &ti->workers[(base + i) % ti->n_workers];
 		pthread_mutex_init(&l->lock, NULL);
 		pthread_mutex_init(&l->rx_lock, NULL);
-		l->slots = calloc(ti->max_inflight, sizeof(*l->slots));
-		l->free_ids = malloc(ti->max_inflight * sizeof(*l->free_ids));
+		l->slots = tcp_slots_map(ti->max_inflight);
+		l->free_cap = TCP_MIN(ti->max_inflight, TCP_SLOTS_INITIAL);
+		l->free_ids = malloc(l->free_cap * sizeof(*l->free_ids));
 		l->rx.buf = malloc(TCP_RBUF_BIG);
 		l->txh = malloc(TCP_TXH_FRAMES * TCP_HDR_LEN);
 		l->rx.cap = TCP_RBUF_BIG;
 		l->rx.gulp = TCP_GULP;
-		for (uint32_t k = 0; l->free_ids && k < ti->max_inflight; k++)
+		for (uint32_t k = 0; l->free_ids && k < l->free_cap; k++)
 			l->free_ids[k] = k;
 		l->free_head = 0;
-		l->free_cap = ti->max_inflight;
-		l->n_free = ti->max_inflight;
+		l->n_free = l->free_cap;
 	}
 	for (uint32_t i = 0; i < peer->n_lanes; i++) {
 		struct tcp_lane *l = &peer->lanes[i];
@@ -833,7 +854,7 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 			for (uint32_t k = 0; k < peer->n_lanes; k++) {
 				pthread_mutex_destroy(&peer->lanes[k].lock);
 				pthread_mutex_destroy(&peer->lanes[k].rx_lock);
-				free(peer->lanes[k].slots);
+				tcp_slots_unmap(peer->lanes[k].slots, ti->max_inflight);
 				free(peer->lanes[k].free_ids);
 				free(peer->lanes[k].rx.buf);
 				free(peer->lanes[k].txh);
@@ -999,13 +1020,14 @@ static void tcp_out_str(struct tcp_out *o, const char *s)
 
 /*
  * {"lanes_per_peer": N, ..., "refused_for_room": N, "peers": [{"name", "address", "lanes":
- * [{"slices", "bytes", "connects", ..., "in_flight", "owner_in_flight", "room_refused",
+ * [{"slices", "bytes", "connects", ..., "in_flight", "owner_in_flight", "slots", "room_refused",
  * "room_refusals_in_row", "room_wait_ms", "up"}...], "lanes_used", "slices",
  * "bytes", "reconnects"}...]}: per peer loaded now, the slices and payload bytes queued on
  * each lane since the peer was loaded (retries count again), connections opened
  * (reconnects: all but each lane's first). A lane is used when it carried at least one
  * slice. Now: in_flight, the lane's slots in use (orphans included); owner_in_flight, the
- * requests in flight on any lane of the threads whose own lane this is; room_refused, the
+ * requests in flight on any lane of the threads whose own lane this is; slots, the slot ids
+ * the lane has (its table grows to max_inflight as needed); room_refused, the
  * connections the peer refused for want of room, room_refusals_in_row and room_wait_ms those
  * in a row since the lane was served and the wait the last one set. refused_for_room: lanes
  * of other engines this one refused so (the serving side).
@@ -1046,12 +1068,13 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 			uint64_t rr =
 				atomic_load_explicit(&l->st_room_refused, memory_order_relaxed);
 			uint32_t own = tcp_owner_busy(l);
-			uint32_t inflight, streak, wait_ms;
+			uint32_t inflight, slots, streak, wait_ms;
 			bool up;
 
 			pthread_mutex_lock(&l->lock);
 			up = l->state == TCP_LANE_UP;
 			inflight = atomic_load_explicit(&l->used, memory_order_relaxed);
+			slots = l->free_cap;
 			streak = l->room_streak;
 			wait_ms = l->room_wait_ms;
 			pthread_mutex_unlock(&l->lock);
@@ -1060,9 +1083,10 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 				",\"connects\":%" PRIu64 ",\"driven\":%" PRIu64
 				",\"scattered\":%" PRIu64 ",\"replayed\":%" PRIu64
 				",\"in_flight\":%" PRIu32 ",\"owner_in_flight\":%" PRIu32
-				",\"room_refused\":%" PRIu64 ",\"room_refusals_in_row\":%" PRIu32
-				",\"room_wait_ms\":%" PRIu32 ",\"up\":%s}",
-				i ? "," : "", n, b, c, d, sc, rp, inflight, own, rr, streak,
+				",\"slots\":%" PRIu32 ",\"room_refused\":%" PRIu64
+				",\"room_refusals_in_row\":%" PRIu32 ",\"room_wait_ms\":%" PRIu32
+				",\"up\":%s}",
+				i ? "," : "", n, b, c, d, sc, rp, inflight, own, slots, rr, streak,
 				wait_ms, up ? "true" : "false");
 			slices += n;
 			bytes += b;

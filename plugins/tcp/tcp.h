@@ -89,7 +89,13 @@
 
 #define TCP_MAX_LANES 64u
 #define TCP_MAX_WORKERS 64u
-#define TCP_MAX_INFLIGHT 4096u	   /* slot index must fit the low 16 bits of a request id */
+#define TCP_MAX_INFLIGHT 65536u /* slot index must fit the low 16 bits of a request id */
+/*
+ * Slot ids a lane starts with; it takes more, doubling, when a submit finds none free (up to
+ * max_inflight), so that only a lane that had that many requests in flight holds their
+ * memory (tcp_lane_room_locked).
+ */
+#define TCP_SLOTS_INITIAL 2048u
 #define TCP_MAX_FRAME (1ull << 30) /* longest READ/WRITE a server accepts */
 /* Option defaults (1M slices chosen by measurement: README.md) are in tcp.c's tcp_options. */
 
@@ -434,7 +440,9 @@ struct tcp_lane {
 	struct tcp_slot *slots;
 	/*
 	 * Free slot ids, a ring: taken at free_head, given back behind the n_free there (cap:
-	 * max_inflight). First in, first out, so that a lane's slots are taken in id order and
+	 * free_cap, the ids handed out so far: 0 .. free_cap - 1; it grows towards
+	 * max_inflight, and the slot table, mapped for max_inflight, is touched only that far).
+	 * First in, first out, so that a lane's slots are taken in id order and
 	 * the answer chain of a long run of requests walks the slot table forwards, not in
 	 * the scrambled order a stack of freed ids falls into (READ 4K x32768 from 2 threads:
 	 * the chain walk 0.073 -> 0.042 us per answer, 1.07x the requests/s; bench/README.md).
@@ -877,6 +885,8 @@ void tcp_rx_restore(struct tcp_rx *rx);
 
 /* tcp_server.c */
 void tcp_conn_free(struct tcp_conn *c);
+struct tcp_slot *tcp_slots_map(uint32_t n);
+void tcp_slots_unmap(struct tcp_slot *slots, uint32_t n);
 bool tcp_fence(struct tcp_inst *ti, struct tcp_conn *c, uint64_t *newest_out);
 bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c);
 void tcp_conn_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c, uint32_t events);

@@ -509,9 +509,9 @@ static void test_progress_modes(void)
 }
 
 /*
- * The default max_inflight (2048) holds a batch of 2048 small slices from one thread on its
- * own lane: every slice on one lane, none spilled to the other (with 256 slots, 1792 would
- * spill).
+ * The 2048 slot ids a lane starts with hold a batch of 2048 small slices from one thread on
+ * its own lane: every slice on one lane, none spilled to the other (with 256 slots, 1792
+ * would spill). Deeper batches: /tcp/client/slots-grow*.
  */
 static void test_deep_batch(void)
 {

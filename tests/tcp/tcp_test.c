@@ -1583,6 +1583,75 @@ static void fake_answer_read(const struct fake_req *q, const struct itest_buf *r
 	g_byte_array_append(out, (const guint8 *)(uintptr_t)q->addr, (guint)q->length);
 }
 
+/*
+ * A lane's slot table grows as one thread's requests need it (@data: the options). 5000
+ * READs of one batch, all in flight at once against a fake server that answers only once it
+ * has read them all: by default (max_inflight 65536) one lane takes them all, with slot ids
+ * 0..4999 (2048 at first, then 4096, then 8192), none left to the core's backlog; with
+ * max_inflight 3000 the lane takes 3000 (ids below 3000) and the other 2000 follow as
+ * those are answered. The bytes land, and the lane gives every slot back.
+ */
+static void test_slots_grow(gconstpointer data)
+{
+	const char *opts = data;
+	enum {
+		N = 5000,
+		LEN = 16
+	};
+	const uint32_t cap = strstr(opts, "max_inflight: 3000") ? 3000 : N;
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct fake f;
+	struct te_request *reqs = g_new(struct te_request, N);
+	te_batch_id bid;
+	uint8_t *seen = g_malloc(65536);
+	uint32_t done = 0, max_id = 0;
+
+	itest_buf_new(&la, N * LEN, GUARD, 0x51);
+	itest_buf_new(&rb, N * LEN, GUARD, 0x52);
+	memset(la.data, 0, N * LEN);
+	fake_pair_opts(&p, &f, &la, &rb, opts, "timeout_ms: 60000, retries: 0");
+	for (uint32_t i = 0; i < N; i++)
+		reqs[i] = (struct te_request){ TE_OP_READ, p.seg, la.data + i * LEN,
+					       itest_raddr(&rb, i * LEN), LEN };
+	assert_ok(te_batch_new(p.a, N, &bid));
+	assert_ok(te_batch_submit(p.a, bid, reqs, N));
+	fake_accept(&f);
+	while (done < N) {
+		/* All the lane holds is on the wire before anything is answered. */
+		uint32_t k = MIN(N - done, cap);
+		g_autoptr(GByteArray) out = g_byte_array_new();
+
+		memset(seen, 0, 65536);
+		for (uint32_t j = 0; j < k; j++) {
+			struct fake_req q = fake_request(&f);
+			uint32_t id = q.req_id & 0xffffu;
+
+			g_assert_cmpuint(q.length, ==, LEN);
+			g_assert_cmpuint(id, <, cap);
+			g_assert_false(seen[id]); /* in flight at once: distinct slots */
+			seen[id] = 1;
+			max_id = MAX(max_id, id);
+			fake_answer_read(&q, &rb, out);
+		}
+		send_all(f.fd, out->data, out->len);
+		done += k;
+	}
+	assert_ok(itest_wait(p.a, bid));
+	assert_ok(te_batch_free(p.a, bid));
+	g_assert_true(itest_range_is(&la, 0, N * LEN, &rb, 0));
+	g_assert_cmpuint(max_id, ==, cap - 1);
+	g_assert_cmpint(lane_stat(p.a, 0, "slots"), ==, cap == N ? 8192 : 3000);
+	g_assert_cmpint(lane_stat(p.a, 0, "slices"), ==, N);
+	tcp_lanes_settle(p.a);
+	itest_pair_free(&p);
+	fake_close(&f);
+	g_free(seen);
+	g_free(reqs);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 /* Answer @n READ requests on @fd, one by one, with the bytes of rb they name. */
 static void fake_serve_reads(int fd, const struct itest_buf *rb, int n)
 {
@@ -3690,6 +3759,9 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/limits/room-for-first-lanes", test_limit_leaves_room);
 	g_test_add_func("/tcp/limits/refusal-text", test_limit_refusal_text);
 	g_test_add_func("/tcp/limits/room-backoff", test_limit_room_backoff);
+	g_test_add_data_func("/tcp/client/slots-grow", "lanes: 1", test_slots_grow);
+	g_test_add_data_func("/tcp/client/slots-grow-capped", "lanes: 1, max_inflight: 3000",
+			     test_slots_grow);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves", test_full_host_lane_moves);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves-auth", test_full_host_lane_moves_auth);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
