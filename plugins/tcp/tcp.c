@@ -5,8 +5,6 @@
  */
 #include "tcp.h"
 
-#include <sys/mman.h>
-
 /* --- options ------------------------------------------------------------------------- */
 
 /*
@@ -734,24 +732,6 @@ static enum te_status tcp_pack_key(struct te_plugin_inst *inst, struct te_plugin
 
 /* --- peers ------------------------------------------------------------------------- */
 
-/*
- * A lane's slot table for @n slots: anonymous pages, zero and untouched until used (calloc
- * may hand out heap memory it clears whole). NULL when it cannot be mapped.
- */
-struct tcp_slot *tcp_slots_map(uint32_t n)
-{
-	void *p = mmap(NULL, (size_t)n * sizeof(struct tcp_slot), PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	return p == MAP_FAILED ? NULL : p;
-}
-
-void tcp_slots_unmap(struct tcp_slot *slots, uint32_t n)
-{
-	if (slots)
-		munmap(slots, (size_t)n * sizeof(struct tcp_slot));
-}
-
 static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *peer_name,
 				    const void *blob, size_t len, struct te_plugin_peer **peer_out)
 {
@@ -834,8 +814,8 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		l->w = &ti->workers[(base + i) % ti->n_workers];
 		pthread_mutex_init(&l->lock, NULL);
 		pthread_mutex_init(&l->rx_lock, NULL);
-		l->slots = tcp_slots_map(ti->max_inflight);
 		l->free_cap = TCP_MIN(ti->max_inflight, TCP_SLOTS_INITIAL);
+		l->slots = calloc(l->free_cap, sizeof(*l->slots));
 		l->free_ids = malloc(l->free_cap * sizeof(*l->free_ids));
 		l->rx.buf = malloc(TCP_RBUF_BIG);
 		l->txh = malloc(TCP_TXH_FRAMES * TCP_HDR_LEN);
@@ -854,7 +834,7 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 			for (uint32_t k = 0; k < peer->n_lanes; k++) {
 				pthread_mutex_destroy(&peer->lanes[k].lock);
 				pthread_mutex_destroy(&peer->lanes[k].rx_lock);
-				tcp_slots_unmap(peer->lanes[k].slots, ti->max_inflight);
+				free(peer->lanes[k].slots);
 				free(peer->lanes[k].free_ids);
 				free(peer->lanes[k].rx.buf);
 				free(peer->lanes[k].txh);

@@ -440,8 +440,8 @@ struct tcp_lane {
 	struct tcp_slot *slots;
 	/*
 	 * Free slot ids, a ring: taken at free_head, given back behind the n_free there (cap:
-	 * free_cap, the ids handed out so far: 0 .. free_cap - 1; it grows towards
-	 * max_inflight, and the slot table, mapped for max_inflight, is touched only that far).
+	 * free_cap, the ids handed out so far: 0 .. free_cap - 1, the slot table's size; both
+	 * grow towards max_inflight, under the lane lock, which every slot access holds).
 	 * First in, first out, so that a lane's slots are taken in id order and
 	 * the answer chain of a long run of requests walks the slot table forwards, not in
 	 * the scrambled order a stack of freed ids falls into (READ 4K x32768 from 2 threads:
@@ -885,8 +885,6 @@ void tcp_rx_restore(struct tcp_rx *rx);
 
 /* tcp_server.c */
 void tcp_conn_free(struct tcp_conn *c);
-struct tcp_slot *tcp_slots_map(uint32_t n);
-void tcp_slots_unmap(struct tcp_slot *slots, uint32_t n);
 bool tcp_fence(struct tcp_inst *ti, struct tcp_conn *c, uint64_t *newest_out);
 bool tcp_conn_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c);
 void tcp_conn_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c, uint32_t events);

@@ -890,7 +890,7 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 			continue;
 		}
 		id = h.req_id & 0xffffu;
-		if ((h.op != TCP_OP_READ && h.op != TCP_OP_WRITE) || id >= ti->max_inflight)
+		if (h.op != TCP_OP_READ && h.op != TCP_OP_WRITE)
 			goto bad_id;
 		if (h.status != TE_OK) {
 			/* Errors carry a short detail; wait until it is all here. */
@@ -912,6 +912,8 @@ static enum tcp_parse tcp_lane_parse(struct tcp_inst *ti, struct tcp_lane *l, si
 			pthread_mutex_lock(&l->lock);
 			locked = true;
 		}
+		if (id >= l->free_cap) /* never handed out (the table grows under the lock) */
+			goto bad_id;
 		slot = &l->slots[id];
 		/* An answer may overtake the sender's bookkeeping (IN_IOV), not the request. */
 		if (!(slot->flags & TCP_SLOT_USED) || slot->gen != (uint16_t)(h.req_id >> 16) ||
@@ -1072,7 +1074,7 @@ static bool tcp_lane_rx_scatter(struct tcp_inst *ti, struct tcp_lane *l, int fd,
 		uint32_t id = rid & 0xffffu;
 		struct tcp_slot *slot;
 
-		if (id >= ti->max_inflight)
+		if (id >= l->free_cap)
 			break;
 		slot = &l->slots[id];
 		if (!(slot->flags & TCP_SLOT_USED) || slot->gen != (uint16_t)(rid >> 16) ||
@@ -1448,7 +1450,7 @@ void tcp_peer_free(struct tcp_inst *ti, struct tcp_peer *peer)
 
 		pthread_mutex_destroy(&l->lock);
 		pthread_mutex_destroy(&l->rx_lock);
-		tcp_slots_unmap(l->slots, ti->max_inflight);
+		free(l->slots);
 		free(l->free_ids);
 		tcp_rx_restore(&l->rx);
 		free(l->rx.buf);
@@ -1552,22 +1554,27 @@ static enum te_status tcp_check_slice(const struct te_plugin_slice *s, char *why
 }
 
 /*
- * Room for one more request on @l: a free slot id, or, when none is free, @grow and the
- * ring below max_inflight, more ids (twice as many, at most that). Only when the ring is empty: all
- * its ids are out, so the new ones simply fill it from the start. The slot table is mapped
- * for max_inflight, so slots never move (readers hold pointers to them outside the lock);
- * its pages are touched only as far as ids were handed out. Under lane lock.
+ * More slot ids for @l, whose ring is empty (all its ids are out): twice as many, at most
+ * max_inflight. The slot table grows with it (it may move: every slot access holds the lane
+ * lock, as here), and the new ids fill the ring from the start. False when the ring is at
+ * max_inflight or memory is short (back-pressure, as when full). Under lane lock.
  */
 static bool tcp_lane_grow_locked(const struct tcp_inst *ti, struct tcp_lane *l)
 {
+	struct tcp_slot *slots;
 	uint32_t cap, *ids;
 
 	if (l->free_cap >= ti->max_inflight)
 		return false;
 	cap = TCP_MIN(2 * l->free_cap, ti->max_inflight);
+	slots = realloc(l->slots, cap * sizeof(*slots));
+	if (!slots)
+		return false;
+	memset(slots + l->free_cap, 0, (cap - l->free_cap) * sizeof(*slots));
+	l->slots = slots;
 	ids = realloc(l->free_ids, cap * sizeof(*ids));
 	if (!ids)
-		return false; /* back-pressure, as when full */
+		return false; /* the table stays larger than the ring: harmless */
 	for (uint32_t k = 0; k < cap - l->free_cap; k++)
 		ids[k] = l->free_cap + k;
 	l->free_ids = ids;
@@ -1577,6 +1584,7 @@ static bool tcp_lane_grow_locked(const struct tcp_inst *ti, struct tcp_lane *l)
 	return true;
 }
 
+/* Room for one more request on @l: a free slot id, or (@grow) more of them. Under lane lock. */
 static inline bool tcp_lane_room_locked(const struct tcp_inst *ti, struct tcp_lane *l, bool grow)
 {
 	return l->n_free || (grow && tcp_lane_grow_locked(ti, l));
