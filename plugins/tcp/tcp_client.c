@@ -2121,8 +2121,12 @@ enum te_status tcp_cancel(struct te_plugin_inst *inst, struct te_plugin_slice *s
 			tcp_report_priv(ti, report);
 		return TE_OK;
 	}
-	slot = &l->slots[id];
-	if (!(slot->flags & TCP_SLOT_USED) || slot->slice != s) {
+	/*
+	 * A lane and slot read while the slice moved to another lane (tcp_lane_move) may not
+	 * belong together, and lanes' tables differ in size: checked against this one's.
+	 */
+	slot = id < l->free_cap ? &l->slots[id] : NULL;
+	if (!slot || !(slot->flags & TCP_SLOT_USED) || slot->slice != s) {
 		pthread_mutex_unlock(&l->lock);
 		return TE_ERR_NOT_FOUND; /* already reported */
 	}
