@@ -1541,7 +1541,6 @@ static void test_cancel_mid_payload(void)
 	itest_buf_free(&rb);
 }
 
-/* Counter @key ("slices", "driven") of lane @lane of A's one peer so far (te_engine_stats). */
 /* The "tcp" object of @e's te_engine_stats, parsed into @parser (which owns it). */
 static JsonObject *tcp_stats(struct te_engine *e, JsonParser *parser)
 {
@@ -1554,6 +1553,7 @@ static JsonObject *tcp_stats(struct te_engine *e, JsonParser *parser)
 					     "tcp");
 }
 
+/* Counter @key ("slices", "driven") of lane @lane of A's one peer so far (te_engine_stats). */
 static int64_t lane_stat(struct te_engine *a, guint lane, const char *key)
 {
 	g_autoptr(JsonParser) parser = json_parser_new();
@@ -3177,17 +3177,9 @@ struct room_stats {
 static struct room_stats room_lane(struct te_engine *e, const char *peer, guint idx)
 {
 	g_autoptr(JsonParser) parser = json_parser_new();
+	JsonArray *peers = json_object_get_array_member(tcp_stats(e, parser), "peers");
 	struct room_stats rs = { 0 };
-	JsonArray *peers;
-	char *json = NULL;
 
-	assert_ok(te_engine_stats(e, &json));
-	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
-	te_free(json);
-	peers = json_object_get_array_member(
-		json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
-					      "tcp"),
-		"peers");
 	for (guint i = 0; i < json_array_get_length(peers); i++) {
 		JsonObject *po = json_array_get_object_element(peers, i);
 		JsonObject *l;
@@ -3209,15 +3201,8 @@ static struct room_stats room_lane(struct te_engine *e, const char *peer, guint 
 static int64_t room_refused_served(struct te_engine *e)
 {
 	g_autoptr(JsonParser) parser = json_parser_new();
-	char *json = NULL;
 
-	assert_ok(te_engine_stats(e, &json));
-	g_assert_true(json_parser_load_from_data(parser, json, -1, NULL));
-	te_free(json);
-	return json_object_get_int_member(
-		json_object_get_object_member(json_node_get_object(json_parser_get_root(parser)),
-					      "tcp"),
-		"refused_for_room");
+	return json_object_get_int_member(tcp_stats(e, parser), "refused_for_room");
 }
 
 /*
