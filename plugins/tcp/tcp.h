@@ -146,7 +146,7 @@
 #define TCP_SCRATCH (256u << 10)  /* per worker: where discarded payloads go */
 #define TCP_LANE_IOV 512u	  /* iovecs per client sendmsg (<= UIO_MAXIOV) */
 #define TCP_SRV_IOV 1024u	  /* iovecs per server sendmsg (UIO_MAXIOV) */
-#define TCP_SRV_RING 256u	  /* responses queued per server connection */
+#define TCP_SRV_RING 512u	  /* answers queued per server connection: one sendmsg's worth */
 #define TCP_RX_BUDGET (4u << 20)  /* bytes read per wake-up before other sockets get a turn */
 #define TCP_DRV_BUDGET (1u << 20) /* bytes a driver reads per lane and progress() call */
 #define TCP_DRV_LANES 64u	  /* lanes one progress() or wait() call looks at */
@@ -619,7 +619,12 @@ struct tcp_resp {
 	uint32_t mem_type;
 	int32_t dev;
 	uint64_t addr; /* the request, for re-checks and details */
-	char detail[TCP_DETAIL_WIRE];
+	/*
+	 * An error's detail, sent as its payload: TCP_DETAIL_WIRE bytes allocated when the
+	 * answer becomes an error, freed once it is sent (tcp_conn_retire) or with the
+	 * connection. Out of line: errors are rare, and an entry is 88 bytes instead of 280.
+	 */
+	char *detail;
 };
 
 /* Handshake of an accepted connection (server side). */

@@ -34,6 +34,8 @@ static void tcp_region_detail(const struct tcp_inst *ti, char *buf, size_t cap, 
 void tcp_conn_free(struct tcp_conn *c)
 {
 	free(c->rx.buf);
+	for (uint32_t i = 0; c->ring && i < TCP_SRV_RING; i++)
+		free(c->ring[i].detail);
 	free(c->ring);
 	free(c->rx_stage);
 	free(c->tx_stage);
@@ -83,14 +85,38 @@ static struct tcp_resp *tcp_conn_reserve(struct tcp_conn *c, uint32_t *index_out
 	return e;
 }
 
+/* The answer at the head of @c's ring was sent: free its entry (and its detail, if any). */
+static void tcp_conn_retire(struct tcp_conn *c)
+{
+	struct tcp_resp *e = &c->ring[c->head];
+
+	if (e->detail) {
+		free(e->detail);
+		e->detail = NULL;
+	}
+	c->head = (c->head + 1) % TCP_SRV_RING;
+	c->count--;
+}
+
+/* Sent in place of a detail the server had no memory to keep. */
+static const char tcp_detail_nomem[] = TCP_NAME ": (detail dropped: server out of memory)";
+
 static void tcp_resp_error(struct tcp_resp *e, uint8_t op, uint32_t req_id, enum te_status st,
 			   const char *detail)
 {
-	size_t n = strnlen(detail, TCP_DETAIL_WIRE);
+	size_t n;
 
-	memcpy(e->detail, detail, n);
+	n = strnlen(detail, TCP_DETAIL_WIRE);
+	if (!e->detail)
+		e->detail = malloc(TCP_DETAIL_WIRE);
+	if (e->detail) {
+		memcpy(e->detail, detail, n);
+		e->payload = (const uint8_t *)e->detail;
+	} else {
+		n = sizeof(tcp_detail_nomem) - 1;
+		e->payload = (const uint8_t *)tcp_detail_nomem;
+	}
 	tcp_encode(e->hdr, op, req_id, st, 0, n);
-	e->payload = (const uint8_t *)e->detail;
 	e->len = n;
 	e->memory = false;
 	e->staged = false;
@@ -864,8 +890,7 @@ static int tcp_conn_tx_staged(struct tcp_inst *ti, struct tcp_worker *w, struct 
 	if (c->tx_off == TCP_HDR_LEN + e->len) {
 		c->tx_off = 0;
 		c->txs_base = c->txs_len = 0;
-		c->head = (c->head + 1) % TCP_SRV_RING;
-		c->count--;
+		tcp_conn_retire(c);
 	}
 	return 1;
 }
@@ -974,8 +999,7 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 			}
 			sent -= rem;
 			c->tx_off = 0;
-			c->head = (c->head + 1) % TCP_SRV_RING;
-			c->count--;
+			tcp_conn_retire(c);
 		}
 	}
 	if (c->closing && c->count == 0) {

@@ -746,6 +746,89 @@ static void test_hostile_ranges(void)
 	itest_buf_free(&ro);
 }
 
+struct burst {
+	int fd;
+	uint8_t *buf;
+	size_t len;
+};
+
+static gpointer burst_send(gpointer data)
+{
+	struct burst *b = data;
+
+	send_all(b->fd, b->buf, b->len);
+	return NULL;
+}
+
+/*
+ * Three rings' worth of requests pipelined on one connection, a third of them refused (a READ
+ * of unregistered memory, a WRITE into a read-only buffer, its payload discarded): every
+ * answer comes in order with its own status and detail, and each ring entry carries an
+ * error, then data, then the other error (error details are kept out of line per entry and
+ * freed once sent; the ASan build checks that none leaks).
+ */
+static void test_error_burst(void)
+{
+	enum {
+		N = 3 * 512,
+		RD = 64
+	};
+	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
+	struct itest_buf ro;
+	struct endpoint ep;
+	struct burst bs = { 0 };
+	uint8_t *junk = g_malloc0(4096), *at, got[RD];
+	uint64_t ro_base;
+	GThread *th;
+
+	itest_buf_new(&ro, 65536, GUARD, 0x20);
+	itest_buf_register(&ro, b, TE_MEM_REMOTE_READ);
+	ro_base = (uint64_t)(uintptr_t)ro.base;
+	ep = endpoint_of(b);
+	bs.fd = raw_hello(&ep);
+	bs.buf = at = g_malloc(N * (W_HDR + 32));
+	for (uint32_t i = 0; i < N; i++) {
+		if (i % 3 == 0) {
+			frame(at, W_MAGIC, W_VERSION, W_READ, 1000 + i, (uint64_t)(uintptr_t)junk,
+			      16);
+		} else if (i % 3 == 1) {
+			frame(at, W_MAGIC, W_VERSION, W_READ, 1000 + i,
+			      ro_base + GUARD + (i * RD) % (65536 - RD), RD);
+		} else {
+			frame(at, W_MAGIC, W_VERSION, W_WRITE, 1000 + i, ro_base + GUARD, 32);
+			memset(at + W_HDR, 0x5a, 32);
+			at += 32;
+		}
+		at += W_HDR;
+	}
+	bs.len = (size_t)(at - bs.buf);
+	th = g_thread_new("burst", burst_send, &bs);
+	for (uint32_t i = 0; i < N; i++) {
+		struct reply rep;
+
+		g_assert_true(recv_reply(bs.fd, &rep));
+		g_assert_cmpuint(rep.req_id, ==, 1000 + i);
+		if (i % 3 == 1) {
+			g_assert_cmpint(rep.status, ==, 0);
+			g_assert_cmpuint(rep.length, ==, RD);
+			g_assert_true(recv_all(bs.fd, got, RD));
+			g_assert_cmpmem(got, RD, ro.data + (i * RD) % (65536 - RD), RD);
+			continue;
+		}
+		g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+		assert_contains(rep.detail,
+				i % 3 ? "is not inside a registered remote-writable buffer of B"
+				      : "is not inside a registered remote-readable buffer of B");
+	}
+	g_thread_join(th);
+	close(bs.fd);
+	te_engine_free(b);
+	g_assert_true(itest_untouched_outside(&ro, NULL, NULL, 0));
+	itest_buf_free(&ro);
+	g_free(bs.buf);
+	g_free(junk);
+}
+
 /* Send one READ (@addr, @len) or WRITE (@len bytes of @payload) frame on @fd; its answer in @rep. */
 static void raw_request(int fd, uint8_t op, uint32_t id, uint64_t addr, const uint8_t *payload,
 			size_t len, struct reply *rep)
@@ -3713,6 +3796,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/ipv6", test_ipv6);
 	g_test_add_func("/tcp/access/out-of-range-at-submit", test_out_of_range_at_submit);
 	g_test_add_func("/tcp/access/hostile-ranges", test_hostile_ranges);
+	g_test_add_func("/tcp/access/error-burst", test_error_burst);
 	g_test_add_func("/tcp/access/region-cache", test_region_cache);
 	g_test_add_func("/tcp/access/stale-hello", test_hello_stale);
 	g_test_add_func("/tcp/access/stale-descriptor", test_stale_descriptor);
