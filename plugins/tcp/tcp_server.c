@@ -85,11 +85,9 @@ static struct tcp_resp *tcp_conn_reserve(struct tcp_conn *c, uint32_t *index_out
 	return e;
 }
 
-/* The answer at the head of @c's ring was sent: free its entry (and its detail, if any). */
-static void tcp_conn_retire(struct tcp_conn *c)
+/* The answer @e at the head of @c's ring was sent: free its entry (and its detail, if any). */
+static inline void tcp_conn_retire(struct tcp_conn *c, struct tcp_resp *e)
 {
-	struct tcp_resp *e = &c->ring[c->head];
-
 	if (e->detail) {
 		free(e->detail);
 		e->detail = NULL;
@@ -890,7 +888,7 @@ static int tcp_conn_tx_staged(struct tcp_inst *ti, struct tcp_worker *w, struct 
 	if (c->tx_off == TCP_HDR_LEN + e->len) {
 		c->tx_off = 0;
 		c->txs_base = c->txs_len = 0;
-		tcp_conn_retire(c);
+		tcp_conn_retire(c, e);
 	}
 	return 1;
 }
@@ -990,7 +988,7 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 			return false;
 		}
 		for (uint64_t sent = (uint64_t)r; sent && c->count;) {
-			const struct tcp_resp *e = &c->ring[c->head];
+			struct tcp_resp *e = &c->ring[c->head];
 			uint64_t rem = TCP_HDR_LEN + e->len - c->tx_off;
 
 			if (sent < rem) {
@@ -999,7 +997,7 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 			}
 			sent -= rem;
 			c->tx_off = 0;
-			tcp_conn_retire(c);
+			tcp_conn_retire(c, e);
 		}
 	}
 	if (c->closing && c->count == 0) {
