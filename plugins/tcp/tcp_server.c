@@ -102,9 +102,8 @@ static const char tcp_detail_nomem[] = TCP_NAME ": (detail dropped: server out o
 static void tcp_resp_error(struct tcp_resp *e, uint8_t op, uint32_t req_id, enum te_status st,
 			   const char *detail)
 {
-	size_t n;
+	size_t n = strnlen(detail, TCP_DETAIL_WIRE);
 
-	n = strnlen(detail, TCP_DETAIL_WIRE);
 	if (!e->detail)
 		e->detail = malloc(TCP_DETAIL_WIRE);
 	if (e->detail) {
