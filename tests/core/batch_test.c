@@ -213,6 +213,44 @@ static void test_cache_large(void)
 }
 
 /*
+ * The core hands a plugin up to 512 slices per submit call (POST_CHUNK): a batch of 512 goes
+ * out in one tcp sendmsg, and its answers come back in one (bench/README.md, 2026-12-06). A
+ * batch of 1200 one-slice tasks: three calls of 512, 512 and 176, every task completed.
+ */
+static void test_submit_chunk(void)
+{
+	struct te_engine *te = itest_engine1("A", "loopback", NULL, NULL);
+	struct engine *e = fake_engine(te);
+	const uint32_t n = 1200;
+	struct te_request *r = g_new(struct te_request, n);
+	te_batch_id id;
+	struct te_batch_info st;
+
+	fake_reset();
+	fake_take_over(e->tps[0]);
+	g_assert_cmpint(te_mem_register(te, wbuf, sizeof(wbuf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
+	for (uint32_t i = 0; i < n; i++)
+		r[i] = (struct te_request){ .opcode = TE_OP_WRITE,
+					    .segment = TE_SEGMENT_LOCAL,
+					    .local = wbuf + i,
+					    .remote = (uintptr_t)(wbuf + n + i),
+					    .length = 1 };
+	g_assert_cmpint(te_batch_new(te, n, &id), ==, TE_OK);
+	g_assert_cmpint(te_batch_submit(te, id, r, n), ==, TE_OK);
+	g_assert_cmpint(te_batch_wait(te, id, 10000000000ll), ==, TE_OK);
+	g_assert_cmpint(te_batch_status(te, id, &st), ==, TE_OK);
+	g_assert_cmpint(st.state, ==, TE_STATE_COMPLETED);
+	g_assert_cmpuint(st.completed, ==, n);
+	g_assert_cmpuint(st.bytes, ==, n);
+	g_assert_cmpuint(atomic_load(&fake.submitted), ==, n);
+	g_assert_cmpuint(atomic_load(&fake.max_n), ==, 512);
+	g_assert_cmpuint(atomic_load(&fake.submit_calls), ==, 3);
+	g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
+	g_free(r);
+	te_engine_free(te);
+}
+
+/*
  * The cache holds at most BATCH_CACHE_MAX_BYTES: of two freed batches whose task arrays are
  * each just over half of it, the first is kept and the second freed, its handle and count
  * given back all the same.
@@ -469,6 +507,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/batch/cache-busy", test_cache_busy);
 	g_test_add_func("/batch/cache-large", test_cache_large);
 	g_test_add_func("/batch/cache-bytes", test_cache_bytes);
+	g_test_add_func("/batch/submit-chunk", test_submit_chunk);
 	g_test_add_func("/batch/teardown-held", test_teardown_held);
 	g_test_add_func("/batch/wait-hybrid", test_wait_hybrid);
 	g_test_add_func("/batch/wait-auto", test_wait_auto);

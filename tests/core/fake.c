@@ -124,6 +124,9 @@ static enum te_status fake_submit(struct te_plugin_inst *inst, struct te_plugin_
 
 	(void)inst;
 	fake_enter();
+	for (uint32_t m = atomic_load(&fake.max_n);
+	     n > m && !atomic_compare_exchange_weak(&fake.max_n, &m, n);)
+		;
 	if (atomic_fetch_add(&fake.submit_calls, 1) < fake.refuse_calls ||
 	    (uint64_t)g_get_monotonic_time() * 1000 < fake.refuse_until_ns)
 		acc = 0;
@@ -241,6 +244,7 @@ void fake_reset(void)
 	fake.cancel_hands_back = true;
 	fake.caps_flags = 0;
 	atomic_store(&fake.submit_calls, 0);
+	atomic_store(&fake.max_n, 0);
 	atomic_store(&fake.submitted, 0);
 	atomic_store(&fake.refused_calls, 0);
 	atomic_store(&fake.dirty_priv, 0);

@@ -29,6 +29,7 @@ struct fake {
 	/* Observations. */
 	_Atomic uint32_t submit_calls, submitted, cancels, retry_prepares, overlaps;
 	_Atomic uint32_t refused_calls; /* submit calls that accepted nothing */
+	_Atomic uint32_t max_n;		/* the most slices one submit call was handed */
 	_Atomic uint32_t dirty_priv;	/* first attempts with priv not zeroed, retries without
 					 * the fake's mark */
 	_Atomic uint32_t in_call;	/* ops running now (a serialized plugin must see <= 1) */
