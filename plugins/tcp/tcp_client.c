@@ -2340,10 +2340,25 @@ uint32_t tcp_progress(struct te_plugin_inst *inst, uint32_t budget)
 }
 
 /*
- * Sleep until one of this thread's lanes with requests in flight has bytes to read, at most
- * @timeout_ns (between empty polls). A socket closed after its descriptor was taken only
- * ends the sleep early (POLLNVAL) or leaves it to its timeout. None (only large slices, left
- * to the workers, or nothing of this thread's): TE_ERR_NOT_FOUND, the core stops polling.
+ * Whether the driver of @l must also send what its full socket held back: a quiet lane's
+ * worker does not hear that the socket has room again (tcp_drv_lane flushes it, as below).
+ * Under lane lock.
+ */
+static bool tcp_drv_must_send_locked(const struct tcp_lane *l)
+{
+	return l->rx_quiet && l->hs == TCP_HS_READY && !l->closing && !l->sending && !l->send_err &&
+	       tcp_lane_has_output_locked(l);
+}
+
+/*
+ * Sleep until one of this thread's lanes with requests in flight has bytes to read, or room
+ * for the requests it holds back when this thread sends for it (tcp_drv_must_send_locked;
+ * before, a full socket waited for an answer or for the end of this sleep: WRITE 256 KiB x4
+ * from one thread through a 64 KiB socket buffer ran some rounds at a quarter of the rate),
+ * at most @timeout_ns (between empty polls). A socket closed after its descriptor was taken
+ * only ends the sleep early (POLLNVAL) or leaves it to its timeout. None (only large slices,
+ * left to the workers, or nothing of this thread's): TE_ERR_NOT_FOUND, the core stops
+ * polling.
  */
 enum te_status tcp_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 {
@@ -2359,7 +2374,10 @@ enum te_status tcp_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 	pthread_mutex_lock(&ti->lock);
 	for (peer = ti->peers; n < TCP_DRV_LANES && (l = tcp_home_lane_next(&peer, me));) {
 		if (l->state == TCP_LANE_UP && !l->rx_busy && !l->n_big)
-			pfd[n++] = (struct pollfd){ .fd = l->fd, .events = POLLIN };
+			pfd[n++] = (struct pollfd){ .fd = l->fd,
+						    .events = (short)(tcp_drv_must_send_locked(l)
+									      ? POLLIN | POLLOUT
+									      : POLLIN) };
 		pthread_mutex_unlock(&l->lock);
 	}
 	pthread_mutex_unlock(&ti->lock);

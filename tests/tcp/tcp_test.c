@@ -2265,6 +2265,64 @@ static void test_spread_writes(void)
 }
 
 /*
+ * The waiting thread sends for its lane too: with a 64K socket buffer, a batch of 64K
+ * slices (under the size left to the worker) fills the socket at submit, and the rest goes
+ * out as the socket drains, from the waiting thread when it holds the lane quiet (tcp_wait
+ * polls for room as well as for answers) or from the worker. WRITEs and READs, each batch
+ * 1 MiB + 64 KiB, bytes checked. Which thread read the answers varies from run to run (the
+ * message tells); without the poll for room the batch still ends, only later (bench/README.md).
+ */
+static void test_driver_full_socket(void)
+{
+	enum {
+		N = 17,
+		LEN = 64 << 10,
+		SPAN = N * LEN
+	};
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request r[N];
+
+	itest_buf_new(&la, 2 * SPAN + 4096, GUARD, 0x5a);
+	itest_buf_new(&rb, 2 * SPAN + 4096, GUARD, 0xa5);
+	pair_new(&p, "lanes: 1, sockbuf: 64K", "timeout_ms: 60000, slice_size: 64K");
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	/* Connected and handshaken first, so that the waiting thread may drive the lane. */
+	r[0] = (struct te_request){ TE_OP_READ, p.seg, la.data + 2 * SPAN,
+				    itest_raddr(&rb, 2 * SPAN), 4096 };
+	run_ok(&p, r, 1);
+	for (int op = 0; op < 2; op++) {
+		size_t off = (size_t)op * SPAN;
+		int64_t driven = lane_stat(p.a, 0, "driven");
+
+		for (size_t i = 0; i < N; i++)
+			r[i] = (struct te_request){ op == 0 ? TE_OP_WRITE : TE_OP_READ, p.seg,
+						    la.data + off + i * LEN,
+						    itest_raddr(&rb, off + i * LEN), LEN };
+		run_ok(&p, r, N);
+		if (op == 0)
+			g_assert_true(itest_range_is(&rb, off, SPAN, &la, off));
+		else
+			g_assert_true(itest_range_is(&la, off, SPAN, &rb, off));
+		g_test_message("%s: the waiting thread read %" PRId64 " of %d answers",
+			       op == 0 ? "WRITE" : "READ", lane_stat(p.a, 0, "driven") - driven, N);
+	}
+	{
+		/* rb: the WRITEs; la: the READs and the first one. */
+		size_t roff = 0, rlen = SPAN, loffs[2] = { SPAN, 2 * SPAN },
+		       llens[2] = { SPAN, 4096 };
+
+		g_assert_true(itest_untouched_outside(&rb, &roff, &rlen, 1));
+		g_assert_true(itest_untouched_outside(&la, loffs, llens, 2));
+	}
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/*
  * After te_batch_wait returns, the waiting thread's idle lane stays its own to read for
  * wait_hold_us when its last batch WRITEs more than 1 MiB: the answers to its next batch
  * wait in the socket until it waits again, and it reads them itself (the lane's "driven"
@@ -3834,6 +3892,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/lanes/full-host-lane-moves", test_full_host_lane_moves);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves-auth", test_full_host_lane_moves_auth);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
+	g_test_add_func("/tcp/client/driver-full-socket", test_driver_full_socket);
 	g_test_add_data_func("/tcp/client/scatter-unforeseen", &scatter_on,
 			     test_scatter_unforeseen);
 	g_test_add_data_func("/tcp/client/scatter-off", &scatter_off, test_scatter_unforeseen);
