@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchlib.py: what the bench scripts' Python parts share (compare-tcp.sh, compare-builds.sh,
 insn-tcp.sh): a run's JSON row, sizes as te-bench writes them, te-bench's options mapped onto
-tcp-raw-loop's, the load average, a median (min-max) cell, and writing a table to stdout and
+tcp-raw-loop's, the load average and the CPU time others took meanwhile, a median (min-max) cell, and writing a table to stdout and
 --md FILE."""
 import json
+import os
 import re
+import resource
 import statistics
 import sys
+import time
 
 
 def last_json(text):
@@ -70,6 +73,39 @@ def loadavg():
             return " ".join(f.read().split()[:3])
     except OSError:
         return "?"
+
+
+class OtherLoad:
+    """The machine's load that is not this script's: CPU time the machine was busy (user,
+    nice, system, irq, softirq in /proc/stat; not idle, iowait or steal) minus the CPU time of
+    this process and the children it waited for (the runs, with the targets they reaped), per
+    second of wall time between start and figure(). Unlike the load average it counts nothing
+    from before the start, and none of the runs' own threads."""
+
+    def __init__(self):
+        self.t0, self.busy0, self.own0 = time.monotonic(), self._busy(), self._own()
+
+    @staticmethod
+    def _busy():
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:8]]
+            return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    @staticmethod
+    def _own():
+        return sum(r.ru_utime + r.ru_stime
+                   for r in (resource.getrusage(resource.RUSAGE_SELF),
+                             resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    def figure(self):
+        """CPUs' worth of other work, as text ('?' when /proc/stat cannot be read)."""
+        busy, wall = self._busy(), time.monotonic() - self.t0
+        if busy is None or self.busy0 is None or wall <= 0:
+            return "?"
+        return f"{max(0.0, (busy - self.busy0) - (self._own() - self.own0)) / wall:.2f}"
 
 
 def host_cc():

@@ -21,7 +21,9 @@
 #   timed loops (both tools' cpu_s_initiator + cpu_s_target; '-' for a te-bench too old to
 #   report them); the median steal (the hypervisor's share of the machine's CPU time during
 #   the run, te-bench's steal_pct). Per-round lines go to stderr as they come.
-#   Load average before and after, and the host's TCP congestion control. --congestion NAME:
+#   Load average before and after, other work on the machine meanwhile (CPUs' worth of busy
+#   CPU time outside this script and its runs, per second: /proc/stat and rusage), and the
+#   host's TCP congestion control. --congestion NAME:
 #   the raw loop's connections use NAME (tcp-raw-loop --congestion), and so do those of a te
 #   variant without @CONFIG (it runs the default configuration with the tcp option
 #   congestion: NAME); a variant with @CONFIG gets what its file says (a file that names no
@@ -46,8 +48,8 @@ import argparse, os, re, subprocess, sys, tempfile
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import (congestion_name_ok, emit, host_cc, last_json, loadavg, med, raw_loop_args,
-                      size_of, te_bench_opt, write_tcp_config)
+from benchlib import (OtherLoad, congestion_name_ok, emit, host_cc, last_json, loadavg, med,
+                      raw_loop_args, size_of, te_bench_opt, write_tcp_config)
 argv = sys.argv[3:]
 bench_args = []
 if "--" in argv:
@@ -197,6 +199,7 @@ if not own:  # neither a buffer given nor several cells
               "default; the raw loop sizes its own)", file=sys.stderr)
 
 load0 = loadavg()
+other = OtherLoad()
 entries = [dict(name="raw", ops=[], gbps=[], steal=[], cpu=[], fails=0)] if raw else []
 allv = variants + entries
 per_round = []  # {name: ops/s or None}
@@ -238,6 +241,7 @@ for r in range(a.rounds):
     per_round.append(got)
     print(f"round {r + 1}/{a.rounds}: " + "  ".join(line), file=sys.stderr, flush=True)
 load1 = loadavg()
+other_cpus = other.figure()
 
 
 def ratios(name, base):
@@ -248,6 +252,8 @@ first = variants[0]["name"]
 lines = [f"te-bench --loopback {' '.join(bench_args)}"
          + (f" against tcp-raw-loop --loopback {' '.join(raw_args)}" if raw else "")
          + f"; {a.rounds} round(s), interleaved; load average {load0} before, {load1} after; "
+         f"other work on the machine meanwhile {other_cpus} CPUs (busy CPU time outside the "
+         "runs, per second); "
          f"host TCP congestion control {host_cc()}.", "",
          "Requests/s and GB/s: median (min-max) over rounds; ratios: median (min-max) of the "
          "per-round ratios (rounds where both ran); CPU us/req: CPU time of initiator + target "

@@ -28,9 +28,12 @@
 #   their rusage, setup included, marked '*'. Context switches per request of initiator +
 #   target likewise (/proc/<pid>/task/*/status; rusage): a raw loop that runs at two speeds
 #   on the same machine shows why in this column (its receiving thread sleeps or not).
-#   Load average before and after, and steal: the share of the machine's CPU time the
-#   hypervisor gave to other guests (/proc/stat), over the whole run and per cell.
-#   te runs with its default configuration (tcp: 4 lanes, 2 workers, 1M slices), whatever the
+#   Load average before and after; other work: the CPU time the machine was busy outside
+#   this script and the runs it waited for, per second of the whole run, in CPUs (/proc/stat
+#   and rusage; the load average also counts the runs' own threads and what ran before);
+#   and steal: the share of the machine's CPU time the hypervisor gave to other guests
+#   (/proc/stat), over the whole run and per cell.
+#   te runs with its default configuration (tcp: 4 lanes, 4 workers, 1M slices), whatever the
 #   thread count; tcp-raw-loop opens one connection per thread. --te-config FILE passes a
 #   configuration to te-bench; --te-lanes N (or `threads`: as many as the cell's threads)
 #   writes one with that many tcp lanes.
@@ -67,7 +70,8 @@ import argparse, json, os, re, resource, socket, statistics, subprocess, sys, th
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import congestion_name_ok, emit, host_cc, last_json, loadavg, med, size_of, write_tcp_config
+from benchlib import (OtherLoad, congestion_name_ok, emit, host_cc, last_json, loadavg, med,
+                      size_of, write_tcp_config)
 TE = os.path.join(build, "tools", "te-bench")
 RAW = os.path.join(build, "bench", "tcp-raw-loop")
 IPERF3_MAX_LEN = 1 << 20
@@ -431,6 +435,7 @@ def raw_cmd(c):
 
 lat = dict(te=[], raw=[])
 load0 = loadavg()
+other = OtherLoad()
 stat0 = cpu_stat()
 t_begin = time.time()
 print(f"compare-tcp: {len(cells)} cells, {rounds} round(s), {duration:g} s per run; "
@@ -506,6 +511,7 @@ for r in range(rounds):
                 lat[tool].append((row["lat_us_p50"], row["lat_us_p99"], row["lat_us_p999"]))
         print(f"round {r + 1}/{rounds}: latency done", file=sys.stderr)
 load1 = loadavg()
+other_cpus = other.figure()
 steal_all = steal_pct(stat0, cpu_stat())
 
 # --- table ---------------------------------------------------------------------------------
@@ -525,7 +531,9 @@ lines.append(f"te-bench --loopback (tcp) vs tcp-raw-loop --loopback vs iperf3 on
              f"TCP congestion control {a.congestion + ' (--congestion; the host default is ' + host_cc() + ')' if a.congestion else host_cc() + ' (the host default)'}; "
              f"{rounds} round(s) of {duration:g} s per run; "
              f"load average {load0} before, {load1} after "
-             f"({(time.time() - t_begin) / 60:.1f} min); CPU time taken by the hypervisor "
+             f"({(time.time() - t_begin) / 60:.1f} min); other work on the machine meanwhile: "
+             f"{other_cpus} CPUs (busy CPU time outside the runs, per second); CPU time taken "
+             f"by the hypervisor "
              f"(steal): {'?' if steal_all is None else f'{steal_all:.1f} %'} of the run.")
 lines.append("")
 lines.append("GB/s = 10^9 bytes/s, median (min-max) over rounds; ratios: median (min-max) of "

@@ -285,6 +285,8 @@ for who in ("te", "raw"):
         sys.exit(f"no latency row for {who}")
 if not re.search(r"load average [\d.]+ [\d.]+ [\d.]+ before, [\d.]+ [\d.]+ [\d.]+ after", text):
     sys.exit("no load averages")
+if not re.search(r"other work on the machine meanwhile: \d+\.\d\d CPUs", text):
+    sys.exit("no figure for the other work on the machine")
 if not re.search(r"TCP congestion control [\w?]+ \(the host default\)", text):
     sys.exit("the host's TCP congestion control is not named")
 print(f"table: {len(rows)} rows and the latency rows")
@@ -365,6 +367,8 @@ if "--op write --block-size 64K --batch 4 --depth 1 --connections 2 --iterations
     sys.exit("the raw loop did not get the cell's op, block, batch, depth, threads and iterations")
 if not re.search(r"load average [\d.]+ [\d.]+ [\d.]+ before, [\d.]+ [\d.]+ [\d.]+ after", text):
     sys.exit("no load averages")
+if not re.search(r"other work on the machine meanwhile \d+\.\d\d CPUs", text):
+    sys.exit("no figure for the other work on the machine")
 if not re.search(r"host TCP congestion control [\w?]+\.", text):
     sys.exit("the host's TCP congestion control is not named")
 print("table: a, b and raw with figures")
