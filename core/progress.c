@@ -360,7 +360,7 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 	uint64_t end = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
 	struct batch *b;
 	enum te_status st;
-	bool spun = false, polls, per_thread, crowdable;
+	bool spun = false, polls, per_thread;
 
 	st = batch_get(e, id, &b);
 	if (st != TE_OK)
@@ -372,8 +372,6 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 		atomic_fetch_add(&e->drivers, 1);
 	if (per_thread && atomic_fetch_add(&e->waiters, 1) + 1 > e->max_pollers)
 		progress_mark_crowded(e, start);
-	/* A long batch may poll in a crowd (PROGRESS_CROWDED_MIN_TASKS). */
-	crowdable = per_thread && batch_left(b) < PROGRESS_CROWDED_MIN_TASKS;
 	while (!batch_is_terminal(b)) {
 		uint64_t now;
 
@@ -381,15 +379,15 @@ enum te_status progress_wait(struct engine *e, te_batch_id id, int64_t timeout_n
 		if (per_thread && !spun) {
 			/*
 			 * Polling burns a CPU while it waits: at most max_pollers at once, and
-			 * none while more threads wait than that (progress_crowded) unless its
-			 * batch is long. The others wait as for AUTO transports (the plugins'
-			 * threads serve them).
+			 * none while more threads wait than that (progress_crowded), however long
+			 * its batch (PROGRESS_CROWDED_HOLD_NS). The others wait as for AUTO
+			 * transports (the plugins' threads serve them).
 			 */
 			if (atomic_fetch_add(&e->pollers, 1) < e->max_pollers &&
-			    !(crowdable && progress_crowded(e, start))) {
+			    !progress_crowded(e, start)) {
 				uint64_t told = batch_wait_drive(e);
 
-				batch_wait_poll(e, b, start, end, crowdable);
+				batch_wait_poll(e, b, start, end, true);
 				batch_wait_undrive(e, told);
 			}
 			atomic_fetch_sub(&e->pollers, 1);

@@ -18,11 +18,11 @@ struct engine;
  */
 #define PROGRESS_CROWDED_HOLD_NS (10ull * 1000 * 1000)
 /*
- * ... except a waiter whose batch has at least this many tasks left when its wait begins:
- * its answers keep a poller busy for the whole wait (4K READs, 2 threads on 2 CPUs, 8-12
- * interleaved rounds: batches of 1024 1.13x with a poller, of 64 0.89x).
+ * However long a waiter's batch is. (Until 2026-12-06 one with 256 tasks or more left polled
+ * in a crowd: 4K READs at batch 1024 from 2 threads had run 1.13x with that poller. Since a
+ * batch of 512 goes out and comes back in one sendmsg each way, that cell runs alike without
+ * it, and READ 4K at batch 512 from 4 threads 1.26x, WRITE 1.11x: bench/README.md.)
  */
-#define PROGRESS_CROWDED_MIN_TASKS 256u
 
 /* Start the worker (and transfer.worker_threads - 1 helpers); false if it cannot. */
 bool progress_start(struct engine *e);
