@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchlib.py: what the bench scripts' Python parts share (compare-tcp.sh, compare-builds.sh,
 insn-tcp.sh): a run's JSON row, sizes as te-bench writes them, te-bench's options mapped onto
-tcp-raw-loop's, the load average and the CPU time others took meanwhile, a median (min-max) cell, and writing a table to stdout and
---md FILE."""
+tcp-raw-loop's, the load average and the CPU time others took meanwhile, a median (min-max)
+cell, and writing a table to stdout and --md FILE."""
 import json
 import os
 import re
