@@ -54,6 +54,17 @@ static void test_handles(void)
 
 static char wbuf[1 << 16];
 
+/* @n one-byte local WRITEs: wbuf[i] to wbuf[n + i]. */
+static void wbuf_byte_writes(struct te_request *r, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		r[i] = (struct te_request){ .opcode = TE_OP_WRITE,
+					    .segment = TE_SEGMENT_LOCAL,
+					    .local = wbuf + i,
+					    .remote = (uintptr_t)(wbuf + n + i),
+					    .length = 1 };
+}
+
 /* A local WRITE of the first half of wbuf to its second half. */
 static struct te_request half_write(void)
 {
@@ -173,12 +184,7 @@ static void test_cache_large(void)
 	te_batch_id id;
 
 	g_assert_cmpint(te_mem_register(te, wbuf, sizeof(wbuf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
-	for (uint32_t i = 0; i < n; i++)
-		r[i] = (struct te_request){ .opcode = TE_OP_WRITE,
-					    .segment = TE_SEGMENT_LOCAL,
-					    .local = wbuf + i,
-					    .remote = (uintptr_t)(wbuf + n + i),
-					    .length = 1 };
+	wbuf_byte_writes(r, n);
 	for (int round = 0; round < 2; round++) {
 		memset(wbuf, 'a' + round, n);
 		memset(wbuf + n, 0, n);
@@ -229,12 +235,7 @@ static void test_submit_chunk(void)
 	fake_reset();
 	fake_take_over(e->tps[0]);
 	g_assert_cmpint(te_mem_register(te, wbuf, sizeof(wbuf), "cpu", TE_MEM_REMOTE), ==, TE_OK);
-	for (uint32_t i = 0; i < n; i++)
-		r[i] = (struct te_request){ .opcode = TE_OP_WRITE,
-					    .segment = TE_SEGMENT_LOCAL,
-					    .local = wbuf + i,
-					    .remote = (uintptr_t)(wbuf + n + i),
-					    .length = 1 };
+	wbuf_byte_writes(r, n);
 	g_assert_cmpint(te_batch_new(te, n, &id), ==, TE_OK);
 	g_assert_cmpint(te_batch_submit(te, id, r, n), ==, TE_OK);
 	g_assert_cmpint(te_batch_wait(te, id, 10000000000ll), ==, TE_OK);
