@@ -2351,6 +2351,32 @@ static bool tcp_drv_must_send_locked(const struct tcp_lane *l)
 }
 
 /*
+ * Count, per lane (st_room_woken), the sleeps of tcp_wait that room in the lane's full socket
+ * ended (@pfd, @n: the poll it made). The lanes are looked up again: unlocked, one may have
+ * gone with its peer meanwhile. A lane whose socket was replaced since is not counted.
+ */
+static void tcp_wait_count_room(struct tcp_inst *ti, uint32_t me, const struct pollfd *pfd,
+				nfds_t n)
+{
+	struct tcp_peer *peer;
+	struct tcp_lane *l;
+	nfds_t k = 0;
+
+	pthread_mutex_lock(&ti->lock);
+	for (peer = ti->peers; k < n && (l = tcp_home_lane_next(&peer, me));) {
+		for (nfds_t j = k; j < n; j++)
+			if (pfd[j].fd == l->fd) {
+				if (pfd[j].revents & pfd[j].events & POLLOUT)
+					tcp_stat_add(&l->st_room_woken, 1);
+				k = j + 1;
+				break;
+			}
+		pthread_mutex_unlock(&l->lock);
+	}
+	pthread_mutex_unlock(&ti->lock);
+}
+
+/*
  * Sleep until one of this thread's lanes with requests in flight has bytes to read, or room
  * for the requests it holds back when this thread sends for it (tcp_drv_must_send_locked;
  * before, a full socket waited for an answer or for the end of this sleep: WRITE 256 KiB x4
@@ -2383,8 +2409,16 @@ enum te_status tcp_wait(struct te_plugin_inst *inst, uint64_t timeout_ns)
 	pthread_mutex_unlock(&ti->lock);
 	if (!n)
 		return TE_ERR_NOT_FOUND; /* nothing of this thread's: the core stops polling */
-	if (ppoll(pfd, n, &ts, NULL) < 0 && errno != EINTR)
-		return TE_ERR_UNSUPPORTED;
+	if (ppoll(pfd, n, &ts, NULL) < 0) {
+		if (errno != EINTR)
+			return TE_ERR_UNSUPPORTED;
+		return TE_OK;
+	}
+	for (nfds_t k = 0; k < n; k++)
+		if (pfd[k].revents & pfd[k].events & POLLOUT) {
+			tcp_wait_count_room(ti, me, pfd, n);
+			break;
+		}
 	return TE_OK;
 }
 
