@@ -17,12 +17,15 @@
 #include "core/wake.h"
 
 /*
- * Slices handed to a plugin's submit at once. 512: a batch of 512 goes out in one tcp submit
- * and one sendmsg, and comes back in one sendmsg of the server's (its ring of answers and
- * its iovecs hold 512); with 256, 4 KiB READs at batch 512 from 4 threads and 1024 from 2
- * ran 7-11 % slower (bench/README.md, 2026-12-06 04:10).
+ * Slices handed to a plugin's submit at once. 1024: a batch of 1024 READs goes out in one tcp
+ * submit and one sendmsg (the lane copies up to 1024 request headers side by side), as the
+ * raw loop sends it, and comes back in two sendmsgs of the server's (its ring of answers and
+ * its iovecs hold 512). With 512, 4 KiB READs at batch 1024 from 2 threads ran 6-10 % slower
+ * (bench/README.md, 2026-12-06 11:30); with 256, at batch 512 from 4 threads and 1024 from 2
+ * 7-11 % slower than with 512 (2026-12-06 04:10). Deeper batches (16384 from 4 threads)
+ * ran alike with 512 and 1024.
  */
-#define POST_CHUNK 512
+#define POST_CHUNK 1024
 /* Back-pressure: first wait after a submit that accepted nothing, doubled up to the cap. */
 #define STALL_FIRST_NS (100ull * 1000)
 #define STALL_MAX_NS (1000ull * 1000)

@@ -153,9 +153,15 @@
 /*
  * Request headers per client sendmsg copied into the lane's txh, side by side, so that a run of
  * header-only frames (READs) is one iovec rather than one per request (measured: README.md,
- * "How the defaults were chosen"); the frames beyond go out of their slices as before.
+ * "How the defaults were chosen"); the frames beyond go out of their slices as before. 1024,
+ * as many as one submit hands over (the core's chunk): a batch of 1024 READs leaves in one
+ * sendmsg of one iovec, as the raw loop's does (was 128: 128 in one iovec and the others one
+ * each; READ 4K at batch 512 from 4 threads 1.09x, at 1024 from 2 threads 1.06-1.10x with the
+ * chunk of 1024; bench/README.md). 32 KiB per lane, touched as far as a batch reaches.
  */
-#define TCP_TXH_FRAMES 128u
+#define TCP_TXH_FRAMES 1024u
+/* Frames per client sendmsg: header-only ones share iovecs, so more than TCP_LANE_IOV. */
+#define TCP_LANE_FRAMES 1024u
 /*
  * A scatter read (tcp_lane_rx_scatter) takes at most this many answers (2 iovecs each) and
  * this many bytes (option scatter: on; auto, but the second one under bbr), all of which it

@@ -491,8 +491,8 @@ void tcp_lane_send_failed_locked(struct tcp_lane *l, int err)
 static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 {
 	struct iovec iov[TCP_LANE_IOV];
-	/* A sendmsg ends at most the frames it gathered: TCP_LANE_IOV (headers share iovecs). */
-	struct te_plugin_slice *rep[TCP_LANE_IOV];
+	/* A sendmsg ends at most the frames it gathered: TCP_LANE_FRAMES. */
+	struct te_plugin_slice *rep[TCP_LANE_FRAMES];
 	bool kick, read_answer = false;
 
 	pthread_mutex_lock(&l->lock);
@@ -520,7 +520,7 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 			iov[n_iov++] =
 				(struct iovec){ l->ctl + l->ctl_off, l->ctl_len - l->ctl_off };
 		for (struct te_plugin_slice *s = l->hs != TCP_HS_HELLO ? l->sq_head : NULL;
-		     s && n_iov + 2 <= TCP_LANE_IOV && n_frames < TCP_LANE_IOV;
+		     s && n_iov + 2 <= TCP_LANE_IOV && n_frames < TCP_LANE_FRAMES;
 		     s = tcp_priv(s)->next, n_frames++) {
 			struct tcp_spriv *p = tcp_priv(s);
 			uint32_t id = atomic_load_explicit(&p->slot, memory_order_relaxed);

@@ -219,15 +219,15 @@ static void test_cache_large(void)
 }
 
 /*
- * The core hands a plugin up to 512 slices per submit call (POST_CHUNK): a batch of 512 goes
- * out in one tcp sendmsg, and its answers come back in one (bench/README.md, 2026-12-06). A
- * batch of 1200 one-slice tasks: three calls of 512, 512 and 176, every task completed.
+ * The core hands a plugin up to 1024 slices per submit call (POST_CHUNK): a batch of 1024
+ * READs goes out in one tcp sendmsg (bench/README.md, 2026-12-06). A batch of 2300 one-slice
+ * tasks: three calls of 1024, 1024 and 252, every task completed.
  */
 static void test_submit_chunk(void)
 {
 	struct te_engine *te = itest_engine1("A", "loopback", NULL, NULL);
 	struct engine *e = fake_engine(te);
-	const uint32_t n = 1200;
+	const uint32_t n = 2300;
 	struct te_request *r = g_new(struct te_request, n);
 	te_batch_id id;
 	struct te_batch_info st;
@@ -244,7 +244,7 @@ static void test_submit_chunk(void)
 	g_assert_cmpuint(st.completed, ==, n);
 	g_assert_cmpuint(st.bytes, ==, n);
 	g_assert_cmpuint(atomic_load(&fake.submitted), ==, n);
-	g_assert_cmpuint(atomic_load(&fake.max_n), ==, 512);
+	g_assert_cmpuint(atomic_load(&fake.max_n), ==, 1024);
 	g_assert_cmpuint(atomic_load(&fake.submit_calls), ==, 3);
 	g_assert_cmpint(te_batch_free(te, id), ==, TE_OK);
 	g_free(r);

@@ -2336,6 +2336,86 @@ static void test_driver_full_socket(void)
 }
 
 /*
+ * Deep batches on one lane: a submit hands the lane up to 1024 slices and a sendmsg gathers
+ * up to 1024 frames, the READs' headers side by side in one iovec. 2300 tasks, every fifth a
+ * 4 KiB WRITE between 256-byte READs (runs of headers broken by payloads), through a 64 KiB
+ * socket buffer (sendmsgs that stop inside the run of header copies); then 2300 READs alone.
+ * Every byte checked, and nothing outside the ranges touched.
+ */
+static void test_deep_frames(void)
+{
+	enum {
+		N = 2300,
+		RLEN = 256,
+		WLEN = 4096,
+		STEP = WLEN, /* each task's own area */
+		SPAN = N * STEP
+	};
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct te_request *r = g_new(struct te_request, N);
+	size_t *offs = g_new(size_t, 2 * N), *lens = g_new(size_t, 2 * N);
+
+	itest_buf_new(&la, 2 * SPAN, GUARD, 0x5a);
+	itest_buf_new(&rb, 2 * SPAN, GUARD, 0xa5);
+	pair_new(&p, "lanes: 1, sockbuf: 64K", "timeout_ms: 60000");
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (int round = 0; round < 2; round++) {
+		size_t base = (size_t)round * SPAN;
+		int64_t slices = lane_stat(p.a, 0, "slices");
+
+		for (size_t i = 0; i < N; i++) {
+			bool w = round == 0 && i % 5 == 4;
+
+			r[i] = (struct te_request){ w ? TE_OP_WRITE : TE_OP_READ, p.seg,
+						    la.data + base + i * STEP,
+						    itest_raddr(&rb, base + i * STEP),
+						    w ? WLEN : RLEN };
+			offs[round * N + i] = base + i * STEP;
+			lens[round * N + i] = w ? WLEN : RLEN;
+		}
+		run_ok(&p, r, N);
+		g_assert_cmpint(lane_stat(p.a, 0, "slices") - slices, ==, N);
+		for (size_t i = 0; i < N; i++) {
+			size_t off = base + i * STEP;
+
+			if (r[i].opcode == TE_OP_WRITE)
+				g_assert_true(itest_range_is(&rb, off, WLEN, &la, off));
+			else
+				g_assert_true(itest_range_is(&la, off, RLEN, &rb, off));
+		}
+	}
+	{
+		/* la: the READs' ranges changed; rb: the WRITEs'. */
+		size_t nl = 0, nr = 0;
+		size_t *loffs = g_new(size_t, 2 * N), *llens = g_new(size_t, 2 * N);
+
+		for (size_t k = 0; k < 2 * N; k++) {
+			if (lens[k] == WLEN) {
+				offs[nr] = offs[k];
+				lens[nr++] = WLEN;
+			} else {
+				loffs[nl] = offs[k];
+				llens[nl++] = RLEN;
+			}
+		}
+		g_assert_cmpuint(nr, ==, N / 5);
+		g_assert_true(itest_untouched_outside(&la, loffs, llens, nl));
+		g_assert_true(itest_untouched_outside(&rb, offs, lens, nr));
+		g_free(loffs);
+		g_free(llens);
+	}
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+	g_free(r);
+	g_free(offs);
+	g_free(lens);
+}
+
+/*
  * After te_batch_wait returns, the waiting thread's idle lane stays its own to read for
  * wait_hold_us when its last batch WRITEs more than 1 MiB: the answers to its next batch
  * wait in the socket until it waits again, and it reads them itself (the lane's "driven"
@@ -3906,6 +3986,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/lanes/full-host-lane-moves-auth", test_full_host_lane_moves_auth);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
 	g_test_add_func("/tcp/client/driver-full-socket", test_driver_full_socket);
+	g_test_add_func("/tcp/client/deep-frames", test_deep_frames);
 	g_test_add_data_func("/tcp/client/scatter-unforeseen", &scatter_on,
 			     test_scatter_unforeseen);
 	g_test_add_data_func("/tcp/client/scatter-off", &scatter_off, test_scatter_unforeseen);
