@@ -818,7 +818,8 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		l->slots = calloc(l->free_cap, sizeof(*l->slots));
 		l->free_ids = malloc(l->free_cap * sizeof(*l->free_ids));
 		l->rx.buf = malloc(TCP_RBUF_BIG);
-		l->txh = malloc(TCP_TXH_FRAMES * TCP_HDR_LEN);
+		l->txh = malloc(TCP_TXH_FIRST * TCP_HDR_LEN);
+		l->txh_cap = TCP_TXH_FIRST;
 		l->rx.cap = TCP_RBUF_BIG;
 		l->rx.gulp = TCP_GULP;
 		for (uint32_t k = 0; l->free_ids && k < l->free_cap; k++)

@@ -157,9 +157,14 @@
  * as many as one submit hands over (the core's chunk): a batch of 1024 READs leaves in one
  * sendmsg of one iovec, as the raw loop's does (was 128: 128 in one iovec and the others one
  * each; READ 4K at batch 512 from 4 threads 1.09x, at 1024 from 2 threads 1.06-1.10x with the
- * chunk of 1024; bench/README.md). 32 KiB per lane, touched as far as a batch reaches.
+ * chunk of 1024; bench/README.md). 32 KiB per lane that needed it.
  */
 #define TCP_TXH_FRAMES 1024u
+/*
+ * ... but a lane starts with room for this many (4 KiB), and grows to TCP_TXH_FRAMES when a
+ * sendmsg had more: lanes that never carry batches past 128 keep the memory they had.
+ */
+#define TCP_TXH_FIRST 128u
 /* Frames per client sendmsg: header-only ones share iovecs, so more than TCP_LANE_IOV. */
 #define TCP_LANE_FRAMES 1024u
 /*
@@ -398,7 +403,9 @@ struct tcp_lane {
 
 	struct te_plugin_slice *sq_head, *sq_tail; /* requests not completely sent */
 	uint64_t sq_off;			   /* bytes of sq_head's frame already sent */
-	uint8_t *txh; /* TCP_TXH_FRAMES headers: the sender's copies (owned while sending) */
+	uint8_t *txh;	  /* txh_cap headers: the sender's copies (owned while sending) */
+	uint32_t txh_cap; /* TCP_TXH_FIRST, then TCP_TXH_FRAMES once a sendmsg had more */
+	bool txh_short;	  /* the last sendmsg had more header-only frames than txh_cap */
 	/* HELLO and AUTH bytes not yet sent (ctl, at the end); they precede every request. */
 	uint32_t ctl_len, ctl_off;
 	enum tcp_hs hs;

@@ -484,6 +484,23 @@ void tcp_lane_send_failed_locked(struct tcp_lane *l, int err)
 }
 
 /*
+ * @l's last sendmsg had more header-only frames than its txh holds: room for TCP_TXH_FRAMES
+ * (without memory, it goes on with what it has). Under lane lock, by the sender before it
+ * gathers: no copy in txh is in use then.
+ */
+static void tcp_lane_txh_grow_locked(struct tcp_lane *l)
+{
+	uint8_t *t = malloc(TCP_TXH_FRAMES * TCP_HDR_LEN);
+
+	l->txh_short = false;
+	if (!t)
+		return;
+	free(l->txh);
+	l->txh = t;
+	l->txh_cap = TCP_TXH_FRAMES;
+}
+
+/*
  * Send what is queued on @l until the queue is empty or the socket is full. Any thread; one
  * sender at a time (l->sending), others leave their requests to it. The socket stays open
  * while l->sending is set because only the worker closes it, and only when nobody sends.
@@ -511,11 +528,14 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 		struct msghdr msg = { .msg_iov = iov };
 		uint64_t off = l->sq_off;
 		uint32_t n_iov = 0, n_rep, n_txh = 0, n_frames = 0;
-		uint8_t *txe = l->txh; /* end of the header copies so far */
+		uint8_t *txe; /* end of the header copies so far */
 		int fd = l->fd, err;
 		ssize_t r;
 
 		l->out_kick = false;
+		if (l->txh_short)
+			tcp_lane_txh_grow_locked(l);
+		txe = l->txh;
 		if (l->ctl_off < l->ctl_len)
 			iov[n_iov++] =
 				(struct iovec){ l->ctl + l->ctl_off, l->ctl_len - l->ctl_off };
@@ -531,7 +551,7 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 			/* Stamped while no byte of the frame left (again, to the same value). */
 			if (off == 0)
 				te_plugin_put_u32(p->hdr + 12, tcp_deadline_field(l, s));
-			if (off < TCP_HDR_LEN && n_txh++ < TCP_TXH_FRAMES) {
+			if (off < TCP_HDR_LEN && n_txh++ < l->txh_cap) {
 				/* A copy beside the previous one: one iovec for a run of them. */
 				struct iovec *last = n_iov ? &iov[n_iov - 1] : NULL;
 
@@ -553,6 +573,7 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 			off = 0;
 		}
 		msg.msg_iovlen = n_iov;
+		l->txh_short = n_txh > l->txh_cap && l->txh_cap < TCP_TXH_FRAMES;
 		pthread_mutex_unlock(&l->lock);
 		r = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 		err = errno;
