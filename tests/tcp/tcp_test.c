@@ -452,6 +452,37 @@ static void test_single(gconstpointer data)
 	itest_buf_free(&rb);
 }
 
+/*
+ * After requests @r[0..n) at the same offsets of la and rb (@offs, @lens): each moved its
+ * bytes (a WRITE la -> rb, a READ rb -> la), and nothing else of either buffer changed.
+ */
+static void assert_moved_only(const struct itest_buf *la, const struct itest_buf *rb,
+			      const struct te_request *r, const size_t *offs, const size_t *lens,
+			      size_t n)
+{
+	size_t *woffs = g_new(size_t, n), *wlens = g_new(size_t, n);
+	size_t *roffs = g_new(size_t, n), *rlens = g_new(size_t, n);
+	size_t nw = 0, nr = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (r[i].opcode == TE_OP_WRITE) {
+			g_assert_true(itest_range_is(rb, offs[i], lens[i], la, offs[i]));
+			woffs[nw] = offs[i];
+			wlens[nw++] = lens[i];
+		} else {
+			g_assert_true(itest_range_is(la, offs[i], lens[i], rb, offs[i]));
+			roffs[nr] = offs[i];
+			rlens[nr++] = lens[i];
+		}
+	}
+	g_assert_true(itest_untouched_outside(la, roffs, rlens, nr));
+	g_assert_true(itest_untouched_outside(rb, woffs, wlens, nw));
+	g_free(woffs);
+	g_free(wlens);
+	g_free(roffs);
+	g_free(rlens);
+}
+
 /* 1000 requests of varied sizes and both directions in one batch, on disjoint ranges. */
 static void test_batch_1000(gconstpointer data)
 {
@@ -463,9 +494,7 @@ static void test_batch_1000(gconstpointer data)
 	struct itest_buf la, rb;
 	struct te_request *r = g_new0(struct te_request, N);
 	size_t *offs = g_new0(size_t, N), *lens = g_new0(size_t, N);
-	size_t *woffs = g_new0(size_t, N), *wlens = g_new0(size_t, N);
-	size_t *roffs = g_new0(size_t, N), *rlens = g_new0(size_t, N);
-	size_t off = 0, nw = 0, nr = 0;
+	size_t off = 0;
 
 	for (size_t i = 0; i < N; i++) {
 		lens[i] = 1 + (i * 7919) % 20000;
@@ -483,33 +512,15 @@ static void test_batch_1000(gconstpointer data)
 
 		r[i] = (struct te_request){ op, p.seg, la.data + offs[i], itest_raddr(&rb, offs[i]),
 					    lens[i] };
-		if (op == TE_OP_WRITE) {
-			woffs[nw] = offs[i];
-			wlens[nw++] = lens[i];
-		} else {
-			roffs[nr] = offs[i];
-			rlens[nr++] = lens[i];
-		}
 	}
 	run_ok(&p, r, N);
-	for (size_t i = 0; i < N; i++) {
-		if (r[i].opcode == TE_OP_WRITE)
-			g_assert_true(itest_range_is(&rb, offs[i], lens[i], &la, offs[i]));
-		else
-			g_assert_true(itest_range_is(&la, offs[i], lens[i], &rb, offs[i]));
-	}
-	g_assert_true(itest_untouched_outside(&la, roffs, rlens, nr));
-	g_assert_true(itest_untouched_outside(&rb, woffs, wlens, nw));
+	assert_moved_only(&la, &rb, r, offs, lens, N);
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
 	g_free(r);
 	g_free(offs);
 	g_free(lens);
-	g_free(woffs);
-	g_free(wlens);
-	g_free(roffs);
-	g_free(rlens);
 }
 
 /* Several threads submit at once on one engine pair (lanes shared between them). */
@@ -2353,8 +2364,9 @@ static void test_deep_frames(void)
 	};
 	struct itest_pair p;
 	struct itest_buf la, rb;
-	struct te_request *r = g_new(struct te_request, N);
-	size_t *offs = g_new(size_t, 2 * N), *lens = g_new(size_t, 2 * N);
+	g_autofree struct te_request *r = g_new(struct te_request, 2 * N);
+	g_autofree size_t *offs = g_new(size_t, 2 * N);
+	g_autofree size_t *lens = g_new(size_t, 2 * N);
 
 	itest_buf_new(&la, 2 * SPAN, GUARD, 0x5a);
 	itest_buf_new(&rb, 2 * SPAN, GUARD, 0xa5);
@@ -2362,57 +2374,27 @@ static void test_deep_frames(void)
 	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
 	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
 	itest_pair_connect(&p);
-	for (int round = 0; round < 2; round++) {
-		size_t base = (size_t)round * SPAN;
+	for (size_t round = 0; round < 2; round++) {
+		struct te_request *q = r + round * N;
 		int64_t slices = lane_stat(p.a, 0, "slices");
 
 		for (size_t i = 0; i < N; i++) {
+			size_t k = round * N + i;
 			bool w = round == 0 && i % 5 == 4;
 
-			r[i] = (struct te_request){ w ? TE_OP_WRITE : TE_OP_READ, p.seg,
-						    la.data + base + i * STEP,
-						    itest_raddr(&rb, base + i * STEP),
-						    w ? WLEN : RLEN };
-			offs[round * N + i] = base + i * STEP;
-			lens[round * N + i] = w ? WLEN : RLEN;
+			offs[k] = k * STEP;
+			lens[k] = w ? WLEN : RLEN;
+			q[i] = (struct te_request){ w ? TE_OP_WRITE : TE_OP_READ, p.seg,
+						    la.data + offs[k], itest_raddr(&rb, offs[k]),
+						    lens[k] };
 		}
-		run_ok(&p, r, N);
+		run_ok(&p, q, N);
 		g_assert_cmpint(lane_stat(p.a, 0, "slices") - slices, ==, N);
-		for (size_t i = 0; i < N; i++) {
-			size_t off = base + i * STEP;
-
-			if (r[i].opcode == TE_OP_WRITE)
-				g_assert_true(itest_range_is(&rb, off, WLEN, &la, off));
-			else
-				g_assert_true(itest_range_is(&la, off, RLEN, &rb, off));
-		}
 	}
-	{
-		/* la: the READs' ranges changed; rb: the WRITEs'. */
-		size_t nl = 0, nr = 0;
-		size_t *loffs = g_new(size_t, 2 * N), *llens = g_new(size_t, 2 * N);
-
-		for (size_t k = 0; k < 2 * N; k++) {
-			if (lens[k] == WLEN) {
-				offs[nr] = offs[k];
-				lens[nr++] = WLEN;
-			} else {
-				loffs[nl] = offs[k];
-				llens[nl++] = RLEN;
-			}
-		}
-		g_assert_cmpuint(nr, ==, N / 5);
-		g_assert_true(itest_untouched_outside(&la, loffs, llens, nl));
-		g_assert_true(itest_untouched_outside(&rb, offs, lens, nr));
-		g_free(loffs);
-		g_free(llens);
-	}
+	assert_moved_only(&la, &rb, r, offs, lens, 2 * N);
 	itest_pair_free(&p);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
-	g_free(r);
-	g_free(offs);
-	g_free(lens);
 }
 
 /*
