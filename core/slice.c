@@ -20,10 +20,11 @@
  * Slices handed to a plugin's submit at once. 1024: a batch of 1024 READs goes out in one tcp
  * submit and one sendmsg (the lane copies up to 1024 request headers side by side), as the
  * raw loop sends it, and comes back in two sendmsgs of the server's (its ring of answers and
- * its iovecs hold 512). With 512, 4 KiB READs at batch 1024 from 2 threads ran 6-10 % slower
- * (bench/README.md, 2026-12-06 11:30); with 256, at batch 512 from 4 threads and 1024 from 2
- * 7-11 % slower than with 512 (2026-12-06 04:10). Deeper batches (16384 from 4 threads)
- * ran alike with 512 and 1024.
+ * its iovecs hold 512). With 512, 4 KiB READs at batch 1024 from 2 threads ran about 3 %
+ * slower, with 3 % more CPU per request (12 rounds; five runs 0.99-1.10: bench/README.md,
+ * 2026-12-06 10:43); with 256, at batch 512 from 4 threads and 1024 from 2 7-11 % slower than
+ * with 512 (2026-12-06 04:10). Deeper batches (16384 from 4 threads) ran alike with 512 and
+ * 1024.
  */
 #define POST_CHUNK 1024
 /* Back-pressure: first wait after a submit that accepted nothing, doubled up to the cap. */

@@ -156,8 +156,9 @@
  * "How the defaults were chosen"); the frames beyond go out of their slices as before. 1024,
  * as many as one submit hands over (the core's chunk): a batch of 1024 READs leaves in one
  * sendmsg of one iovec, as the raw loop's does (was 128: 128 in one iovec and the others one
- * each; READ 4K at batch 512 from 4 threads 1.09x, at 1024 from 2 threads 1.06-1.10x with the
- * chunk of 1024; bench/README.md). 32 KiB per lane that needed it.
+ * each; READ 4K at batch 512 from 4 threads 0.98-1.09x over four runs, at 1024 from 2 threads
+ * 1.03x over 12 rounds with the chunk of 1024; bench/README.md). 32 KiB per lane that needed
+ * it.
  */
 #define TCP_TXH_FRAMES 1024u
 /*
