@@ -15,9 +15,15 @@
 
 uint32_t batch_left(struct batch *b)
 {
-	uint32_t n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
+	/*
+	 * The ended count first, then the task count: a task is counted (n_tasks) before it
+	 * can end, so every task in this ended count is among these n. The other order let a
+	 * thread that waits while another submits read an old n and the ends of newer tasks,
+	 * and take a batch with tasks in flight for terminal.
+	 */
 	uint32_t ended = (uint32_t)BATCH_ENDED_N_TERMINAL(
 		atomic_load_explicit(&b->n_ended, memory_order_acquire));
+	uint32_t n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
 
 	return n > ended ? n - ended : 0;
 }
@@ -486,19 +492,28 @@ enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_in
 	if (st != TE_OK)
 		return st;
 	memset(info_out, 0, sizeof(*info_out));
-	n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
 	/*
-	 * One read of the ended count for the state and the completed count (a task ending
-	 * between two reads made a COMPLETED batch with fewer tasks completed). A task counts
-	 * its failure before it ends (batch.h): read after this, the failure counts of a
-	 * terminal batch are final.
+	 * One snapshot, while other threads may submit to the batch and end its tasks:
+	 * - one read of the ended count for the state and the completed count (a task ending
+	 *   between two reads made a COMPLETED batch with fewer tasks completed);
+	 * - the failure counts after it: a task counts its failure before it ends (batch.h),
+	 *   so those of a terminal batch are final;
+	 * - the task count before and after both: a task is counted (n_tasks) before it can
+	 *   end, so when no submit came in between, every task those counts hold is one of
+	 *   these n. Reading the task count once, first, let a submit in between show more
+	 *   tasks ended than the batch has, and a batch with tasks in flight as terminal.
+	 * Each repeat follows a submit, and a batch takes at most `capacity` of them.
 	 */
-	ended = atomic_load_explicit(&b->n_ended, memory_order_acquire);
+	do {
+		n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
+		ended = atomic_load_explicit(&b->n_ended, memory_order_acquire);
+		info_out->completed = BATCH_ENDED_N_COMPLETED(ended);
+		info_out->failed = atomic_load(&b->n_failed);
+		info_out->timed_out = atomic_load(&b->n_timeout);
+		info_out->canceled = atomic_load(&b->n_canceled);
+		atomic_thread_fence(memory_order_acquire);
+	} while (atomic_load_explicit(&b->n_tasks, memory_order_relaxed) != n);
 	info_out->tasks = n;
-	info_out->completed = BATCH_ENDED_N_COMPLETED(ended);
-	info_out->failed = atomic_load(&b->n_failed);
-	info_out->timed_out = atomic_load(&b->n_timeout);
-	info_out->canceled = atomic_load(&b->n_canceled);
 	for (uint32_t i = 0; i < n; i++)
 		info_out->bytes += atomic_load_explicit(&b->tasks[i].bytes, memory_order_relaxed);
 	if (BATCH_ENDED_N_TERMINAL(ended) < n) {
@@ -523,9 +538,12 @@ enum te_status batch_status(struct engine *e, te_batch_id id, struct te_batch_in
 
 enum te_status batch_result(struct batch *b)
 {
-	uint32_t n = atomic_load(&b->n_tasks);
+	/* Completed count first, then the task count (batch_left: a submit may come in between). */
+	uint32_t completed =
+		BATCH_ENDED_N_COMPLETED(atomic_load_explicit(&b->n_ended, memory_order_acquire));
+	uint32_t n = atomic_load_explicit(&b->n_tasks, memory_order_acquire);
 
-	if (BATCH_ENDED_N_COMPLETED(atomic_load_explicit(&b->n_ended, memory_order_acquire)) == n)
+	if (completed == n)
 		return TE_OK;
 
 	for (uint32_t i = 0; i < n; i++) {

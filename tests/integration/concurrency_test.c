@@ -37,6 +37,24 @@ static size_t req_len(size_t i)
 }
 
 /*
+ * A failure seen by a thread: counted in @failures and told on stderr, which the test
+ * log keeps for a failed test (a TAP comment on stdout is not shown there). The first 20
+ * only.
+ */
+static G_GNUC_PRINTF(2, 3) void fail_at(atomic_int *failures, const char *fmt, ...)
+{
+	va_list ap;
+	char *msg;
+
+	va_start(ap, fmt);
+	msg = g_strdup_vprintf(fmt, ap);
+	va_end(ap);
+	if (atomic_fetch_add(failures, 1) < 20)
+		g_printerr("%s: %s\n", g_test_get_path(), msg);
+	g_free(msg);
+}
+
+/*
  * A pair over @plugin with a local buffer on a and a remote one on b, region(THREADS) bytes
  * each (seeds @seed and @seed + 1), connected; shared_free undoes it.
  */
@@ -101,9 +119,9 @@ static gpointer poller(gpointer data)
 			    bi.completed < last[t].completed || bi.tasks < last[t].tasks ||
 			    (te_state_is_terminal(last[t].state) && last[t].tasks == REQS &&
 			     !te_state_is_terminal(bi.state))) {
-				g_test_message("poll of batch %d went backwards or failed (%s)", t,
-					       te_status_str(st));
-				atomic_fetch_add(&s->failures, 1);
+				fail_at(&s->failures,
+					"poll of batch %d went backwards or failed (%s)", t,
+					te_status_str(st));
 				return NULL;
 			}
 			last[t] = bi;
@@ -113,8 +131,7 @@ static gpointer poller(gpointer data)
 		    atomic_load_explicit(&s->done, memory_order_acquire) == THREADS)
 			break;
 		if (g_get_monotonic_time() > deadline) {
-			g_test_message("poller: batches not terminal in time");
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "poller: batches not terminal in time");
 			return NULL;
 		}
 		g_thread_yield();
@@ -214,7 +231,7 @@ static gpointer forger(gpointer data)
 
 		/* A random value may in theory hit a live handle; it must never crash. */
 		if (st != TE_ERR_INVALID_HANDLE && st != TE_OK)
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "status of a forged handle: %s", te_status_str(st));
 		g_thread_yield();
 	}
 	g_rand_free(rnd);
@@ -297,7 +314,7 @@ static gpointer storm_submitter(gpointer data)
 		enum te_status rc;
 
 		if (te_batch_new(s->p.a, 3 * 64, &bid) != TE_OK) {
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "batch_new: %s", te_last_error());
 			break;
 		}
 		atomic_store(&st->live[w->idx], bid);
@@ -318,9 +335,8 @@ static gpointer storm_submitter(gpointer data)
 			if (rc == TE_ERR_CANCELED) {
 				refused = true; /* canceled before: nothing appended */
 			} else if (rc != TE_OK) {
-				g_test_message("submit: %s: %s", te_status_str(rc),
-					       te_last_error());
-				atomic_fetch_add(&s->failures, 1);
+				fail_at(&s->failures, "submit: %s: %s", te_status_str(rc),
+					te_last_error());
 			} else {
 				appended += n;
 			}
@@ -330,18 +346,17 @@ static gpointer storm_submitter(gpointer data)
 		    (rc != TE_OK && rc != TE_ERR_CANCELED) ||
 		    bi.completed + bi.canceled != bi.tasks || bi.failed || bi.timed_out ||
 		    (bi.canceled && rc != TE_ERR_CANCELED) || !te_state_is_terminal(bi.state)) {
-			g_test_message("batch of %u tasks: wait %s, state %s, %u completed, %u "
-				       "canceled, %u failed, %u timed out",
-				       appended, te_status_str(rc), te_state_str(bi.state),
-				       bi.completed, bi.canceled, bi.failed, bi.timed_out);
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures,
+				"batch of %u tasks: wait %s, state %s, %u completed, %u "
+				"canceled, %u failed, %u timed out",
+				appended, te_status_str(rc), te_state_str(bi.state), bi.completed,
+				bi.canceled, bi.failed, bi.timed_out);
 		}
 		atomic_fetch_add(&st->batches, 1);
 		atomic_fetch_add(&st->canceled_batches, bi.canceled > 0);
 		atomic_store(&st->live[w->idx], 0);
 		if (te_batch_free(s->p.a, bid) != TE_OK) {
-			g_test_message("free: %s", te_last_error());
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "free: %s", te_last_error());
 		}
 	}
 	g_rand_free(rnd);
@@ -366,7 +381,8 @@ static gpointer storm_canceller(gpointer data)
 		if (rc == TE_OK)
 			atomic_fetch_add(&st->cancels, 1);
 		else if (rc != TE_ERR_INVALID_HANDLE)
-			atomic_fetch_add(&st->s->failures, 1);
+			fail_at(&st->s->failures, "cancel: %s: %s", te_status_str(rc),
+				te_last_error());
 	}
 	g_rand_free(rnd);
 	return NULL;
@@ -393,10 +409,9 @@ static gpointer storm_observer(gpointer data)
 			    (seen[t] == bid &&
 			     (bi.tasks < last[t].tasks || bi.completed < last[t].completed ||
 			      bi.canceled < last[t].canceled || bi.bytes < last[t].bytes))) {
-				g_test_message(
+				fail_at(&st->s->failures,
 					"status of a live batch: %u tasks, %u ended, state %s",
 					bi.tasks, ended, te_state_str(bi.state));
-				atomic_fetch_add(&st->s->failures, 1);
 			}
 			seen[t] = bid;
 			last[t] = bi;
@@ -488,8 +503,7 @@ static gpointer segchurn_user(gpointer data)
 
 		rc = te_segment_import(s->p.a, c->json, c->len, &seg);
 		if (rc != TE_OK) {
-			g_test_message("import: %s: %s", te_status_str(rc), te_last_error());
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "import: %s: %s", te_status_str(rc), te_last_error());
 			break;
 		}
 		atomic_fetch_add(&c->imports, 1);
@@ -501,38 +515,36 @@ static gpointer segchurn_user(gpointer data)
 						    req_len(i) };
 		}
 		if (te_batch_new(s->p.a, n, &bid) != TE_OK) {
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "batch_new: %s", te_last_error());
 			break;
 		}
 		atomic_store(&c->st.live[w->idx], bid);
 		rc = te_batch_submit(s->p.a, bid, r, n);
 		if (rc != TE_OK && rc != TE_ERR_CANCELED) {
-			g_test_message("submit: %s: %s", te_status_str(rc), te_last_error());
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "submit: %s: %s", te_status_str(rc), te_last_error());
 		}
 		rc = te_batch_wait(s->p.a, bid, ITEST_WAIT_NS);
 		if (te_batch_status(s->p.a, bid, &bi) != TE_OK ||
 		    (rc != TE_OK && rc != TE_ERR_CANCELED) ||
 		    bi.completed + bi.canceled != bi.tasks || bi.failed || bi.timed_out) {
-			g_test_message("batch of %u: wait %s, %u completed, %u canceled, %u failed "
-				       "(%s)",
-				       n, te_status_str(rc), bi.completed, bi.canceled, bi.failed,
-				       te_last_error());
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures,
+				"batch of %u: wait %s, %u completed, %u canceled, %u failed "
+				"(%s)",
+				n, te_status_str(rc), bi.completed, bi.canceled, bi.failed,
+				te_last_error());
 		}
 		atomic_store(&c->st.live[w->idx], 0);
 		atomic_fetch_add(&c->st.batches, 1);
 		atomic_fetch_add(&c->st.canceled_batches, bi.canceled > 0);
 		if (te_batch_free(s->p.a, bid) != TE_OK)
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "free: %s", te_last_error());
 		/* BUSY while a transport still holds slices of the freed batch: let go soon. */
 		while ((rc = te_segment_close(s->p.a, seg)) == TE_ERR_BUSY && tries++ < 5000) {
 			atomic_fetch_add(&c->busy_closes, 1);
 			g_usleep(200);
 		}
 		if (rc != TE_OK) {
-			g_test_message("close: %s: %s", te_status_str(rc), te_last_error());
-			atomic_fetch_add(&s->failures, 1);
+			fail_at(&s->failures, "close: %s: %s", te_status_str(rc), te_last_error());
 			break;
 		}
 	}
