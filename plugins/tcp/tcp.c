@@ -1002,7 +1002,7 @@ static void tcp_out_str(struct tcp_out *o, const char *s)
 /*
  * {"lanes_per_peer": N, ..., "refused_for_room": N, "peers": [{"name", "address", "lanes":
  * [{"slices", "bytes", "connects", ..., "in_flight", "owner_in_flight", "slots", "room_refused",
- * "room_refusals_in_row", "room_wait_ms", "room_woken", "up"}...], "lanes_used", "slices",
+ * "room_refusals_in_row", "room_wait_ms", "room_woken", "sends", "up"}...], "lanes_used", "slices",
  * "bytes", "reconnects"}...]}: per peer loaded now, the slices and payload bytes queued on
  * each lane since the peer was loaded (retries count again), connections opened
  * (reconnects: all but each lane's first). A lane is used when it carried at least one
@@ -1011,7 +1011,8 @@ static void tcp_out_str(struct tcp_out *o, const char *s)
  * the lane has (its table grows to max_inflight as needed); room_refused, the
  * connections the peer refused for want of room, room_refusals_in_row and room_wait_ms those
  * in a row since the lane was served and the wait the last one set; room_woken, the sleeps
- * of a thread driving the lane that room in its full socket ended (tcp_wait). refused_for_room: lanes
+ * of a thread driving the lane that room in its full socket ended (tcp_wait); sends, the
+ * sendmsg calls that moved request bytes on it (handshakes included). refused_for_room: lanes
  * of other engines this one refused so (the serving side).
  */
 static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t len,
@@ -1050,6 +1051,7 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 			uint64_t rr =
 				atomic_load_explicit(&l->st_room_refused, memory_order_relaxed);
 			uint64_t rw = atomic_load_explicit(&l->st_room_woken, memory_order_relaxed);
+			uint64_t sn = atomic_load_explicit(&l->st_sends, memory_order_relaxed);
 			uint32_t own = tcp_owner_busy(l);
 			uint32_t inflight, slots, streak, wait_ms;
 			bool up;
@@ -1068,9 +1070,9 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 				",\"in_flight\":%" PRIu32 ",\"owner_in_flight\":%" PRIu32
 				",\"slots\":%" PRIu32 ",\"room_refused\":%" PRIu64
 				",\"room_refusals_in_row\":%" PRIu32 ",\"room_wait_ms\":%" PRIu32
-				",\"room_woken\":%" PRIu64 ",\"up\":%s}",
+				",\"room_woken\":%" PRIu64 ",\"sends\":%" PRIu64 ",\"up\":%s}",
 				i ? "," : "", n, b, c, d, sc, rp, inflight, own, slots, rr, streak,
-				wait_ms, rw, up ? "true" : "false");
+				wait_ms, rw, sn, up ? "true" : "false");
 			slices += n;
 			bytes += b;
 			reconnects += c > 1 ? c - 1 : 0;

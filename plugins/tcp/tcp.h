@@ -554,6 +554,7 @@ struct tcp_lane {
 	_Atomic uint64_t st_replayed;	  /* scatter reads that met an answer not foreseen */
 	_Atomic uint64_t st_room_refused; /* connections the server refused for want of room */
 	_Atomic uint64_t st_room_woken;	  /* a driver's sleep ended by room in a full socket */
+	_Atomic uint64_t st_sends;	  /* sendmsg calls that moved request bytes */
 
 	/* Cold: used once per connection. */
 	uint8_t nonce_c[TCP_NONCE];

@@ -578,8 +578,10 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 		r = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 		err = errno;
 		pthread_mutex_lock(&l->lock);
-		if (r > 0)
+		if (r > 0) {
 			atomic_fetch_add_explicit(&l->progress, (uint64_t)r, memory_order_relaxed);
+			tcp_stat_add(&l->st_sends, 1);
+		}
 		n_rep = tcp_lane_advance_locked(l, r > 0 ? (uint64_t)r : 0, rep);
 		if (n_rep) {
 			pthread_mutex_unlock(&l->lock);

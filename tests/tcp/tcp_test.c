@@ -2398,6 +2398,57 @@ static void test_deep_frames(void)
 }
 
 /*
+ * A batch of 1024 READs leaves in one sendmsg (the lane's "sends"), as the raw loop sends its
+ * requests: the core hands the plugin 1024 slices per submit and the lane copies up to 1024
+ * headers side by side, one iovec. The lane's room for header copies starts at 128 and grows
+ * after a sendmsg that wanted more: a first batch of 1024 takes more than one. The socket
+ * buffer (4 MiB) holds the 32 KiB of headers. Bytes checked.
+ */
+static void test_one_send_per_batch(void)
+{
+	enum {
+		N = 1024,
+		LEN = 256,
+		SPAN = N * LEN
+	};
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	g_autofree struct te_request *r = g_new(struct te_request, 2 * N);
+	g_autofree size_t *offs = g_new(size_t, 2 * N);
+	g_autofree size_t *lens = g_new(size_t, 2 * N);
+	int64_t sends[2];
+
+	itest_buf_new(&la, 2 * SPAN, GUARD, 0x3c);
+	itest_buf_new(&rb, 2 * SPAN, GUARD, 0xc3);
+	pair_new(&p, "lanes: 1, sockbuf: 4M", "timeout_ms: 60000");
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	for (size_t round = 0; round < 2; round++) {
+		int64_t before = lane_stat(p.a, 0, "sends");
+
+		for (size_t i = 0; i < N; i++) {
+			size_t k = round * N + i;
+
+			offs[k] = k * LEN;
+			lens[k] = LEN;
+			r[k] = (struct te_request){ TE_OP_READ, p.seg, la.data + offs[k],
+						    itest_raddr(&rb, offs[k]), LEN };
+		}
+		run_ok(&p, r + round * N, N);
+		sends[round] = lane_stat(p.a, 0, "sends") - before;
+	}
+	g_test_message("sendmsg calls: %" PRId64 " for the first batch, %" PRId64 " for the second",
+		       sends[0], sends[1]);
+	g_assert_cmpint(sends[0], >, 1);
+	g_assert_cmpint(sends[1], ==, 1);
+	assert_moved_only(&la, &rb, r, offs, lens, 2 * N);
+	itest_pair_free(&p);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
+/*
  * After te_batch_wait returns, the waiting thread's idle lane stays its own to read for
  * wait_hold_us when its last batch WRITEs more than 1 MiB: the answers to its next batch
  * wait in the socket until it waits again, and it reads them itself (the lane's "driven"
@@ -3969,6 +4020,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
 	g_test_add_func("/tcp/client/driver-full-socket", test_driver_full_socket);
 	g_test_add_func("/tcp/client/deep-frames", test_deep_frames);
+	g_test_add_func("/tcp/client/one-send-per-batch", test_one_send_per_batch);
 	g_test_add_data_func("/tcp/client/scatter-unforeseen", &scatter_on,
 			     test_scatter_unforeseen);
 	g_test_add_data_func("/tcp/client/scatter-off", &scatter_off, test_scatter_unforeseen);
