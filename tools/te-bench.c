@@ -603,6 +603,13 @@ struct bench_row {
 	uint32_t lanes, lanes_used;
 	uint64_t lane_slices[BENCH_MAX_LANES];
 	/*
+	 * The sends (tcp: sendmsg calls) that carried them, all lanes together, when the
+	 * transport counts them (sends_known): slices over sends is how many requests one
+	 * call carried.
+	 */
+	bool sends_known;
+	uint64_t sends;
+	/*
 	 * Share of the machine's CPU time the hypervisor gave to other guests during the run
 	 * (warm-up included; /proc/stat's steal), in percent; negative when unknown.
 	 */
@@ -696,6 +703,16 @@ static void bench_print_header(const struct bench_opts *o)
 		   "p99_us", "p999_us", "transport", "device", "verified");
 }
 
+/* Slices over sends of @r's lanes during the run (sends_known, sends > 0). */
+static double bench_slices_per_send(const struct bench_row *r)
+{
+	uint64_t total = 0;
+
+	for (uint32_t k = 0; k < r->lanes; k++)
+		total += r->lane_slices[k];
+	return (double)total / (double)r->sends;
+}
+
 static void bench_print_row(const struct bench_opts *o, const struct bench_row *r)
 {
 	double gbps = bench_rate((double)r->bytes, r->seconds) / 1e9;
@@ -741,6 +758,11 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
 			json_builder_add_int_value(b, r->lanes_used);
 		else
 			json_builder_add_null_value(b);
+		json_builder_set_member_name(b, "slices_per_send");
+		if (r->sends_known && r->sends)
+			json_builder_add_double_value(b, bench_slices_per_send(r));
+		else
+			json_builder_add_null_value(b);
 		bench_json_known(b, "steal_pct", r->steal_pct);
 		bench_json_known(b, "cpu_s_initiator", r->cpu_s_initiator);
 		bench_json_known(b, "cpu_s_target", r->cpu_s_target);
@@ -770,8 +792,10 @@ static void bench_print_row(const struct bench_opts *o, const struct bench_row *
  * Slices per lane index of transport @tp in a te_engine_stats object, summed over its peers
  * (te-bench talks to one): the transport's "peers" array, each with a "lanes" array of
  * objects with "slices" (tcp's shape). Returns the lane count, 0 when @tp reports no lanes.
+ * @sends_out: the lanes' "sends" summed, or -1 when no lane has that member.
  */
-static uint32_t bench_lanes_parse(const char *json, const char *tp, uint64_t *slices)
+static uint32_t bench_lanes_parse(const char *json, const char *tp, uint64_t *slices,
+				  int64_t *sends_out)
 {
 	g_autoptr(JsonParser) parser = json_parser_new();
 	JsonObject *root, *t;
@@ -779,6 +803,7 @@ static uint32_t bench_lanes_parse(const char *json, const char *tp, uint64_t *sl
 	uint32_t n = 0;
 
 	memset(slices, 0, BENCH_MAX_LANES * sizeof(*slices));
+	*sends_out = -1;
 	if (!json || !tp || !*tp || !json_parser_load_from_data(parser, json, -1, NULL) ||
 	    !JSON_NODE_HOLDS_OBJECT(json_parser_get_root(parser)))
 		return 0;
@@ -812,6 +837,9 @@ static uint32_t bench_lanes_parse(const char *json, const char *tp, uint64_t *sl
 			lo = json_node_get_object(ln);
 			if (json_object_has_member(lo, "slices"))
 				slices[k] += (uint64_t)json_object_get_int_member(lo, "slices");
+			if (json_object_has_member(lo, "sends"))
+				*sends_out = MAX(*sends_out, 0) +
+					     json_object_get_int_member(lo, "sends");
 			n = MAX(n, (uint32_t)k + 1);
 		}
 	}
@@ -832,8 +860,9 @@ static char *bench_stats(struct te_engine *e)
 static void bench_lanes_collect(struct bench_row *r, const char *before, const char *after)
 {
 	uint64_t b[BENCH_MAX_LANES], a[BENCH_MAX_LANES];
-	uint32_t nb = bench_lanes_parse(before, r->transport, b);
-	uint32_t na = bench_lanes_parse(after, r->transport, a);
+	int64_t sb, sa;
+	uint32_t nb = bench_lanes_parse(before, r->transport, b, &sb);
+	uint32_t na = bench_lanes_parse(after, r->transport, a, &sa);
 
 	if (!na || nb > na)
 		return;
@@ -843,9 +872,17 @@ static void bench_lanes_collect(struct bench_row *r, const char *before, const c
 		r->lane_slices[k] = a[k] >= b[k] ? a[k] - b[k] : 0;
 		r->lanes_used += r->lane_slices[k] > 0;
 	}
+	/* Before the run, an unloaded peer reports no lanes: its sends count from 0. */
+	if (sa >= 0 && sa >= MAX(sb, 0)) {
+		r->sends_known = true;
+		r->sends = (uint64_t)(sa - MAX(sb, 0));
+	}
 }
 
-/* "lanes: 2 of 2 used (slices per lane 50.1%/49.9%)", on stderr (the table stays rows only). */
+/*
+ * "lanes: 2 of 2 used (slices per lane 50.1%/49.9%; 31.8 per send)", on stderr (the table
+ * stays rows only).
+ */
 static void bench_lanes_print(const struct bench_opts *o, const struct bench_row *r)
 {
 	g_autoptr(GString) line = NULL;
@@ -862,6 +899,8 @@ static void bench_lanes_print(const struct bench_opts *o, const struct bench_row
 		for (uint32_t k = 0; k < r->lanes; k++)
 			g_string_append_printf(line, "%s%.1f%%", k ? "/" : "",
 					       100.0 * (double)r->lane_slices[k] / (double)total);
+		if (r->sends_known && r->sends)
+			g_string_append_printf(line, "; %.1f per send", bench_slices_per_send(r));
 		g_string_append(line, ")");
 	}
 	fprintf(stderr, "te-bench: %s\n", line->str);

@@ -9,7 +9,8 @@
 #   loopback: `--loopback --verify --duration 1 --block-size 64K --json`, for read and write,
 #             exits 0 with verified rows over tcp; --op both with --sizes and --batches gives
 #             one row per size x batch x op in that order, with samples, in the table, in
-#             JSON and in the --output file.
+#             JSON and in the --output file; a batch of 1024 READs reports at least 100
+#             slices per send (JSON and the lanes line).
 #   target:   `--target` prints segment, descriptor and ready in that order and exits 0 at EOF
 #             on stdin: /dev/null, a pipe its parent closes, a file; --ignore-stdin serves on.
 #   plot:     bench/plot.py (PLOT_PY) turns a short --loopback run's JSON into a well-formed
@@ -202,6 +203,17 @@ loopback)
 r = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 sys.exit(not (r["depth"] == 3 and r["batches"] == 7 and r["requests"] == 28 and r["bytes"] == 28 * 4096))' \
 		"$tmp/loop-depth.out" || fail "--depth 3 --iterations 7 --batch 4 did not move 7 batches of 4 x 4K"
+
+	# The tcp lanes' sends: a batch of 1024 READs from one thread leaves in a few sendmsg
+	# calls (one once the lane's header room grew), not one per request.
+	run loop-sends --loopback --op read --block-size 4K --batch 1024 --iterations 4 --warmup 2 --verify --json
+	[ "$rc" = 0 ] || fail "--loopback --batch 1024: status $rc"
+	check_rows "$tmp/loop-sends.out" 1 "isinstance(r.get('slices_per_send'), (int, float)) and r['slices_per_send'] >= 100" ||
+		fail "--loopback --batch 1024 x 4K READ: slices_per_send missing or under 100"
+	run loop-sends-line --loopback --op read --block-size 4K --batch 1024 --iterations 2 --warmup 1
+	[ "$rc" = 0 ] || fail "--loopback --batch 1024 (table): status $rc"
+	grep -Eq '^te-bench: lanes: 1 of [0-9]+ used \(slices per lane 100\.0%.*; [0-9]+\.[0-9] per send\)$' "$tmp/loop-sends-line.err" ||
+		fail "--loopback --batch 1024 (table): no lanes line with slices per send"
 
 	# A run needing more than 256 MiB of target: it gets it (a third of MemAvailable allows),
 	# said in a note, and runs the batch asked; else the note says why the batch is smaller.
