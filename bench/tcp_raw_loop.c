@@ -755,6 +755,7 @@ struct rl_worker {
 	uint8_t *sop;
 	struct iovec *iov;
 	uint64_t issued, sent, recvd; /* request counts */
+	uint64_t sends;		      /* sendmsg calls that moved requests (warm-up included) */
 	uint64_t tx_off, rx_off;      /* bytes of the frame at sent / recvd already moved */
 	uint64_t batches_started;     /* measured batches */
 	uint64_t t0[RL_MAX_DEPTH];
@@ -871,6 +872,7 @@ static int rl_tx(struct rl_worker *w)
 		rl_fail(w, "send: %s", strerror(errno));
 		return -1;
 	}
+	w->sends += s > 0;
 	while (s > 0) {
 		uint64_t rem = rl_frame_tx(w, (uint32_t)(w->sent % w->nslots)) - w->tx_off;
 
@@ -1253,6 +1255,7 @@ struct rl_row {
 	char segment[300];
 	char device[64];
 	uint64_t bytes, requests, batches;
+	uint64_t sent, sends; /* requests sent and the sendmsg calls that sent them, warm-up too */
 	double seconds;
 	double lat_avg_us, lat_p50_us, lat_p99_us, lat_p999_us, lat_max_us;
 	double cpu_init_s, cpu_target_s; /* < 0: unknown */
@@ -1293,6 +1296,11 @@ static void rl_print(const struct rl_opts *o, const struct rl_run *c, const stru
 		rl_json_str("congestion", rl_congestion, true);
 		/* te-bench's lanes keys: one connection per thread, each carries requests. */
 		printf("\"lanes\":%" PRIu32 ",\"lanes_used\":%" PRIu32 ",", o->conns, o->conns);
+		/* As te-bench's: requests per sendmsg, warm-up included. */
+		if (r->sends)
+			printf("\"slices_per_send\":%.9g,", (double)r->sent / (double)r->sends);
+		else
+			printf("\"slices_per_send\":null,");
 		printf("\"connections\":%" PRIu32 ",\"working_set\":%" PRIu64
 		       ",\"pingpong\":%s,\"cpu_s_initiator\":%.6f",
 		       o->conns, c->ws, o->pingpong ? "true" : "false", r->cpu_init_s);
@@ -1359,6 +1367,8 @@ static void rl_collect(struct rl_row *r, struct rl_worker *ws, uint32_t n)
 		r->bytes += w->bytes;
 		r->requests += w->requests;
 		r->batches += w->batches;
+		r->sent += w->sent;
+		r->sends += w->sends;
 		r->failed |= w->failed;
 		if (w->t_start) {
 			t0 = RL_MIN(t0, w->t_start);

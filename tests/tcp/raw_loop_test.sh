@@ -77,7 +77,7 @@ import json, sys
 keys = ["mode", "segment", "opened", "op", "block_size", "batch", "batch_requested", "threads",
         "depth", "warmup", "transport", "device", "bytes", "requests", "batches", "samples",
         "seconds", "gbps", "ops_per_s", "lat_us_avg", "lat_us_p50", "lat_us_p99", "lat_us_p999",
-        "lat_us_max", "lanes", "lanes_used", "verify", "verified", "failed", "interrupted", "version", "connections",
+        "lat_us_max", "lanes", "lanes_used", "slices_per_send", "verify", "verified", "failed", "interrupted", "version", "connections",
         "working_set", "pingpong", "cpu_s_initiator", "cpu_s_target", "steal_pct"]
 bad = 0
 args = sys.argv[2:]
@@ -109,6 +109,9 @@ for i in range(0, len(args), 3):
             why = "percentiles out of order"
         elif r["steal_pct"] is not None and not 0 <= r["steal_pct"] <= 100:
             why = f"steal_pct {r['steal_pct']} is not a percentage"
+        elif r["slices_per_send"] is not None and \
+                not 1 <= r["slices_per_send"] <= r["batch"] * r["depth"]:
+            why = f"slices_per_send {r['slices_per_send']} outside [1, batch x depth]"
         elif not eval(check):
             why = f"check failed: {check}"
     print(f"{'ok' if not why else 'FAIL'}: {label}{': ' + why if why else ''}")

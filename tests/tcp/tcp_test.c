@@ -2276,6 +2276,29 @@ static void test_spread_writes(void)
 }
 
 /*
+ * A connected pair with buffers of @len bytes on each side (la: local on a, seed 0x5a; rb:
+ * remote on b, seed 0xa5), tcp options @options and transfer settings @transfer;
+ * buf_pair_free undoes it.
+ */
+static void buf_pair_new(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
+			 size_t len, const char *options, const char *transfer)
+{
+	itest_buf_new(la, len, GUARD, 0x5a);
+	itest_buf_new(rb, len, GUARD, 0xa5);
+	pair_new(p, options, transfer);
+	itest_buf_register(la, p->a, TE_MEM_LOCAL);
+	itest_buf_register(rb, p->b, TE_MEM_REMOTE);
+	itest_pair_connect(p);
+}
+
+static void buf_pair_free(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb)
+{
+	itest_pair_free(p);
+	itest_buf_free(la);
+	itest_buf_free(rb);
+}
+
+/*
  * The waiting thread sends for its lane too: with a 64K socket buffer, a batch of 64K
  * slices (under the size left to the worker) fills the socket at submit, and the rest goes
  * out as the socket drains, from the waiting thread when it holds the lane quiet (tcp_wait
@@ -2297,12 +2320,8 @@ static void test_driver_full_socket(void)
 	struct itest_buf la, rb;
 	struct te_request r[N];
 
-	itest_buf_new(&la, 2 * SPAN + 4096, GUARD, 0x5a);
-	itest_buf_new(&rb, 2 * SPAN + 4096, GUARD, 0xa5);
-	pair_new(&p, "lanes: 1, sockbuf: 64K", "timeout_ms: 60000, slice_size: 64K");
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
+	buf_pair_new(&p, &la, &rb, 2 * SPAN + 4096, "lanes: 1, sockbuf: 64K",
+		     "timeout_ms: 60000, slice_size: 64K");
 	/* Connected and handshaken first, so that the waiting thread may drive the lane. */
 	r[0] = (struct te_request){ TE_OP_READ, p.seg, la.data + 2 * SPAN,
 				    itest_raddr(&rb, 2 * SPAN), 4096 };
@@ -2341,9 +2360,7 @@ static void test_driver_full_socket(void)
 		g_assert_true(itest_untouched_outside(&rb, &roff, &rlen, 1));
 		g_assert_true(itest_untouched_outside(&la, loffs, llens, 2));
 	}
-	itest_pair_free(&p);
-	itest_buf_free(&la);
-	itest_buf_free(&rb);
+	buf_pair_free(&p, &la, &rb);
 }
 
 /*
@@ -2368,12 +2385,7 @@ static void test_deep_frames(void)
 	g_autofree size_t *offs = g_new(size_t, 2 * N);
 	g_autofree size_t *lens = g_new(size_t, 2 * N);
 
-	itest_buf_new(&la, 2 * SPAN, GUARD, 0x5a);
-	itest_buf_new(&rb, 2 * SPAN, GUARD, 0xa5);
-	pair_new(&p, "lanes: 1, sockbuf: 64K", "timeout_ms: 60000");
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
+	buf_pair_new(&p, &la, &rb, 2 * SPAN, "lanes: 1, sockbuf: 64K", "timeout_ms: 60000");
 	for (size_t round = 0; round < 2; round++) {
 		struct te_request *q = r + round * N;
 		int64_t slices = lane_stat(p.a, 0, "slices");
@@ -2392,9 +2404,7 @@ static void test_deep_frames(void)
 		g_assert_cmpint(lane_stat(p.a, 0, "slices") - slices, ==, N);
 	}
 	assert_moved_only(&la, &rb, r, offs, lens, 2 * N);
-	itest_pair_free(&p);
-	itest_buf_free(&la);
-	itest_buf_free(&rb);
+	buf_pair_free(&p, &la, &rb);
 }
 
 /*
@@ -2418,12 +2428,7 @@ static void test_one_send_per_batch(void)
 	g_autofree size_t *lens = g_new(size_t, 2 * N);
 	int64_t sends[2];
 
-	itest_buf_new(&la, 2 * SPAN, GUARD, 0x3c);
-	itest_buf_new(&rb, 2 * SPAN, GUARD, 0xc3);
-	pair_new(&p, "lanes: 1, sockbuf: 4M", "timeout_ms: 60000");
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
+	buf_pair_new(&p, &la, &rb, 2 * SPAN, "lanes: 1, sockbuf: 4M", "timeout_ms: 60000");
 	for (size_t round = 0; round < 2; round++) {
 		int64_t before = lane_stat(p.a, 0, "sends");
 
@@ -2443,9 +2448,7 @@ static void test_one_send_per_batch(void)
 	g_assert_cmpint(sends[0], >, 1);
 	g_assert_cmpint(sends[1], ==, 1);
 	assert_moved_only(&la, &rb, r, offs, lens, 2 * N);
-	itest_pair_free(&p);
-	itest_buf_free(&la);
-	itest_buf_free(&rb);
+	buf_pair_free(&p, &la, &rb);
 }
 
 /*
