@@ -33,10 +33,10 @@
 #   and rusage; the load average also counts the runs' own threads and what ran before);
 #   and steal: the share of the machine's CPU time the hypervisor gave to other guests
 #   (/proc/stat), over the whole run and per cell.
-#   te runs with its default configuration (tcp: 4 lanes, 4 workers, 1M slices), whatever the
-#   thread count; tcp-raw-loop opens one connection per thread. --te-config FILE passes a
-#   configuration to te-bench; --te-lanes N (or `threads`: as many as the cell's threads)
-#   writes one with that many tcp lanes.
+#   te runs with its default configuration (tcp: 4 lanes, an epoll worker per CPU up to 4, 1M
+#   slices), whatever the thread count; tcp-raw-loop opens one connection per thread.
+#   --te-config FILE passes a configuration to te-bench; --te-lanes N (or `threads`: as many
+#   as the cell's threads) writes one with that many tcp lanes.
 #   --congestion NAME: every connection of all three uses that TCP congestion control (te's
 #   tcp option 'congestion', tcp-raw-loop --congestion, iperf3 -C); default: the host's
 #   (net.ipv4.tcp_congestion_control, named in the table's first line). With BBR as the host's

@@ -23,7 +23,8 @@ static const struct te_plugin_option tcp_options[] = {
 				"address published to peers (default: the bind address; needed "
 				"when bind is a wildcard)"),
 	TE_PLUGIN_OPTION_INT("lanes", "4", 1, TCP_MAX_LANES, "TCP connections per peer"),
-	TE_PLUGIN_OPTION_INT("workers", "4", 1, TCP_MAX_WORKERS, "epoll threads"),
+	TE_PLUGIN_OPTION_INT("workers", "0", 0, TCP_MAX_WORKERS,
+			     "epoll threads; 0: one per CPU this process may run on, at most 4"),
 	TE_PLUGIN_OPTION_CHOICE("progress", "caller", tcp_progress_modes,
 				"who reads answers while a thread waits in te_batch_wait: caller "
 				"(that thread), or threads (the epoll threads only)"),
@@ -71,6 +72,19 @@ static const struct te_plugin_option tcp_options[] = {
 	TE_PLUGIN_OPTION_INT("frame_timeout_ms", "60000", 10, 86400000,
 			     "time a request frame has to arrive from its first byte"),
 };
+
+/* Option 'workers' 0: one per CPU of this process's affinity mask, 1..TCP_AUTO_WORKERS. */
+static uint32_t tcp_auto_workers(void)
+{
+	cpu_set_t set;
+	long n = 0;
+
+	if (sched_getaffinity(0, sizeof(set), &set) == 0)
+		n = CPU_COUNT(&set);
+	if (n <= 0)
+		n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1u : n > (long)TCP_AUTO_WORKERS ? TCP_AUTO_WORKERS : (uint32_t)n;
+}
 
 /* A declared integer option (always set: every one above has a default). */
 static uint64_t tcp_opt(const struct tcp_inst *ti, const char *key)
@@ -245,6 +259,8 @@ static enum te_status tcp_setup(struct tcp_inst *ti, uint8_t blob[TCP_BLOB_LEN])
 	port = tcp_opt(ti, "port");
 	ti->lanes = (uint32_t)tcp_opt(ti, "lanes");
 	ti->n_workers = (uint32_t)tcp_opt(ti, "workers");
+	if (!ti->n_workers)
+		ti->n_workers = tcp_auto_workers();
 	ti->hybrid =
 		te_plugin_opt_choice(ti->host, ti->ctx, "progress", tcp_progress_modes, 0) == 0;
 	ti->max_inflight = (uint32_t)tcp_opt(ti, "max_inflight");
@@ -1000,11 +1016,12 @@ static void tcp_out_str(struct tcp_out *o, const char *s)
 }
 
 /*
- * {"lanes_per_peer": N, ..., "refused_for_room": N, "peers": [{"name", "address", "lanes":
- * [{"slices", "bytes", "connects", ..., "in_flight", "owner_in_flight", "slots", "room_refused",
- * "room_refusals_in_row", "room_wait_ms", "room_woken", "sends", "up"}...], "lanes_used", "slices",
- * "bytes", "reconnects"}...]}: per peer loaded now, the slices and payload bytes queued on
- * each lane since the peer was loaded (retries count again), connections opened
+ * {"lanes_per_peer": N, "workers": N, ..., "refused_for_room": N, "peers": [{"name",
+ * "address", "lanes": [{"slices", "bytes", "connects", ..., "in_flight", "owner_in_flight",
+ * "slots", "room_refused", "room_refusals_in_row", "room_wait_ms", "room_woken", "sends",
+ * "up"}...], "lanes_used", "slices", "bytes", "reconnects"}...]}: workers, the epoll threads
+ * running (option workers, 0 resolved); per peer loaded now, the slices and payload bytes
+ * queued on each lane since the peer was loaded (retries count again), connections opened
  * (reconnects: all but each lane's first). A lane is used when it carried at least one
  * slice. Now: in_flight, the lane's slots in use (orphans included); owner_in_flight, the
  * requests in flight on any lane of the threads whose own lane this is; slots, the slot ids
@@ -1025,9 +1042,9 @@ static enum te_status tcp_stats(struct te_plugin_inst *inst, char *buf, size_t l
 	if (!needed_out)
 		return TE_ERR_INVALID_ARG;
 	tcp_out(&o,
-		"{\"lanes_per_peer\":%" PRIu32 ",\"progress\":\"%s\",\"scatter_max\":%" PRIu32
-		",\"refused_for_room\":%" PRIu64 ",\"peers\":[",
-		ti->lanes, ti->hybrid ? "caller" : "threads", ti->scatter_max,
+		"{\"lanes_per_peer\":%" PRIu32 ",\"workers\":%" PRIu32 ",\"progress\":\"%s\""
+		",\"scatter_max\":%" PRIu32 ",\"refused_for_room\":%" PRIu64 ",\"peers\":[",
+		ti->lanes, ti->n_workers, ti->hybrid ? "caller" : "threads", ti->scatter_max,
 		(uint64_t)atomic_load_explicit(&ti->st_room_refused, memory_order_relaxed));
 	pthread_mutex_lock(&ti->lock);
 	for (struct tcp_peer *peer = ti->peers; peer; peer = peer->next) {

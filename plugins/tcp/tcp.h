@@ -55,6 +55,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -89,6 +90,14 @@
 
 #define TCP_MAX_LANES 64u
 #define TCP_MAX_WORKERS 64u
+/*
+ * Option 'workers' 0 (the default): one epoll thread per CPU this process may run on, at most
+ * this many (4 was the fixed default before). On 2 CPUs, 2 workers each side against 4:
+ * 4-thread cells 1.06x (geometric mean of 12; READ 8 MiB 0.83 -> 0.96 of the raw loop),
+ * 1- and 2-thread cells 0.98x (of 14; one thread's striped WRITE 8 MiB 0.82x, still 0.98 of
+ * the raw loop), the 32-engine mesh 1.04x (2026-12-06, bench/README.md).
+ */
+#define TCP_AUTO_WORKERS 4u
 #define TCP_MAX_INFLIGHT 65536u /* slot index must fit the low 16 bits of a request id */
 /*
  * Slot ids a lane starts with; it takes more, doubling, when a submit finds none free (up to

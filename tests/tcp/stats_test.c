@@ -4,6 +4,7 @@
 #include "lanes_settle.h"
 
 #include <json-glib/json-glib.h>
+#include <sched.h>
 
 #define KiB 1024u
 #define MiB (1024u * 1024u)
@@ -158,6 +159,75 @@ static void test_two_lanes(void)
 	g_assert_cmpuint(json_array_get_length(json_object_get_array_member(t, "peers")), ==, 0);
 
 	pair_down(&p, &la, &rb);
+}
+
+/* Threads of this process whose name starts with @prefix (/proc/self/task/N/comm). */
+static guint threads_named(const char *prefix)
+{
+	g_autoptr(GDir) dir = g_dir_open("/proc/self/task", 0, NULL);
+	const char *name;
+	guint n = 0;
+
+	g_assert_nonnull(dir);
+	while ((name = g_dir_read_name(dir))) {
+		g_autofree char *path = g_strdup_printf("/proc/self/task/%s/comm", name);
+		g_autofree char *comm = NULL;
+
+		if (g_file_get_contents(path, &comm, NULL, NULL) && g_str_has_prefix(comm, prefix))
+			n++;
+	}
+	return n;
+}
+
+/*
+ * Wait up to 5 s for @n threads named te-tcp-*: pthread_join returns before an exiting
+ * thread's /proc entry is gone, so an engine freed just before may still show its workers.
+ */
+static void assert_tcp_threads(guint n)
+{
+	gint64 until = g_get_monotonic_time() + 5 * G_USEC_PER_SEC;
+	guint have;
+
+	while ((have = threads_named("te-tcp-")) != n && g_get_monotonic_time() < until)
+		g_usleep(1000);
+	g_assert_cmpuint(have, ==, n);
+}
+
+/*
+ * Option workers: 0 (the default) runs one epoll thread per CPU this process may run on, at
+ * most 4; a number runs that many. The stats say how many, and so many threads run in each
+ * of the pair's two engines (this process).
+ */
+static void test_workers(void)
+{
+	static const struct {
+		const char *options;
+		guint want; /* 0: the CPUs of the affinity mask, 1..4 */
+	} cases[] = { { "", 0 }, { "workers: 0", 0 }, { "workers: 1", 1 }, { "workers: 3", 3 } };
+	cpu_set_t set;
+	guint cpus;
+
+	g_assert_cmpint(sched_getaffinity(0, sizeof(set), &set), ==, 0);
+	cpus = (guint)CPU_COUNT(&set);
+	assert_tcp_threads(0);
+	for (size_t c = 0; c < G_N_ELEMENTS(cases); c++) {
+		guint want = cases[c].want ? cases[c].want : CLAMP(cpus, 1u, 4u);
+		struct itest_pair p;
+		struct itest_buf la, rb;
+		g_autoptr(JsonParser) sa = NULL, sb = NULL;
+
+		pair_up(&p, cases[c].options, &la, MiB, 0x5151, &rb, MiB, 0x6262);
+		run_requests(&p, &la, &rb, 0, TE_OP_READ, 16, 4 * KiB);
+		g_assert_true(itest_range_is(&la, 0, 16 * 4 * KiB, &rb, 0));
+		sa = stats_of(p.a);
+		sb = stats_of(p.b);
+		g_test_message("{%s}: %u CPUs, want %u workers", cases[c].options, cpus, want);
+		g_assert_cmpint(json_object_get_int_member(tcp_of(sa), "workers"), ==, want);
+		g_assert_cmpint(json_object_get_int_member(tcp_of(sb), "workers"), ==, want);
+		assert_tcp_threads(2 * want);
+		pair_down(&p, &la, &rb);
+		assert_tcp_threads(0);
+	}
 }
 
 /*
@@ -558,6 +628,7 @@ int main(int argc, char **argv)
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/tcp/stats/two-lanes", test_two_lanes);
 	g_test_add_func("/tcp/stats/lane-counts", test_lane_counts);
+	g_test_add_func("/tcp/stats/workers", test_workers);
 	g_test_add_func("/tcp/stats/thread-lanes", test_thread_lanes);
 	g_test_add_func("/tcp/stats/thread-reuse", test_thread_reuse);
 	g_test_add_func("/tcp/stats/owner-counts", test_owner_counts);
