@@ -2276,29 +2276,6 @@ static void test_spread_writes(void)
 }
 
 /*
- * A connected pair with buffers of @len bytes on each side (la: local on a, seed 0x5a; rb:
- * remote on b, seed 0xa5), tcp options @options and transfer settings @transfer;
- * buf_pair_free undoes it.
- */
-static void buf_pair_new(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
-			 size_t len, const char *options, const char *transfer)
-{
-	itest_buf_new(la, len, GUARD, 0x5a);
-	itest_buf_new(rb, len, GUARD, 0xa5);
-	pair_new(p, options, transfer);
-	itest_buf_register(la, p->a, TE_MEM_LOCAL);
-	itest_buf_register(rb, p->b, TE_MEM_REMOTE);
-	itest_pair_connect(p);
-}
-
-static void buf_pair_free(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb)
-{
-	itest_pair_free(p);
-	itest_buf_free(la);
-	itest_buf_free(rb);
-}
-
-/*
  * The waiting thread sends for its lane too: with a 64K socket buffer, a batch of 64K
  * slices (under the size left to the worker) fills the socket at submit, and the rest goes
  * out as the socket drains, from the waiting thread when it holds the lane quiet (tcp_wait
@@ -2316,51 +2293,50 @@ static void test_driver_full_socket(void)
 		LEN = 64 << 10,
 		SPAN = N * LEN
 	};
-	struct itest_pair p;
-	struct itest_buf la, rb;
+	struct itest_fx f;
 	struct te_request r[N];
 
-	buf_pair_new(&p, &la, &rb, 2 * SPAN + 4096, "lanes: 1, sockbuf: 64K",
-		     "timeout_ms: 60000, slice_size: 64K");
+	itest_fx_new(&f, "tcp", "lanes: 1, sockbuf: 64K", "timeout_ms: 60000, slice_size: 64K",
+		     2 * SPAN + 4096, GUARD);
 	/* Connected and handshaken first, so that the waiting thread may drive the lane. */
-	r[0] = (struct te_request){ TE_OP_READ, p.seg, la.data + 2 * SPAN,
-				    itest_raddr(&rb, 2 * SPAN), 4096 };
-	run_ok(&p, r, 1);
+	r[0] = (struct te_request){ TE_OP_READ, f.p.seg, f.la.data + 2 * SPAN,
+				    itest_raddr(&f.rb, 2 * SPAN), 4096 };
+	run_ok(&f.p, r, 1);
 	for (int op = 0; op < 2; op++) {
 		size_t off = (size_t)op * SPAN;
-		int64_t driven = lane_stat(p.a, 0, "driven");
-		int64_t woken = lane_stat(p.a, 0, "room_woken");
+		int64_t driven = lane_stat(f.p.a, 0, "driven");
+		int64_t woken = lane_stat(f.p.a, 0, "room_woken");
 		int runs = 0;
 
 		for (size_t i = 0; i < N; i++)
-			r[i] = (struct te_request){ op == 0 ? TE_OP_WRITE : TE_OP_READ, p.seg,
-						    la.data + off + i * LEN,
-						    itest_raddr(&rb, off + i * LEN), LEN };
+			r[i] = (struct te_request){ op == 0 ? TE_OP_WRITE : TE_OP_READ, f.p.seg,
+						    f.la.data + off + i * LEN,
+						    itest_raddr(&f.rb, off + i * LEN), LEN };
 		do {
-			run_ok(&p, r, N);
+			run_ok(&f.p, r, N);
 			runs++;
-		} while (op == 0 && runs < 32 && lane_stat(p.a, 0, "room_woken") == woken);
+		} while (op == 0 && runs < 32 && lane_stat(f.p.a, 0, "room_woken") == woken);
 		if (op == 0) {
-			g_assert_true(itest_range_is(&rb, off, SPAN, &la, off));
-			g_assert_cmpint(lane_stat(p.a, 0, "room_woken"), >, woken);
+			g_assert_true(itest_range_is(&f.rb, off, SPAN, &f.la, off));
+			g_assert_cmpint(lane_stat(f.p.a, 0, "room_woken"), >, woken);
 		} else {
-			g_assert_true(itest_range_is(&la, off, SPAN, &rb, off));
+			g_assert_true(itest_range_is(&f.la, off, SPAN, &f.rb, off));
 		}
 		g_test_message("%s: %d batch(es); the waiting thread read %" PRId64
 			       " of their %d answers, and woke for room %" PRId64 " time(s)",
 			       op == 0 ? "WRITE" : "READ", runs,
-			       lane_stat(p.a, 0, "driven") - driven, runs * N,
-			       lane_stat(p.a, 0, "room_woken") - woken);
+			       lane_stat(f.p.a, 0, "driven") - driven, runs * N,
+			       lane_stat(f.p.a, 0, "room_woken") - woken);
 	}
 	{
 		/* rb: the WRITEs; la: the READs and the first one. */
 		size_t roff = 0, rlen = SPAN, loffs[2] = { SPAN, 2 * SPAN },
 		       llens[2] = { SPAN, 4096 };
 
-		g_assert_true(itest_untouched_outside(&rb, &roff, &rlen, 1));
-		g_assert_true(itest_untouched_outside(&la, loffs, llens, 2));
+		g_assert_true(itest_untouched_outside(&f.rb, &roff, &rlen, 1));
+		g_assert_true(itest_untouched_outside(&f.la, loffs, llens, 2));
 	}
-	buf_pair_free(&p, &la, &rb);
+	itest_fx_free(&f);
 }
 
 /*
@@ -2379,16 +2355,15 @@ static void test_deep_frames(void)
 		STEP = WLEN, /* each task's own area */
 		SPAN = N * STEP
 	};
-	struct itest_pair p;
-	struct itest_buf la, rb;
+	struct itest_fx f;
 	g_autofree struct te_request *r = g_new(struct te_request, 2 * N);
 	g_autofree size_t *offs = g_new(size_t, 2 * N);
 	g_autofree size_t *lens = g_new(size_t, 2 * N);
 
-	buf_pair_new(&p, &la, &rb, 2 * SPAN, "lanes: 1, sockbuf: 64K", "timeout_ms: 60000");
+	itest_fx_new(&f, "tcp", "lanes: 1, sockbuf: 64K", "timeout_ms: 60000", 2 * SPAN, GUARD);
 	for (size_t round = 0; round < 2; round++) {
 		struct te_request *q = r + round * N;
-		int64_t slices = lane_stat(p.a, 0, "slices");
+		int64_t slices = lane_stat(f.p.a, 0, "slices");
 
 		for (size_t i = 0; i < N; i++) {
 			size_t k = round * N + i;
@@ -2396,15 +2371,15 @@ static void test_deep_frames(void)
 
 			offs[k] = k * STEP;
 			lens[k] = w ? WLEN : RLEN;
-			q[i] = (struct te_request){ w ? TE_OP_WRITE : TE_OP_READ, p.seg,
-						    la.data + offs[k], itest_raddr(&rb, offs[k]),
-						    lens[k] };
+			q[i] = (struct te_request){ w ? TE_OP_WRITE : TE_OP_READ, f.p.seg,
+						    f.la.data + offs[k],
+						    itest_raddr(&f.rb, offs[k]), lens[k] };
 		}
-		run_ok(&p, q, N);
-		g_assert_cmpint(lane_stat(p.a, 0, "slices") - slices, ==, N);
+		run_ok(&f.p, q, N);
+		g_assert_cmpint(lane_stat(f.p.a, 0, "slices") - slices, ==, N);
 	}
-	assert_moved_only(&la, &rb, r, offs, lens, 2 * N);
-	buf_pair_free(&p, &la, &rb);
+	assert_moved_only(&f.la, &f.rb, r, offs, lens, 2 * N);
+	itest_fx_free(&f);
 }
 
 /*
@@ -2421,34 +2396,33 @@ static void test_one_send_per_batch(void)
 		LEN = 256,
 		SPAN = N * LEN
 	};
-	struct itest_pair p;
-	struct itest_buf la, rb;
+	struct itest_fx f;
 	g_autofree struct te_request *r = g_new(struct te_request, 2 * N);
 	g_autofree size_t *offs = g_new(size_t, 2 * N);
 	g_autofree size_t *lens = g_new(size_t, 2 * N);
 	int64_t sends[2];
 
-	buf_pair_new(&p, &la, &rb, 2 * SPAN, "lanes: 1, sockbuf: 4M", "timeout_ms: 60000");
+	itest_fx_new(&f, "tcp", "lanes: 1, sockbuf: 4M", "timeout_ms: 60000", 2 * SPAN, GUARD);
 	for (size_t round = 0; round < 2; round++) {
-		int64_t before = lane_stat(p.a, 0, "sends");
+		int64_t before = lane_stat(f.p.a, 0, "sends");
 
 		for (size_t i = 0; i < N; i++) {
 			size_t k = round * N + i;
 
 			offs[k] = k * LEN;
 			lens[k] = LEN;
-			r[k] = (struct te_request){ TE_OP_READ, p.seg, la.data + offs[k],
-						    itest_raddr(&rb, offs[k]), LEN };
+			r[k] = (struct te_request){ TE_OP_READ, f.p.seg, f.la.data + offs[k],
+						    itest_raddr(&f.rb, offs[k]), LEN };
 		}
-		run_ok(&p, r + round * N, N);
-		sends[round] = lane_stat(p.a, 0, "sends") - before;
+		run_ok(&f.p, r + round * N, N);
+		sends[round] = lane_stat(f.p.a, 0, "sends") - before;
 	}
 	g_test_message("sendmsg calls: %" PRId64 " for the first batch, %" PRId64 " for the second",
 		       sends[0], sends[1]);
 	g_assert_cmpint(sends[0], >, 1);
 	g_assert_cmpint(sends[1], ==, 1);
-	assert_moved_only(&la, &rb, r, offs, lens, 2 * N);
-	buf_pair_free(&p, &la, &rb);
+	assert_moved_only(&f.la, &f.rb, r, offs, lens, 2 * N);
+	itest_fx_free(&f);
 }
 
 /*
