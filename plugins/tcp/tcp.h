@@ -893,9 +893,24 @@ static inline void tcp_hdr_decode(const uint8_t *p, struct tcp_hdr *h)
 	h->length = te_plugin_get_u64(p + 24);
 }
 
+/*
+ * A header with @op, @req_id, @status, @addr and @length (flags 0) into @p. Inline too: one
+ * per request on both sides, where a call cost about a sixth of what the encoding does.
+ */
+static inline void tcp_encode(uint8_t *p, uint8_t op, uint32_t req_id, int32_t status,
+			      uint64_t addr, uint64_t length)
+{
+	te_plugin_put_u32(p, TCP_WIRE_MAGIC);
+	p[4] = TCP_WIRE_VERSION;
+	p[5] = op;
+	te_plugin_put_u16(p + 6, 0);
+	te_plugin_put_u32(p + 8, req_id);
+	te_plugin_put_u32(p + 12, (uint32_t)status);
+	te_plugin_put_u64(p + 16, addr);
+	te_plugin_put_u64(p + 24, length);
+}
+
 /* tcp_wire.c */
-void tcp_encode(uint8_t *p, uint8_t op, uint32_t req_id, int32_t status, uint64_t addr,
-		uint64_t length);
 void tcp_sa_text(const struct sockaddr_storage *sa, char *buf, size_t len);
 void tcp_copy_detail(char *dst, size_t cap, const uint8_t *src, size_t len);
 void tcp_priv_detail(struct te_plugin_slice *s, const char *fmt, ...) TE_PLUGIN_PRINTF(2, 3);

@@ -527,6 +527,9 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 	while (l->state == TCP_LANE_UP && !l->send_err && tcp_lane_has_output_locked(l)) {
 		struct msghdr msg = { .msg_iov = iov };
 		uint64_t off = l->sq_off;
+		/* The deadline field of the last deadline seen (a submit's slices share one). */
+		uint64_t dl_ns = 0;
+		uint32_t dl_field = TCP_NO_DEADLINE;
 		uint32_t n_iov = 0, n_rep, n_txh = 0, n_frames = 0;
 		uint8_t *txe; /* end of the header copies so far */
 		int fd = l->fd, err;
@@ -549,13 +552,21 @@ static void tcp_lane_flush(struct tcp_inst *ti, struct tcp_lane *l)
 				tcp_lane_wired_locked(l, id);
 			l->slots[id].flags |= TCP_SLOT_IN_IOV;
 			/* Stamped while no byte of the frame left (again, to the same value). */
-			if (off == 0)
-				te_plugin_put_u32(p->hdr + 12, tcp_deadline_field(l, s));
+			if (off == 0) {
+				if (s->deadline_ns != dl_ns) {
+					dl_ns = s->deadline_ns;
+					dl_field = tcp_deadline_field(l, s);
+				}
+				te_plugin_put_u32(p->hdr + 12, dl_field);
+			}
 			if (off < TCP_HDR_LEN && n_txh++ < l->txh_cap) {
 				/* A copy beside the previous one: one iovec for a run of them. */
 				struct iovec *last = n_iov ? &iov[n_iov - 1] : NULL;
 
-				memcpy(txe, p->hdr + off, TCP_HDR_LEN - off);
+				if (off == 0) /* a fixed size: two moves, no call */
+					memcpy(txe, p->hdr, TCP_HDR_LEN);
+				else
+					memcpy(txe, p->hdr + off, TCP_HDR_LEN - off);
 				if (last && (uint8_t *)last->iov_base + last->iov_len == txe)
 					last->iov_len += TCP_HDR_LEN - off;
 				else
@@ -1970,6 +1981,9 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 	uint32_t n_touched = 0, i, me;
 	uint64_t run_writes = 0, now = pk.now;
 	const struct tcp_peer *last_peer = NULL;
+	/* The own lane the slice before went onto, not striped, and its index in touched[]. */
+	struct tcp_lane *own_lane = NULL;
+	uint32_t own_t = 0;
 	bool others = false;
 	uint32_t run_end = 0;
 	enum te_status ret = TE_OK;
@@ -2020,8 +2034,26 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 				pthread_mutex_unlock(&pk.held->lock);
 			pk.held = NULL;
 			tcp_defer_fail(peer->lanes[0].w, s, bad, why);
+			own_lane = NULL;
 			continue;
 		}
+		/*
+		 * The slice before, to the same peer (the same run: run_writes, others and own
+		 * hold), went onto its own lane unstriped, whose lock is still held: this one does
+		 * too when it is not striped or spread either and the lane has a free slot id and
+		 * is not shunned, as the first pass below would decide (with its first try).
+		 */
+		if (own_lane && peer == last_peer && pk.held == own_lane && own_lane->n_free &&
+		    own_lane->state != TCP_LANE_DOWN && !(s->length >= ti->stripe_min && !others) &&
+		    !(!others && s->opcode == TE_PLUGIN_OP_WRITE &&
+		      run_writes >= TCP_SPREAD_BYTES) &&
+		    now >= atomic_load_explicit(&own_lane->shun_until_ns, memory_order_relaxed)) {
+			tcp_lane_enqueue_locked(own_lane, s, pk.own + 1);
+			if (s->opcode == TE_PLUGIN_OP_WRITE)
+				bytes[own_t] += s->length;
+			continue;
+		}
+		own_lane = NULL;
 		/*
 		 * Slices of at least stripe_min bytes go round-robin over the lanes, so one
 		 * large transfer is not capped by one connection; but only while no other thread
@@ -2085,6 +2117,10 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		}
 		if (s->opcode == TE_PLUGIN_OP_WRITE)
 			bytes[t] += s->length;
+		if (!stripe && l == &peer->lanes[own]) {
+			own_lane = l;
+			own_t = t;
+		}
 	}
 	if (pk.held)
 		pthread_mutex_unlock(&pk.held->lock);

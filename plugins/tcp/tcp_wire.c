@@ -5,34 +5,6 @@
  */
 #include "tcp.h"
 
-static void tcp_hdr_encode(uint8_t *p, const struct tcp_hdr *h)
-{
-	te_plugin_put_u32(p, h->magic);
-	p[4] = h->version;
-	p[5] = h->op;
-	te_plugin_put_u16(p + 6, h->flags);
-	te_plugin_put_u32(p + 8, h->req_id);
-	te_plugin_put_u32(p + 12, (uint32_t)h->status);
-	te_plugin_put_u64(p + 16, h->addr);
-	te_plugin_put_u64(p + 24, h->length);
-}
-
-void tcp_encode(uint8_t *p, uint8_t op, uint32_t req_id, int32_t status, uint64_t addr,
-		uint64_t length)
-{
-	struct tcp_hdr h = {
-		.magic = TCP_WIRE_MAGIC,
-		.version = TCP_WIRE_VERSION,
-		.op = op,
-		.req_id = req_id,
-		.status = status,
-		.addr = addr,
-		.length = length,
-	};
-
-	tcp_hdr_encode(p, &h);
-}
-
 /* "addr:port" / "[addr]:port" of a socket address. */
 void tcp_sa_text(const struct sockaddr_storage *sa, char *buf, size_t len)
 {
