@@ -897,6 +897,33 @@ static int tcp_conn_tx_staged(struct tcp_inst *ti, struct tcp_worker *w, struct 
  * from registered memory, re-checked and sent under the region read lock. Returns false
  * when @c was closed.
  */
+/*
+ * READ answer @e (the @k-th to go, registrations changed since it was checked) under the
+ * registration lock at version @ver: still inside a registered, remote-readable buffer, it is
+ * marked checked; no longer, it becomes an error answer, or, when its first bytes already
+ * left (the stream cannot be repaired), @c is closed and the lock let go (false).
+ */
+static bool tcp_conn_tx_recheck(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c,
+				struct tcp_resp *e, uint32_t k, uint64_t ver)
+{
+	char detail[TCP_DETAIL_WIRE];
+
+	if (tcp_region_allows(ti, e->addr, e->len, TE_PLUGIN_ACCESS_REMOTE_READ)) {
+		e->ver = ver;
+		return true;
+	}
+	if (k == 0 && c->tx_off) {
+		pthread_rwlock_unlock(&ti->reg_lock);
+		tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_INFO,
+			       "buffer deregistered while being read");
+		return false;
+	}
+	tcp_region_detail(ti, detail, sizeof(detail), TCP_OP_READ, e->addr, e->len,
+			  " (deregistered before it was sent)");
+	tcp_resp_error(e, TCP_OP_READ, te_plugin_get_u32(e->hdr + 8), TE_ERR_REMOTE_ACCESS, detail);
+	return true;
+}
+
 static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 {
 	struct iovec iov[TCP_SRV_IOV];
@@ -908,8 +935,9 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 		return true;
 	while (c->count && c->ring[c->head].ready) {
 		struct msghdr msg = { .msg_iov = iov };
-		uint32_t n_iov = 0, k, n_mem = 0;
-		uint64_t off = c->tx_off;
+		uint32_t n_iov = 0, k;
+		uint64_t off = c->tx_off, ver = 0;
+		bool locked = false;
 		ssize_t r;
 		int err;
 
@@ -922,46 +950,27 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 				break;
 			continue;
 		}
+		/*
+		 * One pass over the answers ready to go: each READ answer's memory is checked
+		 * again if the registrations changed since it was (under the registration lock,
+		 * taken at the first one and held over the sendmsg), then gathered.
+		 */
 		for (k = 0; k < c->count && 2 * (k + 1) <= TCP_SRV_IOV; k++) {
-			const struct tcp_resp *e = &c->ring[(c->head + k) % TCP_SRV_RING];
+			struct tcp_resp *e = &c->ring[(c->head + k) % TCP_SRV_RING];
 
 			/* A staged READ goes alone, from the staging buffer. */
 			if (!e->ready || e->staged)
 				break;
-			n_mem += e->memory;
-		}
-		if (n_mem) {
-			uint64_t ver;
-
-			pthread_rwlock_rdlock(&ti->reg_lock);
-			ver = atomic_load_explicit(&ti->reg_ver, memory_order_relaxed);
-			for (uint32_t i = 0; i < k; i++) {
-				struct tcp_resp *e = &c->ring[(c->head + i) % TCP_SRV_RING];
-				char detail[TCP_DETAIL_WIRE];
-
-				if (!e->memory || e->ver == ver)
-					continue;
-				if (tcp_region_allows(ti, e->addr, e->len,
-						      TE_PLUGIN_ACCESS_REMOTE_READ)) {
-					e->ver = ver;
-					continue;
+			if (e->memory) {
+				if (!locked) {
+					pthread_rwlock_rdlock(&ti->reg_lock);
+					ver = atomic_load_explicit(&ti->reg_ver,
+								   memory_order_relaxed);
+					locked = true;
 				}
-				if (i == 0 && c->tx_off) {
-					/* Half sent: the stream cannot be repaired. */
-					pthread_rwlock_unlock(&ti->reg_lock);
-					tcp_conn_close(ti, w, c, TE_PLUGIN_LOG_INFO,
-						       "buffer deregistered while being read");
-					return false;
-				}
-				tcp_region_detail(ti, detail, sizeof(detail), TCP_OP_READ, e->addr,
-						  e->len, " (deregistered before it was sent)");
-				tcp_resp_error(e, TCP_OP_READ, te_plugin_get_u32(e->hdr + 8),
-					       TE_ERR_REMOTE_ACCESS, detail);
+				if (e->ver != ver && !tcp_conn_tx_recheck(ti, w, c, e, k, ver))
+					return false; /* closed, the lock let go */
 			}
-		}
-		for (uint32_t i = 0; i < k; i++) {
-			const struct tcp_resp *e = &c->ring[(c->head + i) % TCP_SRV_RING];
-
 			if (off < TCP_HDR_LEN)
 				iov[n_iov++] =
 					(struct iovec){ (void *)(e->hdr + off), TCP_HDR_LEN - off };
@@ -976,7 +985,7 @@ static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_co
 		msg.msg_iovlen = n_iov;
 		r = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 		err = errno;
-		if (n_mem)
+		if (locked)
 			pthread_rwlock_unlock(&ti->reg_lock);
 		if (r < 0) {
 			if (err == EINTR)
