@@ -1625,10 +1625,13 @@ static inline bool tcp_lane_room_locked(const struct tcp_inst *ti, struct tcp_la
 }
 
 /*
- * Take a slot for @s and queue its request; @owner: 1 + the index of the submitting thread's
- * own lane (0: none, a moved request). Under lane lock; l->n_free > 0.
+ * Take a slot for @s and queue its request, leaving the lane's counts of slots in use, of
+ * the owner's requests and of slices and bytes to the caller (tcp_lane_count_locked); @owner:
+ * 1 + the index of the submitting thread's own lane (0: none, a moved request). Under lane
+ * lock; l->n_free > 0.
  */
-static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, uint32_t owner)
+static inline void tcp_lane_enqueue_uncounted_locked(struct tcp_lane *l, struct te_plugin_slice *s,
+						     uint32_t owner)
 {
 	struct tcp_spriv *p = tcp_priv(s);
 	uint32_t id = l->free_ids[l->free_head];
@@ -1636,15 +1639,12 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 
 	l->free_head = l->free_head + 1 == l->free_cap ? 0 : l->free_head + 1;
 	l->n_free--;
-	tcp_used_add(l, 1);
 	if (s->length >= TCP_DRV_MAX_SLICE)
 		l->n_big++;
 	slot->slice = s;
 	slot->gen++;
 	slot->flags = TCP_SLOT_USED;
 	slot->owner = (uint8_t)owner;
-	if (owner)
-		tcp_owner_add(l, owner - 1, 1);
 	slot->op = s->opcode == TE_PLUGIN_OP_READ ? TCP_OP_READ : TCP_OP_WRITE;
 	slot->length = s->length;
 	p->next = NULL;
@@ -1659,13 +1659,29 @@ static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *
 	atomic_store_explicit(&p->slot, id, memory_order_relaxed);
 	atomic_store_explicit(&p->lane, l, memory_order_relaxed);
 	tcp_encode(p->hdr, slot->op, p->req_id, 0, s->remote, s->length);
-	tcp_stat_add(&l->st_slices, 1);
-	tcp_stat_add(&l->st_bytes, s->length);
 	if (l->sq_tail)
 		tcp_priv(l->sq_tail)->next = s;
 	else
 		l->sq_head = s;
 	l->sq_tail = s;
+}
+
+/* Count @n slices of @bytes queued on @l for @owner (tcp_lane_enqueue_uncounted_locked). */
+static inline void tcp_lane_count_locked(struct tcp_lane *l, uint32_t owner, uint32_t n,
+					 uint64_t bytes)
+{
+	tcp_used_add(l, (int)n);
+	if (owner)
+		tcp_owner_add(l, owner - 1, (int)n);
+	tcp_stat_add(&l->st_slices, n);
+	tcp_stat_add(&l->st_bytes, bytes);
+}
+
+/* Take a slot for @s and queue its request, counted (as above). Under lane lock. */
+static void tcp_lane_enqueue_locked(struct tcp_lane *l, struct te_plugin_slice *s, uint32_t owner)
+{
+	tcp_lane_enqueue_uncounted_locked(l, s, owner);
+	tcp_lane_count_locked(l, owner, 1, s->length);
 }
 
 /*
@@ -1981,9 +1997,14 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 	uint32_t n_touched = 0, i, me;
 	uint64_t run_writes = 0, now = pk.now;
 	const struct tcp_peer *last_peer = NULL;
-	/* The own lane the slice before went onto, not striped, and its index in touched[]. */
+	/*
+	 * The own lane the slice before went onto, not striped, and its index in touched[]; the
+	 * slices queued on it since without their counts, and their bytes (counted at once before
+	 * its lock goes).
+	 */
 	struct tcp_lane *own_lane = NULL;
-	uint32_t own_t = 0;
+	uint32_t own_t = 0, own_n = 0;
+	uint64_t own_bytes = 0;
 	bool others = false;
 	uint32_t run_end = 0;
 	enum te_status ret = TE_OK;
@@ -2029,6 +2050,11 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 				 peer->name, peer->addr_text);
 		}
 		if (bad != TE_OK) {
+			if (own_n) {
+				tcp_lane_count_locked(own_lane, pk.own + 1, own_n, own_bytes);
+				own_n = 0;
+				own_bytes = 0;
+			}
 			/* No lane lock while taking a worker's (the tick takes them the other way). */
 			if (pk.held)
 				pthread_mutex_unlock(&pk.held->lock);
@@ -2048,10 +2074,17 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 		    !(!others && s->opcode == TE_PLUGIN_OP_WRITE &&
 		      run_writes >= TCP_SPREAD_BYTES) &&
 		    now >= atomic_load_explicit(&own_lane->shun_until_ns, memory_order_relaxed)) {
-			tcp_lane_enqueue_locked(own_lane, s, pk.own + 1);
+			tcp_lane_enqueue_uncounted_locked(own_lane, s, pk.own + 1);
+			own_n++;
+			own_bytes += s->length;
 			if (s->opcode == TE_PLUGIN_OP_WRITE)
 				bytes[own_t] += s->length;
 			continue;
+		}
+		if (own_n) {
+			tcp_lane_count_locked(own_lane, pk.own + 1, own_n, own_bytes);
+			own_n = 0;
+			own_bytes = 0;
 		}
 		own_lane = NULL;
 		/*
@@ -2122,6 +2155,8 @@ enum te_status tcp_submit(struct te_plugin_inst *inst, struct te_plugin_slice **
 			own_t = t;
 		}
 	}
+	if (own_n)
+		tcp_lane_count_locked(own_lane, pk.own + 1, own_n, own_bytes);
 	if (pk.held)
 		pthread_mutex_unlock(&pk.held->lock);
 	/*
