@@ -14,8 +14,18 @@ static void tcp_report(struct tcp_inst *ti, struct te_plugin_slice *s, enum te_s
 			     st == TE_OK ? NULL : detail);
 }
 
-/* Free slot @id. Under lane lock. */
-static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
+/*
+ * Slot frees whose counts of slots in use and of the lane's own thread's requests
+ * (owner_home) are added in one go (tcp_free_acc_apply_locked), before the lane lock goes.
+ */
+struct tcp_free_acc {
+	uint32_t home; /* the owner value of requests counted in owner_home: 1 + lane index */
+	uint32_t used, homes;
+};
+
+/* Free slot @id, its counts now or (@acc) accumulated. Under lane lock. */
+static inline void tcp_slot_release_locked(struct tcp_lane *l, uint32_t id,
+					   struct tcp_free_acc *acc)
 {
 	struct tcp_slot *slot = &l->slots[id];
 	uint32_t tail;
@@ -26,7 +36,9 @@ static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 		l->n_orphan--;
 	if (slot->length >= TCP_DRV_MAX_SLICE)
 		l->n_big--;
-	if (slot->owner)
+	if (acc && slot->owner == acc->home)
+		acc->homes++;
+	else if (slot->owner)
 		tcp_owner_add(l, slot->owner - 1u, -1);
 	slot->owner = 0;
 	slot->slice = NULL;
@@ -34,14 +46,33 @@ static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
 	tail = l->free_head + l->n_free;
 	l->free_ids[tail >= l->free_cap ? tail - l->free_cap : tail] = id;
 	l->n_free++;
-	tcp_used_add(l, -1);
+	if (acc)
+		acc->used++;
+	else
+		tcp_used_add(l, -1);
+}
+
+static void tcp_slot_free_locked(struct tcp_lane *l, uint32_t id)
+{
+	tcp_slot_release_locked(l, id, NULL);
+}
+
+static inline void tcp_free_acc_apply_locked(struct tcp_lane *l, struct tcp_free_acc *acc)
+{
+	if (acc->used)
+		tcp_used_add(l, -(int)acc->used);
+	if (acc->homes)
+		tcp_count_add(&l->owner_home, -(int)acc->homes);
+	acc->used = acc->homes = 0;
 }
 
 /*
- * Slot @id has both SENT and ANSWERED: free it and return the slice to report (NULL when it
- * was orphaned by cancel). The status to report is left in priv->status. Under lane lock.
+ * Slot @id has both SENT and ANSWERED: free it (its counts accumulated in @acc, or now
+ * without) and return the slice to report (NULL when it was orphaned by cancel). The status
+ * to report is left in priv->status. Under lane lock.
  */
-static struct te_plugin_slice *tcp_slot_finish_locked(struct tcp_lane *l, uint32_t id)
+static inline struct te_plugin_slice *tcp_slot_finish_acc_locked(struct tcp_lane *l, uint32_t id,
+								 struct tcp_free_acc *acc)
 {
 	struct tcp_slot *slot = &l->slots[id];
 	struct te_plugin_slice *s = slot->slice;
@@ -50,8 +81,13 @@ static struct te_plugin_slice *tcp_slot_finish_locked(struct tcp_lane *l, uint32
 		tcp_priv(s)->status = TE_ERR_CANCELED;
 		tcp_priv_detail(s, TCP_NAME ": canceled");
 	}
-	tcp_slot_free_locked(l, id);
+	tcp_slot_release_locked(l, id, acc);
 	return s;
+}
+
+static struct te_plugin_slice *tcp_slot_finish_locked(struct tcp_lane *l, uint32_t id)
+{
+	return tcp_slot_finish_acc_locked(l, id, NULL);
 }
 
 /*
@@ -1084,6 +1120,8 @@ static bool tcp_lane_rx_scatter(struct tcp_inst *ti, struct tcp_lane *l, int fd,
 	uint64_t cap = TCP_MIN(budget, (uint64_t)ti->scatter_max), total = 0, left;
 	uint32_t n = 0, nv = 0, placed = 0, have, hp, rid;
 	bool lead = rx->payload; /* the rest of the payload in progress comes first */
+	/* The answers' slots are freed with one count update per read (this lane's owner's). */
+	struct tcp_free_acc acc = { .home = (uint32_t)(l - l->peer->lanes) + 1u };
 
 	if (!cap || l->hs != TCP_HS_READY || rx->spare || limit <= (uint32_t)lead)
 		return false;
@@ -1225,13 +1263,14 @@ static bool tcp_lane_rx_scatter(struct tcp_inst *ti, struct tcp_lane *l, int fd,
 		}
 		slot->flags |= TCP_SLOT_ANSWERED;
 		if (slot->flags & TCP_SLOT_SENT)
-			fin = tcp_slot_finish_locked(l, id);
+			fin = tcp_slot_finish_acc_locked(l, id, &acc);
 		if (fin)
 			tcp_rlist_add(done, fin);
 		rx->bulk = true;
 		if (k == n - 1)
 			rx->end += (uint32_t)left; /* all foreseen came: what was read ahead */
 	}
+	tcp_free_acc_apply_locked(l, &acc);
 	tcp_stat_add(&l->st_scattered, placed);
 	pthread_mutex_unlock(&l->lock);
 	pthread_mutex_unlock(&l->rx_lock);
