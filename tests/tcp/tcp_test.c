@@ -919,6 +919,23 @@ static void test_region_cache(void)
 }
 
 /*
+ * Until answers have come in on @fd (a client that reads nothing) and stopped coming for
+ * 50 ms: the server's socket is full, or its worker was kept off the CPU that long; either
+ * way the answers the connection cannot hold wait at the server. At most 10 s.
+ */
+static void wait_answers_stop(int fd)
+{
+	int prev = -1, now = 0;
+
+	for (int i = 0; i < 200 && (now == 0 || now != prev); i++) {
+		prev = now;
+		sleep_ms(50);
+		g_assert_cmpint(ioctl(fd, FIONREAD, &now), ==, 0);
+	}
+	g_assert_cmpint(now, >, 0);
+}
+
+/*
  * READ answers queued behind a full socket when their buffer is unregistered: the server
  * checks the range again before it sends (its registrations changed), so no byte of the
  * buffer leaves after te_mem_unregister returned. The client asks for 32 MiB and reads
@@ -958,12 +975,7 @@ static void test_unregister_before_send(void)
 		frame(h, W_MAGIC, W_VERSION, W_READ, 100 + i, base, LEN);
 		send_all(fd, h, sizeof(h));
 	}
-	/* Until the answers stop coming in: the server's socket is full. */
-	for (int prev = -1, now = 0; now != prev;) {
-		prev = now;
-		sleep_ms(50);
-		g_assert_cmpint(ioctl(fd, FIONREAD, &now), ==, 0);
-	}
+	wait_answers_stop(fd);
 	assert_ok(te_mem_unregister(b, rw.base));
 	memset(rw.data, 0xee, LEN);
 
@@ -1009,6 +1021,107 @@ static void test_unregister_before_send(void)
 	itest_buf_free(&rw);
 	g_free(want);
 	g_free(got);
+}
+
+/*
+ * Bytes a loopback connection can hold between the server's sendmsg and a client that reads
+ * nothing, with the client's receive buffer fixed at @rcvbuf: the sender's send buffer at
+ * most (net.ipv4.tcp_wmem's maximum; 4 MiB by default) and the receive buffer, doubled for
+ * the kernel's bookkeeping. 64 MiB when the sysctl cannot be read.
+ */
+static uint64_t loopback_capacity(uint64_t rcvbuf)
+{
+	g_autofree char *text = NULL;
+	unsigned long long lo, def, max;
+
+	if (!g_file_get_contents("/proc/sys/net/ipv4/tcp_wmem", &text, NULL, NULL) ||
+	    sscanf(text, "%llu %llu %llu", &lo, &def, &max) != 3)
+		return 64ull << 20;
+	return (uint64_t)max + 2 * rcvbuf;
+}
+
+/*
+ * READ answers queued whole behind a full socket when their buffer is unregistered are
+ * refused ("deregistered before it was sent"), while the connection goes on: the client asks
+ * for more READs of a buffer that stays registered than its connection can hold, then 8 of a
+ * second buffer, and reads nothing until the server's socket is full, so the answer half sent
+ * is one of the first buffer's. Then B unregisters the second buffer, which is overwritten
+ * with a canary. The first buffer's answers come whole with its bytes, the second's are all
+ * refused (none carries a byte of it, old or canary), and a READ after them is answered. (The
+ * half-sent case, which closes the connection: /tcp/access/unregister-before-send.)
+ */
+static void test_unregister_queued(void)
+{
+	enum {
+		LEN = 1 << 20,
+		NY = 8,
+		YLEN = 4096,
+		RCVBUF = 256 << 10
+	};
+	struct te_engine *b = itest_engine1("B", "tcp", NULL, NULL);
+	uint64_t nx = loopback_capacity(RCVBUF) / LEN * 2 + 4;
+	uint8_t *got = g_malloc(LEN), *reqs = g_malloc((nx + NY) * W_HDR);
+	struct itest_buf x, y;
+	struct endpoint ep;
+	uint64_t xb, yb;
+	int fd;
+
+	/* More than the ring of answers a server connection keeps would stall its reads. */
+	g_assert_cmpuint(nx + NY, <, 512);
+	itest_buf_new(&x, LEN, GUARD, 0x51);
+	itest_buf_new(&y, NY * YLEN, GUARD, 0x52);
+	itest_buf_register(&x, b, TE_MEM_REMOTE_READ);
+	itest_buf_register(&y, b, TE_MEM_REMOTE_READ);
+	xb = (uint64_t)(uintptr_t)x.data;
+	yb = (uint64_t)(uintptr_t)y.data;
+	ep = endpoint_of(b);
+	fd = raw_hello(&ep);
+	g_assert_cmpint(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &(int){ RCVBUF }, sizeof(int)), ==,
+			0);
+	/* In one send: the server takes them all in before its first answer. */
+	for (uint32_t i = 0; i < nx + NY; i++) {
+		uint8_t *h = reqs + i * W_HDR;
+
+		if (i < nx)
+			frame(h, W_MAGIC, W_VERSION, W_READ, 100 + i, xb, LEN);
+		else
+			frame(h, W_MAGIC, W_VERSION, W_READ, 100 + i, yb + (i - nx) * YLEN, YLEN);
+	}
+	send_all(fd, reqs, (nx + NY) * W_HDR);
+	wait_answers_stop(fd);
+	assert_ok(te_mem_unregister(b, y.base));
+	memset(y.data, 0xee, NY * YLEN);
+
+	for (uint32_t i = 0; i < nx; i++) {
+		struct reply rep;
+
+		g_assert_true(recv_reply(fd, &rep));
+		g_assert_cmpuint(rep.req_id, ==, 100 + i);
+		g_assert_cmpint(rep.status, ==, 0);
+		g_assert_cmpuint(rep.length, ==, LEN);
+		g_assert_true(recv_all(fd, got, LEN));
+		g_assert_cmpmem(got, LEN, x.data, LEN);
+	}
+	for (uint32_t i = 0; i < NY; i++) {
+		g_autofree char *range = g_strdup_printf("[0x%" PRIx64 ", +%u)",
+							 yb + (uint64_t)i * YLEN, (unsigned)YLEN);
+		struct reply rep;
+
+		g_assert_true(recv_reply(fd, &rep));
+		g_assert_cmpuint(rep.req_id, ==, 100 + nx + i);
+		g_assert_cmpint(rep.status, ==, TE_ERR_REMOTE_ACCESS);
+		assert_contains(rep.detail, "deregistered before it was sent");
+		assert_contains(rep.detail, range);
+	}
+	/* The connection goes on. */
+	raw_read_ok(fd, 900, xb + 4096, x.data + 4096, 512);
+	close(fd);
+	te_engine_free(b);
+	g_assert_true(itest_untouched_outside(&x, NULL, NULL, 0));
+	itest_buf_free(&x);
+	itest_buf_free(&y);
+	g_free(got);
+	g_free(reqs);
 }
 
 /* Register @la with A (local) and @rb and @extra with B (remote), then connect A to B. */
@@ -4054,6 +4167,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/access/error-burst", test_error_burst);
 	g_test_add_func("/tcp/access/region-cache", test_region_cache);
 	g_test_add_func("/tcp/access/unregister-before-send", test_unregister_before_send);
+	g_test_add_func("/tcp/access/unregister-queued", test_unregister_queued);
 	g_test_add_func("/tcp/access/stale-hello", test_hello_stale);
 	g_test_add_func("/tcp/access/stale-descriptor", test_stale_descriptor);
 	for (size_t i = 0; i < G_N_ELEMENTS(bad_streams); i++) {
