@@ -5,7 +5,10 @@
 # Usage: bench/insn-tcp.sh [-C BUILD] [--te NAME=DIR ...] [--iterations N] [--top K] [--no-raw]
 #            [-- TE-BENCH-ARGS...]
 #   A figure for changes too small for a throughput comparison to resolve (one in a hundred
-#   of the CPU a request costs; compare-builds.sh rounds swing by more): every variant (a
+#   of the CPU a request costs; compare-builds.sh rounds swing by more). It counts user-space
+#   instructions only: at 4 KiB on loopback they are about an eighth of a request's CPU, the
+#   kernel's copies, switches and wake-ups the rest (bench/README.md, 2026-12-06 19:13), so a
+#   cut here may move no throughput figure at all (13 % fewer moved none). Every variant (a
 #   build directory with tools/te-bench and plugins/tcp/tcp.so; default: BUILD as 'te') runs
 #   `te-bench --loopback` under valgrind's callgrind, its target process too
 #   (--trace-children), twice: with --iterations N (default 200) and N/2. Setup, warm-up and
