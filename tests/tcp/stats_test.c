@@ -54,10 +54,11 @@ static int64_t lane_int(JsonObject *peer, guint lane, const char *key)
 	return json_object_get_int_member(json_array_get_object_element(lanes, lane), key);
 }
 
-/* @n requests of @len bytes each, @op, on disjoint ranges of @la and of @rb from @roff. */
 /*
  * A pair A -> B over tcp with @options, A's local buffer @la and B's remote buffer @rb
- * (guarded, filled from @fa and @fb) registered, and A's segment of B open.
+ * (guarded, filled from @fa and @fb) registered, and A's segment of B open. Not itest_fx,
+ * which sizes both alike and seeds them 1 and 2: one case needs 8 and 12 MiB, and each case
+ * seeds its own.
  */
 static void pair_up(struct itest_pair *p, const char *options, struct itest_buf *la, size_t la_len,
 		    uint32_t fa, struct itest_buf *rb, size_t rb_len, uint32_t fb)
@@ -77,6 +78,7 @@ static void pair_down(struct itest_pair *p, struct itest_buf *la, struct itest_b
 	itest_buf_free(rb);
 }
 
+/* @n requests of @len bytes each, @op, on disjoint ranges of @la and of @rb from @roff. */
 static void run_requests(struct itest_pair *p, struct itest_buf *la, struct itest_buf *rb,
 			 size_t roff, enum te_opcode op, uint32_t n, size_t len)
 {
