@@ -893,11 +893,6 @@ static int tcp_conn_tx_staged(struct tcp_inst *ti, struct tcp_worker *w, struct 
 }
 
 /*
- * Send ready responses until the ring is empty or the socket is full. READ payloads go
- * from registered memory, re-checked and sent under the region read lock. Returns false
- * when @c was closed.
- */
-/*
  * READ answer @e (the @k-th to go, registrations changed since it was checked) under the
  * registration lock at version @ver: still inside a registered, remote-readable buffer, it is
  * marked checked; no longer, it becomes an error answer, or, when its first bytes already
@@ -924,6 +919,11 @@ static bool tcp_conn_tx_recheck(struct tcp_inst *ti, struct tcp_worker *w, struc
 	return true;
 }
 
+/*
+ * Send ready responses until the ring is empty or the socket is full. READ payloads go
+ * from registered memory, re-checked and sent under the region read lock. Returns false
+ * when @c was closed.
+ */
 static bool tcp_conn_tx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_conn *c)
 {
 	struct iovec iov[TCP_SRV_IOV];
