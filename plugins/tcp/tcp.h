@@ -105,6 +105,13 @@
  * memory (tcp_lane_room_locked).
  */
 #define TCP_SLOTS_INITIAL 2048u
+/*
+ * A lane whose table grew past TCP_SLOTS_INITIAL gives the memory back (tcp_lane_shrink_locked)
+ * once it has had no request in flight and none submitted for this many housekeeping ticks
+ * (2 s): a burst of 65536 requests no longer holds 2 MiB plus a 256 KiB id ring per lane until
+ * the peer is unloaded. A thread that submits deep batches back to back keeps its table.
+ */
+#define TCP_SLOTS_IDLE_TICKS 20u
 #define TCP_MAX_FRAME (1ull << 30) /* longest READ/WRITE a server accepts */
 /* Option defaults (1M slices chosen by measurement: README.md) are in tcp.c's tcp_options. */
 
@@ -475,6 +482,9 @@ struct tcp_lane {
 	uint32_t free_head;
 	uint32_t free_cap;
 	uint32_t n_free;
+	/* Worker's tick, under lock: ticks the grown table sat idle, st_slices then. */
+	uint32_t idle_ticks;
+	uint64_t idle_slices;
 	uint32_t n_orphan;
 	uint32_t n_canceled;
 
@@ -956,6 +966,7 @@ void tcp_lane_send_failed_locked(struct tcp_lane *l, int err);
 uint32_t tcp_rlist_report(struct tcp_inst *ti, struct tcp_rlist *r);
 void tcp_fence_take_locked(struct tcp_lane *l, bool all, uint64_t now, struct tcp_rlist *out);
 void tcp_lane_break(struct tcp_inst *ti, struct tcp_lane *l, enum te_status st, const char *detail);
+void tcp_lane_shrink_tick_locked(const struct tcp_inst *ti, struct tcp_lane *l);
 void tcp_lane_connect_locked(struct tcp_inst *ti, struct tcp_lane *l);
 void tcp_lane_rx(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l);
 void tcp_lane_event(struct tcp_inst *ti, struct tcp_worker *w, struct tcp_lane *l, uint32_t events);

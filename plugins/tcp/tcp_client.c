@@ -1657,6 +1657,57 @@ static bool tcp_lane_grow_locked(const struct tcp_inst *ti, struct tcp_lane *l)
 	return true;
 }
 
+/*
+ * Give back what @l's slot table grew to (tcp_lane_grow_locked): back to the size a lane
+ * starts with, its ids in order again. Only with every slot free, so no answer is due on
+ * the connection and no id above the new size can come back; the slots kept keep their
+ * generations. The order of requests on the wire forgets its last id (it may be above the
+ * new size): the next request gathered is the next answer expected, as on a new
+ * connection, which with nothing in flight it is. realloc to a smaller size may keep the
+ * block where it is (or fail, leaving it): either way the lane then uses the first slots
+ * only. Under lane lock.
+ */
+static void tcp_lane_shrink_locked(const struct tcp_inst *ti, struct tcp_lane *l)
+{
+	uint32_t cap = TCP_MIN(ti->max_inflight, TCP_SLOTS_INITIAL);
+	struct tcp_slot *slots = realloc(l->slots, cap * sizeof(*slots));
+	uint32_t *ids = realloc(l->free_ids, cap * sizeof(*ids));
+
+	if (slots)
+		l->slots = slots;
+	if (ids)
+		l->free_ids = ids;
+	for (uint32_t k = 0; k < cap; k++)
+		l->free_ids[k] = k;
+	l->free_head = 0;
+	l->n_free = l->free_cap = cap;
+	l->wired_ok = false;
+	l->expect_st = TCP_EXPECT_FIRST;
+}
+
+/*
+ * The worker's tick for @l's slot table: one grown past its first size that has had no
+ * request in flight and none submitted for TCP_SLOTS_IDLE_TICKS ticks in a row shrinks
+ * back. Not while anyone sends or reads on the lane, nor on one that is closing or holds
+ * WRITEs waiting for a fence. Under lane lock.
+ */
+void tcp_lane_shrink_tick_locked(const struct tcp_inst *ti, struct tcp_lane *l)
+{
+	/* relaxed: a statistic, only compared with itself one tick later */
+	uint64_t slices = atomic_load_explicit(&l->st_slices, memory_order_relaxed);
+
+	if (l->free_cap <= TCP_SLOTS_INITIAL || l->n_free != l->free_cap ||
+	    slices != l->idle_slices || l->sending || l->rx_busy || l->closing || l->n_fence) {
+		l->idle_slices = slices;
+		l->idle_ticks = 0;
+		return;
+	}
+	if (++l->idle_ticks < TCP_SLOTS_IDLE_TICKS)
+		return;
+	l->idle_ticks = 0;
+	tcp_lane_shrink_locked(ti, l);
+}
+
 /* Room for one more request on @l: a free slot id, or (@grow) more of them. Under lane lock. */
 static inline bool tcp_lane_room_locked(const struct tcp_inst *ti, struct tcp_lane *l, bool grow)
 {

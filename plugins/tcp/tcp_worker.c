@@ -162,8 +162,8 @@ static void tcp_worker_todo(struct tcp_inst *ti, struct tcp_worker *w)
 
 /*
  * Periodic checks: connect timeouts, lanes stuck with canceled requests, WRITEs waiting for a
- * fence (reported when their deadline passed; their lane reconnects to get the fence), and
- * the serving side's time limits.
+ * fence (reported when their deadline passed; their lane reconnects to get the fence), slot
+ * tables that sat idle (tcp_lane_shrink_tick_locked), and the serving side's time limits.
  */
 static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 {
@@ -216,6 +216,7 @@ static void tcp_worker_tick(struct tcp_inst *ti, struct tcp_worker *w)
 		} else if (l->state == TCP_LANE_BROKEN && !l->sending) {
 			bad = true; /* normally handled by a kick already */
 		}
+		tcp_lane_shrink_tick_locked(ti, l);
 		if (l->n_fence) {
 			tcp_fence_take_locked(l, false, now, &expired);
 			if (l->n_fence && l->state == TCP_LANE_DOWN && !l->closing &&

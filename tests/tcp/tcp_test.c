@@ -1953,6 +1953,79 @@ static void test_slots_grow(gconstpointer data)
 	itest_buf_free(&rb);
 }
 
+/*
+ * Submit @n READs of @len bytes (la from rb) on @f's one lane (@accept: the fake accepts the
+ * lane first), read them all off the wire, each in slot id order (request j in slot j), hold
+ * the answers @hold_ms, check that the lane's table is then @slots_held slots, answer them
+ * all and check the bytes.
+ */
+static void slots_round(struct itest_pair *p, struct fake *f, bool accept, struct itest_buf *la,
+			const struct itest_buf *rb, uint32_t n, uint32_t len, guint hold_ms,
+			int64_t slots_held)
+{
+	struct te_request *reqs = g_new(struct te_request, n);
+	g_autoptr(GByteArray) out = g_byte_array_new();
+	te_batch_id bid;
+
+	memset(la->data, 0, (size_t)n * len);
+	for (uint32_t i = 0; i < n; i++)
+		reqs[i] = (struct te_request){ TE_OP_READ, p->seg, la->data + (size_t)i * len,
+					       itest_raddr(rb, (uint64_t)i * len), len };
+	assert_ok(te_batch_new(p->a, n, &bid));
+	assert_ok(te_batch_submit(p->a, bid, reqs, n));
+	if (accept)
+		fake_accept(f);
+	for (uint32_t j = 0; j < n; j++) {
+		struct fake_req q = fake_request(f);
+
+		g_assert_cmpuint(q.req_id & 0xffffu, ==, j);
+		fake_answer_read(&q, rb, out);
+	}
+	g_usleep(hold_ms * 1000ull);
+	g_assert_cmpint(lane_stat(p->a, 0, "slots"), ==, slots_held);
+	send_all(f->fd, out->data, out->len);
+	assert_ok(itest_wait(p->a, bid));
+	assert_ok(te_batch_free(p->a, bid));
+	g_assert_true(itest_range_is(la, 0, (uint64_t)n * len, rb, 0));
+	g_free(reqs);
+}
+
+/*
+ * A lane gives back what its slot table grew to once it has sat idle for 2 s
+ * (TCP_SLOTS_IDLE_TICKS), never while requests are in flight, however long they take, and
+ * grows again for the next deep batch. 5000 READs held unanswered for 2.5 s keep the 8192
+ * slots they grew. Once they are answered, the table is back to 2048 within 10 s. Then
+ * 5000 READs again take slots 0..4999 in order: the free ids start over (without the
+ * shrink, the ring would hand out 5000..8191 first), and the table is 8192 again.
+ */
+static void test_slots_shrink(void)
+{
+	enum {
+		N = 5000,
+		LEN = 16
+	};
+	struct itest_pair p;
+	struct itest_buf la, rb;
+	struct fake f;
+	int64_t slots = 0;
+
+	itest_buf_new(&la, N * LEN, GUARD, 0x53);
+	itest_buf_new(&rb, N * LEN, GUARD, 0x54);
+	fake_pair_opts(&p, &f, &la, &rb, "lanes: 1", "timeout_ms: 60000, retries: 0");
+	slots_round(&p, &f, true, &la, &rb, N, LEN, 2500, 8192);
+	for (int i = 0; i < 200 && (slots = lane_stat(p.a, 0, "slots")) != 2048; i++)
+		g_usleep(50000);
+	g_assert_cmpint(slots, ==, 2048);
+	g_assert_cmpint(lane_stat(p.a, 0, "slices"), ==, N);
+	slots_round(&p, &f, false, &la, &rb, N, LEN, 0, 8192);
+	g_assert_cmpint(lane_stat(p.a, 0, "slices"), ==, 2 * N);
+	tcp_lanes_settle(p.a);
+	itest_pair_free(&p);
+	fake_close(&f);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+}
+
 /* Answer @n READ requests on @fd, one by one, with the bytes of rb they name. */
 static void fake_serve_reads(int fd, const struct itest_buf *rb, int n)
 {
@@ -4203,6 +4276,7 @@ int main(int argc, char **argv)
 	g_test_add_data_func("/tcp/client/slots-grow", "lanes: 1", test_slots_grow);
 	g_test_add_data_func("/tcp/client/slots-grow-capped", "lanes: 1, max_inflight: 3000",
 			     test_slots_grow);
+	g_test_add_func("/tcp/client/slots-shrink", test_slots_shrink);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves", test_full_host_lane_moves);
 	g_test_add_func("/tcp/lanes/full-host-lane-moves-auth", test_full_host_lane_moves_auth);
 	g_test_add_func("/tcp/client/wait-hold", test_wait_hold);
