@@ -8,7 +8,8 @@
 #   fixed cost: engines, buffers, first batch), and prints (Ir(N) - Ir(0)) / slices.
 #   --strict: exit 1 when slices per CPU-second (of the submitting threads) are below
 #   TARGET_SPS. Without valgrind the second part is skipped with a note.
-#   Env: BUILD (build), DURATION (3), ITERATIONS (5000), TARGET_SPS (5000000), TE_PLUGIN_PATH.
+#   Env: BUILD (build), DURATION (3), ITERATIONS (5000), TARGET_SPS (20000000: issue 18's
+#   target; it was 5000000 before), TE_PLUGIN_PATH.
 set -euo pipefail
 
 me="bench-core.sh"
@@ -30,7 +31,7 @@ done
 bench=$build/tools/te-bench
 duration=${DURATION:-3}
 iterations=${ITERATIONS:-5000}
-target_sps=${TARGET_SPS:-5000000}
+target_sps=${TARGET_SPS:-20000000}
 
 if [ ! -x "$bench" ]; then
 	echo "bench-core.sh: $bench is not built (run: ninja -C $build)" >&2
@@ -108,7 +109,7 @@ else
 fi
 
 if [ "$strict" = 1 ] && [ "$verdict" != meets ]; then
-	echo "bench-core.sh: below the target of $target_sps slices/s" >&2
+	echo "bench-core.sh: below the target of $target_sps slices per CPU-second" >&2
 	exit 1
 fi
 exit 0
