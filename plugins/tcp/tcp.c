@@ -830,18 +830,15 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		l->w = &ti->workers[(base + i) % ti->n_workers];
 		pthread_mutex_init(&l->lock, NULL);
 		pthread_mutex_init(&l->rx_lock, NULL);
-		l->free_cap = TCP_MIN(ti->max_inflight, TCP_SLOTS_INITIAL);
-		l->slots = calloc(l->free_cap, sizeof(*l->slots));
-		l->free_ids = malloc(l->free_cap * sizeof(*l->free_ids));
+		l->slots = calloc(tcp_slots_first(ti), sizeof(*l->slots));
+		l->free_ids = malloc(tcp_slots_first(ti) * sizeof(*l->free_ids));
 		l->rx.buf = malloc(TCP_RBUF_BIG);
 		l->txh = malloc(TCP_TXH_FIRST * TCP_HDR_LEN);
 		l->txh_cap = TCP_TXH_FIRST;
 		l->rx.cap = TCP_RBUF_BIG;
 		l->rx.gulp = TCP_GULP;
-		for (uint32_t k = 0; l->free_ids && k < l->free_cap; k++)
-			l->free_ids[k] = k;
-		l->free_head = 0;
-		l->n_free = l->free_cap;
+		if (l->free_ids)
+			tcp_lane_ids_reset(l, tcp_slots_first(ti));
 	}
 	for (uint32_t i = 0; i < peer->n_lanes; i++) {
 		struct tcp_lane *l = &peer->lanes[i];

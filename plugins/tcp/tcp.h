@@ -860,6 +860,21 @@ static inline struct tcp_inst *tcp_inst_of(struct te_plugin_inst *inst)
 	return (struct tcp_inst *)inst;
 }
 
+/* The slot ids a lane starts with (and goes back to when idle: tcp_lane_shrink_tick_locked). */
+static inline uint32_t tcp_slots_first(const struct tcp_inst *ti)
+{
+	return TCP_MIN(ti->max_inflight, TCP_SLOTS_INITIAL);
+}
+
+/* Every one of @l's @cap slot ids free, in id order (a new lane, or one shrunk). Under lock. */
+static inline void tcp_lane_ids_reset(struct tcp_lane *l, uint32_t cap)
+{
+	for (uint32_t k = 0; k < cap; k++)
+		l->free_ids[k] = k;
+	l->free_head = 0;
+	l->n_free = l->free_cap = cap;
+}
+
 static inline struct tcp_spriv *tcp_priv(const struct te_plugin_slice *s)
 {
 	return (struct tcp_spriv *)s->priv;

@@ -1669,7 +1669,7 @@ static bool tcp_lane_grow_locked(const struct tcp_inst *ti, struct tcp_lane *l)
  */
 static void tcp_lane_shrink_locked(const struct tcp_inst *ti, struct tcp_lane *l)
 {
-	uint32_t cap = TCP_MIN(ti->max_inflight, TCP_SLOTS_INITIAL);
+	uint32_t cap = tcp_slots_first(ti);
 	struct tcp_slot *slots = realloc(l->slots, cap * sizeof(*slots));
 	uint32_t *ids = realloc(l->free_ids, cap * sizeof(*ids));
 
@@ -1677,10 +1677,7 @@ static void tcp_lane_shrink_locked(const struct tcp_inst *ti, struct tcp_lane *l
 		l->slots = slots;
 	if (ids)
 		l->free_ids = ids;
-	for (uint32_t k = 0; k < cap; k++)
-		l->free_ids[k] = k;
-	l->free_head = 0;
-	l->n_free = l->free_cap = cap;
+	tcp_lane_ids_reset(l, cap);
 	l->wired_ok = false;
 	l->expect_st = TCP_EXPECT_FIRST;
 }
@@ -1696,7 +1693,7 @@ void tcp_lane_shrink_tick_locked(const struct tcp_inst *ti, struct tcp_lane *l)
 	/* relaxed: a statistic, only compared with itself one tick later */
 	uint64_t slices = atomic_load_explicit(&l->st_slices, memory_order_relaxed);
 
-	if (l->free_cap <= TCP_SLOTS_INITIAL || l->n_free != l->free_cap ||
+	if (l->free_cap <= tcp_slots_first(ti) || l->n_free != l->free_cap ||
 	    slices != l->idle_slices || l->sending || l->rx_busy || l->closing || l->n_fence) {
 		l->idle_slices = slices;
 		l->idle_ticks = 0;
