@@ -5,7 +5,7 @@
 # Usage: bench/compare-tcp.sh [-C BUILD] [--sizes 4K,64K,1M,8M,64M] [--working-sets 8M,256M]
 #            [--threads 1,2,4] [--ops read,write] [--rounds 5] [--duration 5] [--quick]
 #            [--no-iperf3] [--no-latency] [--te-config FILE | --te-lanes N|threads]
-#            [--congestion NAME] [--md FILE]
+#            [--congestion NAME] [--rerun-below RATIO [--rerun-rounds 8]] [--md FILE]
 #   Cells: op x block size x working set x threads. A cell's working set is spread over its
 #   threads as te-bench lays it out: batch = working set / (threads x block) (at least 1, at
 #   most 65536), depth 1, so each batch in flight has its own areas; the table shows the
@@ -43,6 +43,12 @@
 #   default and no fq qdisc, every connection paces itself with a timer: on this loopback
 #   that halved te's and the raw loop's rates for small blocks and made the raw loop's
 #   swing 2-4x from run to run (bench/README.md); compare under both.
+#   --rerun-below RATIO: after the rounds, every cell whose te/raw median is under RATIO
+#   (e.g. 0.9, a target) runs --rerun-rounds more rounds (default 8) of te and the raw loop
+#   only, interleaved among those cells as above; its figures then pool all its rounds, the
+#   table gains a column with each cell's count of rounds, and a note gives each such cell's
+#   te/raw over the first rounds and over all of them. A few rounds of a noisy machine put
+#   cells on the wrong side of a target both ways; this spends the extra time where it decides.
 #   --quick: 4K and 1M, working set 8M, threads 1 and 2, read and write, 1 s per run (about a
 #   minute with --rounds 1). The default matrix (60 cells, 5 rounds of 5 s) takes hours: cut
 #   it down with the flags above.
@@ -109,6 +115,8 @@ ap.add_argument("--md", default=None)
 ap.add_argument("--te-config", default=None)
 ap.add_argument("--te-lanes", default=None)
 ap.add_argument("--congestion", default=None)
+ap.add_argument("--rerun-below", type=float, default=None)
+ap.add_argument("--rerun-rounds", type=int, default=None)
 try:
     a = ap.parse_args(sys.argv[3:])
 except SystemExit:
@@ -147,6 +155,13 @@ if not 1 <= rounds <= 100:
     usage("--rounds: 1 to 100")
 if not 0.1 <= duration <= 3600:
     usage("--duration: 0.1 to 3600 seconds")
+if a.rerun_below is not None and not 0 < a.rerun_below <= 100:
+    usage("--rerun-below: a te/raw ratio above 0, at most 100")
+if a.rerun_rounds is not None and a.rerun_below is None:
+    usage("--rerun-rounds needs --rerun-below")
+rerun_rounds = a.rerun_rounds if a.rerun_rounds is not None else 8
+if not 1 <= rerun_rounds <= 100:
+    usage("--rerun-rounds: 1 to 100")
 if a.te_config and a.te_lanes:
     usage("--te-config and --te-lanes exclude each other")
 if a.te_config and not os.path.isfile(a.te_config):
@@ -179,7 +194,8 @@ for op in ops:
                 seen.add(key)
                 cells.append(dict(op=op, size=size, ws=eff, ws_asked=ws, thr=thr, batch=batch,
                                   te=[], raw=[], ratio_raw=[], ratio_ip=[], cs_te=[], cs_raw=[], cpu_te=[],
-                                  cpu_raw=[], steal=[], star_te=False, star_raw=False, fail=[]))
+                                  cpu_raw=[], steal=[], star_te=False, star_raw=False, fail=[],
+                                  first=None))
 ipkeys = sorted({(c["op"], c["size"], c["thr"]) for c in cells}, key=lambda k: (ops.index(k[0]), k[1], k[2]))
 ipres = {k: [] for k in ipkeys}
 
@@ -440,60 +456,53 @@ stat0 = cpu_stat()
 t_begin = time.time()
 print(f"compare-tcp: {len(cells)} cells, {rounds} round(s), {duration:g} s per run; "
       f"load average {load0}", file=sys.stderr)
+def run_cell(c, tools, ip_round, label):
+    """One round of cell @c: each of @tools in that order; iperf3 once per op, block and
+    threads in @ip_round (a round's measurements, shared by the cells)."""
+    name = f"{c['op']} {size_str(c['size'])} ws {size_str(c['ws'])} thr {c['thr']}"
+    got, steals = {}, []
+    for tool in tools:
+        if tool in ("te", "raw"):
+            cmd = te_cmd(c) if tool == "te" else raw_cmd(c)
+            row, cpu, star, cs = run_json(cmd, f"{'te-bench' if tool == 'te' else 'tcp-raw-loop'} {name}")
+            got[tool] = row["gbps"] if row else None
+            steals.append(row.get("steal_pct") if row else None)
+            if row:
+                c[tool].append(row["gbps"])
+                if cpu is not None:
+                    c["cpu_" + tool].append(cpu)
+                if cs is not None:
+                    c["cs_" + tool].append(cs)
+                c["star_" + tool] |= star
+            else:
+                c["fail"].append(tool)
+        elif iperf3:
+            k = (c["op"], c["size"], c["thr"])
+            if k not in ip_round:
+                ip_round[k] = run_iperf3(*k)
+                if ip_round[k]:
+                    ipres[k].append(ip_round[k])
+            got["iperf3"] = ip_round[k]
+    if got.get("te") and got.get("raw"):
+        c["ratio_raw"].append(got["te"] / got["raw"])
+    if got.get("te") and got.get("iperf3"):
+        c["ratio_ip"].append(got["te"] / got["iperf3"])
+    fmt = lambda v: f"{v:.3f}" if v else "-"
+    # Each run's steal, from its own row (te-bench and tcp-raw-loop report it alike).
+    stolen = [x for x in steals if x is not None]
+    c["steal"].extend(stolen)
+    print(f"{label} {name} batch {c['batch']}: "
+          f"te {fmt(got.get('te'))} raw {fmt(got.get('raw'))} iperf3 "
+          f"{fmt(got.get('iperf3'))} GB/s; steal "
+          f"{'/'.join(f'{x:.0f}' for x in stolen) or '?'} %", file=sys.stderr)
+
+
 for r in range(rounds):
     ip_round = {}
     tools = ["te", "raw", "iperf3"]
     tools = tools[r % 3:] + tools[:r % 3]
     for i, c in enumerate(cells):
-        name = f"{c['op']} {size_str(c['size'])} ws {size_str(c['ws'])} thr {c['thr']}"
-        got, steals = {}, []
-        for tool in tools:
-            if tool == "te":
-                row, cpu, star, cs = run_json(te_cmd(c), f"te-bench {name}")
-                got["te"] = row["gbps"] if row else None
-                steals.append(row.get("steal_pct") if row else None)
-                if row:
-                    c["te"].append(row["gbps"])
-                    if cpu is not None:
-                        c["cpu_te"].append(cpu)
-                    if cs is not None:
-                        c["cs_te"].append(cs)
-                    c["star_te"] |= star
-                else:
-                    c["fail"].append("te")
-            elif tool == "raw":
-                row, cpu, star, cs = run_json(raw_cmd(c), f"tcp-raw-loop {name}")
-                got["raw"] = row["gbps"] if row else None
-                steals.append(row.get("steal_pct") if row else None)
-                if row:
-                    c["raw"].append(row["gbps"])
-                    if cpu is not None:
-                        c["cpu_raw"].append(cpu)
-                    if cs is not None:
-                        c["cs_raw"].append(cs)
-                    c["star_raw"] |= star
-                else:
-                    c["fail"].append("raw")
-            elif iperf3:
-                # One measurement per op, block and threads and round, shared by the cells.
-                k = (c["op"], c["size"], c["thr"])
-                if k not in ip_round:
-                    ip_round[k] = run_iperf3(*k)
-                    if ip_round[k]:
-                        ipres[k].append(ip_round[k])
-                got["iperf3"] = ip_round[k]
-        if got.get("te") and got.get("raw"):
-            c["ratio_raw"].append(got["te"] / got["raw"])
-        if got.get("te") and got.get("iperf3"):
-            c["ratio_ip"].append(got["te"] / got["iperf3"])
-        fmt = lambda v: f"{v:.3f}" if v else "-"
-        # Each run's steal, from its own row (te-bench and tcp-raw-loop report it alike).
-        stolen = [x for x in steals if x is not None]
-        c["steal"].extend(stolen)
-        print(f"round {r + 1}/{rounds} cell {i + 1}/{len(cells)} {name} batch {c['batch']}: "
-              f"te {fmt(got.get('te'))} raw {fmt(got.get('raw'))} iperf3 "
-              f"{fmt(got.get('iperf3'))} GB/s; steal "
-              f"{'/'.join(f'{x:.0f}' for x in stolen) or '?'} %", file=sys.stderr)
+        run_cell(c, tools, ip_round, f"round {r + 1}/{rounds} cell {i + 1}/{len(cells)}")
     if not a.no_latency:
         for tool in tools:
             if tool == "te":
@@ -510,6 +519,20 @@ for r in range(rounds):
             if row:
                 lat[tool].append((row["lat_us_p50"], row["lat_us_p99"], row["lat_us_p999"]))
         print(f"round {r + 1}/{rounds}: latency done", file=sys.stderr)
+# Cells under --rerun-below: more rounds of te and the raw loop, interleaved among them.
+rerun = []
+if a.rerun_below is not None:
+    for c in cells:
+        if c["ratio_raw"] and statistics.median(c["ratio_raw"]) < a.rerun_below:
+            c["first"] = list(c["ratio_raw"])
+            rerun.append(c)
+    if rerun:
+        print(f"compare-tcp: {len(rerun)} cell(s) under te/raw {a.rerun_below:g}: "
+              f"{rerun_rounds} more round(s) of te and the raw loop", file=sys.stderr)
+    for r in range(rerun_rounds):
+        tools = ["te", "raw"] if r % 2 == 0 else ["raw", "te"]
+        for i, c in enumerate(rerun):
+            run_cell(c, tools, {}, f"rerun {r + 1}/{rerun_rounds} cell {i + 1}/{len(rerun)}")
 load1 = loadavg()
 other_cpus = other.figure()
 steal_all = steal_pct(stat0, cpu_stat())
@@ -529,7 +552,8 @@ lines.append(f"te-bench --loopback (tcp) vs tcp-raw-loop --loopback vs iperf3 on
              f"{os.uname().release}, te {rev()} "
              f"({'config ' + a.te_config if a.te_config else 'tcp lanes: ' + a.te_lanes if a.te_lanes else 'default config: 4 tcp lanes'}); "
              f"TCP congestion control {a.congestion + ' (--congestion; the host default is ' + host_cc() + ')' if a.congestion else host_cc() + ' (the host default)'}; "
-             f"{rounds} round(s) of {duration:g} s per run; "
+             f"{rounds} round(s) of {duration:g} s per run"
+             f"{f', {len(rerun)} cell(s) {rerun_rounds} more (--rerun-below {a.rerun_below:g})' if rerun else ''}; "
              f"load average {load0} before, {load1} after "
              f"({(time.time() - t_begin) / 60:.1f} min); other work on the machine meanwhile: "
              f"{other_cpus} CPUs (busy CPU time outside the runs, per second); CPU time taken "
@@ -542,9 +566,12 @@ lines.append("GB/s = 10^9 bytes/s, median (min-max) over rounds; ratios: median 
              "from this machine during the cell's te and raw runs (their steal_pct), median "
              "(min-max): where it is high, the rounds say little.")
 lines.append("")
+rr = a.rerun_below is not None
 lines.append("| op | block | ws | thr | batch | te GB/s | raw GB/s | iperf3 GB/s | te/raw | "
+             + ("rounds | " if rr else "") +
              "te/iperf3 | te CPU-s/GB | raw CPU-s/GB | te cs/req | raw cs/req | steal % |")
-lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if rr else "") +
+             "---:|---:|---:|---:|---:|---:|")
 ip_capped = False
 for c in cells:
     ip = ipres.get((c["op"], c["size"], c["thr"]), [])
@@ -555,7 +582,9 @@ for c in cells:
     fail = f" (failed: {', '.join(sorted(set(c['fail'])))})" if c["fail"] else ""
     lines.append(f"| {c['op']} | {size_str(c['size'])} | {size_str(c['ws'])} | {c['thr']} | "
                  f"{c['batch']} | {med(c['te'])}{fail} | {med(c['raw'])} | {ipcell} | "
-                 f"{med(c['ratio_raw'], 2)} | {med(c['ratio_ip'], 2)} | "
+                 f"{med(c['ratio_raw'], 2)}{' ²' if c['first'] else ''} | "
+                 + (f"{len(c['ratio_raw'])} | " if rr else "") +
+                 f"{med(c['ratio_ip'], 2)} | "
                  f"{med(c['cpu_te'], 2)}{'*' if c['star_te'] else ''} | "
                  f"{med(c['cpu_raw'], 2)}{'*' if c['star_raw'] else ''} | "
                  f"{med(c['cs_te'], 2)}{'*' if c['star_te'] else ''} | "
@@ -576,6 +605,17 @@ if not a.no_latency:
         r50 = statistics.median([x[0] for x in lat["te"]]) / statistics.median([x[0] for x in lat["raw"]])
         lines.append(f"| te/raw | {r50:.2f} | | |")
     lines.append("")
+if rr:
+    if rerun:
+        lines.append(f"² te/raw under {a.rerun_below:g} (--rerun-below) over the first {rounds} "
+                     f"round(s): {rerun_rounds} more of te and the raw loop (not iperf3), "
+                     f"interleaved among these cells; every column pools all rounds. te/raw "
+                     f"over the first rounds -> over all:")
+        for c in rerun:
+            lines.append(f"- {c['op']} {size_str(c['size'])} ws {size_str(c['ws'])} thr "
+                         f"{c['thr']}: {med(c['first'], 3)} -> {med(c['ratio_raw'], 3)}")
+    else:
+        lines.append(f"No cell under te/raw {a.rerun_below:g} (--rerun-below): none rerun.")
 if ip_capped:
     lines.append("¹ iperf3 takes at most 1M per write (-l): blocks above that run with -l 1M.")
 if any(c["star_te"] or c["star_raw"] for c in cells):

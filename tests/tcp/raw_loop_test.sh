@@ -3,7 +3,7 @@
 # raw_loop_test.sh: bench/tcp-raw-loop end to end, bench/compare-tcp.sh's quick table and
 # bench/compare-builds.sh, bench/insn-tcp.sh.
 #
-# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds|insn
+# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn
 #   loop:    usage errors exit 2; `--loopback --verify --json` for read and write, 4K and 1M,
 #            (JSON keys: te-bench's, checked against a te-bench row when te-bench and tcp.so exist)
 #            1 and 2 connections, exits 0 with verified rows whose counts add up; the text row;
@@ -11,6 +11,11 @@
 #            buffer too small for the layout (exit 2) and one that fits (verified).
 #   compare: `compare-tcp.sh --quick --rounds 1` exits 0 with every expected row of the table
 #            (te and raw figures in each; iperf3 too when it is installed) and the latency rows.
+#   rerun:   compare-tcp.sh --rerun-below: usage errors exit 2 naming the option; two short
+#            cells (4K READ and WRITE, 1 round of 0.3 s): under a ratio no cell reaches (100)
+#            both run 2 more rounds (a rounds column of 3, te/raw marked ² and listed first ->
+#            all, 3 te and raw runs each on stderr); under one every cell clears (0.001) none
+#            does (rounds 1, "none rerun").
 #   builds:  compare-builds.sh: usage errors exit 2 naming the problem; two variants (the build,
 #            and the build with a configuration) and the raw loop, 2 rounds: exit 0, a row each
 #            with figures, ratios against the first variant and the raw loop, none failed,
@@ -27,8 +32,8 @@
 # Never asserts on speed. Needs python3, and TE_SOURCE_ROOT / TE_BUILD_ROOT (meson sets them).
 set -uo pipefail
 
-raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds|insn}
-part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|builds|insn}
+raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn}
+part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-raw-loop-test.XXXXXX")
 server_pid=""
 cleanup() {
@@ -314,6 +319,66 @@ usage_errors() {
 	done
 }
 
+rerun_part() {
+	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} ct below
+	ct=$src/bench/compare-tcp.sh
+
+	[ -e "$build/plugins/tcp/tcp.so" ] || {
+		echo "SKIP: the tcp plugin is not built"
+		exit 77
+	}
+	usage_errors "$ct" <<USAGE
+--rerun-rounds needs --rerun-below|--rerun-rounds 4
+--rerun-below: a te/raw ratio|--rerun-below 0
+--rerun-below: a te/raw ratio|--rerun-below 101
+--rerun-rounds: 1 to 100|--rerun-below 0.9 --rerun-rounds 0
+USAGE
+	for below in 100 0.001; do
+		echo "+ compare-tcp.sh 4K READ and WRITE, --rerun-below $below --rerun-rounds 2"
+		run_table 300 "$tmp/r.md" "$tmp/r.out" "$tmp/r.err" \
+			"$ct" -C "$build" --sizes 4K --working-sets 1M --threads 1 --ops read,write \
+			--rounds 1 --duration 0.3 --no-iperf3 --no-latency --rerun-below "$below" \
+			--rerun-rounds 2 --md "$tmp/r.md"
+		python3 - "$tmp/r.md" "$tmp/r.err" "$below" <<'PY' || fail "--rerun-below $below: see above"
+import re, sys
+text, err, below = open(sys.argv[1]).read(), open(sys.argv[2]).read(), sys.argv[3]
+rerun = below == "100"
+rows = [l for l in text.splitlines() if l.startswith("| read") or l.startswith("| write")]
+if len(rows) != 2:
+    sys.exit(f"{len(rows)} rows, want 2")
+head = next((l for l in text.splitlines() if l.startswith("| op ")), "")
+if "| te/raw | rounds |" not in head:
+    sys.exit(f"no rounds column after te/raw: {head}")
+for l in rows:
+    c = [x.strip() for x in l.strip("|").split("|")]
+    if len(c) != 16:
+        sys.exit(f"row with {len(c)} columns: {l}")
+    want = "3" if rerun else "1"
+    if c[9] != want:
+        sys.exit(f"rounds {c[9]}, want {want}: {l}")
+    if rerun != c[8].endswith(" ²"):
+        sys.exit(f"te/raw {'not ' if rerun else ''}marked ²: {l}")
+    if rerun and not re.fullmatch(r"\d+\.\d+ \(\d+\.\d+-\d+\.\d+\) ²", c[8]):
+        sys.exit(f"te/raw is not a median (min-max) of 3 rounds: {l}")
+for op in ("read", "write"):
+    runs = len(re.findall(rf"^(round|rerun) \S+ cell \S+ {op} 4K .*: te \d+\.\d+ raw \d+\.\d+", err, re.M))
+    if runs != (3 if rerun else 1):
+        sys.exit(f"{op}: {runs} rounds with te and raw figures on stderr, want {3 if rerun else 1}")
+    listed = re.search(rf"^- {op} 4K ws 1M thr 1: \d+\.\d+ -> \d+\.\d+ \(", text, re.M)
+    if rerun != bool(listed):
+        sys.exit(f"{op}: {'not ' if rerun else ''}listed under the note")
+if rerun and "² te/raw under 100 (--rerun-below) over the first 1 round(s): 2 more" not in text:
+    sys.exit("no note on the rerun")
+if rerun and "2 cell(s) 2 more (--rerun-below 100)" not in text:
+    sys.exit("the first line does not say what was rerun")
+if not rerun and "No cell under te/raw 0.001 (--rerun-below): none rerun." not in text:
+    sys.exit("no note that none was rerun")
+print(f"--rerun-below {below}: rows, rounds and notes as expected")
+PY
+	done
+	echo "PASS: compare-tcp.sh --rerun-below"
+}
+
 builds_part() {
 	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} cb rc
 	cb=$src/bench/compare-builds.sh
@@ -530,6 +595,7 @@ PY
 case "$part" in
 loop) loop_part ;;
 compare) compare_part ;;
+rerun) rerun_part ;;
 builds) builds_part ;;
 insn) insn_part ;;
 *)
