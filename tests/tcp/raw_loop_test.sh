@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # raw_loop_test.sh: bench/tcp-raw-loop end to end, bench/compare-tcp.sh's quick table and
-# bench/compare-builds.sh, bench/insn-tcp.sh.
+# bench/compare-builds.sh, bench/insn-tcp.sh, bench/sched-trace.sh.
 #
-# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn
+# Usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn|sched
 #   loop:    usage errors exit 2; `--loopback --verify --json` for read and write, 4K and 1M,
 #            (JSON keys: te-bench's, checked against a te-bench row when te-bench and tcp.so exist)
 #            1 and 2 connections, exits 0 with verified rows whose counts add up; the text row;
@@ -29,11 +29,16 @@
 #            variant's ratio 1.000, each variant's top functions (te's and the raw loop's own);
 #            a variant whose te-bench fails: exit 1 with its log. Skipped without valgrind,
 #            and in a sanitizer build (insn-tcp.sh refuses those: exit 1, saying why).
+#   sched:   sched-trace.sh: usage errors exit 2 naming the problem; WRITE 64K x8 from 2 threads
+#            traced 0.5 s each: exit 0, --md FILE equal to stdout, te's section with its 2
+#            bench-* threads and the target's te-tcp-* workers (CPU and switch figures), wake-ups
+#            into the target's workers, the raw loop's section with both processes; a malformed
+#            --config: exit 1 with te-bench's error; no tracing instance left behind. Skipped without a writable tracefs (not root).
 # Never asserts on speed. Needs python3, and TE_SOURCE_ROOT / TE_BUILD_ROOT (meson sets them).
 set -uo pipefail
 
-raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn}
-part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn}
+raw=${1:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn|sched}
+part=${2:?usage: raw_loop_test.sh TCP_RAW_LOOP loop|compare|rerun|builds|insn|sched}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/te-raw-loop-test.XXXXXX")
 server_pid=""
 cleanup() {
@@ -379,6 +384,78 @@ PY
 	echo "PASS: compare-tcp.sh --rerun-below"
 }
 
+sched_part() {
+	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} st inst
+	st=$src/bench/sched-trace.sh
+
+	if [ ! -e "$build/plugins/tcp/tcp.so" ] || [ ! -x "$build/tools/te-bench" ]; then
+		echo "SKIP: the tcp plugin or te-bench is not built"
+		exit 77
+	fi
+	inst=/sys/kernel/tracing/instances/te-sched-probe-$$
+	if ! mkdir "$inst" 2>/dev/null; then
+		echo "SKIP: no writable tracefs with instances (/sys/kernel/tracing; needs root)"
+		exit 77
+	fi
+	rmdir "$inst"
+	usage_errors "$st" <<USAGE
+--seconds: 0.1 to 60|--seconds 0
+--settle: 1 to 600|--settle 0.5
+is set by this script|-- --duration 3
+exclude each other|--config $tmp/x.yaml --congestion cubic
+the raw loop runs --op read or write|-- --op mix
+unknown argument|--bogus
+USAGE
+	echo "+ sched-trace.sh --seconds 0.5 --settle 1 -- --op write --block-size 64K --batch 8 --threads 2"
+	run_table 300 "$tmp/s.md" "$tmp/s.out" "$tmp/s.err" \
+		"$st" -C "$build" --seconds 0.5 --settle 1 --md "$tmp/s.md" -- \
+		--op write --block-size 64K --batch 8 --threads 2
+	python3 - "$tmp/s.md" <<'PY' || fail "sched-trace table: see above"
+import re, sys
+text = open(sys.argv[1]).read()
+parts = re.split(r"^\*\*(te-bench|tcp-raw-loop)\*\* ", text, flags=re.M)
+sec = dict(zip(parts[1::2], parts[2::2]))
+if set(sec) != {"te-bench", "tcp-raw-loop"}:
+    sys.exit(f"sections {sorted(sec)}, want te-bench and tcp-raw-loop")
+num = r"\d+\.\d+"
+def row(s, name):
+    m = re.search(rf"^\| {re.escape(name)} \| (\d+) \| ({num}) \| ({num}) \| ({num}) ?¹? \| ({num}) \|$", s, re.M)
+    if not m:
+        sys.exit(f"no row for '{name}' in: {s[:1500]}")
+    return int(m.group(1)), [float(x) for x in m.groups()[1:]]
+te = sec["te-bench"]
+if not re.match(rf"`--op write --block-size 64K --batch 8 --threads 2`: \d+ requests/s, {num} GB/s", te):
+    sys.exit(f"te's first line: {te.splitlines()[0]}")
+n, v = row(te, "initiator bench-*")
+if n != 2:
+    sys.exit(f"initiator bench-*: {n} threads, want 2")
+n, v = row(te, "target te-tcp-*")
+if v[0] <= 0 or v[1] <= 0:
+    sys.exit(f"target te-tcp-*: no CPU or no sleeps: {v}")
+if not re.search(rf"^\| initiator \S+ -> target te-tcp-\* \| {num} \|$", te, re.M):
+    sys.exit("no wake-ups of the target's tcp workers by the initiator")
+if not re.search(r"^\| preempted: switched out <- ran next \(woken last by\) \| /1000 req \|$", te, re.M):
+    sys.exit("no preemption table")
+raw = sec["tcp-raw-loop"]
+for side in ("initiator", "target"):
+    n, v = row(raw, f"{side} tcp-raw-loop")
+    if n < 2 or v[0] <= 0:
+        sys.exit(f"raw loop {side}: {n} threads, CPU {v[0]}")
+print("sched-trace: both sections, their threads, wake-ups and preemptions")
+PY
+	printf 'transports: [\n' >"$tmp/bad.yaml"
+	timeout 120 "$st" -C "$build" --config "$tmp/bad.yaml" --seconds 0.5 -- --op write \
+		>"$tmp/f.out" 2>"$tmp/f.err"
+	rc=$?
+	[ "$rc" = 1 ] || fail "a failing te-bench: exit $rc, want 1"
+	grep -q "te-bench did not run" "$tmp/f.err" && grep -q "bad.yaml:2:1" "$tmp/f.err" ||
+		fail "no reason for the failed run: $(cat "$tmp/f.err")"
+	echo "ok: a malformed --config -> $(head -1 "$tmp/f.err")"
+	ls /sys/kernel/tracing/instances | grep -q '^te-sched-' &&
+		fail "a tracing instance was left behind: $(ls /sys/kernel/tracing/instances)"
+	echo "PASS: sched-trace.sh"
+}
+
 builds_part() {
 	local src=${TE_SOURCE_ROOT:?} build=${TE_BUILD_ROOT:?} cb rc
 	cb=$src/bench/compare-builds.sh
@@ -598,6 +675,7 @@ compare) compare_part ;;
 rerun) rerun_part ;;
 builds) builds_part ;;
 insn) insn_part ;;
+sched) sched_part ;;
 *)
 	echo "raw_loop_test.sh: unknown part '$part'"
 	exit 2
