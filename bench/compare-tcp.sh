@@ -456,6 +456,8 @@ stat0 = cpu_stat()
 t_begin = time.time()
 print(f"compare-tcp: {len(cells)} cells, {rounds} round(s), {duration:g} s per run; "
       f"load average {load0}", file=sys.stderr)
+
+
 def run_cell(c, tools, ip_round, label):
     """One round of cell @c: each of @tools in that order; iperf3 once per op, block and
     threads in @ip_round (a round's measurements, shared by the cells)."""
