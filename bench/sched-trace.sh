@@ -27,7 +27,7 @@
 #   - preemptions per 1000 requests: the group switched out <- the group that got the CPU
 #     (and the group whose wake-up made that one runnable last).
 #   Other processes' threads are "other". Events the tracing buffer dropped are counted (a
-#   nonzero count is said under the table: raise --seconds' buffer or shorten it).
+#   nonzero count is said under the table: give fewer --seconds).
 #   --config FILE: te-bench's configuration; --congestion NAME: both te (the default
 #   configuration with the tcp option congestion: NAME) and the raw loop use NAME.
 #   Needs root (or a writable tracefs) with the sched events; exit 1 when a run fails or
@@ -376,6 +376,21 @@ try:
 finally:
     inst.close()
 
+def top(lines, title, counts, k, label):
+    """A table of the 12 largest of @counts (per 1000 requests: times @k), at least 0.5 each."""
+    lines.append(f"| {title} | /1000 req |")
+    lines.append("|---|---:|")
+    shown = 0
+    for key, n in counts.most_common(12):
+        if n * k < 0.5:
+            break
+        lines.append(f"| {label(*key)} | {n * k:.1f} |")
+        shown += 1
+    if not shown:
+        lines.append("| (none above 0.5) | |")
+    lines.append("")
+
+
 lines = [f"Scheduler events (sched_switch, sched_waking), {a.seconds:g} s per run after "
          f"{a.settle:g} s untraced; {time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} CPUs, "
          f"{os.uname().release}; TCP congestion control "
@@ -408,28 +423,9 @@ for r in runs:
     if quiet:
         lines.append(f"{quiet} more thread(s) of its own neither ran nor switched while traced.")
         lines.append("")
-    lines.append("| wake-ups: waker -> woken | /1000 req |")
-    lines.append("|---|---:|")
-    shown = 0
-    for (w, t), n in r["wake"].most_common():
-        if n * k < 0.5 or shown == 12:
-            break
-        lines.append(f"| {w} -> {t} | {n * k:.1f} |")
-        shown += 1
-    if not shown:
-        lines.append("| (none above 0.5) | |")
-    lines.append("")
-    lines.append("| preempted: switched out <- ran next (woken last by) | /1000 req |")
-    lines.append("|---|---:|")
-    shown = 0
-    for (g, nxt, w), n in r["pre"].most_common():
-        if n * k < 0.5 or shown == 12:
-            break
-        lines.append(f"| {g} <- {nxt} ({w}) | {n * k:.1f} |")
-        shown += 1
-    if not shown:
-        lines.append("| (none above 0.5) | |")
-    lines.append("")
+    top(lines, "wake-ups: waker -> woken", r["wake"], k, lambda w, t: f"{w} -> {t}")
+    top(lines, "preempted: switched out <- ran next (woken last by)", r["pre"], k,
+        lambda g, nxt, w: f"{g} <- {nxt} ({w})")
     if r["lost"]:
         lines.append(f"The tracing buffer lost {r['lost']} events of this run: its counts are "
                      f"low (give fewer --seconds).")
