@@ -451,8 +451,9 @@ PY
 	grep -q "te-bench did not run" "$tmp/f.err" && grep -q "bad.yaml:2:1" "$tmp/f.err" ||
 		fail "no reason for the failed run: $(cat "$tmp/f.err")"
 	echo "ok: a malformed --config -> $(head -1 "$tmp/f.err")"
-	ls /sys/kernel/tracing/instances | grep -q '^te-sched-' &&
-		fail "a tracing instance was left behind: $(ls /sys/kernel/tracing/instances)"
+	for left in /sys/kernel/tracing/instances/te-sched-*; do
+		[ -e "$left" ] && fail "a tracing instance was left behind: $left"
+	done
 	echo "PASS: sched-trace.sh"
 }
 
