@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """benchlib.py: what the bench scripts' Python parts share (compare-tcp.sh, compare-builds.sh,
-insn-tcp.sh): a run's JSON row, sizes as te-bench writes them, te-bench's options mapped onto
-tcp-raw-loop's, the load average and the CPU time others took meanwhile, a median (min-max)
-cell, and writing a table to stdout and --md FILE."""
+insn-tcp.sh, sched-trace.sh): a run's JSON row, sizes as te-bench writes them, te-bench's
+options mapped onto tcp-raw-loop's, the load average and the CPU time others took meanwhile,
+a process's children, a median (min-max) cell, and writing a table to stdout and --md FILE."""
 import json
 import os
 import re
@@ -64,6 +64,29 @@ def raw_loop_args(bench_args, extra=()):
         if v is not None:
             out += [flag, v]
     return out
+
+
+def task_files(pid, name):
+    """/proc/<pid>/task/*/<name> of every thread (those that exit meanwhile left out);
+    None once the process is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    out = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/{name}") as f:
+                out.append(f.read())
+        except OSError:
+            pass
+    return out
+
+
+def children(pid):
+    """The PIDs of @pid's child processes (te-bench --loopback's target, tcp-raw-loop's
+    server); [] once it is gone."""
+    return [int(x) for text in task_files(pid, "children") or [] for x in text.split()]
 
 
 def loadavg():

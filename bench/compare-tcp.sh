@@ -76,8 +76,8 @@ import argparse, json, os, re, resource, socket, statistics, subprocess, sys, th
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import (OtherLoad, congestion_name_ok, emit, host_cc, last_json, loadavg, med,
-                      size_of, write_tcp_config)
+from benchlib import (OtherLoad, children, congestion_name_ok, emit, host_cc, last_json,
+                      loadavg, med, size_of, write_tcp_config)
 TE = os.path.join(build, "tools", "te-bench")
 RAW = os.path.join(build, "bench", "tcp-raw-loop")
 IPERF3_MAX_LEN = 1 << 20
@@ -211,23 +211,6 @@ def proc_cpu(pid):
     return (int(rest[11]) + int(rest[12])) / CLK
 
 
-def task_files(pid, name):
-    """/proc/<pid>/task/*/<name> of every thread (those that exit meanwhile left out);
-    None once the process is gone."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    out = []
-    for t in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{t}/{name}") as f:
-                out.append(f.read())
-        except OSError:
-            pass
-    return out
-
-
 def proc_switches(pid):
     """Context switches (voluntary and not) of each live thread of a process, as
     {(pid, tid): n}; None once the process is gone."""
@@ -256,10 +239,6 @@ def switches_between(first, last):
     per thread, so a thread that exits in between cannot make the sum go down (its own
     switches after the first sample are lost); a thread started in between counts from 0."""
     return sum(n - first.get(k, 0) for k, n in last.items())
-
-
-def children(pid):
-    return [int(x) for text in task_files(pid, "children") or [] for x in text.split()]
 
 
 PROGRESS = re.compile(r"^(te-bench|tcp-raw-loop): .* GB/s\s*$")

@@ -48,8 +48,8 @@ from collections import Counter
 
 build, top = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(top, "bench"))
-from benchlib import (congestion_name_ok, emit, host_cc, last_json, loadavg, raw_loop_args,
-                      te_bench_opt, write_tcp_config)
+from benchlib import (children, congestion_name_ok, emit, host_cc, last_json, loadavg,
+                      raw_loop_args, write_tcp_config)
 argv = sys.argv[3:]
 bench_args = []
 if "--" in argv:
@@ -91,9 +91,10 @@ if a.config and not os.path.isfile(a.config):
     usage(f"--config: no file '{a.config}'")
 if a.congestion is not None and not congestion_name_ok(a.congestion):
     usage(f"--congestion: '{a.congestion}' is not an algorithm name")
+given = {x.split("=", 1)[0] for x in bench_args}
 for names in (["-d", "--duration"], ["-n", "--iterations"], ["--json"], ["-q", "--quiet"],
               ["--config"], ["--loopback"], ["--initiator"], ["--target"]):
-    if any(x in bench_args or any(x2.startswith(x + "=") for x2 in bench_args) for x in names):
+    if given.intersection(names):
         usage(f"{names[-1]} is set by this script (TE-BENCH-ARGS describe the cell)")
 
 TE = os.path.join(build, "tools", "te-bench")
@@ -117,11 +118,10 @@ TRACEFS = next((d for d in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 if not TRACEFS:
     die("no tracefs with instances (/sys/kernel/tracing): mount it (mount -t tracefs nodev "
         "/sys/kernel/tracing) or run where the kernel has one")
-for ev in ("sched_switch", "sched_waking"):
-    if not os.path.isdir(os.path.join(TRACEFS, "events", "sched", ev)):
-        die(f"the kernel has no sched:{ev} event ({TRACEFS}/events/sched/{ev})")
-
 EVENTS = ["sched/sched_switch", "sched/sched_waking"]
+for ev in EVENTS:
+    if not os.path.isdir(os.path.join(TRACEFS, "events", ev)):
+        die(f"the kernel has no {ev.replace('/', ':')} event ({TRACEFS}/events/{ev})")
 YIELDS = all(os.path.isdir(os.path.join(TRACEFS, "events", "syscalls", f"sys_{x}_sched_yield"))
              for x in ("enter", "exit"))
 if YIELDS:
@@ -200,17 +200,6 @@ class Instance:
             except OSError:
                 time.sleep(0.1)
         print(f"sched-trace.sh: could not remove {self.dir}", file=sys.stderr)
-
-
-def children(pid):
-    out = []
-    try:
-        for t in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{t}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
 
 
 def threads(pid, side, into):

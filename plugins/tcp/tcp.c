@@ -820,7 +820,7 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 	base = ti->next_peer_worker;
 	ti->next_peer_worker += ti->lanes;
 	pthread_mutex_unlock(&ti->lock);
-	for (uint32_t i = 0; i < peer->n_lanes; i++) {
+	for (uint32_t i = 0, first = tcp_slots_first(ti); i < peer->n_lanes; i++) {
 		struct tcp_lane *l = &peer->lanes[i];
 
 		l->ep.kind = TCP_EP_LANE;
@@ -830,15 +830,15 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 		l->w = &ti->workers[(base + i) % ti->n_workers];
 		pthread_mutex_init(&l->lock, NULL);
 		pthread_mutex_init(&l->rx_lock, NULL);
-		l->slots = calloc(tcp_slots_first(ti), sizeof(*l->slots));
-		l->free_ids = malloc(tcp_slots_first(ti) * sizeof(*l->free_ids));
+		l->slots = calloc(first, sizeof(*l->slots));
+		l->free_ids = malloc(first * sizeof(*l->free_ids));
 		l->rx.buf = malloc(TCP_RBUF_BIG);
 		l->txh = malloc(TCP_TXH_FIRST * TCP_HDR_LEN);
 		l->txh_cap = TCP_TXH_FIRST;
 		l->rx.cap = TCP_RBUF_BIG;
 		l->rx.gulp = TCP_GULP;
 		if (l->free_ids)
-			tcp_lane_ids_reset(l, tcp_slots_first(ti));
+			tcp_lane_ids_reset(l, first);
 	}
 	for (uint32_t i = 0; i < peer->n_lanes; i++) {
 		struct tcp_lane *l = &peer->lanes[i];
