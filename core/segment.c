@@ -799,16 +799,25 @@ void segment_table_init(struct engine *e)
 void segment_table_drop_views(struct engine *e)
 {
 	if (e->segments) {
+		g_autoptr(GPtrArray) views = g_ptr_array_new();
+
+		/*
+		 * Unreferenced after the lock: the last reference unloads peers, and a plugin
+		 * may wait in unload_peer for a host call of its own (mark_failed, peer_event)
+		 * that takes this lock for reading.
+		 */
 		g_rw_lock_writer_lock(&e->seg_lock);
 		for (guint i = 1; i < e->segments->len; i++) {
 			struct segment *s = g_ptr_array_index(e->segments, i);
 
-			if (s) {
-				segview_unref(s->view);
+			if (s && s->view) {
+				g_ptr_array_add(views, s->view);
 				s->view = NULL;
 			}
 		}
 		g_rw_lock_writer_unlock(&e->seg_lock);
+		for (guint i = 0; i < views->len; i++)
+			segview_unref(g_ptr_array_index(views, i));
 	}
 	segview_unref(e->local_view);
 	e->local_view = NULL;
@@ -906,6 +915,8 @@ char *segment_resolve_address(struct engine *e, const char *name)
 void segment_pause_peer(struct engine *e, unsigned tp_index, const struct te_plugin_peer *peer,
 			uint64_t until_ns, const char *plugin, const char *why)
 {
+	g_autoptr(GPtrArray) names = g_ptr_array_new_with_free_func(g_free);
+
 	g_rw_lock_reader_lock(&e->seg_lock);
 	for (guint i = 1; i < e->segments->len; i++) {
 		struct segment *s = g_ptr_array_index(e->segments, i);
@@ -915,12 +926,15 @@ void segment_pause_peer(struct engine *e, unsigned tp_index, const struct te_plu
 		if (s->view->tps[tp_index].peer == peer) {
 			atomic_store_explicit(&s->view->tps[tp_index].paused_until_ns, until_ns,
 					      memory_order_relaxed);
-			ENGINE_LOG(e, TE_LOG_WARN, "%s: peer %s quarantined for %llu ms: %s",
-				   plugin, s->name, (unsigned long long)e->cfg->quarantine_ms,
-				   why ? why : "");
+			g_ptr_array_add(names, g_strdup(s->name));
 		}
 	}
 	g_rw_lock_reader_unlock(&e->seg_lock);
+	/* Logged after the lock: the user's log function may call back into the engine. */
+	for (guint i = 0; i < names->len; i++)
+		ENGINE_LOG(e, TE_LOG_WARN, "%s: peer %s quarantined for %llu ms: %s", plugin,
+			   (const char *)g_ptr_array_index(names, i),
+			   (unsigned long long)e->cfg->quarantine_ms, why ? why : "");
 }
 
 enum te_status te_peer_probe(struct te_engine *engine, const char *name, uint32_t timeout_ms)

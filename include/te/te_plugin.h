@@ -474,7 +474,10 @@ struct te_plugin_ops {
 				    const void *blob, size_t len, struct te_plugin_peer **peer_out);
 	/*
 	 * Forget @peer: the core released its remote keys first and has no slice of it in
-	 * flight. Returns nothing. Any thread (whichever drops the last view of the peer).
+	 * flight. Returns nothing. Any thread (whichever drops the last view of the peer),
+	 * also inside slice_done. Once it returns, the plugin names @peer to the host no more
+	 * (mark_failed, peer_event); the core calls it holding none of its locks, so it may
+	 * wait for such a host call of its own already under way (never for slices or I/O).
 	 */
 	void (*unload_peer)(struct te_plugin_inst *inst, struct te_plugin_peer *peer);
 	/*

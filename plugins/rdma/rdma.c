@@ -1161,6 +1161,8 @@ static void rdma_destroy(struct rdma_inst *ri)
 	pthread_mutex_destroy(&ri->lock);
 	pthread_mutex_destroy(&ri->defer_lock);
 	pthread_mutex_destroy(&ri->broken_lock);
+	pthread_mutex_destroy(&ri->naming_lock);
+	pthread_cond_destroy(&ri->naming_done);
 	free(ri);
 }
 
@@ -1267,6 +1269,8 @@ static enum te_status rdma_init(const struct te_plugin_host *host, struct te_plu
 	pthread_mutex_init(&ri->lock, NULL);
 	pthread_mutex_init(&ri->defer_lock, NULL);
 	pthread_mutex_init(&ri->broken_lock, NULL);
+	pthread_mutex_init(&ri->naming_lock, NULL);
+	pthread_cond_init(&ri->naming_done, NULL);
 	if (getrandom(&ri->nonce, sizeof(ri->nonce), GRND_NONBLOCK) != sizeof(ri->nonce))
 		ri->nonce = host->now_ns() ^ ((uint64_t)getpid() << 32);
 	ri->nonce |= 1;

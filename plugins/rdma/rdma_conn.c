@@ -555,8 +555,16 @@ void rdma_conn_unload_peer(struct rdma_inst *ri, struct rdma_peer *peer)
 {
 	struct rdma_bye *bye = calloc(1, sizeof(*bye));
 
-	/* May run inside slice_done on the poller: never blocks; the control thread says bye. */
+	/*
+	 * May run inside slice_done on the poller: waits for nothing but a mark_failed of
+	 * the control thread that names this peer (the core holds none of its locks here);
+	 * the control thread says bye.
+	 */
+	pthread_mutex_lock(&ri->naming_lock);
 	atomic_store(&peer->closing, true);
+	while (ri->naming == peer)
+		pthread_cond_wait(&ri->naming_done, &ri->naming_lock);
+	pthread_mutex_unlock(&ri->naming_lock);
 	if (bye) {
 		bye->to = strdup(peer->name);
 		bye->to_nonce = peer->nonce;
@@ -825,6 +833,28 @@ out:
 
 /* --- control thread --------------------------------------------------------------------------- */
 
+/*
+ * Quarantine @peer with the host, unless the core unloaded it (its segment closed, maybe
+ * while the handshake ran): a handle must not be named after its unload_peer returned.
+ * unload_peer sets closing under naming_lock and waits while naming is this peer.
+ */
+static void rdma_name_failed_peer(struct rdma_inst *ri, struct rdma_peer *peer, uint32_t l,
+				  const char *why)
+{
+	pthread_mutex_lock(&ri->naming_lock);
+	if (atomic_load(&peer->closing)) {
+		pthread_mutex_unlock(&ri->naming_lock);
+		return;
+	}
+	ri->naming = peer;
+	pthread_mutex_unlock(&ri->naming_lock);
+	ri->host->mark_failed(ri->ctx, TE_PLUGIN_FAIL_PEER, l, (struct te_plugin_peer *)peer, why);
+	pthread_mutex_lock(&ri->naming_lock);
+	ri->naming = NULL;
+	pthread_cond_broadcast(&ri->naming_done);
+	pthread_mutex_unlock(&ri->naming_lock);
+}
+
 /* Destroy drained QPs in error; connect the IDLE QPs of a path a submit asked for. */
 static void rdma_path_work(struct rdma_inst *ri, struct rdma_path *path)
 {
@@ -868,19 +898,8 @@ static void rdma_path_work(struct rdma_inst *ri, struct rdma_path *path)
 	}
 	rdma_path_set_fail(path, st, why, ri->host->now_ns());
 	rdma_log(ri, TE_PLUGIN_LOG_WARN, "%s", rdma_unprefixed(why));
-	/*
-	 * The core may have unloaded the peer while the handshake ran (its segment closed):
-	 * its handle must not be named to the host after that. Checked again here, not only
-	 * before the handshake, which can take as long as a connect to a dead host. Waiting in
-	 * unload_peer for this call instead would close the race entirely, but unload_peer must
-	 * not block (it runs inside slice_done, and at engine teardown under the segment table's
-	 * write lock, which mark_failed takes for reading).
-	 */
-	if ((st == TE_ERR_PEER_UNREACHABLE || st == TE_ERR_TIMEOUT ||
-	     st == TE_ERR_PEER_RESTARTED) &&
-	    !atomic_load(&peer->closing))
-		ri->host->mark_failed(ri->ctx, TE_PLUGIN_FAIL_PEER, path->l,
-				      (struct te_plugin_peer *)peer, why);
+	if (st == TE_ERR_PEER_UNREACHABLE || st == TE_ERR_TIMEOUT || st == TE_ERR_PEER_RESTARTED)
+		rdma_name_failed_peer(ri, peer, path->l, why);
 }
 
 /* A port went down: move the device's QPs to error so their work fails over now. */

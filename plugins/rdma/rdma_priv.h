@@ -405,6 +405,14 @@ struct rdma_inst {
 	uint32_t n_passive, cap_passive;
 	struct rdma_path *path_jobs; /* paths the control thread must look at */
 	struct rdma_bye *byes;
+	/*
+	 * The peer the control thread is naming to the host (mark_failed) right now:
+	 * unload_peer waits on naming_done until it is another, so no host call names a
+	 * peer after its unload_peer returned.
+	 */
+	pthread_mutex_t naming_lock;
+	pthread_cond_t naming_done;
+	struct rdma_peer *naming;
 	/* Passive QPs an async event broke (event thread -> control thread). */
 	pthread_mutex_t broken_lock;
 	struct {

@@ -546,6 +546,8 @@ static void tcp_destroy(struct tcp_inst *ti)
 	pthread_rwlock_destroy(&ti->reg_lock);
 	pthread_mutex_destroy(&ti->lock);
 	pthread_mutex_destroy(&ti->fence_lock);
+	pthread_mutex_destroy(&ti->naming_lock);
+	pthread_cond_destroy(&ti->naming_done);
 	free(ti);
 }
 
@@ -569,6 +571,8 @@ static enum te_status tcp_init(const struct te_plugin_host *host, struct te_plug
 	ti->listen_ep.kind = TCP_EP_LISTEN;
 	pthread_mutex_init(&ti->lock, NULL);
 	pthread_mutex_init(&ti->fence_lock, NULL);
+	pthread_mutex_init(&ti->naming_lock, NULL);
+	pthread_cond_init(&ti->naming_done, NULL);
 	/* Since ABI 1.2 the host authenticates with the engine's secret, which we never see. */
 	if (TE_PLUGIN_HAS(host, struct te_plugin_host, auth_check) && host->auth_mac &&
 	    host->auth_check) {
@@ -884,10 +888,17 @@ static enum te_status tcp_load_peer(struct te_plugin_inst *inst, const char *pee
 static void tcp_unload_peer(struct te_plugin_inst *inst, struct te_plugin_peer *handle)
 {
 	struct tcp_peer *peer = (struct tcp_peer *)handle;
+	struct tcp_inst *ti = tcp_inst_of(inst);
 	uint32_t n;
 
 	if (!peer)
 		return;
+	/* A worker inside peer_event for this peer finishes first (the core holds no lock). */
+	pthread_mutex_lock(&ti->naming_lock);
+	peer->unloaded = true;
+	while (peer->naming)
+		pthread_cond_wait(&ti->naming_done, &ti->naming_lock);
+	pthread_mutex_unlock(&ti->naming_lock);
 	/*
 	 * Closed by the lanes' workers: this may run on one of them (from slice_done) in the
 	 * middle of using a lane, and only the worker may close a lane's socket. The last

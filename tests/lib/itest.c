@@ -2,6 +2,8 @@
 /* itest.c: engines in the test process: engine pairs, guarded buffers, patterns, plugin files. */
 #include "itest.h"
 
+#include "logcap.h"
+
 #include <stdlib.h>
 
 char *itest_yaml(const char *name, const struct itest_transport *transports, size_t n,
@@ -218,4 +220,44 @@ struct te_batch_info itest_batch(struct te_engine *e, te_batch_id batch)
 	memset(&info, 0, sizeof(info));
 	assert_ok(te_batch_status(e, batch, &info));
 	return info;
+}
+
+struct closer {
+	struct te_engine *e;
+	te_segment_id seg;
+	enum te_status st;
+	char err[256];
+	gint done;
+};
+
+static gpointer close_segment(gpointer data)
+{
+	struct closer *c = data;
+
+	c->st = te_segment_close(c->e, c->seg);
+	g_strlcpy(c->err, te_last_error(), sizeof(c->err));
+	g_atomic_int_set(&c->done, 1);
+	return NULL;
+}
+
+void itest_close_waits_for_held_call(struct te_engine *e, te_segment_id seg, struct loggate *g)
+{
+	struct closer c = { .e = e, .seg = seg };
+	GThread *th;
+
+	g_assert_true(loggate_entered(g));
+	th = g_thread_new("closer", close_segment, &c);
+	sleep_ms(300);
+	if (g_atomic_int_get(&c.done)) {
+		loggate_release(g);
+		g_thread_join(th);
+		g_error("te_segment_close returned (%s) while a host call naming its peer was still "
+			"under way",
+			te_status_str(c.st));
+	}
+	loggate_release(g);
+	g_thread_join(th);
+	if (c.st != TE_OK)
+		g_error("te_segment_close: %s: %s", te_status_str(c.st), c.err);
+	g_assert_true(loggate_left(g));
 }

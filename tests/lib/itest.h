@@ -138,4 +138,14 @@ struct te_task_info itest_task(struct te_engine *e, te_batch_id batch, uint32_t 
 /* te_batch_status that must succeed. */
 struct te_batch_info itest_batch(struct te_engine *e, te_batch_id batch);
 
+struct loggate;
+
+/*
+ * @g holds a thread of @e inside a host call that names the peer of segment @seg (its log
+ * line): close @seg from another thread and check that the close (its unload_peer) does not
+ * return while the call is held, and does once @g lets it go. A plugin must not name a peer
+ * after unload_peer returned (te_plugin.h).
+ */
+void itest_close_waits_for_held_call(struct te_engine *e, te_segment_id seg, struct loggate *g);
+
 #endif /* TE_TESTS_LIB_ITEST_H */

@@ -104,3 +104,74 @@ char *logcap_text(struct logcap *c)
 	g_mutex_unlock(&c->lock);
 	return g_string_free(s, FALSE);
 }
+
+void loggate_init(struct loggate *g, const char *a, const char *b)
+{
+	memset(g, 0, sizeof(*g));
+	logcap_init(&g->log);
+	g->a = a;
+	g->b = b;
+	g_mutex_init(&g->lock);
+	g_cond_init(&g->cond);
+}
+
+void loggate_clear(struct loggate *g)
+{
+	logcap_clear(&g->log);
+	g_cond_clear(&g->cond);
+	g_mutex_clear(&g->lock);
+}
+
+void loggate_fn(void *user, enum te_log_level level, const char *msg)
+{
+	struct loggate *g = user;
+
+	logcap_fn(&g->log, level, msg);
+	if (!strstr(msg, g->a) || (g->b && !strstr(msg, g->b)))
+		return;
+	g_mutex_lock(&g->lock);
+	if (!g->entered) {
+		g_atomic_int_set(&g->entered, 1);
+		g_cond_broadcast(&g->cond);
+		while (!g->released)
+			g_cond_wait(&g->cond, &g->lock);
+		g->left = true;
+	}
+	g_mutex_unlock(&g->lock);
+}
+
+bool loggate_entered(struct loggate *g)
+{
+	return g_atomic_int_get(&g->entered) != 0;
+}
+
+bool loggate_wait(struct loggate *g, unsigned ms)
+{
+	gint64 until = g_get_monotonic_time() + (gint64)ms * 1000;
+	bool in;
+
+	g_mutex_lock(&g->lock);
+	while (!g->entered && g_cond_wait_until(&g->cond, &g->lock, until))
+		;
+	in = g->entered != 0;
+	g_mutex_unlock(&g->lock);
+	return in;
+}
+
+void loggate_release(struct loggate *g)
+{
+	g_mutex_lock(&g->lock);
+	g->released = true;
+	g_cond_broadcast(&g->cond);
+	g_mutex_unlock(&g->lock);
+}
+
+bool loggate_left(struct loggate *g)
+{
+	bool left;
+
+	g_mutex_lock(&g->lock);
+	left = g->left;
+	g_mutex_unlock(&g->lock);
+	return left;
+}

@@ -45,4 +45,31 @@ bool logcap_wait(struct logcap *c, unsigned n, const char *a, const char *b);
 /* Every line so far, each ending in '\n' (g_free). */
 char *logcap_text(struct logcap *c);
 
+/*
+ * A logcap that holds the first line containing @a (and @b, when not NULL) inside the log
+ * call until loggate_release: the thread logging it stays where it is (inside a host call of
+ * a plugin, say) while the test does something else.
+ */
+struct loggate {
+	struct logcap log;
+	const char *a, *b;
+	GMutex lock;
+	GCond cond;
+	gint entered; /* the line came; its thread is held */
+	bool released, left;
+};
+
+void loggate_init(struct loggate *g, const char *a, const char *b);
+void loggate_clear(struct loggate *g);
+/* The te_log_fn: @user is the struct loggate. */
+void loggate_fn(void *user, enum te_log_level level, const char *msg);
+/* Whether the held line came (it may have come before). */
+bool loggate_entered(struct loggate *g);
+/* Wait up to @ms for the line; whether it came. */
+bool loggate_wait(struct loggate *g, unsigned ms);
+/* Let the held thread go. */
+void loggate_release(struct loggate *g);
+/* Whether the held thread went on (its log call returned, or is about to). */
+bool loggate_left(struct loggate *g);
+
 #endif /* TE_TESTS_LIB_LOGCAP_H */

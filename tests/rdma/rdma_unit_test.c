@@ -24,9 +24,9 @@ struct fx {
 	struct logcap log;
 };
 
-/* Engine @name (NULL: named host:port after its listener, as by default). */
-static enum te_status engine_try(const char *name, const char *options, const char *transfer,
-				 struct logcap *lc, struct te_engine **e_out)
+/* Engine @name (NULL: named host:port after its listener, as by default), logging to @fn. */
+static enum te_status engine_try_fn(const char *name, const char *options, const char *transfer,
+				    te_log_fn fn, void *user, struct te_engine **e_out)
 {
 	struct itest_transport t = {
 		.name = "rdma", .path = plugin_path, .required = true, .options = options
@@ -44,10 +44,16 @@ static enum te_status engine_try(const char *name, const char *options, const ch
 	o.config_yaml = yaml;
 	o.config_yaml_len = strlen(yaml);
 	o.config_name = name ? name : "default-named";
-	o.log_fn = logcap_fn;
-	o.log_user = lc;
+	o.log_fn = fn;
+	o.log_user = user;
 	o.log_level = TE_LOG_DEBUG;
 	return te_engine_new(&o, e_out);
+}
+
+static enum te_status engine_try(const char *name, const char *options, const char *transfer,
+				 struct logcap *lc, struct te_engine **e_out)
+{
+	return engine_try_fn(name, options, transfer, logcap_fn, lc, e_out);
 }
 
 static struct te_engine *engine_new(const char *name, const char *options, const char *transfer,
@@ -714,6 +720,64 @@ static void test_peer_gone(void)
 	assert_ok(te_batch_free(f.a, bid));
 	g_free(r);
 	fx_free(&f);
+}
+
+/*
+ * The control thread names a dead peer to the host (mark_failed) while the segment closes:
+ * unload_peer returns only after that call did, so no host call names an unloaded peer (the
+ * conformance rule contract-host-args; hw-rxe's peer-killed flagged it once in CI).
+ */
+static void test_unload_waits_for_mark_failed(void)
+{
+	struct te_request r[4];
+	struct loggate g;
+	te_batch_id bid;
+	gint64 until;
+	struct fx f;
+
+	devices2();
+	/* Logged inside the host's mark_failed (after the segment lock). */
+	loggate_init(&g, ": peer B quarantined for ", NULL);
+	fx_new(&f, "devices: a0", "devices: b0", "timeout_ms: 20000, retries: 0", 1 * MiB);
+	/* A again, logging through the gate, with the same segment. */
+	{
+		char *json = NULL;
+		size_t jlen = 0;
+
+		te_engine_free(f.a);
+		f.a = NULL;
+		assert_ok(engine_try_fn("A", "devices: a0", "timeout_ms: 20000, retries: 0",
+					loggate_fn, &g, &f.a));
+		itest_buf_register(&f.la, f.a, TE_MEM_LOCAL);
+		assert_ok(te_segment_export(f.b, &json, &jlen));
+		assert_ok(te_segment_import(f.a, json, jlen, &f.seg));
+		te_free(json);
+	}
+	roundtrip(&f, 4096, 4);
+	te_engine_free(f.b);
+	f.b = NULL;
+	for (size_t i = 0; i < 4; i++)
+		r[i] = req(&f, TE_OP_WRITE, i * 4096, i * 4096, 4096);
+	/*
+	 * The first batch breaks the QPs; a later one asks for new ones, and the handshake
+	 * with the dead peer fails: the control thread is then inside mark_failed for it.
+	 */
+	until = g_get_monotonic_time() + 20 * G_USEC_PER_SEC;
+	while (!loggate_entered(&g) && g_get_monotonic_time() < until) {
+		assert_ok(te_batch_new(f.a, 4, &bid));
+		assert_ok(te_batch_submit(f.a, bid, r, 4));
+		g_assert_cmpint(itest_wait(f.a, bid), !=, TE_OK);
+		assert_ok(te_batch_free(f.a, bid));
+		(void)loggate_wait(&g, 50);
+	}
+	if (!loggate_entered(&g)) {
+		g_autofree char *text = logcap_text(&g.log);
+
+		g_error("the dead peer was never quarantined; the log:\n%s", text);
+	}
+	itest_close_waits_for_held_call(f.a, f.seg, &g);
+	fx_free(&f);
+	loggate_clear(&g);
 }
 
 static gpointer release_later(gpointer data)
@@ -1434,6 +1498,8 @@ int main(int argc, char **argv)
 	g_test_add_func("/rdma/fake/device-fatal", test_device_fatal);
 	g_test_add_func("/rdma/fake/remote-device-dead", test_remote_device_dead);
 	g_test_add_func("/rdma/fake/peer-gone", test_peer_gone);
+	g_test_add_func("/rdma/fake/unload-waits-for-mark-failed",
+			test_unload_waits_for_mark_failed);
 	g_test_add_func("/rdma/fake/cancel-and-shutdown", test_cancel_and_shutdown);
 	g_test_add_func("/rdma/fake/cancel-fences-qp", test_cancel_fences_qp);
 	g_test_add_func("/rdma/fake/shutdown-held", test_shutdown_held);

@@ -1508,6 +1508,69 @@ static void test_peer_restarted(void)
 }
 
 /*
+ * A restarted peer is announced to the host (peer_event) by a lane's worker while the
+ * segment closes: unload_peer returns only after that call did, so no host call names an
+ * unloaded peer (te_plugin.h; the conformance rule contract-host-args). The worker
+ * announces it before it fails the lane's slices, so the task ends by its deadline (1 s)
+ * while the call is held.
+ */
+static void test_peer_restarted_unload(void)
+{
+	struct itest_transport t = { .name = "tcp", .required = true, .options = "lanes: 1" };
+	struct te_engine_opts o = { .size = sizeof(o) };
+	g_autofree char *yaml = NULL;
+	g_autofree char *opts = NULL;
+	struct itest_buf la, rb;
+	struct itest_pair p;
+	struct te_request r;
+	struct endpoint ep;
+	struct loggate g;
+	enum te_status st;
+	te_batch_id bid;
+
+	/* Logged inside the host's peer_event (after the segment lock). */
+	loggate_init(&g, ": peer B quarantined for ", NULL);
+	yaml = itest_yaml("A", &t, 1, "timeout_ms: 1000");
+	o.config_yaml = yaml;
+	o.config_yaml_len = strlen(yaml);
+	o.config_name = "A";
+	o.log_fn = loggate_fn;
+	o.log_user = &g;
+	o.log_level = TE_LOG_INFO;
+	assert_ok(te_engine_new(&o, &p.a));
+	p.b = itest_engine1("B", "tcp", "lanes: 1", default_transfer);
+	itest_buf_new(&la, 65536, GUARD, 0x81);
+	itest_buf_new(&rb, 65536, GUARD, 0x91);
+	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	itest_pair_connect(&p);
+	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
+	run_ok(&p, &r, 1);
+	ep = endpoint_of(p.b);
+	te_engine_free(p.b);
+	itest_buf_fill(&rb);
+	opts = g_strdup_printf("port: %u, lanes: 1", ep.port);
+	p.b = itest_engine1("B", "tcp", opts, NULL);
+	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	st = run_batch(&p, &r, 1, &bid);
+	if (st != TE_ERR_TIMEOUT && st != TE_ERR_PEER_RESTARTED)
+		g_error("the batch to the restarted peer ended %s", te_status_str(st));
+	assert_ok(te_batch_free(p.a, bid));
+	if (!loggate_wait(&g, 20000)) {
+		g_autofree char *text = logcap_text(&g.log);
+
+		g_error("the restarted peer was never quarantined; the log:\n%s", text);
+	}
+	itest_close_waits_for_held_call(p.a, p.seg, &g);
+	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
+	te_engine_free(p.b);
+	te_engine_free(p.a);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+	loggate_clear(&g);
+}
+
+/*
  * Cancel batches of large transfers in flight: each turns terminal and can be freed, no
  * byte of a canceled READ lands after the batch is terminal, and the lanes stay in sync.
  */
@@ -4252,6 +4315,7 @@ int main(int argc, char **argv)
 	}
 	g_test_add_func("/tcp/failure/peer-freed-mid-batch", test_peer_freed_mid_batch);
 	g_test_add_func("/tcp/failure/peer-restarted", test_peer_restarted);
+	g_test_add_func("/tcp/failure/peer-restarted-unload", test_peer_restarted_unload);
 	g_test_add_func("/tcp/failure/cancel-in-flight", test_cancel_in_flight);
 	g_test_add_func("/tcp/failure/dereg-while-serving", test_dereg_while_serving);
 	g_test_add_func("/tcp/client/cancel-mid-payload", test_cancel_mid_payload);

@@ -85,6 +85,11 @@ static struct {
 	struct te_plugin_ops ops;
 	GHashTable *slices; /* struct te_plugin_slice * -> struct owned * */
 	GHashTable *peers;  /* struct te_plugin_peer * (the real plugin's) -> struct shim_inst * */
+	/*
+	 * Peers inside the real unload_peer: the plugin may still name them (a host call it
+	 * began before unload_peer returned); after it returns, it may not.
+	 */
+	GHashTable *unloading; /* struct te_plugin_peer * -> struct shim_inst * */
 	struct conf_shim_modes modes;
 	bool forge_armed;
 	uint64_t ok_seen; /* successful completions, for inject_every */
@@ -345,7 +350,8 @@ static void check_device(struct shim_inst *si, const char *what, uint32_t device
 
 static void check_peer(struct shim_inst *si, const char *what, struct te_plugin_peer *peer)
 {
-	if (!peer || g_hash_table_lookup(shim.peers, peer) != si)
+	if (!peer || (g_hash_table_lookup(shim.peers, peer) != si &&
+		      g_hash_table_lookup(shim.unloading, peer) != si))
 		violation(CONF_RULE_HOST_ARGS,
 			  "%s names a peer handle this instance did not "
 			  "return from load_peer (or already unloaded)",
@@ -622,9 +628,13 @@ static enum te_status w_load_peer_ex(struct te_plugin_inst *inst,
 static void w_unload_peer(struct te_plugin_inst *inst, struct te_plugin_peer *peer)
 {
 	pthread_mutex_lock(&shim.lock);
-	g_hash_table_remove(shim.peers, peer);
+	if (g_hash_table_steal(shim.peers, peer))
+		g_hash_table_insert(shim.unloading, peer, SI(inst));
 	pthread_mutex_unlock(&shim.lock);
 	REAL_OPS->unload_peer(SI(inst)->real, peer);
+	pthread_mutex_lock(&shim.lock);
+	g_hash_table_remove(shim.unloading, peer);
+	pthread_mutex_unlock(&shim.lock);
 }
 
 static enum te_status w_unpack_remote_key(struct te_plugin_inst *inst, struct te_plugin_peer *peer,
@@ -954,6 +964,7 @@ static int api_set_plugin(const char *path, char *err, size_t cap)
 	shim.path = g_strdup(path);
 	shim.slices = g_hash_table_new(g_direct_hash, g_direct_equal);
 	shim.peers = g_hash_table_new(g_direct_hash, g_direct_equal);
+	shim.unloading = g_hash_table_new(g_direct_hash, g_direct_equal);
 	ret = 0;
 out:
 	pthread_mutex_unlock(&shim.lock);
