@@ -15,7 +15,11 @@
  *   CONFFAKE_NO_BOUNDS         progress trusts the slice: no check against the remote key
  *   CONFFAKE_EXTRA_EXPORT      exports a symbol besides the entry point
  *   CONFFAKE_DESC_NAME="x"     descriptor name other than the file stem
+ *   CONFFAKE_LATE_PEER         names an unloaded peer to the host (mark_failed) afterwards
  * CONFFAKE_NAME="x" is the descriptor name (default "conffake").
+ *
+ * Plainly built, unload_peer announces the peer (peer_event UP) before it forgets it: a
+ * host call naming a peer is allowed until unload_peer returns.
  */
 
 #ifndef _GNU_SOURCE
@@ -71,6 +75,9 @@ struct te_plugin_inst {
 	bool *canceled;
 	uint32_t head, count;
 	struct conffake_handle handles; /* list head: mems, peers, rkeys */
+#ifdef CONFFAKE_LATE_PEER
+	struct te_plugin_peer *late; /* unloaded, kept (never reused), named at the next call */
+#endif
 };
 
 /* SERIALIZED: the core calls one op at a time, so the list needs no lock. */
@@ -188,6 +195,19 @@ static struct te_plugin_slice *conffake_pop(struct te_plugin_inst *fi, bool *can
 	return s;
 }
 
+#ifdef CONFFAKE_LATE_PEER
+/* The broken twin: a peer named after its unload_peer returned (then freed). */
+static void conffake_name_late(struct te_plugin_inst *fi)
+{
+	if (!fi->late)
+		return;
+	fi->host->mark_failed(fi->ctx, TE_PLUGIN_FAIL_PEER, 0, fi->late,
+			      CONFFAKE_NAME ": a peer unloaded before");
+	free(fi->late);
+	fi->late = NULL;
+}
+#endif
+
 static void conffake_fini(struct te_plugin_inst *fi)
 {
 #ifdef CONFFAKE_FINI_SHUTDOWN
@@ -196,6 +216,9 @@ static void conffake_fini(struct te_plugin_inst *fi)
 	const enum te_status at_fini = TE_ERR_CANCELED;
 #endif
 
+#ifdef CONFFAKE_LATE_PEER
+	conffake_name_late(fi);
+#endif
 	while (fi->count) {
 		bool canceled;
 		struct te_plugin_slice *s = conffake_pop(fi, &canceled);
@@ -306,7 +329,17 @@ static enum te_status conffake_load_peer_ex(struct te_plugin_inst *fi,
 
 static void conffake_unload_peer(struct te_plugin_inst *fi, struct te_plugin_peer *p)
 {
+	if (fi->host->peer_event)
+		fi->host->peer_event(fi->ctx, p, TE_PLUGIN_EVENT_UP, CONFFAKE_NAME ": unloading");
+#ifdef CONFFAKE_LATE_PEER
+	conffake_name_late(fi);
+	/* Off the list but not freed: its address is not reused before it is named. */
+	p->h.prev->next = p->h.next;
+	p->h.next->prev = p->h.prev;
+	fi->late = p;
+#else
 	conffake_handle_free(p);
+#endif
 }
 
 static enum te_status conffake_unpack_remote_key(struct te_plugin_inst *fi,
@@ -417,6 +450,9 @@ static uint32_t conffake_progress(struct te_plugin_inst *fi, uint32_t budget)
 {
 	uint32_t done = 0;
 
+#ifdef CONFFAKE_LATE_PEER
+	conffake_name_late(fi);
+#endif
 	while (fi->count && done < budget) {
 		char why[256] = "";
 		bool canceled;

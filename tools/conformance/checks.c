@@ -1504,7 +1504,7 @@ static void check_contract(void)
 		[CONF_RULE_FINI_CANCELED] = { "contract-fini-canceled",
 					      "fini hands every slice back, TE_ERR_CANCELED" },
 		[CONF_RULE_HOST_ARGS] = { "contract-host-args",
-					  "mark_failed and events name own devices and peers" },
+					  "mark_failed and events name own devices and loaded peers" },
 		[CONF_RULE_PROGRESS] = { "contract-progress-budget",
 					 "progress returns at most its budget" },
 	};
