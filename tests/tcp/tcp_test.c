@@ -1463,6 +1463,33 @@ static void test_peer_freed_mid_batch(void)
 	itest_buf_free(&rb);
 }
 
+/*
+ * Connect p->a to p->b and WRITE 4 KiB from @la to @rb; then stop B and start a new engine
+ * on its port (options "port: N" and @more), @rb refilled and registered with it (p->b).
+ * The request, for a second try against the new engine.
+ */
+static struct te_request restart_target(struct itest_pair *p, struct itest_buf *la,
+					struct itest_buf *rb, const char *more)
+{
+	g_autofree char *opts = NULL;
+	struct te_request r;
+	struct endpoint ep;
+
+	itest_buf_register(la, p->a, TE_MEM_LOCAL);
+	itest_buf_register(rb, p->b, TE_MEM_REMOTE);
+	itest_pair_connect(p);
+	r = (struct te_request){ TE_OP_WRITE, p->seg, la->data, itest_raddr(rb, 0), 4096 };
+	run_ok(p, &r, 1);
+	ep = endpoint_of(p->b);
+	te_engine_free(p->b);
+	itest_buf_fill(rb);
+	opts = g_strdup_printf("port: %u%s%s", ep.port, more ? ", " : "", more ? more : "");
+	p->b = itest_engine1("B", "tcp", opts, NULL);
+	itest_buf_register(rb, p->b, TE_MEM_REMOTE);
+	g_assert_cmphex(endpoint_of(p->b).nonce, !=, ep.nonce);
+	return r;
+}
+
 /* A new engine on the same port: the old descriptor fails with PEER_RESTARTED, no bytes land. */
 static void test_peer_restarted(void)
 {
@@ -1471,27 +1498,14 @@ static void test_peer_restarted(void)
 	struct te_request r;
 	struct te_task_info ti;
 	struct te_engine *b2;
-	struct endpoint ep;
-	g_autofree char *opts = NULL;
 	te_batch_id bid;
 
 	pair_new(&p, NULL, NULL);
 	itest_buf_new(&la, 65536, GUARD, 0x80);
 	itest_buf_new(&rb, 65536, GUARD, 0x90);
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
-	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
-	run_ok(&p, &r, 1);
-	ep = endpoint_of(p.b);
-	te_engine_free(p.b);
+	r = restart_target(&p, &la, &rb, NULL);
+	b2 = p.b;
 	p.b = NULL;
-	itest_buf_fill(&rb);
-
-	opts = g_strdup_printf("port: %u", ep.port);
-	b2 = itest_engine1("B", "tcp", opts, NULL);
-	itest_buf_register(&rb, b2, TE_MEM_REMOTE);
-	g_assert_cmphex(endpoint_of(b2).nonce, !=, ep.nonce);
 
 	r.length = 8192;
 	g_assert_cmpint(run_batch(&p, &r, 1, &bid), !=, TE_OK);
@@ -1519,11 +1533,9 @@ static void test_peer_restarted_unload(void)
 	struct itest_transport t = { .name = "tcp", .required = true, .options = "lanes: 1" };
 	struct te_engine_opts o = { .size = sizeof(o) };
 	g_autofree char *yaml = NULL;
-	g_autofree char *opts = NULL;
 	struct itest_buf la, rb;
 	struct itest_pair p;
 	struct te_request r;
-	struct endpoint ep;
 	struct loggate g;
 	enum te_status st;
 	te_batch_id bid;
@@ -1541,17 +1553,7 @@ static void test_peer_restarted_unload(void)
 	p.b = itest_engine1("B", "tcp", "lanes: 1", default_transfer);
 	itest_buf_new(&la, 65536, GUARD, 0x81);
 	itest_buf_new(&rb, 65536, GUARD, 0x91);
-	itest_buf_register(&la, p.a, TE_MEM_LOCAL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
-	itest_pair_connect(&p);
-	r = (struct te_request){ TE_OP_WRITE, p.seg, la.data, itest_raddr(&rb, 0), 4096 };
-	run_ok(&p, &r, 1);
-	ep = endpoint_of(p.b);
-	te_engine_free(p.b);
-	itest_buf_fill(&rb);
-	opts = g_strdup_printf("port: %u, lanes: 1", ep.port);
-	p.b = itest_engine1("B", "tcp", opts, NULL);
-	itest_buf_register(&rb, p.b, TE_MEM_REMOTE);
+	r = restart_target(&p, &la, &rb, "lanes: 1");
 	st = run_batch(&p, &r, 1, &bid);
 	if (st != TE_ERR_TIMEOUT && st != TE_ERR_PEER_RESTARTED)
 		g_error("the batch to the restarted peer ended %s", te_status_str(st));
