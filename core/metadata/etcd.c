@@ -1117,10 +1117,30 @@ static gpointer etcd_keeper_main(gpointer data)
 
 /* ---- watcher ---- */
 
+/*
+ * What the watcher last knew of a name. A store that lost its data counts revisions from 1
+ * again, so a value put back may carry the mod_revision it had before: its lease (granted
+ * anew, with another id) tells it apart, and a store revision below the last one seen says
+ * that every value is new.
+ */
+struct etcd_seen {
+	int64_t mod_revision;
+	int64_t lease;
+};
+
+static struct etcd_seen *etcd_seen_new(const struct etcd_kv *kv)
+{
+	struct etcd_seen *e = g_new(struct etcd_seen, 1);
+
+	e->mod_revision = kv->mod_revision;
+	e->lease = kv->lease;
+	return e;
+}
+
 struct etcd_watch {
 	struct etcd *s;
 	char *prefix_end;
-	GHashTable *seen; /* name -> int64_t* mod_revision */
+	GHashTable *seen; /* name -> struct etcd_seen* */
 	int64_t next_rev; /* watch from here */
 	bool synced;	  /* seen reflects the store */
 	bool established; /* the stream's creation was confirmed */
@@ -1182,7 +1202,7 @@ static enum te_status etcd_resync(struct etcd_watch *w, char **err_out)
 			break;
 		name = metadata_key_name(s->p.ns, kv.key);
 		if (name)
-			g_hash_table_replace(now, g_strdup(name), g_memdup2(&kv.mod_revision, 8));
+			g_hash_table_replace(now, g_strdup(name), etcd_seen_new(&kv));
 		etcd_kv_clear(&kv);
 	}
 	json_node_unref(resp);
@@ -1194,11 +1214,21 @@ static enum te_status etcd_resync(struct etcd_watch *w, char **err_out)
 		goto out;
 	}
 	if (w->synced) {
+		/* The store went back in time: it lost its data, and every value is new. */
+		bool wiped = rev < w->next_rev - 1;
+
+		if (wiped)
+			log_msg(s->p.log, TE_LOG_INFO,
+				"etcd metadata: the store's revision went back from %" PRId64
+				" to %" PRId64 " (it lost its data): every value under '%s' is new",
+				w->next_rev - 1, rev, s->prefix);
 		g_hash_table_iter_init(&it, now);
 		while (g_hash_table_iter_next(&it, &k, &v)) {
-			int64_t *old = g_hash_table_lookup(w->seen, k);
+			const struct etcd_seen *old = g_hash_table_lookup(w->seen, k);
+			const struct etcd_seen *cur = v;
 
-			if (!old || *old != *(int64_t *)v)
+			if (wiped || !old || old->mod_revision != cur->mod_revision ||
+			    old->lease != cur->lease)
 				g_ptr_array_add(changed, g_strdup(k));
 		}
 		g_hash_table_iter_init(&it, w->seen);
@@ -1320,8 +1350,7 @@ static bool etcd_watch_message(void *user, const char *data, size_t n)
 			if (del) {
 				g_hash_table_remove(w->seen, name);
 			} else {
-				g_hash_table_replace(w->seen, g_strdup(name),
-						     g_memdup2(&kv.mod_revision, 8));
+				g_hash_table_replace(w->seen, g_strdup(name), etcd_seen_new(&kv));
 			}
 			etcd_deliver(s, name, del ? NULL : kv.value, false);
 		}

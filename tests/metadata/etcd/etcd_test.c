@@ -452,6 +452,68 @@ static void test_restart_wiped(void)
 	mdserver_free(srv);
 }
 
+/*
+ * etcd restarted with its data lost, and the publisher put its value back before the watcher
+ * resynced: the value's mod_revision can be the one it had (a fresh etcd counts from 1
+ * again), yet it is a new value the watcher must deliver (the same bytes here; another
+ * engine's would look just as old by its revision). The watcher's thread is held
+ * between losing the server and its next resync (in the log call of "watch ... interrupted")
+ * until then.
+ */
+static void test_restart_wiped_late_resync(void)
+{
+	struct mdserver *srv;
+	g_autofree char *ns = md_new_ns("wipelate");
+	g_autofree char *va = md_desc("q", "9", "127.0.0.1:6401", NULL);
+	struct logcap_sink *wcap = logcap_sink_new();
+	struct rec *r = rec_new();
+	struct loggate gate;
+	struct md a, w, c;
+	int64_t ms;
+
+	if (skip_without_etcd()) {
+		logcap_sink_free(wcap);
+		rec_free(r);
+		return;
+	}
+	loggate_init(&gate, "etcd metadata: watch of '", "' interrupted: ");
+	wcap->sink.fn = loggate_fn;
+	wcap->sink.user = &gate;
+	srv = mdserver_start(MDSERVER_ETCD, NULL);
+	md_open(&a, ops, srv->url, ns, NULL);
+	md_publish_ok(&a, "q", va);
+	/* Revisions the store counted before it lost them (keys outside the namespace). */
+	for (int i = 0; i < 8; i++)
+		raw_put(srv->url, "/te-test-elsewhere", "x", 1);
+	md_open(&w, ops, srv->url, ns, wcap);
+	watch_ok(&w, r);
+	mdserver_stop(srv, true);
+	if (!loggate_wait(&gate, 10000)) {
+		g_autofree char *text = logcap_text(&gate.log);
+
+		g_error("the watcher never lost the server; its log:\n%s", text);
+	}
+	mdserver_wipe(srv);
+	rec_clear(r);
+	mdserver_restart(srv);
+	md_open(&c, ops, srv->url, ns, NULL);
+	ms = md_wait_presence(&c, "q", false, (MD_TTL_S + 2) * 1000);
+	g_test_message("re-published %" G_GINT64_FORMAT " ms after the restart", ms);
+	g_assert_cmpint(ms, >=, 0);
+	md_assert_value(&c, "q", va, strlen(va));
+	loggate_release(&gate);
+	/* The watcher resynced after the value came back, and delivered it. */
+	g_assert_true(rec_wait(r, "q", va, strlen(va), false, 5000));
+	g_assert_cmpuint(logcap_count_at(&gate.log, TE_LOG_INFO, "revision went back"), ==, 1);
+	md_close(&c);
+	md_close(&w);
+	md_close(&a);
+	rec_free(r);
+	loggate_clear(&gate);
+	logcap_sink_free(wcap);
+	mdserver_free(srv);
+}
+
 /* No etcd: TE_ERR_METADATA_UNAVAILABLE naming the endpoints and curl's error. */
 static void test_down(void)
 {
@@ -636,6 +698,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/etcd/watch", test_watch);
 	g_test_add_func("/etcd/restart", test_restart);
 	g_test_add_func("/etcd/restart-wiped", test_restart_wiped);
+	g_test_add_func("/etcd/restart-wiped-late-resync", test_restart_wiped_late_resync);
 	g_test_add_func("/etcd/down", test_down);
 	g_test_add_func("/etcd/failover", test_failover);
 	g_test_add_func("/etcd/garbage", test_garbage);
