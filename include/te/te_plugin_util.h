@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * te_plugin_util.h: header-only helpers every transport plugin needs: little-endian wire
- * fields, a sorted table of registered regions, and filling a device entry.
+ * fields, a sorted table of registered regions, filling a device entry, and a guard for
+ * threads that name a peer to the host.
  *
  * A plugin cannot link libte, so these are static inline functions over libc only (C11 or
- * C++11). They keep no state of their own and take no lock: the plugin guards its tables.
+ * C++11). They keep no state of their own and take no lock, except the peer-naming guard,
+ * which is one: the plugin guards its tables.
  *
  *   uint8_t key[24];
  *   te_plugin_put_u32(key, MY_KEY_MAGIC);
@@ -17,10 +19,20 @@
  *   st = te_plugin_regions_remove(&regions, my_mem);      (under its read lock:)
  *   const struct te_plugin_region *r = te_plugin_regions_find(&regions, addr, len, need);
  *   te_plugin_regions_free(&regions);                      (at fini)
+ *
+ *   struct te_plugin_naming naming;            (per instance: te_plugin_naming_init at init)
+ *   struct te_plugin_naming_peer np;           (per peer, zeroed at load_peer)
+ *   if (te_plugin_naming_enter(&naming, &peer->np)) {      (a thread of the plugin's own)
+ *           host->mark_failed(ctx, TE_PLUGIN_FAIL_PEER, dev, peer, why);
+ *           te_plugin_naming_leave(&naming, &peer->np);
+ *   }
+ *   te_plugin_naming_unload(&naming, &peer->np);           (first thing in unload_peer)
  */
 #ifndef TE_PLUGIN_UTIL_H
 #define TE_PLUGIN_UTIL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -225,6 +237,84 @@ static inline void te_plugin_device_set(struct te_plugin_device *d, const char *
 	snprintf(d->pci, sizeof(d->pci), "%s", pci ? pci : "");
 	d->link_speed_mbps = link_speed_mbps;
 	d->mem_types = mem_types;
+}
+
+/* --- naming a peer to the host, only until its unload_peer returns ----------------------- */
+
+/*
+ * A handle ends with unload_peer: no host call (mark_failed, peer_event) may name it once
+ * unload_peer has returned, and unload_peer runs on any thread at any time. A thread of the
+ * plugin's own that is about to name a peer enters the guard (false: the peer is unloaded,
+ * name nothing), makes the call and leaves; unload_peer calls te_plugin_naming_unload
+ * first, which marks the peer unloaded and waits until no thread is inside for it. The core
+ * calls unload_peer holding none of its locks and those host calls take none of the
+ * plugin's, so the wait ends. Never call te_plugin_naming_unload for a peer while inside
+ * the guard for it on the same thread.
+ */
+struct te_plugin_naming {
+	pthread_mutex_t lock;
+	pthread_cond_t left; /* broadcast when a peer's last naming call left */
+};
+
+/* One peer's part, under the guard's lock: zero-initialise it when the peer is loaded. */
+struct te_plugin_naming_peer {
+	uint32_t inside; /* threads between enter and leave for this peer */
+	bool unloaded;	 /* te_plugin_naming_unload ran */
+};
+
+/* 0, or the pthread error (nothing to destroy then). */
+static inline int te_plugin_naming_init(struct te_plugin_naming *g)
+{
+	int rc = pthread_mutex_init(&g->lock, NULL);
+
+	if (rc)
+		return rc;
+	rc = pthread_cond_init(&g->left, NULL);
+	if (rc)
+		pthread_mutex_destroy(&g->lock);
+	return rc;
+}
+
+/* At fini, when no thread uses the guard any more. */
+static inline void te_plugin_naming_destroy(struct te_plugin_naming *g)
+{
+	pthread_cond_destroy(&g->left);
+	pthread_mutex_destroy(&g->lock);
+}
+
+/* True: name the peer now, then te_plugin_naming_leave. False: it is unloaded, name nothing. */
+static inline bool te_plugin_naming_enter(struct te_plugin_naming *g,
+					  struct te_plugin_naming_peer *p)
+{
+	bool ok;
+
+	pthread_mutex_lock(&g->lock);
+	ok = !p->unloaded;
+	if (ok)
+		p->inside++;
+	pthread_mutex_unlock(&g->lock);
+	return ok;
+}
+
+/* After the host call of a te_plugin_naming_enter that returned true. */
+static inline void te_plugin_naming_leave(struct te_plugin_naming *g,
+					  struct te_plugin_naming_peer *p)
+{
+	pthread_mutex_lock(&g->lock);
+	if (--p->inside == 0)
+		pthread_cond_broadcast(&g->left);
+	pthread_mutex_unlock(&g->lock);
+}
+
+/* In unload_peer: no enter succeeds for @p after this, and none is inside when it returns. */
+static inline void te_plugin_naming_unload(struct te_plugin_naming *g,
+					   struct te_plugin_naming_peer *p)
+{
+	pthread_mutex_lock(&g->lock);
+	p->unloaded = true;
+	while (p->inside)
+		pthread_cond_wait(&g->left, &g->lock);
+	pthread_mutex_unlock(&g->lock);
 }
 
 #ifdef __cplusplus

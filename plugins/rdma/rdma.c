@@ -1161,8 +1161,7 @@ static void rdma_destroy(struct rdma_inst *ri)
 	pthread_mutex_destroy(&ri->lock);
 	pthread_mutex_destroy(&ri->defer_lock);
 	pthread_mutex_destroy(&ri->broken_lock);
-	pthread_mutex_destroy(&ri->naming_lock);
-	pthread_cond_destroy(&ri->naming_done);
+	te_plugin_naming_destroy(&ri->naming);
 	free(ri);
 }
 
@@ -1262,6 +1261,10 @@ static enum te_status rdma_init(const struct te_plugin_host *host, struct te_plu
 	ri = calloc(1, sizeof(*ri));
 	if (!ri)
 		return TE_ERR_NOMEM;
+	if (te_plugin_naming_init(&ri->naming)) {
+		free(ri);
+		return TE_ERR_NOMEM;
+	}
 	ri->host = host;
 	ri->ctx = ctx;
 	ri->v = RDMA_VERBS;
@@ -1269,8 +1272,6 @@ static enum te_status rdma_init(const struct te_plugin_host *host, struct te_plu
 	pthread_mutex_init(&ri->lock, NULL);
 	pthread_mutex_init(&ri->defer_lock, NULL);
 	pthread_mutex_init(&ri->broken_lock, NULL);
-	pthread_mutex_init(&ri->naming_lock, NULL);
-	pthread_cond_init(&ri->naming_done, NULL);
 	if (getrandom(&ri->nonce, sizeof(ri->nonce), GRND_NONBLOCK) != sizeof(ri->nonce))
 		ri->nonce = host->now_ns() ^ ((uint64_t)getpid() << 32);
 	ri->nonce |= 1;

@@ -560,11 +560,8 @@ void rdma_conn_unload_peer(struct rdma_inst *ri, struct rdma_peer *peer)
 	 * the control thread that names this peer (the core holds none of its locks here);
 	 * the control thread says bye.
 	 */
-	pthread_mutex_lock(&ri->naming_lock);
 	atomic_store(&peer->closing, true);
-	while (ri->naming == peer)
-		pthread_cond_wait(&ri->naming_done, &ri->naming_lock);
-	pthread_mutex_unlock(&ri->naming_lock);
+	te_plugin_naming_unload(&ri->naming, &peer->np);
 	if (bye) {
 		bye->to = strdup(peer->name);
 		bye->to_nonce = peer->nonce;
@@ -835,24 +832,16 @@ out:
 
 /*
  * Quarantine @peer with the host, unless the core unloaded it (its segment closed, maybe
- * while the handshake ran): a handle must not be named after its unload_peer returned.
- * unload_peer sets closing under naming_lock and waits while naming is this peer.
+ * while the handshake ran): a handle must not be named after its unload_peer returned,
+ * which waits for this call (te_plugin_naming_unload).
  */
 static void rdma_name_failed_peer(struct rdma_inst *ri, struct rdma_peer *peer, uint32_t l,
 				  const char *why)
 {
-	pthread_mutex_lock(&ri->naming_lock);
-	if (atomic_load(&peer->closing)) {
-		pthread_mutex_unlock(&ri->naming_lock);
+	if (!te_plugin_naming_enter(&ri->naming, &peer->np))
 		return;
-	}
-	ri->naming = peer;
-	pthread_mutex_unlock(&ri->naming_lock);
 	ri->host->mark_failed(ri->ctx, TE_PLUGIN_FAIL_PEER, l, (struct te_plugin_peer *)peer, why);
-	pthread_mutex_lock(&ri->naming_lock);
-	ri->naming = NULL;
-	pthread_cond_broadcast(&ri->naming_done);
-	pthread_mutex_unlock(&ri->naming_lock);
+	te_plugin_naming_leave(&ri->naming, &peer->np);
 }
 
 /* Destroy drained QPs in error; connect the IDLE QPs of a path a submit asked for. */

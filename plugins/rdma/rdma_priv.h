@@ -253,6 +253,7 @@ struct rdma_peer {
 	struct rdma_path **paths; /* [l * n_rdev + r] */
 	atomic_int refs;	  /* the core's, plus one per queued job */
 	atomic_bool closing;
+	struct te_plugin_naming_peer np; /* under ri->naming */
 	struct rdma_peer *prev, *next;
 };
 
@@ -405,14 +406,8 @@ struct rdma_inst {
 	uint32_t n_passive, cap_passive;
 	struct rdma_path *path_jobs; /* paths the control thread must look at */
 	struct rdma_bye *byes;
-	/*
-	 * The peer the control thread is naming to the host (mark_failed) right now:
-	 * unload_peer waits on naming_done until it is another, so no host call names a
-	 * peer after its unload_peer returned.
-	 */
-	pthread_mutex_t naming_lock;
-	pthread_cond_t naming_done;
-	struct rdma_peer *naming;
+	/* The control thread names a peer (mark_failed) only before its unload_peer returns. */
+	struct te_plugin_naming naming;
 	/* Passive QPs an async event broke (event thread -> control thread). */
 	pthread_mutex_t broken_lock;
 	struct {

@@ -546,8 +546,7 @@ static void tcp_destroy(struct tcp_inst *ti)
 	pthread_rwlock_destroy(&ti->reg_lock);
 	pthread_mutex_destroy(&ti->lock);
 	pthread_mutex_destroy(&ti->fence_lock);
-	pthread_mutex_destroy(&ti->naming_lock);
-	pthread_cond_destroy(&ti->naming_done);
+	te_plugin_naming_destroy(&ti->naming);
 	free(ti);
 }
 
@@ -565,14 +564,16 @@ static enum te_status tcp_init(const struct te_plugin_host *host, struct te_plug
 	ti = calloc(1, sizeof(*ti));
 	if (!ti)
 		return TE_ERR_NOMEM;
+	if (te_plugin_naming_init(&ti->naming)) {
+		free(ti);
+		return TE_ERR_NOMEM;
+	}
 	ti->host = host;
 	ti->ctx = ctx;
 	ti->listen_fd = -1;
 	ti->listen_ep.kind = TCP_EP_LISTEN;
 	pthread_mutex_init(&ti->lock, NULL);
 	pthread_mutex_init(&ti->fence_lock, NULL);
-	pthread_mutex_init(&ti->naming_lock, NULL);
-	pthread_cond_init(&ti->naming_done, NULL);
 	/* Since ABI 1.2 the host authenticates with the engine's secret, which we never see. */
 	if (TE_PLUGIN_HAS(host, struct te_plugin_host, auth_check) && host->auth_mac &&
 	    host->auth_check) {
@@ -894,11 +895,7 @@ static void tcp_unload_peer(struct te_plugin_inst *inst, struct te_plugin_peer *
 	if (!peer)
 		return;
 	/* A worker inside peer_event for this peer finishes first (the core holds no lock). */
-	pthread_mutex_lock(&ti->naming_lock);
-	peer->unloaded = true;
-	while (peer->naming)
-		pthread_cond_wait(&ti->naming_done, &ti->naming_lock);
-	pthread_mutex_unlock(&ti->naming_lock);
+	te_plugin_naming_unload(&ti->naming, &peer->np);
 	/*
 	 * Closed by the lanes' workers: this may run on one of them (from slice_done) in the
 	 * middle of using a lane, and only the worker may close a lane's socket. The last

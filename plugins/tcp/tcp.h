@@ -613,10 +613,8 @@ struct tcp_peer {
 	/* Until then submits fail at once (relaxed: a hint; the next HELLO decides). */
 	_Atomic uint64_t restarted_until_ns;
 	atomic_uint lanes_open;
-	/* Under ti->naming_lock: unload_peer ran; workers inside peer_event naming this peer. */
-	bool unloaded;
-	uint32_t naming;
-	struct tcp_peer *prev, *next; /* instance list, under ti->lock */
+	struct te_plugin_naming_peer np; /* under ti->naming */
+	struct tcp_peer *prev, *next;	 /* instance list, under ti->lock */
 	uint32_t n_lanes;
 	struct tcp_lane lanes[];
 };
@@ -834,8 +832,7 @@ struct tcp_inst {
 
 	pthread_mutex_t lock; /* peers, rkeys, round-robin counters */
 	/* A peer is named to the host (peer_event) only before its unload_peer returns. */
-	pthread_mutex_t naming_lock;
-	pthread_cond_t naming_done;
+	struct te_plugin_naming naming;
 	struct tcp_peer *peers;
 	struct tcp_rkey *rkeys;
 	uint32_t next_peer_worker;

@@ -1392,20 +1392,12 @@ static void tcp_lane_rx_failed(struct tcp_inst *ti, struct tcp_lane *l, enum te_
 		tcp_log(ti, TE_PLUGIN_LOG_WARN, "%s", why + strlen(TCP_NAME ": "));
 		if (!ti->host->peer_event)
 			return;
-		/* Not once unload_peer has returned: it waits while naming is set. */
-		pthread_mutex_lock(&ti->naming_lock);
-		if (peer->unloaded) {
-			pthread_mutex_unlock(&ti->naming_lock);
+		/* Not once unload_peer has returned: it waits for this call. */
+		if (!te_plugin_naming_enter(&ti->naming, &peer->np))
 			return;
-		}
-		peer->naming++;
-		pthread_mutex_unlock(&ti->naming_lock);
 		ti->host->peer_event(ti->ctx, (struct te_plugin_peer *)peer, TE_PLUGIN_EVENT_DOWN,
 				     why);
-		pthread_mutex_lock(&ti->naming_lock);
-		if (!--peer->naming)
-			pthread_cond_broadcast(&ti->naming_done);
-		pthread_mutex_unlock(&ti->naming_lock);
+		te_plugin_naming_leave(&ti->naming, &peer->np);
 	}
 }
 

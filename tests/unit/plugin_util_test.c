@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* plugin_util_test.c: te_plugin_util.h's little-endian wire fields, at every alignment. */
+/*
+ * plugin_util_test.c: te_plugin_util.h's little-endian wire fields at every alignment, and its
+ * peer-naming guard (unload waits for a naming call under way, and no call starts after it).
+ */
 
 #include <glib.h>
 #include <te/te_plugin_util.h>
@@ -51,10 +54,133 @@ static void test_round_trip(void)
 	g_assert_cmpuint(buf[7], ==, 0);
 }
 
+/* --- the peer-naming guard --- */
+
+struct unloader {
+	struct te_plugin_naming *g;
+	struct te_plugin_naming_peer *p;
+	gint returned;
+};
+
+static gpointer unloader_run(gpointer data)
+{
+	struct unloader *u = data;
+
+	te_plugin_naming_unload(u->g, u->p);
+	g_atomic_int_set(&u->returned, 1);
+	return NULL;
+}
+
+/* The unloader is waiting on the guard's condition (or has returned). */
+static void wait_unloader_parked(struct unloader *u)
+{
+	/*
+	 * It sets the flag under the lock, then waits on the condition: once the flag is seen,
+	 * give it time to reach the wait. (If it came later still, "not returned yet" below
+	 * would hold anyway; a guard that does not wait fails them.)
+	 */
+	for (;;) {
+		bool set;
+
+		pthread_mutex_lock(&u->g->lock);
+		set = u->p->unloaded;
+		pthread_mutex_unlock(&u->g->lock);
+		if (set)
+			break;
+		g_usleep(1000);
+	}
+	g_usleep(50 * 1000);
+}
+
+/* enter before unload succeeds; unload waits for every thread inside; enter after fails. */
+static void test_naming_unload_waits(void)
+{
+	struct te_plugin_naming g;
+	struct te_plugin_naming_peer p = { 0 }, other = { 0 };
+	struct unloader u = { &g, &p, 0 };
+	GThread *t;
+
+	g_assert_cmpint(te_plugin_naming_init(&g), ==, 0);
+	/* Two threads name the peer (counted, not a flag). */
+	g_assert_true(te_plugin_naming_enter(&g, &p));
+	g_assert_true(te_plugin_naming_enter(&g, &p));
+	t = g_thread_new("unload", unloader_run, &u);
+	wait_unloader_parked(&u);
+	/* Unloading has begun: no new call may start, but the two under way go on. */
+	g_assert_false(te_plugin_naming_enter(&g, &p));
+	g_assert_cmpint(g_atomic_int_get(&u.returned), ==, 0);
+	/* Another peer is not held up by this one's unload. */
+	g_assert_true(te_plugin_naming_enter(&g, &other));
+	te_plugin_naming_leave(&g, &other);
+	te_plugin_naming_leave(&g, &p);
+	g_usleep(50 * 1000);
+	g_assert_cmpint(g_atomic_int_get(&u.returned), ==, 0);
+	te_plugin_naming_leave(&g, &p);
+	g_thread_join(t);
+	g_assert_cmpint(g_atomic_int_get(&u.returned), ==, 1);
+	g_assert_cmpuint(p.inside, ==, 0);
+	g_assert_false(te_plugin_naming_enter(&g, &p));
+	/* Unloading a peer nobody names returns at once; so does a second unload. */
+	te_plugin_naming_unload(&g, &other);
+	te_plugin_naming_unload(&g, &other);
+	g_assert_false(te_plugin_naming_enter(&g, &other));
+	te_plugin_naming_destroy(&g);
+}
+
+/* Many threads entering and leaving while the peer is unloaded: none is inside afterwards. */
+struct hammer {
+	struct te_plugin_naming *g;
+	struct te_plugin_naming_peer *p;
+	gint *unload_returned;
+	gint late; /* a thread found itself inside after unload returned */
+	gint stop;
+};
+
+static gpointer hammer_run(gpointer data)
+{
+	struct hammer *h = data;
+
+	while (!g_atomic_int_get(&h->stop)) {
+		if (!te_plugin_naming_enter(h->g, h->p))
+			continue;
+		if (g_atomic_int_get(h->unload_returned))
+			g_atomic_int_set(&h->late, 1);
+		te_plugin_naming_leave(h->g, h->p);
+	}
+	return NULL;
+}
+
+static void test_naming_race(void)
+{
+	for (int round = 0; round < 50; round++) {
+		struct te_plugin_naming g;
+		struct te_plugin_naming_peer p = { 0 };
+		gint returned = 0;
+		struct hammer h = { &g, &p, &returned, 0, 0 };
+		GThread *t[4];
+
+		g_assert_cmpint(te_plugin_naming_init(&g), ==, 0);
+		for (unsigned i = 0; i < G_N_ELEMENTS(t); i++)
+			t[i] = g_thread_new("name", hammer_run, &h);
+		g_usleep(200);
+		te_plugin_naming_unload(&g, &p);
+		g_atomic_int_set(&returned, 1);
+		g_usleep(200);
+		g_atomic_int_set(&h.stop, 1);
+		for (unsigned i = 0; i < G_N_ELEMENTS(t); i++)
+			g_thread_join(t[i]);
+		g_assert_cmpint(g_atomic_int_get(&h.late), ==, 0);
+		g_assert_cmpuint(p.inside, ==, 0);
+		te_plugin_naming_destroy(&g);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	g_test_init(&argc, &argv, NULL);
 	g_test_add_func("/plugin-util/layout", test_layout);
 	g_test_add_func("/plugin-util/round-trip", test_round_trip);
+	g_test_add_func("/plugin-util/naming-unload-waits", test_naming_unload_waits);
+	g_test_add_func("/plugin-util/naming-race", test_naming_race);
 	return g_test_run();
 }
