@@ -930,7 +930,7 @@ void segment_pause_peer(struct engine *e, unsigned tp_index, const struct te_plu
 		}
 	}
 	g_rw_lock_reader_unlock(&e->seg_lock);
-	/* Logged after the lock: the user's log function may call back into the engine. */
+	/* Logged after the lock: a log function that takes long holds no writer up. */
 	for (guint i = 0; i < names->len; i++)
 		ENGINE_LOG(e, TE_LOG_WARN, "%s: peer %s quarantined for %llu ms: %s", plugin,
 			   (const char *)g_ptr_array_index(names, i),

@@ -48,7 +48,7 @@ enum te_log_level {
  * Log sink. Called from any engine thread, possibly concurrently; @msg is one line
  * without a trailing newline and is only valid during the call. It should return soon
  * and must not call te_* functions of the engine: some lines are logged while the
- * engine holds a lock.
+ * engine or one of its transports holds a lock.
  */
 typedef void (*te_log_fn)(void *user, enum te_log_level level, const char *msg);
 

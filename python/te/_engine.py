@@ -280,8 +280,9 @@ class Engine:
     Options: ``name`` names the YAML text in error messages; ``log`` is a callable
     ``(LogLevel, str)`` receiving the engine's log lines (from engine threads; exceptions it
     raises are ignored; it must not call this engine's methods, as some lines are logged
-    while the engine holds a lock; default: warnings and errors to stderr); ``log_level`` a LogLevel
-    threshold (default: $TE_LOG_LEVEL, else the config's log.level).
+    while the engine or a transport holds a lock; default: warnings and errors to stderr);
+    ``log_level`` a LogLevel threshold (default: $TE_LOG_LEVEL, else the config's
+    log.level).
 
     Thread-safe, as libte is. ``close()`` (or the end of a ``with`` block) cancels live
     batches, waits for calls in progress on other threads and frees the engine; every later
