@@ -68,6 +68,8 @@ static void host_mark_failed(struct te_plugin_host_ctx *ctx, enum te_plugin_fail
 		}
 	}
 	if (scope == TE_PLUGIN_FAIL_PEER && peer) {
+		ENGINE_LOG(e, TE_LOG_DEBUG, "%s: reports a peer failed: %s", tp->plugin->name,
+			   why ? why : "");
 		/* Every open view whose peer handle this is. */
 		segment_pause_peer(e, tp->index, peer, until, tp->plugin->name, why);
 	}

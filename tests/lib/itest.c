@@ -261,3 +261,45 @@ void itest_close_waits_for_held_call(struct te_engine *e, te_segment_id seg, str
 		g_error("te_segment_close: %s: %s", te_status_str(c.st), c.err);
 	g_assert_true(loggate_left(g));
 }
+
+struct freer {
+	struct te_engine *e;
+	gint done;
+};
+
+static gpointer free_engine(gpointer data)
+{
+	struct freer *f = data;
+
+	te_engine_free(f->e);
+	g_atomic_int_set(&f->done, 1);
+	return NULL;
+}
+
+void itest_free_waits_for_held_call(struct te_engine *e, struct loggate *g)
+{
+	struct freer f = { .e = e };
+	GThread *th;
+	unsigned waited = 0;
+
+	g_assert_true(loggate_entered(g));
+	th = g_thread_new("freer", free_engine, &f);
+	sleep_ms(300);
+	if (g_atomic_int_get(&f.done)) {
+		loggate_release(g);
+		g_thread_join(th);
+		g_error("te_engine_free returned while a host call of its transport was still "
+			"under way");
+	}
+	loggate_release(g);
+	while (!g_atomic_int_get(&f.done) && waited < ITEST_FREE_WAIT_MS) {
+		sleep_ms(10);
+		waited += 10;
+	}
+	if (!g_atomic_int_get(&f.done))
+		g_error("te_engine_free did not return within %u ms of the held host call being "
+			"let go (%s): a deadlock",
+			ITEST_FREE_WAIT_MS,
+			loggate_left(g) ? "its log call returned" : "its log call never returned");
+	g_thread_join(th);
+}

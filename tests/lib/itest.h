@@ -148,4 +148,12 @@ struct loggate;
  */
 void itest_close_waits_for_held_call(struct te_engine *e, te_segment_id seg, struct loggate *g);
 
+/*
+ * The same for te_engine_free of @e: it must not return while @g holds the call, and must
+ * once @g lets it go (within ITEST_FREE_WAIT_MS: a hang means a deadlock, say between the
+ * teardown's locks and the held call's). @e is freed.
+ */
+#define ITEST_FREE_WAIT_MS 30000
+void itest_free_waits_for_held_call(struct te_engine *e, struct loggate *g);
+
 #endif /* TE_TESTS_LIB_ITEST_H */

@@ -1522,6 +1522,46 @@ static void test_peer_restarted(void)
 }
 
 /*
+ * Engine A (logging through @g at @level) reads from B, B restarts, and a batch to it ends;
+ * then A's lane worker, announcing the restart (peer_event), is held at @g's line. Buffers
+ * @la and @rb are made with fills @fa and @fb.
+ */
+static void restarted_with_held_call(struct itest_pair *p, struct loggate *g, const char *line,
+				     enum te_log_level level, struct itest_buf *la,
+				     struct itest_buf *rb, uint8_t fa, uint8_t fb)
+{
+	struct itest_transport t = { .name = "tcp", .required = true, .options = "lanes: 1" };
+	struct te_engine_opts o = { .size = sizeof(o) };
+	g_autofree char *yaml = NULL;
+	struct te_request r;
+	enum te_status st;
+	te_batch_id bid;
+
+	loggate_init(g, line, NULL);
+	yaml = itest_yaml("A", &t, 1, "timeout_ms: 1000");
+	o.config_yaml = yaml;
+	o.config_yaml_len = strlen(yaml);
+	o.config_name = "A";
+	o.log_fn = loggate_fn;
+	o.log_user = g;
+	o.log_level = level;
+	assert_ok(te_engine_new(&o, &p->a));
+	p->b = itest_engine1("B", "tcp", "lanes: 1", default_transfer);
+	itest_buf_new(la, 65536, GUARD, fa);
+	itest_buf_new(rb, 65536, GUARD, fb);
+	r = restart_target(p, la, rb, "lanes: 1");
+	st = run_batch(p, &r, 1, &bid);
+	if (st != TE_ERR_TIMEOUT && st != TE_ERR_PEER_RESTARTED)
+		g_error("the batch to the restarted peer ended %s", te_status_str(st));
+	assert_ok(te_batch_free(p->a, bid));
+	if (!loggate_wait(g, 20000)) {
+		g_autofree char *text = logcap_text(&g->log);
+
+		g_error("the restarted peer was never reported (\"%s\"); the log:\n%s", line, text);
+	}
+}
+
+/*
  * A restarted peer is announced to the host (peer_event) by a lane's worker while the
  * segment closes: unload_peer returns only after that call did, so no host call names an
  * unloaded peer (te_plugin.h; the conformance rule contract-host-args). The worker
@@ -1530,43 +1570,42 @@ static void test_peer_restarted(void)
  */
 static void test_peer_restarted_unload(void)
 {
-	struct itest_transport t = { .name = "tcp", .required = true, .options = "lanes: 1" };
-	struct te_engine_opts o = { .size = sizeof(o) };
-	g_autofree char *yaml = NULL;
 	struct itest_buf la, rb;
 	struct itest_pair p;
-	struct te_request r;
 	struct loggate g;
-	enum te_status st;
-	te_batch_id bid;
 
 	/* Logged inside the host's peer_event (after the segment lock). */
-	loggate_init(&g, ": peer B quarantined for ", NULL);
-	yaml = itest_yaml("A", &t, 1, "timeout_ms: 1000");
-	o.config_yaml = yaml;
-	o.config_yaml_len = strlen(yaml);
-	o.config_name = "A";
-	o.log_fn = loggate_fn;
-	o.log_user = &g;
-	o.log_level = TE_LOG_INFO;
-	assert_ok(te_engine_new(&o, &p.a));
-	p.b = itest_engine1("B", "tcp", "lanes: 1", default_transfer);
-	itest_buf_new(&la, 65536, GUARD, 0x81);
-	itest_buf_new(&rb, 65536, GUARD, 0x91);
-	r = restart_target(&p, &la, &rb, "lanes: 1");
-	st = run_batch(&p, &r, 1, &bid);
-	if (st != TE_ERR_TIMEOUT && st != TE_ERR_PEER_RESTARTED)
-		g_error("the batch to the restarted peer ended %s", te_status_str(st));
-	assert_ok(te_batch_free(p.a, bid));
-	if (!loggate_wait(&g, 20000)) {
-		g_autofree char *text = logcap_text(&g.log);
-
-		g_error("the restarted peer was never quarantined; the log:\n%s", text);
-	}
+	restarted_with_held_call(&p, &g, ": peer B quarantined for ", TE_LOG_INFO, &la, &rb, 0x81,
+				 0x91);
 	itest_close_waits_for_held_call(p.a, p.seg, &g);
 	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
 	te_engine_free(p.b);
 	te_engine_free(p.a);
+	itest_buf_free(&la);
+	itest_buf_free(&rb);
+	loggate_clear(&g);
+}
+
+/*
+ * The same at engine teardown, with the lane's worker held inside peer_event before the
+ * core takes any lock for it: te_engine_free unloads the peer, which waits for that call,
+ * and the call then takes the segment table's lock to quarantine the peer. The teardown
+ * must not hold that lock while it unloads peers (it did: a deadlock).
+ */
+static void test_peer_restarted_teardown(void)
+{
+	struct itest_buf la, rb;
+	struct itest_pair p;
+	struct loggate g;
+
+	/* Logged as the host's peer_event begins, before the segment lock. */
+	restarted_with_held_call(&p, &g, "tcp: reports a peer failed: ", TE_LOG_DEBUG, &la, &rb,
+				 0x82, 0x92);
+	itest_free_waits_for_held_call(p.a, &g);
+	/* The held call went on and returned once let go (the views were gone by then). */
+	g_assert_true(loggate_left(&g));
+	g_assert_true(itest_untouched_outside(&rb, NULL, NULL, 0));
+	te_engine_free(p.b);
 	itest_buf_free(&la);
 	itest_buf_free(&rb);
 	loggate_clear(&g);
@@ -4318,6 +4357,7 @@ int main(int argc, char **argv)
 	g_test_add_func("/tcp/failure/peer-freed-mid-batch", test_peer_freed_mid_batch);
 	g_test_add_func("/tcp/failure/peer-restarted", test_peer_restarted);
 	g_test_add_func("/tcp/failure/peer-restarted-unload", test_peer_restarted_unload);
+	g_test_add_func("/tcp/failure/peer-restarted-teardown", test_peer_restarted_teardown);
 	g_test_add_func("/tcp/failure/cancel-in-flight", test_cancel_in_flight);
 	g_test_add_func("/tcp/failure/dereg-while-serving", test_dereg_while_serving);
 	g_test_add_func("/tcp/client/cancel-mid-payload", test_cancel_mid_payload);
