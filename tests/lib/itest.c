@@ -222,7 +222,8 @@ struct te_batch_info itest_batch(struct te_engine *e, te_batch_id batch)
 	return info;
 }
 
-struct closer {
+/* te_segment_close (seg != 0) or te_engine_free (seg 0) from another thread. */
+struct held_op {
 	struct te_engine *e;
 	te_segment_id seg;
 	enum te_status st;
@@ -230,76 +231,66 @@ struct closer {
 	gint done;
 };
 
-static gpointer close_segment(gpointer data)
+static gpointer held_op_run(gpointer data)
 {
-	struct closer *c = data;
+	struct held_op *op = data;
 
-	c->st = te_segment_close(c->e, c->seg);
-	g_strlcpy(c->err, te_last_error(), sizeof(c->err));
-	g_atomic_int_set(&c->done, 1);
-	return NULL;
-}
-
-void itest_close_waits_for_held_call(struct te_engine *e, te_segment_id seg, struct loggate *g)
-{
-	struct closer c = { .e = e, .seg = seg };
-	GThread *th;
-
-	g_assert_true(loggate_entered(g));
-	th = g_thread_new("closer", close_segment, &c);
-	sleep_ms(300);
-	if (g_atomic_int_get(&c.done)) {
-		loggate_release(g);
-		g_thread_join(th);
-		g_error("te_segment_close returned (%s) while a host call naming its peer was still "
-			"under way",
-			te_status_str(c.st));
+	if (op->seg) {
+		op->st = te_segment_close(op->e, op->seg);
+		g_strlcpy(op->err, te_last_error(), sizeof(op->err));
+	} else {
+		te_engine_free(op->e);
+		op->st = TE_OK;
 	}
-	loggate_release(g);
-	g_thread_join(th);
-	if (c.st != TE_OK)
-		g_error("te_segment_close: %s: %s", te_status_str(c.st), c.err);
-	g_assert_true(loggate_left(g));
-}
-
-struct freer {
-	struct te_engine *e;
-	gint done;
-};
-
-static gpointer free_engine(gpointer data)
-{
-	struct freer *f = data;
-
-	te_engine_free(f->e);
-	g_atomic_int_set(&f->done, 1);
+	g_atomic_int_set(&op->done, 1);
 	return NULL;
 }
 
-void itest_free_waits_for_held_call(struct te_engine *e, struct loggate *g)
+/*
+ * Run @op (named @what) while @g holds a host call: it must not return while held, and must
+ * within ITEST_HELD_WAIT_MS once let go.
+ */
+static void held_op_check(struct held_op *op, struct loggate *g, const char *what)
 {
-	struct freer f = { .e = e };
 	GThread *th;
 	unsigned waited = 0;
 
 	g_assert_true(loggate_entered(g));
-	th = g_thread_new("freer", free_engine, &f);
+	th = g_thread_new("held-op", held_op_run, op);
 	sleep_ms(300);
-	if (g_atomic_int_get(&f.done)) {
+	if (g_atomic_int_get(&op->done)) {
 		loggate_release(g);
 		g_thread_join(th);
-		g_error("te_engine_free returned while a host call of its transport was still "
-			"under way");
+		g_error("%s returned (%s) while the held host call was still under way", what,
+			te_status_str(op->st));
 	}
 	loggate_release(g);
-	while (!g_atomic_int_get(&f.done) && waited < ITEST_FREE_WAIT_MS) {
+	while (!g_atomic_int_get(&op->done) && waited < ITEST_HELD_WAIT_MS) {
 		sleep_ms(10);
 		waited += 10;
 	}
-	if (!g_atomic_int_get(&f.done))
-		g_error("te_engine_free did not return within %u ms of the held host call being "
-			"let go (%s): a deadlock",
-			ITEST_FREE_WAIT_MS,
+	if (!g_atomic_int_get(&op->done))
+		g_error("%s did not return within %u ms of the held host call being let go (%s): "
+			"a deadlock",
+			what, ITEST_HELD_WAIT_MS,
 			loggate_left(g) ? "its log call returned" : "its log call never returned");
 	g_thread_join(th);
+}
+
+void itest_close_waits_for_held_call(struct te_engine *e, te_segment_id seg, struct loggate *g)
+{
+	struct held_op op = { .e = e, .seg = seg };
+
+	g_assert_cmpuint(seg, !=, 0);
+	held_op_check(&op, g, "te_segment_close");
+	if (op.st != TE_OK)
+		g_error("te_segment_close: %s: %s", te_status_str(op.st), op.err);
+	g_assert_true(loggate_left(g));
+}
+
+void itest_free_waits_for_held_call(struct te_engine *e, struct loggate *g)
+{
+	struct held_op op = { .e = e };
+
+	held_op_check(&op, g, "te_engine_free");
 }

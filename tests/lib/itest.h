@@ -143,17 +143,14 @@ struct loggate;
 /*
  * @g holds a thread of @e inside a host call that names the peer of segment @seg (its log
  * line): close @seg from another thread and check that the close (its unload_peer) does not
- * return while the call is held, and does once @g lets it go. A plugin must not name a peer
- * after unload_peer returned (te_plugin.h).
+ * return while the call is held, and does once @g lets it go (within ITEST_HELD_WAIT_MS: a
+ * hang means a deadlock). A plugin must not name a peer after unload_peer returned
+ * (te_plugin.h).
  */
+#define ITEST_HELD_WAIT_MS 30000
 void itest_close_waits_for_held_call(struct te_engine *e, te_segment_id seg, struct loggate *g);
 
-/*
- * The same for te_engine_free of @e: it must not return while @g holds the call, and must
- * once @g lets it go (within ITEST_FREE_WAIT_MS: a hang means a deadlock, say between the
- * teardown's locks and the held call's). @e is freed.
- */
-#define ITEST_FREE_WAIT_MS 30000
+/* The same for te_engine_free of @e (then freed). */
 void itest_free_waits_for_held_call(struct te_engine *e, struct loggate *g);
 
 #endif /* TE_TESTS_LIB_ITEST_H */
